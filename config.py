@@ -1,0 +1,404 @@
+"""YAML presets: inheritance, strict validation, command-line overrides.
+
+A config is a plain nested dict (``cfg["data"]["batch_size"]``). Every key, its default, its type and
+its allowed range are declared once, in ``SCHEMA`` below; ``configs/base.yaml`` mirrors the defaults
+for readers and a test keeps the two equal.
+
+Errors are ``ConfigError``: one line naming the file (or ``--set``), the key, what is wrong and how to
+fix it. The scripts print it and exit with code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import difflib
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import yaml
+
+
+class ConfigError(Exception):
+    """A usage or configuration error: printed as one line, exit code 2."""
+
+
+@dataclass(frozen=True)
+class Key:
+    default: Any
+    kind: str  # int, float, bool, str, list, choice, size, precision, any
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple = ()
+    nullable: bool = False
+    also: tuple = ()  # extra single values allowed outside [minimum, maximum], e.g. -1 for "all"
+
+
+def _int(default, help, minimum=None, maximum=None, nullable=False, also=()):
+    return Key(default, "int", help, minimum, maximum, nullable=nullable, also=also)
+
+
+def _float(default, help, minimum=None, maximum=None, nullable=False):
+    return Key(default, "float", help, minimum, maximum, nullable=nullable)
+
+
+def _choice(default, help, *choices):
+    return Key(default, "choice", help, choices=choices)
+
+
+SCHEMA: dict[str, Any] = {
+    "experiment": Key("default", "str", "run name: results go to <trainer.output_dir>/<experiment>/<timestamp>/"),
+    "model": {
+        "backbone": Key("tiny3d", "str", "model name from the registry (python -m models --list)"),
+        "model_class_num": _int(None, "number of classes; null = from data.class_names or the training labels",
+                                minimum=2, nullable=True),
+        "input_type": _choice("rgb", "what the model sees", "rgb", "kpt", "rgb_kpt"),
+        "view_fusion": _choice("none", "how camera views are combined", "none", "late", "mean", "concat"),
+        "grad_checkpointing": Key(False, "bool", "recompute each stage's activations in backward"),
+        "dropout": _float(0.0, "dropout before the classifier", 0.0, 1.0),
+        "width": _int(32, "base channel width of the small models (tiny3d, vgg3d, keypoint branch)", minimum=1),
+    },
+    "data": {
+        "data_dir": Key("data/synthetic", "str", "directory the manifests are resolved against"),
+        "train_manifest": Key("train.jsonl", "str", "training manifest (JSONL, CSV or a root/<class>/ folder)"),
+        "val_manifest": Key("val.jsonl", "str", "validation manifest", nullable=True),
+        "test_manifest": Key("test.jsonl", "str", "test manifest", nullable=True),
+        "class_names": Key(None, "list", "class names in label order; null = sorted training labels",
+                           nullable=True),
+        "batch_size": _int(8, "clips per training micro-batch", minimum=1),
+        "num_workers": _int(2, "DataLoader worker processes", minimum=0),
+        "img_size": Key(112, "size", "frame size after decoding: N (square) or [height, width]"),
+        "num_frames": _int(16, "frames per clip; -1 = every frame of the sample window", minimum=1, also=(-1,)),
+        "frame_stride": _int(1, "distance between the decoded frames of a clip", minimum=1),
+        "load_rgb": Key(True, "bool", "decode video frames"),
+        "load_kpt": Key(False, "bool", "load per-frame keypoints"),
+        "max_video_frames": _int(None, "split videos into sample windows of at most this many frames; "
+                                       "null = whole videos", minimum=1, nullable=True),
+        "video_chunk_overlap": _int(0, "frames shared by consecutive sample windows", minimum=0),
+        "on_bad_video": _choice("raise", "a video that cannot be read: stop, or log it and use another sample",
+                                "raise", "skip"),
+        "index_cache": Key(None, "str", "JSON cache of video metadata; null = <trainer.output_dir>/.video_index.json",
+                           nullable=True),
+        "mean": Key([0.45, 0.45, 0.45], "list", "per-channel mean (RGB, 0..1) for normalization on the device"),
+        "std": Key([0.225, 0.225, 0.225], "list", "per-channel std (RGB, 0..1)"),
+        "pin_memory": Key(True, "bool", "page-locked host batches for non_blocking copies (CUDA only)"),
+    },
+    "train": {
+        "chunk_infer_size": _int(-1, "frames per inference chunk at evaluation; -1 = the whole clip at once",
+                                 minimum=1, also=(-1,)),
+        "chunk_overlap": _int(0, "frames shared by consecutive inference chunks", minimum=0),
+        "chunk_aggregation": _choice("mean", "how chunk logits become one prediction",
+                                     "mean", "max", "last", "prob"),
+        "video_batch_size": _int(1, "inference chunks per forward call at evaluation", minimum=1),
+        "accumulate_grad_batches": _int(1, "micro-batches per optimizer step", minimum=1),
+        "optimizer": _choice("adamw", "optimizer", "adamw", "sgd"),
+        "lr": _float(1e-3, "peak learning rate", minimum=0.0),
+        "min_lr": _float(0.0, "learning rate at the end of the cosine schedule", minimum=0.0),
+        "weight_decay": _float(0.05, "decoupled weight decay (AdamW) or L2 (SGD)", minimum=0.0),
+        "momentum": _float(0.9, "SGD momentum", 0.0, 1.0),
+        "warmup_epochs": _float(0.0, "linear warm-up length in epochs (fractions allowed)", minimum=0.0),
+        "grad_clip": _float(None, "clip the gradient norm to this value (after unscaling); null = off",
+                            minimum=0.0, nullable=True),
+        "label_smoothing": _float(0.0, "cross-entropy label smoothing", 0.0, 1.0),
+        "seed": _int(0, "seed for weights, sampling and clip placement", minimum=0),
+        "log_every": _int(20, "log (and record memory) every N optimizer steps", minimum=1),
+        "checkpoint_every_steps": _int(0, "also write last.pt every N optimizer steps; 0 = epoch ends only",
+                                       minimum=0),
+        "keep_last_k": _int(2, "epoch checkpoints kept besides last.pt and best.pt", minimum=0),
+        "monitor": _choice("val_video_acc", "metric that picks best.pt (higher is better)",
+                           "val_video_acc", "val_clip_acc", "val_top1"),
+    },
+    "trainer": {
+        "precision": Key("32", "precision", "32 | 16 | bf16 (also 16-mixed, bf16-mixed); amp = 16 on CUDA, "
+                                            "bf16 on CPU"),
+        "max_epochs": _int(10, "training epochs", minimum=1),
+        "check_val_every_n_epoch": _int(1, "validate every N epochs (and after the last)", minimum=1),
+        "device": Key("auto", "str", "auto (cuda if available), cpu, cuda or cuda:N"),
+        "output_dir": Key("runs", "str", "where run directories are created"),
+        "memory_budget_gb": _float(None, "the device memory this preset is sized for (--probe-memory uses it)",
+                                   minimum=0.0, nullable=True),
+        "compile": Key(False, "bool", "torch.compile the model"),
+        "channels_last_3d": Key(False, "bool", "channels_last_3d memory format for 3D CNNs on CUDA"),
+        "allow_tf32": Key(True, "bool", "TF32 matmuls and convolutions on Ampere and newer"),
+        "max_nonfinite_steps": _int(20, "consecutive non-finite losses that stop the run", minimum=1),
+    },
+}
+
+PRECISION_ALIASES = {
+    "32": "32", "32-true": "32", "fp32": "32",
+    "16": "16", "16-mixed": "16", "fp16": "16",
+    "bf16": "bf16", "bf16-mixed": "bf16",
+    "amp": "amp",
+}
+
+
+def defaults() -> dict:
+    def build(node):
+        return {k: build(v) if isinstance(v, dict) else copy.deepcopy(v.default) for k, v in node.items()}
+    return build(SCHEMA)
+
+
+def _flat_keys(node: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for name, value in node.items():
+        keys.extend(_flat_keys(value, f"{prefix}{name}.") if isinstance(value, dict) else [prefix + name])
+    return keys
+
+
+ALL_KEYS = _flat_keys(SCHEMA)
+
+
+def _did_you_mean(dotted: str) -> str:
+    leaf = dotted.rsplit(".", 1)[-1]
+    candidates = difflib.get_close_matches(dotted, ALL_KEYS, n=1, cutoff=0.6)
+    if not candidates:  # a key put in the wrong section: match on its last part
+        by_leaf = {k.rsplit(".", 1)[-1]: k for k in ALL_KEYS}
+        close = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.7)
+        candidates = [by_leaf[close[0]]] if close else []
+    return f"; did you mean '{candidates[0]}'?" if candidates else ""
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+def _read_yaml(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found; presets live in configs/ (e.g. configs/quickstart.yaml)")
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}:{where} is not valid YAML ({getattr(e, 'problem', e)})")
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config must be a mapping of sections (model:, data:, ...), got {type(data).__name__}")
+    return data
+
+
+def _merge(into: dict, update: dict, origins: dict, source: str, prefix: str = "") -> None:
+    for key, value in update.items():
+        dotted = prefix + str(key)
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value, origins, source, dotted + ".")
+        else:
+            into[key] = copy.deepcopy(value)
+            for leaf in (_flat_keys(value, dotted + ".") if isinstance(value, dict) else [dotted]):
+                origins[leaf] = source
+            origins.setdefault(dotted, source)
+
+
+def _load_chain(path: str, seen: tuple = ()) -> list[tuple[str, dict]]:
+    """The files of an inheritance chain, root first: [(path, data), ...]."""
+    real = os.path.realpath(path)
+    if real in seen:
+        raise ConfigError(f"{path}: 'base' inheritance loops back to this file; remove one of the 'base:' lines")
+    data = _read_yaml(path)
+    base = data.pop("base", None)
+    if base is None:
+        return [(path, data)]
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: base: must be a file name such as base.yaml, got {base!r}")
+    base_path = base if os.path.isabs(base) else os.path.join(os.path.dirname(path), base)
+    return _load_chain(base_path, seen + (real,)) + [(path, data)]
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise ConfigError(f"--set {text}: expected KEY=VALUE, e.g. --set data.batch_size=8")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def load_config(path: str | None, overrides: list[str] = (), use_amp: bool = False) -> dict:
+    """Defaults <- the preset's base chain <- the preset <- each --set; then validated."""
+    cfg = defaults()
+    origins: dict[str, str] = {}
+    if path is not None:
+        for file_path, data in _load_chain(path):
+            _merge(cfg, data, origins, file_path)
+    for text in overrides:
+        key, value = parse_override(text)
+        update: dict = {}
+        node = update
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+        _merge(cfg, update, origins, f"--set {text}")
+    if use_amp:
+        cfg["trainer"]["precision"] = "amp"
+        origins["trainer.precision"] = "--use_amp"
+    return validate(cfg, origins)
+
+
+# ------------------------------------------------------------------------------------------- validation
+
+def _check_value(spec: Key, value: Any, where: str) -> Any:
+    def fail(expected: str):
+        raise ConfigError(f"{where} must be {expected}, got {value!r}")
+
+    if value is None:
+        if spec.nullable or spec.kind == "any":
+            return None
+        fail(_describe(spec))
+    kind = spec.kind
+    if kind == "bool":
+        if not isinstance(value, bool):
+            fail("true or false")
+    elif kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            fail(_describe(spec))
+        if value not in spec.also and not _in_range(spec, value):
+            fail(_describe(spec))
+    elif kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            fail(_describe(spec))
+        value = float(value)
+        if not _in_range(spec, value):
+            fail(_describe(spec))
+    elif kind == "str":
+        if not isinstance(value, str) or not value:
+            fail("a non-empty string")
+    elif kind == "choice":
+        if value not in spec.choices:
+            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(spec.choices)}")
+    elif kind == "list":
+        if not isinstance(value, list):
+            fail("a list such as [a, b]")
+    elif kind == "size":
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return [value, value]
+        if (isinstance(value, list) and len(value) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)):
+            return list(value)
+        fail("a positive integer or [height, width]")
+    elif kind == "precision":
+        normal = PRECISION_ALIASES.get(str(value).lower())
+        if normal is None:
+            raise ConfigError(f"{where}: {value!r} is not one of 32, 16, bf16, 16-mixed, bf16-mixed, amp")
+        return normal
+    return value
+
+
+def _in_range(spec: Key, value) -> bool:
+    return ((spec.minimum is None or value >= spec.minimum)
+            and (spec.maximum is None or value <= spec.maximum))
+
+
+def _describe(spec: Key) -> str:
+    noun = {"int": "an integer", "float": "a number"}.get(spec.kind, spec.kind)
+    parts = []
+    if spec.minimum is not None:
+        parts.append(f">= {spec.minimum:g}")
+    if spec.maximum is not None:
+        parts.append(f"<= {spec.maximum:g}")
+    text = noun + (" " + " and ".join(parts) if parts else "")
+    for extra in spec.also:
+        text += f" (or {extra})"
+    if spec.nullable:
+        text += " (or null)"
+    return text
+
+
+def validate(cfg: dict, origins: dict | None = None) -> dict:
+    origins = origins or {}
+
+    def origin(dotted: str) -> str:
+        # the file that set this key, or the file that set the section it sits in
+        while dotted:
+            if dotted in origins:
+                return origins[dotted]
+            dotted = dotted.rpartition(".")[0]
+        return "defaults"
+
+    def walk(node: dict, schema: dict, prefix: str) -> None:
+        for key in list(node):
+            dotted = prefix + str(key)
+            if key not in schema:
+                raise ConfigError(f"{origin(dotted)}: unknown key '{dotted}'{_did_you_mean(dotted)}")
+            spec = schema[key]
+            if isinstance(spec, dict):
+                if not isinstance(node[key], dict):
+                    raise ConfigError(f"{origin(dotted)}: {dotted} must be a section (a mapping), "
+                                      f"got {node[key]!r}")
+                walk(node[key], spec, dotted + ".")
+            else:
+                node[key] = _check_value(spec, node[key], f"{origin(dotted)}: {dotted}")
+
+    walk(cfg, SCHEMA, "")
+    _cross_checks(cfg, origin)
+    return cfg
+
+
+def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
+    data, train, model = cfg["data"], cfg["train"], cfg["model"]
+    chunk, overlap = train["chunk_infer_size"], train["chunk_overlap"]
+    if chunk != -1 and overlap >= chunk:
+        raise ConfigError(f"{origin('train.chunk_overlap')}: train.chunk_overlap={overlap} must be smaller than "
+                          f"train.chunk_infer_size={chunk} (or set chunk_infer_size: -1 for no chunking)")
+    window, window_overlap = data["max_video_frames"], data["video_chunk_overlap"]
+    if window is not None and window_overlap >= window:
+        raise ConfigError(f"{origin('data.video_chunk_overlap')}: data.video_chunk_overlap={window_overlap} must be "
+                          f"smaller than data.max_video_frames={window}")
+    needs_rgb = model["input_type"] in ("rgb", "rgb_kpt")
+    needs_kpt = model["input_type"] in ("kpt", "rgb_kpt")
+    if needs_rgb and not data["load_rgb"]:
+        raise ConfigError(f"{origin('data.load_rgb')}: model.input_type={model['input_type']} needs frames; "
+                          f"set data.load_rgb: true")
+    if needs_kpt and not data["load_kpt"]:
+        raise ConfigError(f"{origin('data.load_kpt')}: model.input_type={model['input_type']} needs keypoints; "
+                          f"set data.load_kpt: true")
+    for name in ("mean", "std"):
+        values = data[name]
+        if len(values) != 3 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise ConfigError(f"{origin('data.' + name)}: data.{name} must be three numbers (R, G, B), got {values!r}")
+    if any(v <= 0 for v in data["std"]):
+        raise ConfigError(f"{origin('data.std')}: data.std must be positive, got {data['std']!r}")
+    if train["min_lr"] > train["lr"]:
+        raise ConfigError(f"{origin('train.min_lr')}: train.min_lr={train['min_lr']:g} must not exceed "
+                          f"train.lr={train['lr']:g}")
+    names = data["class_names"]
+    if names is not None and len(set(map(str, names))) != len(names):
+        raise ConfigError(f"{origin('data.class_names')}: data.class_names has duplicates: {names!r}")
+    device = cfg["trainer"]["device"]
+    if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise ConfigError(f"{origin('trainer.device')}: trainer.device: {device!r} is not one of auto, cpu, cuda, "
+                          f"cuda:N")
+    from models import registered_names  # late import: the registry imports torch
+    if model["backbone"] not in registered_names():
+        raise ConfigError(f"{origin('model.backbone')}: model.backbone: unknown model '{model['backbone']}'; "
+                          f"known: {', '.join(registered_names())}")
+
+
+def dump(cfg: dict) -> str:
+    return yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None)
+
+
+# --------------------------------------------------------------------------------------- command line
+
+def add_config_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    parser.add_argument("--config", required=required, help="YAML preset, e.g. configs/rtx5080.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key, typed by YAML rules (repeatable): --set data.batch_size=8")
+    parser.add_argument("--use_amp", "--use-amp", action="store_true",
+                        help="mixed precision: fp16 + GradScaler on CUDA, bf16 on CPU")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved, validated config and exit")
+
+
+def exit_on_usage_error(main: Callable[[], int | None]) -> None:
+    """Run a script's main(); a ConfigError becomes one line on stderr and exit code 2."""
+    try:
+        code = main()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(code or 0)

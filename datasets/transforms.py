@@ -1,0 +1,29 @@
+"""Device-side input preparation: samples stay uint8 through the DataLoader (4x less host memory and
+PCIe traffic than float32); conversion to float and normalization happen on the device."""
+from __future__ import annotations
+
+import torch
+
+
+class InputPreparer:
+    """Turns a collated batch into model inputs on the device: ``{"video": float, "kpt": float}``."""
+
+    def __init__(self, device: torch.device, mean, std, channels_last: bool = False):
+        self.device = device
+        self.non_blocking = device.type == "cuda"  # the host batch is pinned there
+        # shaped [C, 1, 1, 1] to broadcast over [..., C, T, H, W]
+        self.scale = (torch.tensor(std, device=device) * 255.0).view(3, 1, 1, 1)
+        self.shift = (torch.tensor(mean, device=device) * 255.0).view(3, 1, 1, 1)
+        self.channels_last = channels_last
+
+    def __call__(self, batch: dict) -> dict:
+        inputs = {}
+        if "video" in batch:
+            video = batch["video"].to(self.device, non_blocking=self.non_blocking)
+            video = (video.float() - self.shift) / self.scale
+            if self.channels_last and video.dim() == 5:
+                video = video.contiguous(memory_format=torch.channels_last_3d)
+            inputs["video"] = video
+        if "kpt" in batch:
+            inputs["kpt"] = batch["kpt"].to(self.device, non_blocking=self.non_blocking).float()
+        return inputs

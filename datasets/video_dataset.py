@@ -1,0 +1,184 @@
+"""The windowed video dataset: long videos split into sample windows, one clip decoded per sample.
+
+The index is built from metadata only (frame counts from the containers, cached). A sample returns a
+dict of uint8 frames (converted to float on the device, see ``datasets.transforms``), the keypoints of
+the same frames, the label of the part of the timeline it covers, and where it came from.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from datasets.keypoints import KeypointError, keypoint_length, read_keypoints
+from datasets.manifest import ManifestError, VideoRecord
+from datasets.video_reader import ReaderCache, VideoIndexCache, VideoReadError
+from datasets.windows import clip_indices, split_into_windows
+
+log = logging.getLogger(__name__)
+
+BAD_INPUT_ERRORS = (VideoReadError, KeypointError, ManifestError)
+_READERS = ReaderCache(capacity=4, threads=1)  # per process: each DataLoader worker has its own
+
+
+@dataclass
+class SampleWindow:
+    record: int  # index into the dataset's records (= "video_index")
+    start: int
+    end: int
+    label: int  # the label covering most frames of the window
+    segments: list  # [(start, end, class index)] of the timeline, clipped to the window
+
+
+def worker_init(worker_id: int) -> None:
+    # workers x decoder threads must not oversubscribe the cores: one OpenCV thread per worker
+    cv2.setNumThreads(1)
+
+
+class VideoWindowDataset(Dataset):
+    def __init__(self, records: list[VideoRecord], class_names: list[str], data_cfg: dict, training: bool,
+                 seed: int = 0, index_cache: VideoIndexCache | None = None):
+        self.records, self.class_names = records, list(class_names)
+        self.class_index = {name: i for i, name in enumerate(self.class_names)}
+        self.cfg, self.training, self.seed, self.epoch = data_cfg, training, seed, 0
+        self.size = data_cfg["img_size"]
+        self.skipped: dict[str, str] = {}  # path -> error, for samples dropped at index time
+        cache = index_cache or VideoIndexCache(None)
+        self.lengths = [self._record_length(r, cache) for r in records]
+        cache.save()
+        self.view_names = self._check_views()
+        self.windows = [w for i, r in enumerate(records) if self.lengths[i] > 0 for w in self._windows_of(i, r)]
+        if not self.windows:
+            raise ManifestError(f"{records[0].where.rsplit(':', 1)[0]}: no usable samples")
+        window = data_cfg["max_video_frames"]
+        if window is not None:
+            usable = sum(1 for n in self.lengths if n > 0)
+            log.info("Video chunking enabled: %d videos -> %d chunks (max %d frames/chunk)", usable,
+                     len(self.windows), window)
+
+    # ------------------------------------------------------------------------------------------ the index
+    def _record_length(self, record: VideoRecord, cache: VideoIndexCache) -> int:
+        """Frames usable in every view (the shortest view; a shorter view is reported); 0 = skipped."""
+        try:
+            for label in record.labels():
+                if label not in self.class_index:
+                    raise ManifestError(f"{record.where}: label '{label}' is not a known class "
+                                        f"({', '.join(self.class_names)})")
+            if not self.cfg["load_rgb"]:
+                if record.keypoints is None:
+                    raise ManifestError(f"{record.where}: no 'keypoints' given, and data.load_rgb is false")
+                return keypoint_length(record.keypoints)
+            infos = {name: cache.info(path) for name, path in record.views.items()}
+            lengths = {name: info.num_frames for name, info in infos.items()}
+            if len(set(lengths.values())) > 1:
+                log.warning("%s: views have different lengths %s; using the shortest", record.where, lengths)
+            record.extra["fps"] = next(iter(infos.values())).fps
+            return min(lengths.values())
+        except BAD_INPUT_ERRORS as e:
+            if self.cfg["on_bad_video"] == "raise":
+                raise type(e)(f"{e} (sample at {record.where})") from None
+            log.warning("skipping %s: %s", record.where, e)
+            self.skipped[record.where] = str(e)
+            return 0
+
+    def _check_views(self) -> list[str]:
+        names = {tuple(r.views) for r, n in zip(self.records, self.lengths) if n > 0}
+        if len(names) > 1:
+            raise ManifestError(f"{self.records[0].where.rsplit(':', 1)[0]}: samples have different camera "
+                                f"views {sorted(names)}; every sample needs the same views")
+        return list(next(iter(names), ("video",)))
+
+    def _windows_of(self, record_index: int, record: VideoRecord) -> list[SampleWindow]:
+        length = self.lengths[record_index]
+        timeline = None
+        if record.segments is not None:
+            fps = record.extra.get("fps", 25.0)
+            timeline = []
+            for seg in record.segments:
+                start, end = seg.in_frames(fps)
+                if start >= length:
+                    raise ManifestError(f"{record.where}: segment [{start}, {end}) '{seg.label}' starts after "
+                                        f"the video's {length} frames")
+                timeline.append((start, min(end, length), self.class_index[seg.label]))
+        windows = []
+        for start, end in split_into_windows(length, self.cfg["max_video_frames"], self.cfg["video_chunk_overlap"]):
+            if timeline is None:
+                windows.append(SampleWindow(record_index, start, end, self.class_index[record.label], []))
+                continue
+            clipped = [(max(s, start), min(e, end), c) for s, e, c in timeline if s < end and e > start]
+            if not clipped:  # a gap in the timeline: no label for this window
+                continue
+            cover = Counter()
+            for s, e, c in clipped:
+                cover[c] += e - s
+            label = max(cover, key=lambda c: (cover[c], -min(s for s, _, k in clipped if k == c)))
+            windows.append(SampleWindow(record_index, start, end, label, clipped))
+        return windows
+
+    # ---------------------------------------------------------------------------------------- the samples
+    def set_epoch(self, epoch: int) -> None:
+        """Clip placement depends on (seed, epoch, sample), not on which worker loads it: runs repeat."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, index: int) -> dict:
+        skipped = []
+        for attempt in range(len(self)):
+            candidate = (index + attempt) % len(self)
+            try:
+                sample = self._load(candidate)
+                sample["skipped"] = ";".join(skipped)
+                return sample
+            except BAD_INPUT_ERRORS as e:
+                record = self.records[self.windows[candidate].record]
+                if self.cfg["on_bad_video"] == "raise":
+                    raise type(e)(f"{e} (sample at {record.where})") from None
+                if record.where not in skipped:
+                    log.warning("skipping %s: %s", record.where, e)
+                skipped.append(record.where)
+        raise VideoReadError("every sample of the dataset failed to load")
+
+    def _load(self, index: int) -> dict:
+        window = self.windows[index]
+        record = self.records[window.record]
+        rng = np.random.default_rng([self.seed, self.epoch, index]) if self.training else None
+        indices = clip_indices(window.start, window.end, self.cfg["num_frames"], self.cfg["frame_stride"], rng)
+        sample = {
+            "label": window.label,
+            "video_index": window.record,
+            "window": torch.tensor([window.start, window.end]),
+            "frame_indices": torch.from_numpy(indices),
+            "frame_labels": torch.from_numpy(self._frame_labels(window, indices)),
+        }
+        if self.cfg["load_rgb"]:
+            views = [torch.from_numpy(_READERS.get(path, self.size).read(indices)).permute(3, 0, 1, 2)
+                     for path in record.views.values()]  # each [C, T, H, W] uint8
+            sample["video"] = views[0] if len(views) == 1 else torch.stack(views)
+        if self.cfg["load_kpt"]:
+            if record.keypoints is None:
+                raise KeypointError(f"{record.where}: data.load_kpt is true but the sample has no 'keypoints'")
+            sample["kpt"] = torch.from_numpy(read_keypoints(record.keypoints, indices))
+        return sample
+
+    @staticmethod
+    def _frame_labels(window: SampleWindow, indices: np.ndarray) -> np.ndarray:
+        if not window.segments:
+            return np.full(len(indices), window.label, dtype=np.int64)
+        labels = np.full(len(indices), -1, dtype=np.int64)  # -1: a frame no segment covers
+        for s, e, c in window.segments:
+            labels[(indices >= s) & (indices < e)] = c
+        return labels
+
+    # ------------------------------------------------------------------------------------------- helpers
+    def keypoint_shape(self) -> tuple[int, int] | None:
+        if not self.cfg["load_kpt"]:
+            return None
+        kpt = self._load(0)["kpt"]
+        return int(kpt.shape[1]), int(kpt.shape[2])

@@ -1,0 +1,46 @@
+"""Window arithmetic: sample windows, clip placement, inference chunks. A window is a frame range [start, end)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def split_into_windows(length: int, size: int | None, overlap: int = 0, align_last_to_end: bool = False
+                       ) -> list[tuple[int, int]]:
+    """Windows of ``size`` frames, consecutive ones sharing ``overlap`` frames, covering [0, length).
+
+    The last window either ends at ``length`` with its own start (align_last_to_end=True: every window is
+    full length, the inference-chunk rule) or keeps the stride and is shorter (the sample-window rule).
+    size None or <= 0, or size >= length: one window.
+    """
+    if length <= 0:
+        return []
+    if size is None or size <= 0 or size >= length:
+        return [(0, length)]
+    if not 0 <= overlap < size:
+        raise ValueError(f"overlap {overlap} must be in [0, {size})")
+    stride = size - overlap
+    count = 1 + math.ceil((length - size) / stride)
+    starts = [i * stride for i in range(count)]
+    if align_last_to_end:
+        return [(min(s, length - size), min(s, length - size) + size) for s in starts]
+    return [(s, min(s + size, length)) for s in starts]
+
+
+def clip_indices(start: int, end: int, num_frames: int, stride: int, rng: np.random.Generator | None) -> np.ndarray:
+    """Frame indices of one clip inside the window [start, end).
+
+    ``num_frames`` frames ``stride`` apart, at a random place (rng given: training) or centred (rng None:
+    evaluation). A window too short for that span gets ``num_frames`` indices spread evenly over it
+    (frames repeat when the window has fewer frames than the clip). num_frames -1: the whole window at
+    ``stride``.
+    """
+    length = end - start
+    if num_frames == -1:
+        return np.arange(start, end, stride)
+    span = (num_frames - 1) * stride + 1
+    if span <= length:
+        offset = int(rng.integers(0, length - span + 1)) if rng is not None else (length - span) // 2
+        return start + offset + stride * np.arange(num_frames)
+    return start + np.floor(np.linspace(0, length, num_frames, endpoint=False)).astype(np.int64)

@@ -1,0 +1,144 @@
+"""Evaluate a checkpoint with the same chunked forward as training.
+
+    python eval.py --checkpoint runs/quickstart/latest/checkpoints/best.pt --split val
+    python eval.py --checkpoint best.pt --data my_test.jsonl --chunk 32 --overlap 8 --agg prob --output results
+
+Config defaults come from the checkpoint; flags override. Prints top-1, top-5, per-class
+precision/recall/F1, clip- and video-level accuracy and the confusion matrix; with --output, writes
+FILE.json (metrics) and FILE.csv (one row per clip: video, window, label, prediction, probability).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+
+import torch
+
+from checkpoint import CheckpointError, atomic_write_bytes, load_trained_model
+from chunked_forward import AGGREGATIONS, forward_chunked
+from config import ConfigError, exit_on_usage_error, validate
+from datasets import build_dataset, index_cache_for
+from datasets.manifest import ManifestError
+from datasets.transforms import InputPreparer
+from datasets.video_reader import VideoReadError
+from metrics import ClassificationMeter
+from runtime import setup_logging, setup_runtime
+
+log = setup_logging()
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True, help="checkpoint to evaluate (loaded with weights_only=True)")
+    parser.add_argument("--data", help="manifest to evaluate on (default: the checkpoint config's --split manifest)")
+    parser.add_argument("--split", choices=("val", "test"), default="val", help="which manifest of the config")
+    parser.add_argument("--chunk", type=int, help="frames per inference chunk (-1 = whole clip); "
+                                                  "default train.chunk_infer_size")
+    parser.add_argument("--overlap", type=int, help="frames shared by consecutive chunks")
+    parser.add_argument("--agg", choices=AGGREGATIONS, help="chunk aggregation")
+    parser.add_argument("--batch", type=int, help="inference chunks per forward call")
+    parser.add_argument("--num-frames", type=int, help="frames per clip (-1 = the whole sample window)")
+    parser.add_argument("--device", help="cpu, cuda, cuda:N (default: the checkpoint config's trainer.device)")
+    parser.add_argument("--precision", help="32, 16, bf16 or amp (default: the checkpoint's)")
+    parser.add_argument("--output", help="write OUTPUT.json (metrics) and OUTPUT.csv (per-clip predictions)")
+    return parser.parse_args(argv)
+
+
+def apply_overrides(cfg: dict, args: argparse.Namespace) -> dict:
+    train = cfg["train"]
+    for flag, key in (("chunk", "chunk_infer_size"), ("overlap", "chunk_overlap"), ("agg", "chunk_aggregation"),
+                      ("batch", "video_batch_size")):
+        if getattr(args, flag) is not None:
+            train[key] = getattr(args, flag)
+    if args.num_frames is not None:
+        cfg["data"]["num_frames"] = args.num_frames
+    cfg["data"]["num_workers"] = min(cfg["data"]["num_workers"], os.cpu_count() or 1)
+    origins = {"train.chunk_infer_size": "--chunk", "train.chunk_overlap": "--overlap",
+               "train.video_batch_size": "--batch", "data.num_frames": "--num-frames"}
+    return validate(cfg, origins)
+
+
+@torch.inference_mode()
+def evaluate_dataset(model, dataset, cfg: dict, runtime, class_names: list[str], rows: list | None = None) -> dict:
+    """Metrics over a dataset, one sample at a time (long clips vary in length); predictions go to the CPU."""
+    train = cfg["train"]
+    prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
+    loader = torch.utils.data.DataLoader(dataset, batch_size=1, num_workers=cfg["data"]["num_workers"],
+                                         pin_memory=runtime.device.type == "cuda")
+    meter = ClassificationMeter(len(class_names))
+    for batch in loader:
+        with runtime.autocast():
+            logits = forward_chunked(model, prepare(batch), train["chunk_infer_size"], train["chunk_overlap"],
+                                     train["chunk_aggregation"], train["video_batch_size"]).float().cpu()
+        meter.update(logits, batch["label"], batch["video_index"])
+        if rows is not None:
+            probs = logits.softmax(dim=1)
+            for p, label, video, window in zip(probs, batch["label"], batch["video_index"], batch["window"]):
+                record = dataset.records[int(video)]
+                rows.append({"video": ";".join(record.views.values()), "window_start": int(window[0]),
+                             "window_end": int(window[1]), "label": class_names[int(label)],
+                             "predicted": class_names[int(p.argmax())], "probability": round(float(p.max()), 6)})
+    return meter.compute()
+
+
+def format_report(metrics: dict, class_names: list[str]) -> str:
+    lines = [f"top-1 {metrics['top1']:.4f}  top-5 {metrics['top5']:.4f}  clip-level acc {metrics['clip_acc']:.4f}  "
+             f"video-level acc {metrics.get('video_acc', float('nan')):.4f}  mean class acc "
+             f"{metrics['mean_class_acc']:.4f}  ({metrics['num_clips']} clips, {metrics.get('num_videos', 0)} videos)",
+             f"{'class':>16s} {'precision':>9s} {'recall':>9s} {'f1':>9s}"]
+    for i, name in enumerate(class_names):
+        lines.append(f"{name:>16s} {metrics['precision'][i]:9.4f} {metrics['recall'][i]:9.4f} {metrics['f1'][i]:9.4f}")
+    width = max(6, max(len(n) for n in class_names))
+    lines.append("confusion matrix (rows: true, columns: predicted)")
+    lines.append(" " * (width + 1) + " ".join(f"{n[:width]:>{width}s}" for n in class_names))
+    for name, row in zip(class_names, metrics["confusion"]):
+        lines.append(f"{name[:width]:>{width}s} " + " ".join(f"{v:>{width}d}" for v in row))
+    return "\n".join(lines)
+
+
+def write_outputs(prefix: str, metrics: dict, rows: list[dict], info: dict) -> None:
+    atomic_write_bytes(prefix + ".json", json.dumps({**info, "metrics": metrics}, indent=1).encode())
+    import io
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=["video", "window_start", "window_end", "label", "predicted",
+                                              "probability"])
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_bytes(prefix + ".csv", text.getvalue().encode())
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    probe = setup_runtime({"device": args.device or "auto", "precision": "32", "allow_tf32": True})
+    model, cfg, class_names, state = load_trained_model(args.checkpoint, probe.device)
+    cfg = apply_overrides(cfg, args)
+    runtime = setup_runtime(cfg["trainer"], device=args.device or str(probe.device), precision=args.precision)
+    dataset = build_dataset(cfg, args.split, class_names, training=False, manifest=args.data,
+                            index_cache=index_cache_for(cfg))
+    rows: list[dict] = []
+    metrics = evaluate_dataset(model, dataset, cfg, runtime, class_names, rows)
+    train = cfg["train"]
+    print(f"{args.checkpoint} (epoch {state.get('epoch')}, step {state.get('global_step')}) on "
+          f"{args.data or args.split}: chunk {train['chunk_infer_size']} overlap {train['chunk_overlap']} "
+          f"agg {train['chunk_aggregation']}")
+    print(format_report(metrics, class_names))
+    if args.output:
+        write_outputs(args.output, metrics, rows, {"checkpoint": args.checkpoint, "data": args.data or args.split,
+                                                   "class_names": class_names})
+        print(f"wrote {args.output}.json and {args.output}.csv")
+    return 0
+
+
+def _entry() -> int:
+    try:
+        return main()
+    except (ManifestError, VideoReadError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    exit_on_usage_error(_entry)

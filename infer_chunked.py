@@ -1,0 +1,304 @@
+"""Classify long videos window by window, streamed from the file: memory does not depend on video length.
+
+    python infer_chunked.py --chunk 32 --overlap 8
+    python infer_chunked.py --checkpoint best.pt --input video.mp4 --agg prob --timeline --output out.jsonl
+
+Without --checkpoint, the best checkpoint of the most recent run under runs/ is used; without --input,
+the test (else val) manifest of that checkpoint's config. Chunk and overlap count clip frames, that is
+frames at the checkpoint's data.frame_stride. A background thread decodes the next inference chunks
+while the model runs the current ones; frames shared by overlapping chunks are decoded once.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import queue
+import sys
+import threading
+import time
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+import memory_monitor
+from checkpoint import CheckpointError, load_trained_model
+from chunked_forward import AGGREGATIONS, LogitAggregator, inference_windows
+from config import ConfigError, exit_on_usage_error
+from datasets import manifest_path
+from datasets.keypoints import KeypointError, read_keypoints
+from datasets.manifest import VIDEO_EXTENSIONS, ManifestError, VideoRecord, read_manifest
+from datasets.transforms import InputPreparer
+from datasets.video_reader import VideoReader, VideoReadError
+from runtime import setup_logging, setup_runtime
+
+log = setup_logging()
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", help="checkpoint (default: best.pt of the most recent run in --runs)")
+    parser.add_argument("--runs", default="runs", help="where to look for the most recent run")
+    parser.add_argument("--input", help="a video file, a directory of videos, or a manifest (.jsonl/.csv)")
+    parser.add_argument("--chunk", type=int, default=32, help="clip frames per inference chunk; -1 = whole video")
+    parser.add_argument("--overlap", type=int, default=8, help="clip frames shared by consecutive chunks")
+    parser.add_argument("--agg", choices=AGGREGATIONS, default="mean", help="how chunk logits are aggregated")
+    parser.add_argument("--batch", type=int, default=1, help="inference chunks per forward call")
+    parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda if available)")
+    parser.add_argument("--precision", help="32, 16, bf16 or amp (default: the checkpoint's)")
+    parser.add_argument("--topk", type=int, default=3, help="labels reported per video")
+    parser.add_argument("--output", help="write one JSON line per video to this file")
+    parser.add_argument("--timeline", action="store_true", help="include every chunk's result and merged segments")
+    parser.add_argument("--decode-threads", type=int, default=0,
+                        help="FFmpeg decoder threads (0 = OpenCV's choice, all cores)")
+    parser.add_argument("--max-videos", type=int, help="stop after this many videos")
+    args = parser.parse_args(argv)
+    if args.chunk != -1 and args.chunk < 1:
+        raise ConfigError(f"--chunk {args.chunk}: must be >= 1, or -1 for the whole video")
+    if args.chunk != -1 and not 0 <= args.overlap < args.chunk:
+        raise ConfigError(f"--overlap {args.overlap}: must be >= 0 and smaller than --chunk {args.chunk}")
+    if args.batch < 1 or args.topk < 1:
+        raise ConfigError("--batch and --topk must be >= 1")
+    return args
+
+
+def find_latest_checkpoint(runs: str) -> str:
+    candidates = glob.glob(os.path.join(runs, "*", "*", "checkpoints", "best.pt"))
+    if not candidates:
+        raise ConfigError(f"no --checkpoint given and no {runs}/<experiment>/<run>/checkpoints/best.pt found; "
+                          f"train first or pass --checkpoint PATH")
+    return max(candidates, key=os.path.getmtime)
+
+
+def resolve_inputs(input_arg: str | None, cfg: dict) -> tuple[str, list[VideoRecord]]:
+    if input_arg is None:
+        for split in ("test", "val"):
+            path = manifest_path(cfg["data"], split)
+            if path and os.path.exists(path):
+                return path, read_manifest(path)
+        raise ConfigError("no --input given and the checkpoint's config has no test or val manifest on this machine")
+    if os.path.isdir(input_arg):
+        files = sorted(f for f in os.listdir(input_arg) if f.lower().endswith(VIDEO_EXTENSIONS))
+        if not files:
+            raise ConfigError(f"--input {input_arg}: no videos in this directory ({', '.join(VIDEO_EXTENSIONS)})")
+        return input_arg, [VideoRecord({"video": os.path.join(input_arg, f)}, where=input_arg) for f in files]
+    if input_arg.endswith((".jsonl", ".json", ".csv")):
+        return input_arg, read_manifest(input_arg)
+    if not os.path.exists(input_arg):
+        raise ConfigError(f"--input {input_arg}: file not found")
+    return input_arg, [VideoRecord({"video": input_arg}, where=input_arg)]
+
+
+class ChunkStream:
+    """Decodes a video's inference chunks on a background thread, a few chunks ahead of the model.
+
+    Yields (windows, {"video": uint8 [n, (V,) C, L, H, W], "kpt": [n, L, J, C]}) for groups of ``batch``
+    chunks. Window bounds are in clip frames; clip frame i is video frame i * stride.
+    """
+
+    def __init__(self, record: VideoRecord, size, stride: int, chunk: int, overlap: int, aggregation: str,
+                 batch: int, load_rgb: bool, load_kpt: bool, threads: int | None, prefetch: int = 2):
+        self.record, self.stride = record, stride
+        self.readers = {name: VideoReader(path, size, threads=threads) for name, path in record.views.items()}
+        first = next(iter(self.readers.values()))
+        self.num_frames = min(r.num_frames for r in self.readers.values())
+        self.fps = first.info.fps
+        clip_length = len(range(0, self.num_frames, stride))
+        self.windows = inference_windows(clip_length, chunk, overlap, aggregation)
+        self.batch, self.load_rgb, self.load_kpt = batch, load_rgb, load_kpt
+        if load_kpt and record.keypoints is None:
+            raise KeypointError(f"{record.where}: the model needs keypoints but the input has none "
+                                f"(give a manifest line with 'keypoints')")
+        self.queue: queue.Queue = queue.Queue(maxsize=prefetch)
+        self.decode_seconds = 0.0
+        self.thread = threading.Thread(target=self._produce, daemon=True)
+        self.thread.start()
+
+    def _produce(self) -> None:
+        try:
+            cache: dict[int, dict[str, np.ndarray]] = {}  # clip frame -> view -> frame: the overlap, decoded once
+            for first in range(0, len(self.windows), self.batch):
+                group = self.windows[first:first + self.batch]
+                tick = time.perf_counter()
+                needed = sorted({i for s, e in group for i in range(s, e)})
+                new = [i for i in needed if i not in cache]
+                if self.load_rgb and new:
+                    for name, reader in self.readers.items():
+                        for i, frame in zip(new, reader.read([i * self.stride for i in new])):
+                            cache.setdefault(i, {})[name] = frame
+                tensors = {}
+                if self.load_rgb:
+                    views = [np.stack([np.stack([cache[i][name] for i in range(s, e)]) for s, e in group])
+                             for name in self.readers]  # each [n, L, H, W, 3]
+                    video = torch.from_numpy(np.stack(views, axis=1)).permute(0, 1, 5, 2, 3, 4)  # [n, V, C, L, H, W]
+                    tensors["video"] = video[:, 0] if len(views) == 1 else video
+                if self.load_kpt:
+                    tensors["kpt"] = torch.stack([torch.from_numpy(read_keypoints(
+                        self.record.keypoints, [i * self.stride for i in range(s, e)])) for s, e in group])
+                following = first + self.batch
+                keep_from = self.windows[following][0] if following < len(self.windows) else float("inf")
+                for i in [i for i in cache if i < keep_from]:
+                    del cache[i]
+                self.decode_seconds += time.perf_counter() - tick
+                self.queue.put((group, tensors))
+            self.queue.put(None)
+        except BaseException as e:  # hand the error to the consumer
+            self.queue.put(e)
+
+    def __iter__(self):
+        while True:
+            item = self.queue.get()
+            if item is None:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        for reader in self.readers.values():
+            reader.close()
+
+
+@torch.inference_mode()
+def classify_video(model, record: VideoRecord, cfg: dict, args, runtime, prepare, class_names) -> dict:
+    data = cfg["data"]
+    stream = ChunkStream(record, data["img_size"], data["frame_stride"], args.chunk, args.overlap, args.agg,
+                         args.batch, data["load_rgb"], data["load_kpt"], args.decode_threads or None)
+    aggregator, timeline = LogitAggregator(args.agg), []
+    compute_seconds = 0.0
+    try:
+        for windows, tensors in tqdm(stream, total=-(-len(stream.windows) // args.batch), leave=False,
+                                     desc=os.path.basename(record.first_path), disable=not sys.stderr.isatty()):
+            tick = time.perf_counter()
+            with runtime.autocast():
+                logits = model(prepare(tensors)).float()
+            aggregator.update(logits.unsqueeze(1))  # [n, 1, K]
+            probs = logits.softmax(dim=1).cpu()
+            compute_seconds += time.perf_counter() - tick
+            for (s, e), p in zip(windows, probs):
+                start, end = s * stream.stride, min((e - 1) * stream.stride + 1, stream.num_frames)
+                timeline.append({"start": start, "end": end, "start_sec": round(start / stream.fps, 3),
+                                 "end_sec": round(end / stream.fps, 3), "label": class_names[int(p.argmax())],
+                                 "prob": round(float(p.max()), 4)})
+    finally:
+        stream.close()
+    probs = aggregator.result()[0].softmax(dim=0)
+    top = probs.topk(min(args.topk, len(class_names)))
+    result = {"video": record.first_path if len(record.views) == 1 else record.views,
+              "num_frames": stream.num_frames, "fps": stream.fps, "windows": len(timeline),
+              "topk": [{"label": class_names[int(i)], "prob": round(float(v), 4)} for v, i in zip(top.values,
+                                                                                              top.indices)],
+              "decode_s": round(stream.decode_seconds, 3), "compute_s": round(compute_seconds, 3)}
+    segments = merge_segments(timeline, stream.num_frames)
+    if record.label is not None:
+        result["label"] = record.label
+        result["correct"] = result["topk"][0]["label"] == record.label
+    if record.segments is not None:
+        result["timeline_agreement"] = timeline_agreement(segments, record, stream.fps, stream.num_frames)
+    if args.timeline:
+        result["timeline"] = timeline
+        result["segments"] = segments
+    return result
+
+
+def merge_segments(timeline: list[dict], num_frames: int) -> list[dict]:
+    """Contiguous chunks with the same top label merged; overlapping chunks split at the overlap's middle."""
+    segments: list[dict] = []
+    for i, window in enumerate(timeline):
+        start = 0 if i == 0 else (timeline[i - 1]["end"] + window["start"]) // 2
+        start = max(start, segments[-1]["end"] if segments else 0)
+        end = num_frames if i == len(timeline) - 1 else (window["end"] + timeline[i + 1]["start"]) // 2
+        if end <= start:
+            continue
+        if segments and segments[-1]["label"] == window["label"]:
+            segments[-1]["end"] = end
+        else:
+            segments.append({"start": start, "end": end, "label": window["label"]})
+    return segments
+
+
+def timeline_agreement(segments: list[dict], record: VideoRecord, fps: float, num_frames: int) -> float:
+    """Share of the annotated frames whose merged predicted segment has the annotated label."""
+    predicted = np.empty(num_frames, dtype=object)
+    for seg in segments:
+        predicted[seg["start"]:seg["end"]] = seg["label"]
+    hits = total = 0
+    for seg in record.segments:
+        start, end = seg.in_frames(fps)
+        end = min(end, num_frames)
+        hits += int(np.sum(predicted[start:end] == seg.label))
+        total += max(end - start, 0)
+    return round(hits / max(total, 1), 4)
+
+
+def print_result(result: dict, show_timeline: bool) -> None:
+    top = ", ".join(f"{t['label']} {t['prob']:.2f}" for t in result["topk"])
+    truth = f"  (true: {result['label']})" if "label" in result else ""
+    print(f"{result['video']}: {result['num_frames']} frames @ {result['fps']:.1f} fps, {result['windows']} chunks "
+          f"-> {top}{truth}")
+    if "timeline_agreement" in result:
+        print(f"  timeline agreement with the annotated segments: {100 * result['timeline_agreement']:.1f}% of frames")
+    if show_timeline:
+        print(f"  {'start':>8s} {'end':>8s} {'start s':>8s} {'end s':>8s}  label")
+        for seg in result["segments"]:
+            print(f"  {seg['start']:8d} {seg['end']:8d} {seg['start'] / result['fps']:8.2f} "
+                  f"{seg['end'] / result['fps']:8.2f}  {seg['label']}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    checkpoint_path = args.checkpoint or find_latest_checkpoint(args.runs)
+    probe = setup_runtime({"device": args.device or "auto", "precision": "32", "allow_tf32": True})
+    model, cfg, class_names, _ = load_trained_model(checkpoint_path, probe.device)
+    runtime = setup_runtime(cfg["trainer"], device=str(probe.device), precision=args.precision)
+    source, records = resolve_inputs(args.input, cfg)
+    if args.max_videos:
+        records = records[:args.max_videos]
+    print(f"checkpoint: {checkpoint_path}\ninput: {source} ({len(records)} videos)\n"
+          f"chunk {args.chunk} overlap {args.overlap} agg {args.agg} batch {args.batch} on {runtime.device}")
+    prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
+    if runtime.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(runtime.device)
+    failures, correct, labelled = 0, 0, 0
+    out = open(args.output, "w") if args.output else None
+    try:
+        for record in tqdm(records, desc="videos", disable=not sys.stderr.isatty() or len(records) == 1):
+            try:
+                result = classify_video(model, record, cfg, args, runtime, prepare, class_names)
+            except (VideoReadError, KeypointError, ManifestError) as e:
+                if len(records) == 1:
+                    raise
+                failures += 1
+                result = {"video": record.first_path, "error": str(e)}
+                print(f"error: {e}", file=sys.stderr)
+            if "correct" in result:
+                labelled += 1
+                correct += int(result["correct"])
+            if out is not None:
+                out.write(json.dumps(result) + "\n")
+                out.flush()
+            elif "error" not in result:
+                print_result(result, args.timeline)
+    finally:
+        if out is not None:
+            out.close()
+    if labelled:
+        print(f"accuracy: {correct}/{labelled} = {correct / labelled:.4f}")
+    snap = memory_monitor.snapshot(runtime.device)
+    peak = f", device peak {snap['device_peak_mb']:.0f} MB" if "device_peak_mb" in snap else ""
+    print(f"peak memory: host RSS {memory_monitor.host_peak_rss_mb():.0f} MB{peak}")
+    return 1 if failures else 0
+
+
+def _entry() -> int:
+    try:
+        return main()
+    except (ManifestError, VideoReadError, CheckpointError, KeypointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    exit_on_usage_error(_entry)

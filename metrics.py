@@ -1,0 +1,67 @@
+"""Classification metrics from predictions kept on the CPU: bounded state, plain floats out.
+
+Clip-level metrics score every sample (a window's clip); video-level metrics sum the softmax of all clips
+of a video (``video_index``) before the argmax, as torchvision's video references do.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class ClassificationMeter:
+    def __init__(self, num_classes: int):
+        self.num_classes = num_classes
+        self.confusion = torch.zeros(num_classes, num_classes, dtype=torch.long)  # [true, predicted]
+        self.top5_hits = 0
+        self.count = 0
+        self.video_probs: dict[int, torch.Tensor] = {}
+        self.video_labels: dict[int, int] = {}
+        self.video_clips: dict[int, list] = {}
+
+    def update(self, logits: torch.Tensor, labels: torch.Tensor, video_index: torch.Tensor | None = None) -> None:
+        logits, labels = logits.detach().float().cpu(), labels.detach().cpu().long()
+        predicted = logits.argmax(dim=1)
+        self.confusion += torch.bincount(labels * self.num_classes + predicted,
+                                         minlength=self.num_classes ** 2).view(self.num_classes, self.num_classes)
+        k = min(5, self.num_classes)
+        self.top5_hits += int((logits.topk(k, dim=1).indices == labels[:, None]).any(dim=1).sum())
+        self.count += len(labels)
+        if video_index is None:
+            return
+        probs = logits.softmax(dim=1)
+        for row, video, label in zip(probs, video_index.tolist(), labels.tolist()):
+            self.video_probs[video] = self.video_probs.get(video, 0) + row
+            self.video_clips.setdefault(video, []).append(label)
+
+    def compute(self) -> dict:
+        confusion = self.confusion.double()
+        support = confusion.sum(dim=1)
+        predicted_count = confusion.sum(dim=0)
+        correct = confusion.diag()
+        recall = torch.where(support > 0, correct / support.clamp_min(1), torch.zeros_like(correct))
+        precision = torch.where(predicted_count > 0, correct / predicted_count.clamp_min(1), torch.zeros_like(correct))
+        f1 = torch.where(precision + recall > 0, 2 * precision * recall / (precision + recall).clamp_min(1e-12),
+                         torch.zeros_like(correct))
+        present = support > 0
+        result = {
+            "clip_acc": float(correct.sum() / max(self.count, 1)),
+            "top1": float(correct.sum() / max(self.count, 1)),
+            "top5": self.top5_hits / max(self.count, 1),
+            "mean_class_acc": float(recall[present].mean()) if present.any() else 0.0,
+            "per_class_acc": [float(v) for v in recall],
+            "precision": [float(v) for v in precision],
+            "recall": [float(v) for v in recall],
+            "f1": [float(v) for v in f1],
+            "confusion": self.confusion.tolist(),
+            "num_clips": self.count,
+        }
+        if self.video_probs:
+            hits = 0
+            for video, probs in self.video_probs.items():
+                labels = self.video_clips[video]
+                # a video's label: the label most of its clips carry (one label unless it has a timeline)
+                label = max(set(labels), key=labels.count)
+                hits += int(int(probs.argmax()) == label)
+            result["video_acc"] = hits / len(self.video_probs)
+            result["num_videos"] = len(self.video_probs)
+        return result

@@ -1,0 +1,57 @@
+"""Model registry: ``build_model(cfg, ...)`` turns the ``model`` section of a config into a classifier.
+
+Every model is a :class:`models.classifier.VideoClassifier`: an RGB backbone and/or a keypoint branch,
+optional fusion of camera views, and one linear head. All expose ``features(inputs)`` and
+``head(features)`` (so chunked inference can aggregate logits or features), ``min_frames`` and
+``set_grad_checkpointing()``. Inputs are dicts: ``{"video": [B, C, T, H, W] or [B, V, C, T, H, W]
+float, "kpt": [B, T, J, C] float}``.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+_RGB_BACKBONES: dict[str, Callable] = {}
+
+
+def register_backbone(name: str):
+    def wrap(factory):
+        _RGB_BACKBONES[name] = factory
+        return factory
+    return wrap
+
+
+def registered_names() -> list[str]:
+    _import_all()
+    return sorted(_RGB_BACKBONES)
+
+
+def _import_all() -> None:
+    from models import tiny3d, torchvision_video  # noqa: F401  (their decorators fill the registry)
+
+
+def build_rgb_backbone(name: str, width: int = 32):
+    _import_all()
+    if name not in _RGB_BACKBONES:
+        raise ValueError(f"unknown model '{name}'; known: {', '.join(sorted(_RGB_BACKBONES))}")
+    return _RGB_BACKBONES[name](width=width)
+
+
+def build_model(model_cfg: dict, num_classes: int, num_views: int = 1, kpt_shape: tuple[int, int] | None = None):
+    """The classifier for a config's ``model`` section.
+
+    num_views: camera views per sample (from the data); kpt_shape: (joints, channels) of the keypoints.
+    """
+    from models.classifier import VideoClassifier
+    from models.keypoint import KeypointTCN
+
+    input_type = model_cfg["input_type"]
+    rgb = build_rgb_backbone(model_cfg["backbone"], model_cfg["width"]) if input_type in ("rgb", "rgb_kpt") else None
+    kpt = None
+    if input_type in ("kpt", "rgb_kpt"):
+        if kpt_shape is None:
+            raise ValueError(f"model.input_type={input_type} needs keypoints, but the data has none")
+        kpt = KeypointTCN(num_joints=kpt_shape[0], channels=kpt_shape[1], width=model_cfg["width"] * 2)
+    model = VideoClassifier(rgb=rgb, kpt=kpt, num_classes=num_classes, view_fusion=model_cfg["view_fusion"],
+                            num_views=num_views, dropout=model_cfg["dropout"])
+    model.set_grad_checkpointing(model_cfg["grad_checkpointing"])
+    return model

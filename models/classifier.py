@@ -1,0 +1,95 @@
+"""The one classifier shape every registered model takes: branches, view fusion, head."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+class StagedBackbone(nn.Module):
+    """A backbone as a list of stages, so gradient checkpointing can recompute one stage at a time.
+
+    Subclasses fill ``stages`` (nn.ModuleList) and set ``feature_dim`` and ``min_frames``.
+    """
+
+    feature_dim: int
+    min_frames: int = 1
+
+    def __init__(self):
+        super().__init__()
+        self.grad_checkpointing = False
+
+    def run_stages(self, x: torch.Tensor) -> torch.Tensor:
+        for stage in self.stages:
+            if self.grad_checkpointing and self.training and torch.is_grad_enabled():
+                # non-reentrant: works with inputs that need no grad and with autocast
+                x = checkpoint(stage, x, use_reentrant=False)
+            else:
+                x = stage(x)
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.run_stages(x))
+
+    @staticmethod
+    def pool(x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=tuple(range(2, x.dim())))
+
+
+class VideoClassifier(nn.Module):
+    """RGB backbone and/or keypoint branch, camera views fused, one linear head.
+
+    view_fusion: none (a single view), mean (features averaged over views), concat (features
+    concatenated; the view count is fixed at build time), late (one prediction per view, logits averaged).
+    """
+
+    def __init__(self, rgb: StagedBackbone | None, kpt: StagedBackbone | None, num_classes: int,
+                 view_fusion: str = "none", num_views: int = 1, dropout: float = 0.0):
+        super().__init__()
+        if rgb is None and kpt is None:
+            raise ValueError("a classifier needs an RGB backbone, a keypoint branch, or both")
+        if view_fusion == "none" and num_views > 1:
+            raise ValueError(f"the data has {num_views} camera views but model.view_fusion is none; "
+                             f"set model.view_fusion to mean, concat or late")
+        self.rgb, self.kpt = rgb, kpt
+        self.view_fusion, self.num_views = view_fusion, num_views
+        rgb_dim = 0 if rgb is None else rgb.feature_dim * (num_views if view_fusion == "concat" else 1)
+        self.feature_dim = rgb_dim + (0 if kpt is None else kpt.feature_dim)
+        self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(self.feature_dim, num_classes))
+        self.min_frames = max(b.min_frames for b in (rgb, kpt) if b is not None)
+
+    def set_grad_checkpointing(self, enabled: bool = True) -> None:
+        for branch in (self.rgb, self.kpt):
+            if branch is not None:
+                branch.grad_checkpointing = enabled
+
+    def features(self, inputs: dict) -> torch.Tensor:
+        """[B, D] features; [B, V, D] with late view fusion (one feature row per view)."""
+        parts = []
+        if self.rgb is not None:
+            video = inputs["video"]
+            if video.dim() == 5:
+                video = video.unsqueeze(1)
+            b, v = video.shape[:2]
+            if self.view_fusion == "concat" and v != self.num_views:
+                raise ValueError(f"view_fusion=concat was built for {self.num_views} views, got {v}")
+            per_view = self.rgb(video.flatten(0, 1)).view(b, v, -1)
+            if self.view_fusion == "late":
+                parts.append(per_view)
+            elif self.view_fusion == "concat":
+                parts.append(per_view.flatten(1))
+            else:
+                parts.append(per_view.mean(dim=1))
+        if self.kpt is not None:
+            kpt_features = self.kpt(inputs["kpt"])
+            if self.view_fusion == "late" and parts:
+                kpt_features = kpt_features.unsqueeze(1).expand(-1, parts[0].shape[1], -1)
+            parts.append(kpt_features)
+        return torch.cat(parts, dim=-1)
+
+    def head(self, features: torch.Tensor) -> torch.Tensor:
+        logits = self.classifier(features)
+        return logits.mean(dim=1) if logits.dim() == 3 else logits
+
+    def forward(self, inputs: dict) -> torch.Tensor:
+        return self.head(self.features(inputs))

@@ -1,0 +1,93 @@
+"""One place for the device, the precision and the process group: chosen once, used by every script.
+
+The loop bodies never branch on precision: they enter ``runtime.autocast()`` and call the scaler, which
+is a no-op when disabled (nanoGPT's pattern).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from config import ConfigError
+
+log = logging.getLogger("longvideo")
+
+DTYPES = {"16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class Runtime:
+    device: torch.device
+    precision: str  # "32", "16" or "bf16", after resolving "amp" for the device
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def autocast(self):
+        if self.precision == "32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=DTYPES[self.precision])
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        # fp16 needs loss scaling (its range underflows small gradients); bf16 and fp32 do not
+        return torch.amp.GradScaler(self.device.type, enabled=self.precision == "16")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"trainer.device: {name!r} asked for, but this machine has no CUDA device "
+                          f"(use --device cpu or trainer.device: auto)")
+    return torch.device(name)
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    if precision == "amp":
+        return "16" if device.type == "cuda" else "bf16"
+    if precision == "16" and device.type == "cpu":
+        log.warning("fp16 on the CPU is slow and gains nothing; bf16 (or --use_amp) is the CPU's mixed precision")
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError("trainer.precision: bf16 is not supported by this GPU (pre-Ampere); use 16 or 32")
+    return precision
+
+
+def setup_runtime(trainer_cfg: dict, device: str | None = None, precision: str | None = None) -> Runtime:
+    """Device, precision and (under torchrun) the process group; TF32 where allowed."""
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() and (device or trainer_cfg["device"]) != "cpu" else "gloo"
+        dist.init_process_group(backend)
+    dev = resolve_device(device or trainer_cfg["device"])
+    if dev.type == "cuda" and world_size > 1:
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+        # TF32 keeps fp32 range with a 10-bit mantissa on Ampere+: faster matmuls/convs, same memory
+        torch.backends.cuda.matmul.allow_tf32 = trainer_cfg["allow_tf32"]
+        torch.backends.cudnn.allow_tf32 = trainer_cfg["allow_tf32"]
+        torch.backends.cudnn.benchmark = True
+    from config import PRECISION_ALIASES
+    normal = PRECISION_ALIASES.get(str(precision or trainer_cfg["precision"]).lower())
+    if normal is None:
+        raise ConfigError(f"--precision: {precision!r} is not one of 32, 16, bf16, amp")
+    return Runtime(dev, resolve_precision(normal, dev), rank, world_size)
+
+
+def setup_logging(is_main: bool = True, verbose: bool = False) -> logging.Logger:
+    """One logger, printed by rank 0 only, one line format."""
+    level = logging.DEBUG if verbose else logging.INFO
+    logging.basicConfig(level=level if is_main else logging.ERROR, format="%(message)s", force=True)
+    return log

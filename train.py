@@ -1,0 +1,455 @@
+"""Train a video classifier inside a fixed memory budget.
+
+    python train.py --config configs/rtx5080.yaml --use_amp
+    python train.py --config configs/quickstart.yaml --set data.batch_size=4 --resume auto
+    torchrun --nproc_per_node=2 train.py --config configs/rtx4090.yaml
+
+A hand-written loop: ``train_one_epoch`` and ``evaluate`` return dicts of plain floats; ``main`` wires.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Sampler
+from tqdm import tqdm
+
+import memory_monitor
+from checkpoint import CheckpointError, load_checkpoint, restore_rng_state, rng_state, save_checkpoint, unwrap_model
+from chunked_forward import forward_chunked
+from config import ConfigError, add_config_arguments, dump, exit_on_usage_error, load_config
+from datasets import build_dataset, index_cache_for, resolve_class_names, worker_init
+from datasets.manifest import ManifestError, read_manifest
+from datasets.transforms import InputPreparer
+from datasets.video_reader import VideoReadError
+from metrics import ClassificationMeter
+from models import build_model
+from runtime import Runtime, setup_logging, setup_runtime
+
+log = setup_logging()
+
+
+class EpochSampler(Sampler):
+    """A permutation fixed by (seed, epoch), sharded by rank, that can start mid-epoch (exact resume)."""
+
+    def __init__(self, size: int, shuffle: bool, seed: int = 0, rank: int = 0, world_size: int = 1):
+        self.size, self.shuffle, self.seed = size, shuffle, seed
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
+
+    def _indices(self) -> list[int]:
+        if self.shuffle:
+            order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 100003 + self.epoch))
+        else:
+            order = torch.arange(self.size)
+        per_rank = math.ceil(self.size / self.world_size)
+        order = torch.cat([order, order[:per_rank * self.world_size - self.size]])  # pad to equal shards
+        return order[self.rank::self.world_size].tolist()
+
+    def __iter__(self):
+        return iter(self._indices()[self.start:])
+
+    def __len__(self) -> int:
+        return math.ceil(self.size / self.world_size) - self.start
+
+
+def make_loader(dataset, cfg: dict, runtime: Runtime, training: bool) -> DataLoader:
+    data = cfg["data"]
+    sampler = EpochSampler(len(dataset), shuffle=training, seed=cfg["train"]["seed"], rank=runtime.rank,
+                           world_size=runtime.world_size)
+    return DataLoader(dataset, batch_size=data["batch_size"] if training else 1, sampler=sampler,
+                      num_workers=data["num_workers"], worker_init_fn=worker_init,
+                      pin_memory=data["pin_memory"] and runtime.device.type == "cuda",
+                      drop_last=False, persistent_workers=False)
+
+
+def build_optimizer(model: torch.nn.Module, train_cfg: dict) -> torch.optim.Optimizer:
+    # no weight decay on norms and biases (the usual practice for CNNs and transformers)
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() > 1]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() <= 1]
+    groups = [{"params": decay, "weight_decay": train_cfg["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
+    if train_cfg["optimizer"] == "sgd":
+        return torch.optim.SGD(groups, lr=train_cfg["lr"], momentum=train_cfg["momentum"], nesterov=True)
+    return torch.optim.AdamW(groups, lr=train_cfg["lr"])
+
+
+def build_scheduler(optimizer, train_cfg: dict, steps_per_epoch: int, max_epochs: int):
+    """Linear warm-up, then cosine decay to min_lr, stepped once per optimizer step."""
+    total = max(1, steps_per_epoch * max_epochs)
+    warmup = int(round(train_cfg["warmup_epochs"] * steps_per_epoch))
+    floor = train_cfg["min_lr"] / train_cfg["lr"] if train_cfg["lr"] > 0 else 0.0
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+@dataclass
+class TrainState:
+    epoch: int = 0  # the epoch being trained (0-based)
+    batches_done: int = 0  # micro-batches of this epoch already trained (for a mid-epoch resume)
+    global_step: int = 0  # optimizer steps so far
+    best_metric: float = -math.inf
+    skipped_steps: int = 0
+    nonfinite_streak: int = 0
+    history: list = field(default_factory=list)
+
+
+@dataclass
+class Trainer:
+    """What every step needs, built once in main()."""
+    model: torch.nn.Module  # possibly DDP-wrapped
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    prepare: InputPreparer
+    runtime: Runtime
+    cfg: dict
+    run_dir: str
+    class_names: list
+    data_info: dict
+    criterion: torch.nn.Module
+    state: TrainState
+    pending_rng: dict | None = None
+    stop_after_steps: int | None = None
+    memory_log: memory_monitor.CsvLog | None = None
+
+    def checkpoint_dict(self) -> dict:
+        return {
+            "format": 1, "model": unwrap_model(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+            "epoch": self.state.epoch, "batches_done": self.state.batches_done,
+            "global_step": self.state.global_step, "best_metric": self.state.best_metric,
+            "skipped_steps": self.state.skipped_steps, "history": self.state.history,
+            "config": self.cfg, "class_names": self.class_names, "rng": rng_state(), **self.data_info,
+        }
+
+    def save(self, name: str) -> str:
+        path = os.path.join(self.run_dir, "checkpoints", name)
+        if self.runtime.is_main:
+            save_checkpoint(self.checkpoint_dict(), path)
+        return path
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
+    model, optimizer, scaler, runtime = trainer.model, trainer.optimizer, trainer.scaler, trainer.runtime
+    state, train_cfg = trainer.state, trainer.cfg["train"]
+    accumulate = train_cfg["accumulate_grad_batches"]
+    model.train()
+    num_batches = len(loader) + state.batches_done
+    iterator = iter(loader)
+    if trainer.pending_rng is not None:  # after the loader drew its worker seeds: exact resume
+        restore_rng_state(trainer.pending_rng)
+        trainer.pending_rng = None
+    totals = {"loss": 0.0, "clips": 0, "data_time": 0.0, "step_time": 0.0}
+    skipped_files: set[str] = set()
+    start = time.perf_counter()
+    progress = tqdm(total=num_batches, initial=state.batches_done, desc=f"epoch {state.epoch + 1}",
+                    disable=not (runtime.is_main and sys.stderr.isatty()), leave=False)
+    optimizer.zero_grad(set_to_none=True)
+    group_start = state.batches_done - state.batches_done % accumulate
+    for batch_index in range(state.batches_done, num_batches):
+        tick = time.perf_counter()
+        batch = next(iterator)
+        totals["data_time"] += time.perf_counter() - tick
+        skipped_files.update(p for text in batch.pop("skipped", []) for p in text.split(";") if p)
+        group_size = min(accumulate, num_batches - group_start)
+        need_update = batch_index + 1 == group_start + group_size
+        inputs = trainer.prepare(batch)
+        labels = batch["label"].to(runtime.device, non_blocking=True)
+        # DDP: all-reduce gradients only on the micro-batch that steps (no_sync on the others)
+        sync = model.no_sync() if runtime.distributed and not need_update else _null()
+        with sync:
+            with runtime.autocast():
+                loss = trainer.criterion(model(inputs), labels)
+            scaler.scale(loss / group_size).backward()  # the mean over the whole group
+        loss_value = float(loss.detach())
+        if not math.isfinite(loss_value):
+            state.nonfinite_streak += 1
+        else:
+            state.nonfinite_streak = 0
+            totals["loss"] += loss_value * len(labels)
+            totals["clips"] += len(labels)
+        if need_update:
+            _optimizer_step(trainer)
+            group_start = batch_index + 1
+        state.batches_done = batch_index + 1
+        progress.update(1)
+        if state.nonfinite_streak >= trainer.cfg["trainer"]["max_nonfinite_steps"]:
+            path = trainer.save("last.pt")
+            raise NonFiniteLossError(
+                f"{state.nonfinite_streak} consecutive non-finite losses at step {state.global_step}; saved "
+                f"{path}. Lower train.lr, use trainer.precision: bf16 or 32 instead of 16, or set train.grad_clip")
+        if need_update:
+            _after_step(trainer, totals, start, progress)
+            if trainer.stop_after_steps and state.global_step >= trainer.stop_after_steps:
+                break
+    progress.close()
+    elapsed = time.perf_counter() - start
+    if skipped_files:
+        log.warning("epoch %d: skipped bad samples: %s", state.epoch + 1, ", ".join(sorted(skipped_files)))
+    return {"train_loss": totals["loss"] / max(totals["clips"], 1), "train_clips_per_s": totals["clips"] / elapsed,
+            "data_time_share": totals["data_time"] / elapsed, "lr": trainer.scheduler.get_last_lr()[0],
+            "skipped_steps": state.skipped_steps}
+
+
+def _null():
+    import contextlib
+    return contextlib.nullcontext()
+
+
+def _optimizer_step(trainer: Trainer) -> None:
+    optimizer, scaler, state = trainer.optimizer, trainer.scaler, trainer.state
+    grad_clip = trainer.cfg["train"]["grad_clip"]
+    if grad_clip is not None:
+        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+        torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), grad_clip)
+    if scaler.is_enabled():
+        scale_before = scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        stepped = scaler.get_scale() >= scale_before  # a lowered scale means inf/NaN gradients: step skipped
+    else:
+        grads_finite = all(p.grad is None or torch.isfinite(p.grad).all() for p in trainer.model.parameters())
+        stepped = grads_finite and state.nonfinite_streak == 0
+        if stepped:
+            optimizer.step()
+    if not stepped:
+        state.skipped_steps += 1
+        log.warning("step %d skipped: non-finite loss or gradients (%d skipped so far)", state.global_step,
+                    state.skipped_steps)
+    optimizer.zero_grad(set_to_none=True)
+    trainer.scheduler.step()
+    state.global_step += 1
+
+
+def _after_step(trainer: Trainer, totals: dict, start: float, progress) -> None:
+    state, train_cfg, runtime = trainer.state, trainer.cfg["train"], trainer.runtime
+    every = train_cfg["checkpoint_every_steps"]
+    if every and state.global_step % every == 0:
+        trainer.save("last.pt")
+    if state.global_step % train_cfg["log_every"] == 0 and runtime.is_main:
+        snap = memory_monitor.snapshot(runtime.device)
+        elapsed = time.perf_counter() - start
+        loss = totals["loss"] / max(totals["clips"], 1)
+        progress.set_postfix_str(f"loss {loss:.3f} {memory_monitor.compact(snap)}")
+        log.info("epoch %d step %d (%d/%d) loss %.4f lr %.2e clips/s %.1f data %.0f%% %s", state.epoch + 1,
+                 state.global_step, state.batches_done, progress.total, loss, trainer.scheduler.get_last_lr()[0],
+                 totals["clips"] / elapsed, 100 * totals["data_time"] / elapsed, memory_monitor.compact(snap))
+        if trainer.memory_log is not None:
+            trainer.memory_log.write({"epoch": state.epoch + 1, "step": state.global_step, **snap})
+
+
+@torch.inference_mode()
+def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer, runtime: Runtime,
+             train_cfg: dict, num_classes: int) -> dict:
+    """Clip- and video-level metrics with the shared chunked forward; predictions move to the CPU at once."""
+    model.eval()
+    meter = ClassificationMeter(num_classes)
+    for batch in loader:
+        with runtime.autocast():
+            logits = forward_chunked(model, prepare(batch), train_cfg["chunk_infer_size"], train_cfg["chunk_overlap"],
+                                     train_cfg["chunk_aggregation"], train_cfg["video_batch_size"])
+        meter.update(logits.float().cpu(), batch["label"], batch["video_index"])
+    return meter.compute()
+
+
+# ------------------------------------------------------------------------------------------------- wiring
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(parser)
+    parser.add_argument("--resume", metavar="auto|PATH",
+                        help="continue a run: auto = last.pt of runs/<experiment>/latest, or a checkpoint path")
+    parser.add_argument("--device", help="override trainer.device (auto, cpu, cuda, cuda:N)")
+    parser.add_argument("--stop-after-steps", type=int, metavar="N",
+                        help="stop after N optimizer steps (saving last.pt): smoke tests and quick checks")
+    return parser.parse_args(argv)
+
+
+def make_run_dir(cfg: dict) -> str:
+    experiment_dir = os.path.join(cfg["trainer"]["output_dir"], cfg["experiment"])
+    run_dir = os.path.join(experiment_dir, time.strftime("%Y%m%d-%H%M%S"))
+    suffix = 1
+    while os.path.exists(run_dir):
+        run_dir = os.path.join(experiment_dir, time.strftime("%Y%m%d-%H%M%S") + f"-{suffix}")
+        suffix += 1
+    os.makedirs(os.path.join(run_dir, "checkpoints"))
+    link = os.path.join(experiment_dir, "latest")
+    tmp_link = f"{link}.tmp{os.getpid()}"
+    os.symlink(os.path.basename(run_dir), tmp_link)
+    os.replace(tmp_link, link)  # atomic: readers see the old or the new run, never no link
+    return run_dir
+
+
+def find_resume_checkpoint(resume: str, cfg: dict) -> str:
+    if resume != "auto":
+        if not os.path.exists(resume):
+            raise ConfigError(f"--resume {resume}: checkpoint not found")
+        return resume
+    path = os.path.join(cfg["trainer"]["output_dir"], cfg["experiment"], "latest", "checkpoints", "last.pt")
+    if not os.path.exists(path):
+        raise ConfigError(f"--resume auto: no {path} to continue from; start without --resume, or give a "
+                          f"checkpoint path")
+    return path
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    cfg = load_config(args.config, args.overrides, args.use_amp)
+    if args.print_config:
+        print(dump(cfg), end="")
+        return 0
+    resume_path = find_resume_checkpoint(args.resume, cfg) if args.resume else None
+    runtime = setup_runtime(cfg["trainer"], device=args.device)
+    setup_logging(runtime.is_main)
+    torch.manual_seed(cfg["train"]["seed"])
+    np.random.seed(cfg["train"]["seed"])
+
+    index_cache = index_cache_for(cfg)
+    class_names = resolve_class_names(cfg["data"], read_manifest(_manifest(cfg, "train")))
+    train_set = build_dataset(cfg, "train", class_names, training=True, index_cache=index_cache)
+    val_set = build_dataset(cfg, "val", class_names, training=False, index_cache=index_cache) \
+        if cfg["data"]["val_manifest"] else None
+    if cfg["model"]["model_class_num"] not in (None, len(class_names)):
+        raise ConfigError(f"model.model_class_num={cfg['model']['model_class_num']} but the data has "
+                          f"{len(class_names)} classes ({', '.join(class_names)}); set it to null or fix the data")
+    data_info = {"num_views": len(train_set.view_names), "view_names": train_set.view_names,
+                 "kpt_shape": train_set.keypoint_shape()}
+    model = build_model(cfg["model"], len(class_names), data_info["num_views"], data_info["kpt_shape"])
+    model.to(runtime.device)
+    if cfg["trainer"]["channels_last_3d"] and runtime.device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last_3d)
+    train_loader = make_loader(train_set, cfg, runtime, training=True)
+    val_loader = make_loader(val_set, cfg, runtime, training=False) if val_set is not None else None
+    optimizer = build_optimizer(model, cfg["train"])
+    steps_per_epoch = math.ceil(len(train_loader) / cfg["train"]["accumulate_grad_batches"])
+    scheduler = build_scheduler(optimizer, cfg["train"], steps_per_epoch, cfg["trainer"]["max_epochs"])
+    scaler = runtime.grad_scaler()
+    state, pending_rng = TrainState(), None
+    if resume_path:
+        state, pending_rng, run_dir = _restore(resume_path, model, optimizer, scheduler, scaler)
+    else:
+        run_dir = make_run_dir(cfg) if runtime.is_main else ""
+    wrapped = model
+    if cfg["trainer"]["compile"]:
+        wrapped = torch.compile(wrapped)
+    if runtime.distributed:
+        wrapped = DistributedDataParallel(wrapped, device_ids=[runtime.device.index] if runtime.device.type == "cuda"
+                                          else None)
+    trainer = Trainer(wrapped, optimizer, scheduler, scaler,
+                      InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"],
+                                    cfg["trainer"]["channels_last_3d"] and runtime.device.type == "cuda"),
+                      runtime, cfg, run_dir, class_names, data_info,
+                      torch.nn.CrossEntropyLoss(label_smoothing=cfg["train"]["label_smoothing"]), state, pending_rng,
+                      args.stop_after_steps)
+    if runtime.is_main:
+        with open(os.path.join(run_dir, "config.yaml"), "w") as f:
+            f.write(dump({**cfg, "trainer": {**cfg["trainer"], "precision": runtime.precision}}))
+        trainer.memory_log = memory_monitor.CsvLog(os.path.join(run_dir, "memory.csv"))
+        global_batch = cfg["data"]["batch_size"] * cfg["train"]["accumulate_grad_batches"] * runtime.world_size
+        log.info("run %s | %s on %s, precision %s | %d training samples, %d classes | global batch %d = %d x %d "
+                 "accumulated x %d processes", run_dir, cfg["model"]["backbone"], runtime.device, runtime.precision,
+                 len(train_set), len(class_names), global_batch, cfg["data"]["batch_size"],
+                 cfg["train"]["accumulate_grad_batches"], runtime.world_size)
+    try:
+        fit(trainer, train_loader, val_loader)
+    except NonFiniteLossError as e:
+        log.error("error: %s", e)
+        return 1
+    return 0
+
+
+def _manifest(cfg: dict, split: str) -> str:
+    from datasets import manifest_path
+    return manifest_path(cfg["data"], split)
+
+
+def _restore(path: str, model, optimizer, scheduler, scaler) -> tuple[TrainState, dict, str]:
+    ckpt = load_checkpoint(path)
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    scaler.load_state_dict(ckpt["scaler"])
+    state = TrainState(ckpt["epoch"], ckpt["batches_done"], ckpt["global_step"], ckpt["best_metric"],
+                       ckpt["skipped_steps"], 0, list(ckpt["history"]))
+    run_dir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    log.info("resumed from %s: epoch %d, step %d", path, state.epoch + 1, state.global_step)
+    return state, ckpt["rng"], run_dir
+
+
+def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | None) -> None:
+    cfg, state, runtime = trainer.cfg, trainer.state, trainer.runtime
+    max_epochs = cfg["trainer"]["max_epochs"]
+    metrics_log = memory_monitor.CsvLog(os.path.join(trainer.run_dir, "metrics.csv")) if runtime.is_main else None
+    while state.epoch < max_epochs:
+        train_loader.dataset.set_epoch(state.epoch)
+        train_loader.sampler.set_epoch(state.epoch, start=state.batches_done * cfg["data"]["batch_size"])
+        row = {"epoch": state.epoch + 1, **train_one_epoch(trainer, train_loader)}
+        if trainer.stop_after_steps and state.global_step >= trainer.stop_after_steps:
+            trainer.save("last.pt")
+            log.info("stopped after %d steps (--stop-after-steps); last.pt saved", state.global_step)
+            return
+        last_epoch = state.epoch + 1 == max_epochs
+        if val_loader is not None and ((state.epoch + 1) % cfg["trainer"]["check_val_every_n_epoch"] == 0 or last_epoch):
+            metrics = evaluate(trainer.model, val_loader, trainer.prepare, runtime, cfg["train"],
+                               len(trainer.class_names))
+            row.update({f"val_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
+        state.epoch += 1
+        state.batches_done = 0
+        state.history.append(row)
+        improved = cfg["train"]["monitor"] in row and row[cfg["train"]["monitor"]] > state.best_metric
+        if improved:
+            state.best_metric = row[cfg["train"]["monitor"]]
+        if runtime.is_main:
+            _save_epoch(trainer, improved)
+            metrics_log.write(row)
+            shown = ("train_loss", "train_clips_per_s", "data_time_share", "val_clip_acc", "val_video_acc", "val_top5")
+            log.info("epoch %d/%d: %s", state.epoch, max_epochs, "  ".join(
+                f"{k} {row[k]:.4f}" for k in shown if k in row))
+    if runtime.is_main and state.history:
+        log.info("done: best %s %.4f; checkpoints in %s", cfg["train"]["monitor"], state.best_metric,
+                 os.path.join(trainer.run_dir, "checkpoints"))
+
+
+def _save_epoch(trainer: Trainer, improved: bool) -> None:
+    directory = os.path.join(trainer.run_dir, "checkpoints")
+    trainer.save("last.pt")
+    if improved:
+        trainer.save("best.pt")
+    keep = trainer.cfg["train"]["keep_last_k"]
+    if keep > 0:
+        trainer.save(f"epoch_{trainer.state.epoch:04d}.pt")
+        epochs = sorted(n for n in os.listdir(directory) if n.startswith("epoch_") and n.endswith(".pt"))
+        for name in epochs[:-keep]:
+            os.unlink(os.path.join(directory, name))
+
+
+def _entry() -> int:
+    try:
+        return main()
+    except (ManifestError, VideoReadError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    exit_on_usage_error(_entry)
