@@ -165,14 +165,13 @@ class VideoReader:
                 if frame is not None:
                     frames[index] = frame
                     break
-        if not frames:  # every index is past the real end: give the last frame
-            last = self.num_frames - 1
+        last = self.num_frames - 1
+        if max(indices) > last and last not in frames:  # indices past the real end get the last frame
             frame = self._read_one(last) if last >= 0 else None
             if frame is None:
                 raise VideoReadError(f"{self.path}: no frame could be decoded; {REENCODE_HINT}")
             frames[last] = frame
-        available = sorted(frames)
-        return np.stack([frames[i] if i in frames else frames[available[-1]] for i in indices])
+        return np.stack([frames[min(i, last)] for i in indices])
 
     def read_window(self, start: int, end: int) -> np.ndarray:
         return self.read(range(start, end))

@@ -1,0 +1,99 @@
+"""Fixtures: tiny videos written to temp dirs (barcoded frame numbers), a small synthetic dataset."""
+from __future__ import annotations
+
+import os
+import sys
+
+import cv2
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+BITS = 12
+BLOCK = 10  # pixels per bit: wide blocks survive lossy codecs
+WIDTH, HEIGHT = BITS * BLOCK, 48
+
+
+def barcode_frame(index: int) -> np.ndarray:
+    """An RGB frame whose bits (white/black blocks) spell ``index``."""
+    frame = np.zeros((HEIGHT, WIDTH, 3), np.uint8)
+    for bit in range(BITS):
+        if (index >> bit) & 1:
+            frame[:, bit * BLOCK:(bit + 1) * BLOCK] = 255
+    return frame
+
+
+def read_barcode(frame: np.ndarray) -> int:
+    """The frame number drawn by barcode_frame (frame: RGB or BGR, at the written size)."""
+    value = 0
+    for bit in range(BITS):
+        if frame[HEIGHT // 2 - 4:HEIGHT // 2 + 4, bit * BLOCK + 3:(bit + 1) * BLOCK - 3].mean() > 127:
+            value |= 1 << bit
+    return value
+
+
+def write_with_pyav(path: str, num_frames: int, codec: str, fps: int = 25, options: dict | None = None,
+                    gop: int | None = None, bframes: int | None = None) -> str:
+    import av
+    with av.open(path, "w") as container:
+        stream = container.add_stream(codec, rate=fps)
+        stream.width, stream.height, stream.pix_fmt = WIDTH, HEIGHT, "yuv420p"
+        if gop is not None:
+            stream.codec_context.gop_size = gop
+        if bframes is not None:
+            stream.codec_context.max_b_frames = bframes
+        if options:
+            stream.options = options
+        for i in range(num_frames):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(barcode_frame(i), format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def write_with_opencv(path: str, num_frames: int, fourcc: str = "XVID", fps: int = 25) -> str:
+    writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*fourcc), fps, (WIDTH, HEIGHT))
+    assert writer.isOpened()
+    for i in range(num_frames):
+        writer.write(barcode_frame(i)[:, :, ::-1])
+    writer.release()
+    return path
+
+
+@pytest.fixture(scope="session")
+def barcode_videos(tmp_path_factory):
+    """Barcoded test videos in several containers and codecs: {name: (path, frame count)}."""
+    root = tmp_path_factory.mktemp("barcode")
+    n = 400
+    videos = {
+        # the common camera case: H.264, B-frames, a 250-frame GOP, no scene-cut keyframes
+        "h264_bframes_mp4": write_with_pyav(str(root / "h264.mp4"), n, "libx264", gop=250, bframes=3,
+                                            options={"bf": "3", "g": "250", "keyint_min": "250",
+                                                     "sc_threshold": "0", "crf": "18"}),
+        "mpeg4_avi": write_with_opencv(str(root / "mpeg4.avi"), n, "XVID"),
+        "h264_mkv": write_with_pyav(str(root / "h264.mkv"), n, "libx264", gop=120, bframes=2,
+                                    options={"bf": "2", "g": "120", "crf": "18"}),
+        "vp9_webm": write_with_pyav(str(root / "vp9.webm"), n, "libvpx-vp9", gop=100),
+    }
+    return {name: (path, n) for name, path in videos.items()}
+
+
+@pytest.fixture(scope="session")
+def synthetic_root(tmp_path_factory):
+    from datasets.synthetic import generate
+    root = tmp_path_factory.mktemp("synthetic") / "data"
+    generate(str(root), seed=3, size=32, num_train=18, num_val=6, num_test=6, short_frames=20, num_long=1,
+             long_frames=300, num_multiview=6, quiet=True)
+    return str(root)
+
+
+@pytest.fixture
+def tiny_cfg(synthetic_root, tmp_path):
+    """A validated config for fast CPU runs on the small synthetic dataset."""
+    from config import load_config
+    return load_config(None, [f"data.data_dir={synthetic_root}", f"trainer.output_dir={tmp_path / 'runs'}",
+                              "data.img_size=32", "data.num_frames=8", "data.frame_stride=2", "data.batch_size=4",
+                              "data.num_workers=0", "model.width=8", "trainer.device=cpu", "trainer.max_epochs=1",
+                              "train.log_every=1"])

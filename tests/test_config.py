@@ -1,0 +1,144 @@
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from config import ConfigError, SCHEMA, defaults, load_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PRESETS = sorted(f for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".yaml"))
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def error_of(*args, **kwargs) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(*args, **kwargs)
+    return str(info.value)
+
+
+def test_unknown_key_names_file_key_and_suggestion(tmp_path):
+    path = write(tmp_path, "x.yaml", "data:\n  batch_szie: 4\n")
+    assert error_of(path) == f"{path}: unknown key 'data.batch_szie'; did you mean 'data.batch_size'?"
+
+
+def test_unknown_key_in_the_wrong_section_suggests_the_right_one(tmp_path):
+    path = write(tmp_path, "x.yaml", "model:\n  max_video_frames: 100\n")
+    assert error_of(path) == f"{path}: unknown key 'model.max_video_frames'; did you mean 'data.max_video_frames'?"
+
+
+def test_unknown_key_reports_the_inheriting_file_not_the_base(tmp_path):
+    write(tmp_path, "base.yaml", "data:\n  batch_size: 4\n")
+    child = write(tmp_path, "child.yaml", "base: base.yaml\ntrain:\n  chunk_agregation: mean\n")
+    assert error_of(child) == f"{child}: unknown key 'train.chunk_agregation'; did you mean 'train.chunk_aggregation'?"
+
+
+def test_wrong_type_and_impossible_values(tmp_path):
+    path = write(tmp_path, "x.yaml", "data:\n  batch_size: -4\n")
+    assert error_of(path) == f"{path}: data.batch_size must be an integer >= 1, got -4"
+    path = write(tmp_path, "y.yaml", "data:\n  batch_size: four\n")
+    assert error_of(path) == f"{path}: data.batch_size must be an integer >= 1, got 'four'"
+    path = write(tmp_path, "z.yaml", "train:\n  chunk_infer_size: 0\n")
+    assert error_of(path) == f"{path}: train.chunk_infer_size must be an integer >= 1 (or -1), got 0"
+
+
+def test_overlap_must_be_smaller_than_chunk(tmp_path):
+    path = write(tmp_path, "x.yaml", "train:\n  chunk_infer_size: 32\n  chunk_overlap: 32\n")
+    assert error_of(path) == (f"{path}: train.chunk_overlap=32 must be smaller than train.chunk_infer_size=32 "
+                              f"(or set chunk_infer_size: -1 for no chunking)")
+    # -1 means no chunking: any overlap is irrelevant and allowed
+    assert load_config(write(tmp_path, "y.yaml", "train:\n  chunk_infer_size: -1\n  chunk_overlap: 8\n"))
+
+
+def test_choice_error_lists_the_choices(tmp_path):
+    path = write(tmp_path, "x.yaml", "train:\n  chunk_aggregation: avg\n")
+    assert error_of(path) == f"{path}: train.chunk_aggregation: 'avg' is not one of mean, max, last, prob"
+
+
+def test_unknown_backbone_lists_the_registered_ones(tmp_path):
+    path = write(tmp_path, "x.yaml", "model:\n  backbone: resnet9000\n")
+    message = error_of(path)
+    assert message.startswith(f"{path}: model.backbone: unknown model 'resnet9000'; known: ")
+    assert "tiny3d" in message and "r3d_18" in message
+
+
+def test_set_overrides_are_typed_by_yaml_and_checked():
+    cfg = load_config(None, ["data.batch_size=8", "data.img_size=[120, 160]", "trainer.precision=bf16-mixed",
+                             "data.max_video_frames=null"])
+    assert cfg["data"]["batch_size"] == 8
+    assert cfg["data"]["img_size"] == [120, 160]
+    assert cfg["trainer"]["precision"] == "bf16"
+    assert cfg["data"]["max_video_frames"] is None
+    assert error_of(None, ["data.batch_size=-1"]) == "--set data.batch_size=-1: data.batch_size must be an integer >= 1, got -1"
+    assert error_of(None, ["data.batch_size"]) == "--set data.batch_size: expected KEY=VALUE, e.g. --set data.batch_size=8"
+
+
+def test_precision_aliases_and_use_amp():
+    for given, normal in (("16-mixed", "16"), (16, "16"), ("bf16-mixed", "bf16"), (32, "32"), ("32-true", "32")):
+        assert load_config(None, [f"trainer.precision={given}"])["trainer"]["precision"] == normal
+    assert load_config(None, use_amp=True)["trainer"]["precision"] == "amp"
+    assert error_of(None, ["trainer.precision=8"]) == \
+        "--set trainer.precision=8: trainer.precision: 8 is not one of 32, 16, bf16, 16-mixed, bf16-mixed, amp"
+
+
+def test_inheritance_deep_merges_and_detects_loops(tmp_path):
+    write(tmp_path, "parent.yaml", "data:\n  batch_size: 4\n  num_frames: 8\n")
+    child = write(tmp_path, "child.yaml", "base: parent.yaml\ndata:\n  batch_size: 2\n")
+    cfg = load_config(child)
+    assert (cfg["data"]["batch_size"], cfg["data"]["num_frames"], cfg["data"]["img_size"]) == (2, 8, [112, 112])
+    a = write(tmp_path, "a.yaml", "base: b.yaml\n")
+    write(tmp_path, "b.yaml", "base: a.yaml\n")
+    assert "inheritance loops back" in error_of(a)
+
+
+def test_missing_and_invalid_yaml(tmp_path):
+    assert error_of(str(tmp_path / "nope.yaml")) == \
+        f"{tmp_path / 'nope.yaml'}: config file not found; presets live in configs/ (e.g. configs/quickstart.yaml)"
+    path = write(tmp_path, "bad.yaml", "data:\n  batch_size: [1, 2\n")
+    assert error_of(path).startswith(f"{path}: line ")
+
+
+def test_base_yaml_equals_the_schema_defaults():
+    with open(os.path.join(ROOT, "configs", "base.yaml")) as f:
+        assert yaml.safe_load(f) == defaults()
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_validates_and_states_its_memory_budget(preset):
+    path = os.path.join(ROOT, "configs", preset)
+    cfg = load_config(path)
+    assert set(cfg) == set(SCHEMA)
+    if preset != "base.yaml":
+        assert "memory budget" in open(path).read().lower()
+
+
+def test_rtx5080_preset_has_the_documented_shape():
+    cfg = load_config(os.path.join(ROOT, "configs", "rtx5080.yaml"))
+    assert cfg["data"]["img_size"] == [160, 210]
+    assert (cfg["data"]["num_frames"], cfg["data"]["batch_size"], cfg["trainer"]["precision"]) == (40, 12, "16")
+
+
+def run_script(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_print_config_prints_the_resolved_config_and_exits_0():
+    result = run_script("train.py", "--config", "configs/rtx5080.yaml", "--use_amp", "--set", "data.batch_size=3",
+                        "--print-config")
+    assert result.returncode == 0, result.stderr
+    cfg = yaml.safe_load(result.stdout)
+    assert cfg["data"]["batch_size"] == 3 and cfg["trainer"]["precision"] == "amp"
+
+
+def test_cli_config_error_is_one_line_and_exit_code_2(tmp_path):
+    path = write(tmp_path, "x.yaml", "base: " + os.path.join(ROOT, "configs", "base.yaml") + "\ndata:\n  batch_szie: 4\n")
+    result = run_script("train.py", "--config", path)
+    assert result.returncode == 2
+    assert result.stderr == f"error: {path}: unknown key 'data.batch_szie'; did you mean 'data.batch_size'?\n"
+    assert result.stdout == ""

@@ -1,0 +1,166 @@
+import logging
+import os
+import shutil
+
+import cv2
+import numpy as np
+import pytest
+
+from conftest import HEIGHT, WIDTH, read_barcode, write_with_opencv, write_with_pyav
+from datasets import video_reader
+from datasets.video_reader import VideoIndexCache, VideoReader, VideoReadError, probe
+
+CONTAINERS = ["h264_bframes_mp4", "mpeg4_avi", "h264_mkv", "vp9_webm"]
+
+
+@pytest.mark.parametrize("name", CONTAINERS)
+def test_frames_are_exact_after_seeks_grabs_and_backward_jumps(barcode_videos, name):
+    path, n = barcode_videos[name]
+    reader = VideoReader(path)
+    assert reader.num_frames == n
+    # far seeks (across GOPs), short gaps read through with grab(), backward jumps, repeats and disorder
+    requests = [[0, 1, 2], [300, 301, 310], [5, 7, 9], [399], [120, 240, 360, 250], list(range(200, 232, 2)),
+                [17, 17, 3]]
+    rng = np.random.default_rng(0)
+    requests += [sorted(rng.choice(n, size=8, replace=False)) for _ in range(6)]
+    for indices in requests:
+        frames = reader.read(indices)
+        assert frames.shape == (len(indices), HEIGHT, WIDTH, 3)
+        assert [read_barcode(f) for f in frames] == list(indices), f"{name}: asked {indices}"
+    assert reader.stats["seeks"] > 0 and reader.stats["grabbed"] > 0
+    assert reader.seeks_exactly
+
+
+def test_a_frame_equals_the_same_frame_of_a_sequential_decode(barcode_videos):
+    path, _ = barcode_videos["h264_bframes_mp4"]
+    cap = cv2.VideoCapture(path)
+    sequential = [cap.read()[1] for _ in range(260)]
+    cap.release()
+    frames = VideoReader(path).read([259, 3, 251])
+    for index, frame in zip([259, 3, 251], frames):
+        np.testing.assert_array_equal(frame, cv2.cvtColor(sequential[index], cv2.COLOR_BGR2RGB))
+
+
+def test_resize_happens_per_frame_to_the_configured_size(barcode_videos):
+    path, _ = barcode_videos["mpeg4_avi"]
+    frames = VideoReader(path, size=(24, 60)).read([10, 11])
+    assert frames.shape == (2, 24, 60, 3) and frames.dtype == np.uint8
+
+
+def test_metadata_without_decoding_the_file(barcode_videos):
+    path, n = barcode_videos["h264_bframes_mp4"]
+    info = probe(path)
+    assert (info.num_frames, info.fps, info.width, info.height, info.codec) == (n, 25.0, WIDTH, HEIGHT, "h264")
+
+
+class LyingCapture:
+    """A cv2.VideoCapture whose seek lands 3 frames early and reports where it really is (opencv#9053)."""
+
+    def __init__(self, path, *args):
+        self.cap = cv2.VideoCapture(path)
+
+    def set(self, prop, value):
+        if prop == cv2.CAP_PROP_POS_FRAMES:
+            value = max(0, value - 3)
+        return self.cap.set(prop, value)
+
+    def __getattr__(self, name):
+        return getattr(self.cap, name)
+
+
+def test_an_inexact_seek_is_detected_once_and_reading_falls_back_to_sequential(barcode_videos, monkeypatch, caplog,
+                                                                              tmp_path):
+    path = shutil.copy(barcode_videos["h264_bframes_mp4"][0], tmp_path / "lying.mp4")
+    monkeypatch.setattr(video_reader, "_open_capture", lambda p, threads: LyingCapture(p))
+    reader = VideoReader(str(path))
+    with caplog.at_level(logging.WARNING):
+        frames = reader.read([300, 301, 50, 390])
+    assert [read_barcode(f) for f in frames] == [300, 301, 50, 390]
+    assert not reader.seeks_exactly
+    warnings = [r for r in caplog.records if "not frame-exact" in r.getMessage()]
+    assert len(warnings) == 1 and str(path) in warnings[0].getMessage()
+    assert [read_barcode(f) for f in VideoReader(str(path)).read([280, 10])] == [280, 10]  # remembered per file
+
+
+def test_timestamps_offset_but_frames_right_is_accepted(barcode_videos, monkeypatch):
+    path, _ = barcode_videos["mpeg4_avi"]
+    real_open = video_reader._open_capture
+
+    class Shifted:
+        def __init__(self, cap):
+            self.cap = cap
+
+        def get(self, prop):
+            value = self.cap.get(prop)
+            return value + 1000.0 if prop == cv2.CAP_PROP_POS_MSEC else value
+
+        def __getattr__(self, name):
+            return getattr(self.cap, name)
+
+    monkeypatch.setattr(video_reader, "_open_capture", lambda p, threads: Shifted(real_open(p, threads)))
+    reader = VideoReader(path)
+    assert [read_barcode(f) for f in reader.read([200, 100, 300])] == [200, 100, 300]
+    assert reader.seeks_exactly and reader.stats["seek_checks"] == 1  # one pixel check, then the offset is known
+
+
+def test_a_container_that_overstates_its_length_shrinks_the_last_frames(tmp_path, caplog):
+    # an AVI's header says 200 frames; cutting the file keeps the header but drops the last frames' data
+    path = write_with_opencv(str(tmp_path / "cut.avi"), 200, "MJPG")
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[:len(data) // 2])
+    reader = VideoReader(path)
+    assert reader.num_frames == 200
+    with caplog.at_level(logging.WARNING):
+        frames = reader.read([10, 150, 199])
+    cap = cv2.VideoCapture(path)
+    sequential = []
+    while True:
+        ok, frame = cap.read()
+        if not ok:
+            break
+        sequential.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+    assert reader.num_frames == len(sequential) and 10 < len(sequential) < 200
+    assert read_barcode(frames[0]) == 10
+    np.testing.assert_array_equal(frames[1], sequential[-1])  # past the real end: the last frame
+    np.testing.assert_array_equal(frames[2], sequential[-1])
+    assert any(path in r.getMessage() and "decoding ends at frame" in r.getMessage() for r in caplog.records)
+
+
+def test_an_undecodable_codec_is_a_clear_error(tmp_path):
+    try:
+        path = write_with_pyav(str(tmp_path / "av1.mkv"), 10, "libsvtav1")
+    except Exception as e:  # pragma: no cover - depends on the PyAV build
+        pytest.skip(f"cannot write AV1 here: {e}")
+    if cv2.VideoCapture(path).read()[0]:
+        pytest.skip("this OpenCV build decodes AV1")
+    with pytest.raises(VideoReadError) as info:
+        probe(path)
+    assert str(info.value) == (f"{path}: OpenCV opens this file but cannot decode its 'AV01' video (its FFmpeg "
+                               f"build lacks a decoder); re-encode it, e.g. ffmpeg -i in.mkv -c:v libx264 "
+                               f"-pix_fmt yuv420p out.mp4")
+
+
+def test_missing_empty_and_non_video_files(tmp_path):
+    with pytest.raises(VideoReadError, match=r"missing\.mp4: file not found$"):
+        probe(str(tmp_path / "missing.mp4"))
+    (tmp_path / "empty.mp4").write_bytes(b"")
+    with pytest.raises(VideoReadError, match=r"empty\.mp4: empty file \(0 bytes\)$"):
+        probe(str(tmp_path / "empty.mp4"))
+    (tmp_path / "notes.mp4").write_text("this is not a video\n" * 50)
+    with pytest.raises(VideoReadError, match=r"notes\.mp4: OpenCV cannot open this file as a video"):
+        probe(str(tmp_path / "notes.mp4"))
+
+
+def test_index_cache_is_reused_and_invalidated_by_changes(barcode_videos, tmp_path, monkeypatch):
+    path = shutil.copy(barcode_videos["mpeg4_avi"][0], tmp_path / "v.avi")
+    cache_file = str(tmp_path / "index.json")
+    cache = VideoIndexCache(cache_file)
+    first = cache.info(str(path))
+    cache.save()
+    calls = []
+    monkeypatch.setattr(video_reader, "probe", lambda p: calls.append(p) or first)
+    assert VideoIndexCache(cache_file).info(str(path)) == first and calls == []  # from the file, no probe
+    os.utime(path, ns=(1, 1))
+    VideoIndexCache(cache_file).info(str(path))
+    assert calls == [str(path)]  # mtime changed: probed again
