@@ -351,10 +351,10 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     needs_rgb = model["input_type"] in ("rgb", "rgb_kpt")
     needs_kpt = model["input_type"] in ("kpt", "rgb_kpt")
     if needs_rgb and not data["load_rgb"]:
-        raise ConfigError(f"{origin('data.load_rgb')}: model.input_type={model['input_type']} needs frames; "
+        raise ConfigError(f"{origin('model.input_type')}: model.input_type={model['input_type']} needs frames; "
                           f"set data.load_rgb: true")
     if needs_kpt and not data["load_kpt"]:
-        raise ConfigError(f"{origin('data.load_kpt')}: model.input_type={model['input_type']} needs keypoints; "
+        raise ConfigError(f"{origin('model.input_type')}: model.input_type={model['input_type']} needs keypoints; "
                           f"set data.load_kpt: true")
     for name in ("mean", "std"):
         values = data[name]

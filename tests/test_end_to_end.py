@@ -1,0 +1,148 @@
+"""A short training run on the synthetic data, then eval.py and infer_chunked.py on its checkpoints."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import train
+from checkpoint import CheckpointError, load_checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE = os.path.join(ROOT, "configs", "base.yaml")
+
+
+def overrides(synthetic_root, out, *extra):
+    args = ["--config", BASE]
+    for item in (f"data.data_dir={synthetic_root}", f"trainer.output_dir={out}", "data.img_size=32",
+                 "data.num_frames=8", "data.frame_stride=2", "data.batch_size=4", "data.num_workers=0",
+                 "model.width=8", "trainer.device=cpu", "trainer.max_epochs=2", "train.log_every=1",
+                 "experiment=e2e", *extra):
+        args += ["--set", item]
+    return args
+
+
+@pytest.fixture(scope="module")
+def trained_run(synthetic_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    assert train.main(overrides(synthetic_root, out, "train.chunk_infer_size=4", "train.chunk_overlap=1")) == 0
+    return os.path.realpath(os.path.join(out, "e2e", "latest")), out
+
+
+def test_training_writes_the_run_directory(trained_run):
+    run_dir, _ = trained_run
+    names = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
+    assert names == ["best.pt", "epoch_0001.pt", "epoch_0002.pt", "last.pt"]
+    with open(os.path.join(run_dir, "metrics.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["epoch"] for r in rows] == ["1", "2"]
+    assert 0.0 <= float(rows[-1]["val_video_acc"]) <= 1.0
+    assert os.path.exists(os.path.join(run_dir, "config.yaml"))
+    assert os.path.getsize(os.path.join(run_dir, "memory.csv")) > 0
+    state = load_checkpoint(os.path.join(run_dir, "checkpoints", "last.pt"))
+    assert state["epoch"] == 2 and state["global_step"] == 10  # 18 clips / batch 4 = 5 steps an epoch
+    assert state["class_names"] == ["down", "grow", "left", "right", "shrink", "up"]
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in state["model"])
+    assert {"optimizer", "scheduler", "scaler", "rng", "config"} <= set(state)
+
+
+def test_resume_continues_exactly(trained_run, synthetic_root, tmp_path):
+    run_dir, _ = trained_run
+    reference = load_checkpoint(os.path.join(run_dir, "checkpoints", "last.pt"))
+    args = overrides(synthetic_root, tmp_path, "train.chunk_infer_size=4", "train.chunk_overlap=1")
+    assert train.main(args + ["--stop-after-steps", "3"]) == 0  # stopped in the middle of epoch 1
+    assert train.main(args + ["--resume", "auto"]) == 0
+    resumed = load_checkpoint(os.path.join(tmp_path, "e2e", "latest", "checkpoints", "last.pt"))
+    assert resumed["global_step"] == reference["global_step"]
+    for key, value in reference["model"].items():
+        torch.testing.assert_close(resumed["model"][key], value, rtol=0, atol=0, msg=key)
+    assert resumed["history"][-1]["val_video_acc"] == reference["history"][-1]["val_video_acc"]
+
+
+def test_resume_auto_without_a_checkpoint_is_an_error(synthetic_root, tmp_path):
+    result = subprocess.run([sys.executable, "train.py", *overrides(synthetic_root, tmp_path), "--resume", "auto"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith("start without --resume, or give a checkpoint path")
+    assert "no " in result.stderr and "last.pt to continue from" in result.stderr
+
+
+def test_eval_reports_and_writes_metrics_and_predictions(trained_run, tmp_path):
+    run_dir, _ = trained_run
+    best = os.path.join(run_dir, "checkpoints", "best.pt")
+    result = subprocess.run([sys.executable, "eval.py", "--checkpoint", best, "--split", "val", "--chunk", "4",
+                             "--overlap", "1", "--agg", "prob", "--output", str(tmp_path / "ev")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "confusion matrix" in result.stdout and "video-level acc" in result.stdout
+    metrics = json.load(open(tmp_path / "ev.json"))["metrics"]
+    rows = list(csv.DictReader(open(tmp_path / "ev.csv")))
+    assert len(rows) == metrics["num_clips"] == 6
+    accuracy = sum(r["label"] == r["predicted"] for r in rows) / len(rows)
+    assert metrics["clip_acc"] == pytest.approx(accuracy)
+    bad = subprocess.run([sys.executable, "eval.py", "--checkpoint", best, "--chunk", "4", "--overlap", "4"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2
+    assert bad.stderr == ("error: --overlap: train.chunk_overlap=4 must be smaller than train.chunk_infer_size=4 "
+                          "(or set chunk_infer_size: -1 for no chunking)\n")
+
+
+def test_infer_chunked_streams_a_long_video_with_a_timeline(trained_run, synthetic_root, tmp_path):
+    _, out = trained_run
+    output = tmp_path / "out.jsonl"
+    result = subprocess.run([sys.executable, "infer_chunked.py", "--runs", str(out), "--input",
+                             os.path.join(synthetic_root, "long.jsonl"), "--chunk", "8", "--overlap", "2",
+                             "--timeline", "--output", str(output)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "best.pt" in result.stdout.splitlines()[0]  # the most recent run's best checkpoint was chosen
+    line = json.loads(output.read_text().splitlines()[0])
+    assert line["num_frames"] == 300 and line["fps"] == 25.0
+    # 300 frames at stride 2 = 150 clip frames; chunks of 8 with overlap 2: 1 + ceil((150 - 8) / 6) = 25
+    assert line["windows"] == len(line["timeline"]) == 25
+    assert line["timeline"][0]["start"] == 0 and line["timeline"][-1]["end"] == 299
+    assert line["segments"][0]["start"] == 0 and line["segments"][-1]["end"] == 300
+    assert all(a["end"] == b["start"] for a, b in zip(line["segments"], line["segments"][1:]))
+    assert 0.0 <= line["timeline_agreement"] <= 1.0
+
+
+def test_infer_chunked_bad_inputs(trained_run, tmp_path):
+    run_dir, _ = trained_run
+    best = os.path.join(run_dir, "checkpoints", "best.pt")
+
+    def run(*args):
+        return subprocess.run([sys.executable, "infer_chunked.py", "--checkpoint", best, *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+    result = run("--input", str(tmp_path / "nope.mp4"))
+    assert (result.returncode, result.stderr) == (2, f"error: --input {tmp_path / 'nope.mp4'}: file not found\n")
+    result = run("--chunk", "8", "--overlap", "8")
+    assert (result.returncode, result.stderr) == (2, "error: --overlap 8: must be >= 0 and smaller than --chunk 8\n")
+    (tmp_path / "videos").mkdir()
+    (tmp_path / "videos" / "a_broken.mp4").write_bytes(b"not a video" * 100)
+    from conftest import write_with_opencv
+    write_with_opencv(str(tmp_path / "videos" / "b_good.avi"), 30, "MJPG")
+    result = run("--input", str(tmp_path / "videos"), "--chunk", "4", "--overlap", "0", "--output",
+                 str(tmp_path / "o.jsonl"))
+    lines = [json.loads(t) for t in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert result.returncode == 1  # one input failed, the other ran
+    assert "OpenCV cannot open this file" in lines[0]["error"] and lines[1]["num_frames"] == 30
+
+
+def test_a_checkpoint_with_pickled_code_is_refused(tmp_path):
+    path = tmp_path / "evil.pt"
+    import argparse
+    torch.save({"model": {}, "payload": argparse.Namespace(run="code")}, path)  # not a tensor or plain value
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(str(path))
+    assert str(info.value).startswith(f"{path}: refused: the file needs pickled code to load")
+
+
+def test_a_torn_checkpoint_is_a_clear_error(trained_run, tmp_path):
+    run_dir, _ = trained_run
+    data = open(os.path.join(run_dir, "checkpoints", "last.pt"), "rb").read()
+    (tmp_path / "torn.pt").write_bytes(data[:len(data) // 3])
+    with pytest.raises(CheckpointError, match=r"torn\.pt: not a readable checkpoint \(truncated or corrupt\?\)"):
+        load_checkpoint(str(tmp_path / "torn.pt"))
