@@ -394,11 +394,12 @@ def add_config_arguments(parser: argparse.ArgumentParser, required: bool = True)
                         help="print the resolved, validated config and exit")
 
 
-def exit_on_usage_error(main: Callable[[], int | None]) -> None:
-    """Run a script's main(); a ConfigError becomes one line on stderr and exit code 2."""
+def exit_on_usage_error(main: Callable[[], int | None], input_errors: tuple = ()) -> None:
+    """Run a script's main(); a ConfigError or one of ``input_errors`` (a bad file the user gave) becomes
+    one line on stderr and exit code 2, never a traceback."""
     try:
         code = main()
-    except ConfigError as e:
+    except (ConfigError, *input_errors) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     sys.exit(code or 0)

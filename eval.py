@@ -13,17 +13,14 @@ import argparse
 import csv
 import json
 import os
-import sys
 
 import torch
 
 from checkpoint import CheckpointError, atomic_write_bytes, load_trained_model
 from chunked_forward import AGGREGATIONS, forward_chunked
-from config import ConfigError, exit_on_usage_error, validate
-from datasets import build_dataset, index_cache_for
-from datasets.manifest import ManifestError
+from config import exit_on_usage_error, validate
+from datasets import BAD_INPUT_ERRORS, build_dataset, index_cache_for
 from datasets.transforms import InputPreparer
-from datasets.video_reader import VideoReadError
 from metrics import ClassificationMeter
 from runtime import setup_logging, setup_runtime
 
@@ -132,13 +129,5 @@ def main(argv=None) -> int:
     return 0
 
 
-def _entry() -> int:
-    try:
-        return main()
-    except (ManifestError, VideoReadError, CheckpointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
 if __name__ == "__main__":
-    exit_on_usage_error(_entry)
+    exit_on_usage_error(main, BAD_INPUT_ERRORS + (CheckpointError,))

@@ -27,7 +27,7 @@ import memory_monitor
 from checkpoint import CheckpointError, load_trained_model
 from chunked_forward import AGGREGATIONS, LogitAggregator, inference_windows
 from config import ConfigError, exit_on_usage_error
-from datasets import manifest_path
+from datasets import BAD_INPUT_ERRORS, manifest_path
 from datasets.keypoints import KeypointError, read_keypoints
 from datasets.manifest import VIDEO_EXTENSIONS, ManifestError, VideoRecord, read_manifest
 from datasets.transforms import InputPreparer
@@ -292,13 +292,5 @@ def main(argv=None) -> int:
     return 1 if failures else 0
 
 
-def _entry() -> int:
-    try:
-        return main()
-    except (ManifestError, VideoReadError, CheckpointError, KeypointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
 if __name__ == "__main__":
-    exit_on_usage_error(_entry)
+    exit_on_usage_error(main, BAD_INPUT_ERRORS + (CheckpointError,))

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Sampler
 from tqdm import tqdm
@@ -26,10 +25,9 @@ import memory_monitor
 from checkpoint import CheckpointError, load_checkpoint, restore_rng_state, rng_state, save_checkpoint, unwrap_model
 from chunked_forward import forward_chunked
 from config import ConfigError, add_config_arguments, dump, exit_on_usage_error, load_config
-from datasets import build_dataset, index_cache_for, resolve_class_names, worker_init
-from datasets.manifest import ManifestError, read_manifest
+from datasets import BAD_INPUT_ERRORS, build_dataset, index_cache_for, resolve_class_names, worker_init
+from datasets.manifest import read_manifest
 from datasets.transforms import InputPreparer
-from datasets.video_reader import VideoReadError
 from metrics import ClassificationMeter
 from models import build_model
 from runtime import Runtime, setup_logging, setup_runtime
@@ -443,13 +441,5 @@ def _save_epoch(trainer: Trainer, improved: bool) -> None:
             os.unlink(os.path.join(directory, name))
 
 
-def _entry() -> int:
-    try:
-        return main()
-    except (ManifestError, VideoReadError, CheckpointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
 if __name__ == "__main__":
-    exit_on_usage_error(_entry)
+    exit_on_usage_error(main, BAD_INPUT_ERRORS + (CheckpointError,))

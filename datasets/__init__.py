@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 from datasets.manifest import ManifestError, read_manifest
-from datasets.video_dataset import VideoWindowDataset, worker_init  # noqa: F401
+from datasets.video_dataset import BAD_INPUT_ERRORS, VideoWindowDataset, worker_init  # noqa: F401
 from datasets.video_reader import VideoIndexCache
 
 
