@@ -19,7 +19,7 @@ import torch
 from checkpoint import CheckpointError, atomic_write_bytes, load_trained_model
 from chunked_forward import AGGREGATIONS, forward_chunked
 from config import exit_on_usage_error, validate
-from datasets import BAD_INPUT_ERRORS, build_dataset, index_cache_for
+from datasets.video_dataset import BAD_INPUT_ERRORS, build_dataset, index_cache_for
 from datasets.transforms import InputPreparer
 from metrics import ClassificationMeter
 from runtime import setup_logging, setup_runtime

@@ -27,7 +27,7 @@ import memory_monitor
 from checkpoint import CheckpointError, load_trained_model
 from chunked_forward import AGGREGATIONS, LogitAggregator, inference_windows
 from config import ConfigError, exit_on_usage_error
-from datasets import BAD_INPUT_ERRORS, manifest_path
+from datasets.video_dataset import BAD_INPUT_ERRORS, manifest_path
 from datasets.keypoints import KeypointError, read_keypoints
 from datasets.manifest import VIDEO_EXTENSIONS, ManifestError, VideoRecord, read_manifest
 from datasets.transforms import InputPreparer

@@ -25,7 +25,8 @@ import memory_monitor
 from checkpoint import CheckpointError, load_checkpoint, restore_rng_state, rng_state, save_checkpoint, unwrap_model
 from chunked_forward import forward_chunked
 from config import ConfigError, add_config_arguments, dump, exit_on_usage_error, load_config
-from datasets import BAD_INPUT_ERRORS, build_dataset, index_cache_for, resolve_class_names, worker_init
+from datasets.video_dataset import (BAD_INPUT_ERRORS, build_dataset, index_cache_for, manifest_path,
+                                    resolve_class_names, worker_init)
 from datasets.manifest import read_manifest
 from datasets.transforms import InputPreparer
 from metrics import ClassificationMeter
@@ -323,7 +324,7 @@ def main(argv=None) -> int:
     np.random.seed(cfg["train"]["seed"])
 
     index_cache = index_cache_for(cfg)
-    class_names = resolve_class_names(cfg["data"], read_manifest(_manifest(cfg, "train")))
+    class_names = resolve_class_names(cfg["data"], read_manifest(manifest_path(cfg["data"], "train")))
     train_set = build_dataset(cfg, "train", class_names, training=True, index_cache=index_cache)
     val_set = build_dataset(cfg, "val", class_names, training=False, index_cache=index_cache) \
         if cfg["data"]["val_manifest"] else None
@@ -374,11 +375,6 @@ def main(argv=None) -> int:
         log.error("error: %s", e)
         return 1
     return 0
-
-
-def _manifest(cfg: dict, split: str) -> str:
-    from datasets import manifest_path
-    return manifest_path(cfg["data"], split)
 
 
 def _restore(path: str, model, optimizer, scheduler, scaler) -> tuple[TrainState, dict, str]:

@@ -145,6 +145,7 @@ class VideoReader:
         self._cap: cv2.VideoCapture | None = None
         self._next = 0  # index of the frame the next grab() returns
         self._timestamp_offset_ms = 0.0
+        self._bgr: np.ndarray | None = None  # decode buffer when resizing, reused frame after frame
 
     # -------------------------------------------------------------------------------------------- public
     def read(self, indices: Sequence[int]) -> np.ndarray:
@@ -158,20 +159,27 @@ class VideoReader:
             raise ValueError("read() needs at least one frame index")
         if min(indices) < 0:
             raise VideoReadError(f"{self.path}: negative frame index {min(indices)}")
-        frames: dict[int, np.ndarray] = {}
-        for index in sorted(set(indices)):
+        wanted = sorted(set(indices))
+        height, width = self.size or (self.info.height, self.info.width)
+        # frames are converted straight into this array: no per-frame allocation, no stacking copy
+        out = np.empty((len(wanted), height, width, 3), np.uint8)
+        got: list[int] = []  # out[k] holds frame got[k]
+        for index in wanted:
             while index < self.num_frames:  # each failed read lowers num_frames, so this ends
-                frame = self._read_one(index)
-                if frame is not None:
-                    frames[index] = frame
+                if self._read_one(index, out[len(got)]):
+                    got.append(index)
                     break
+            if index >= self.num_frames:  # the rest lie past the real end as well
+                break
+        if len(got) == len(wanted) and wanted == indices:
+            return out
         last = self.num_frames - 1
-        if max(indices) > last and last not in frames:  # indices past the real end get the last frame
-            frame = self._read_one(last) if last >= 0 else None
-            if frame is None:
+        if len(got) < len(wanted) and (not got or got[-1] != last):  # indices past the end get the last frame
+            if last < 0 or not self._read_one(last, out[len(got)]):
                 raise VideoReadError(f"{self.path}: no frame could be decoded; {REENCODE_HINT}")
-            frames[last] = frame
-        return np.stack([frames[min(i, last)] for i in indices])
+            got.append(last)
+        slot = {index: k for k, index in enumerate(got)}
+        return out[[slot[min(i, last)] for i in indices]]
 
     def read_window(self, start: int, end: int) -> np.ndarray:
         return self.read(range(start, end))
@@ -200,7 +208,8 @@ class VideoReader:
     def seeks_exactly(self) -> bool:
         return self.path not in _INEXACT_SEEK_FILES
 
-    def _read_one(self, index: int) -> np.ndarray | None:
+    def _read_one(self, index: int, dst: np.ndarray) -> bool:
+        """Decode frame ``index`` into ``dst`` (RGB, resized); False if the stream ended before it."""
         cap = self._capture()
         seeked = False
         if index < self._next or index - self._next > self.seek_threshold:
@@ -218,19 +227,20 @@ class VideoReader:
             self.stats["grabbed"] += 1
         if not cap.grab():
             return self._ended_at(index)
-        ok, frame = cap.retrieve()
+        resize = (self.info.height, self.info.width) != dst.shape[:2]
+        # native size: decode straight into the caller's array; else into a reused buffer, then resize
+        ok, frame = cap.retrieve(self._bgr if resize else dst)
         if not ok or frame is None:
             return self._ended_at(index)
         self._next = index + 1
         if seeked and not self._landed_on(index, frame):
-            return self._read_one(index)  # now in sequential mode
+            return self._read_one(index, dst)  # now in sequential mode
         self.stats["decoded"] += 1
-        return self._convert(frame)
-
-    def _convert(self, frame: np.ndarray) -> np.ndarray:
-        if self.size is not None and frame.shape[:2] != self.size:
-            frame = cv2.resize(frame, (self.size[1], self.size[0]), interpolation=cv2.INTER_AREA)
-        return cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
+        if resize:
+            self._bgr = frame
+            frame = resize_frame(frame, dst.shape[0], dst.shape[1])
+        cv2.cvtColor(frame, cv2.COLOR_BGR2RGB, dst=dst)  # in place at native size
+        return True
 
     def _landed_on(self, index: int, frame: np.ndarray) -> bool:
         """After a seek: did OpenCV return frame ``index``? Timestamps first; pixels when they disagree."""
@@ -253,7 +263,7 @@ class VideoReader:
         self.close()
         return False
 
-    def _ended_at(self, index: int) -> None:
+    def _ended_at(self, index: int) -> bool:
         """A grab failed at ``index``, before the container's frame count: the video is shorter.
 
         A failed read right after a seek past the real end does not say where the end is, so the frames
@@ -270,7 +280,20 @@ class VideoReader:
             _SHORT_FILES[self.path] = length
             log.warning("%s: the container says %d frames but decoding ends at frame %d; the windows past "
                         "frame %d shrink", self.path, self.info.num_frames, length, length)
-        return None
+        return False
+
+
+def resize_frame(frame: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Downscale by exact 2x box filters (INTER_AREA's fast path), then bilinear for the last < 2x step.
+
+    One INTER_AREA resize with a non-integer ratio costs about 1 ms for 640x360 -> 210x160 (more than the
+    decode); this way costs about 0.15 ms with the same anti-aliasing for the large part of the ratio.
+    """
+    while frame.shape[0] >= 2 * height and frame.shape[1] >= 2 * width:
+        frame = cv2.resize(frame, (frame.shape[1] // 2, frame.shape[0] // 2), interpolation=cv2.INTER_AREA)
+    if frame.shape[:2] != (height, width):
+        frame = cv2.resize(frame, (width, height), interpolation=cv2.INTER_LINEAR)
+    return frame
 
 
 def _decode_sequentially(path: str, index: int) -> np.ndarray | None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from config import load_config
-from datasets import build_dataset
+from datasets.video_dataset import build_dataset
 from datasets.keypoints import KeypointError, read_keypoints
 from datasets.manifest import ManifestError, read_manifest
 from datasets.video_reader import VideoReadError
