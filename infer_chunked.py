@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 import memory_monitor
 from checkpoint import CheckpointError, load_trained_model
-from chunked_forward import AGGREGATIONS, LogitAggregator, inference_windows
+from chunked_forward import AGGREGATIONS, LogitAggregator, clip_length, inference_windows, slice_time
 from config import ConfigError, exit_on_usage_error
 from datasets.video_dataset import BAD_INPUT_ERRORS, manifest_path
 from datasets.keypoints import KeypointError, read_keypoints
@@ -172,8 +172,11 @@ def classify_video(model, record: VideoRecord, cfg: dict, args, runtime, prepare
         for windows, tensors in tqdm(stream, total=-(-len(stream.windows) // args.batch), leave=False,
                                      desc=os.path.basename(record.first_path), disable=not sys.stderr.isatty()):
             tick = time.perf_counter()
+            inputs = prepare(tensors)
+            # a video shorter than the model's minimum clip: repeat its last frame (documented in the README)
+            inputs = slice_time(inputs, 0, clip_length(inputs), getattr(model, "min_frames", 1))
             with runtime.autocast():
-                logits = model(prepare(tensors)).float()
+                logits = model(inputs).float()
             aggregator.update(logits.unsqueeze(1))  # [n, 1, K]
             probs = logits.softmax(dim=1).cpu()
             compute_seconds += time.perf_counter() - tick

@@ -149,8 +149,25 @@ class VideoWindowDataset(Dataset):
     def _load(self, index: int) -> dict:
         window = self.windows[index]
         record = self.records[window.record]
-        rng = np.random.default_rng([self.seed, self.epoch, index]) if self.training else None
-        indices = clip_indices(window.start, window.end, self.cfg["num_frames"], self.cfg["frame_stride"], rng)
+
+        def place_clip(end: int) -> np.ndarray:
+            rng = np.random.default_rng([self.seed, self.epoch, index]) if self.training else None
+            return clip_indices(window.start, end, self.cfg["num_frames"], self.cfg["frame_stride"], rng)
+
+        indices, frames = place_clip(window.end), []
+        if self.cfg["load_rgb"]:
+            readers = [_READERS.get(path, self.size) for path in record.views.values()]
+            end = min([window.end] + [r.num_frames for r in readers])
+            while True:  # at most twice: a read can find the video shorter than its container says
+                if end <= window.start:
+                    raise VideoReadError(f"{record.first_path}: the video ends at frame {end}, before this "
+                                         f"sample window [{window.start}, {window.end})")
+                indices = place_clip(end)
+                frames = [r.read(indices) for r in readers]
+                real_end = min(r.num_frames for r in readers)
+                if real_end >= end:
+                    break
+                end = real_end  # shrink the window to the frames that exist
         sample = {
             "label": window.label,
             "video_index": window.record,
@@ -158,9 +175,8 @@ class VideoWindowDataset(Dataset):
             "frame_indices": torch.from_numpy(indices),
             "frame_labels": torch.from_numpy(self._frame_labels(window, indices)),
         }
-        if self.cfg["load_rgb"]:
-            views = [torch.from_numpy(_READERS.get(path, self.size).read(indices)).permute(3, 0, 1, 2)
-                     for path in record.views.values()]  # each [C, T, H, W] uint8
+        if frames:
+            views = [torch.from_numpy(f).permute(3, 0, 1, 2) for f in frames]  # each [C, T, H, W] uint8
             sample["video"] = views[0] if len(views) == 1 else torch.stack(views)
         if self.cfg["load_kpt"]:
             if record.keypoints is None:

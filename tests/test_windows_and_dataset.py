@@ -161,3 +161,39 @@ def test_multiview_samples_read_every_view_at_the_same_frames(synthetic_root, ti
     sample = dataset[0]
     assert dataset.view_names == ["front", "left", "right"]
     assert sample["video"].shape == (3, 3, 8, 32, 32)  # [V, C, T, H, W]
+
+
+def test_windows_past_the_real_end_of_a_short_video_shrink_or_fail_clearly(tmp_path, caplog):
+    path = write_with_opencv(str(tmp_path / "cut.avi"), 200, "MJPG")
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[:len(data) // 2])  # the header still says 200 frames
+    manifest = write_manifest(tmp_path / "m.jsonl", [{"video": "cut.avi", "label": "a"}])
+    cfg = data_cfg(load_kpt=False, max_video_frames=80, num_frames=-1, img_size=[48, 120])
+    dataset = VideoWindowDataset(read_manifest(manifest), ["a"], cfg, training=False)
+    assert [(w.start, w.end) for w in dataset.windows] == [(0, 80), (80, 160), (160, 200)]
+    with caplog.at_level(logging.WARNING):
+        second = dataset[1]
+    real = int(second["frame_indices"][-1]) + 1
+    assert 80 < real < 160 and second["video"].shape[1] == real - 80  # shrunk to the frames that exist
+    assert "decoding ends at frame" in caplog.text and "cut.avi" in caplog.text
+    with pytest.raises(VideoReadError, match=r"cut\.avi: the video ends at frame \d+, before this sample window "
+                                             r"\[160, 200\) \(sample at .*m\.jsonl:1\)"):
+        dataset[2]
+
+
+def test_a_sample_that_fails_while_loading_is_replaced_when_skipping(tmp_path, long_video, monkeypatch):
+    import datasets.video_dataset as vd
+    manifest = write_manifest(tmp_path / "m.jsonl", [{"video": str(long_video / "long.avi"), "label": "a"},
+                                                     {"video": str(long_video / "long.avi"), "label": "b"}])
+    dataset = VideoWindowDataset(read_manifest(manifest), ["a", "b"], data_cfg(load_kpt=False, on_bad_video="skip"),
+                                 training=False)
+    real_load = dataset._load
+
+    def flaky(index):
+        if index == 0:
+            raise VideoReadError("long.avi: decoding failed half-way")
+        return real_load(index)
+    monkeypatch.setattr(dataset, "_load", flaky)
+    sample = dataset[0]
+    assert sample["label"] == 1 and sample["skipped"] == f"{manifest}:1"
