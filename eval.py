@@ -3,6 +3,9 @@
     python eval.py --checkpoint runs/quickstart/latest/checkpoints/best.pt --split val
     python eval.py --checkpoint best.pt --data my_test.jsonl --chunk 32 --overlap 8 --agg prob --output results
 
+    python eval.py --watch runs/quickstart            # from cron: each new checkpoint once -> eval.jsonl
+    python eval.py --watch runs/quickstart --interval 600   # the same in a loop, without cron
+
 Config defaults come from the checkpoint; flags override. Prints top-1, top-5, per-class
 precision/recall/F1, clip- and video-level accuracy and the confusion matrix; with --output, writes
 FILE.json (metrics) and FILE.csv (one row per clip: video, window, label, prediction, probability).
@@ -29,7 +32,11 @@ log = setup_logging()
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, help="checkpoint to evaluate (loaded with weights_only=True)")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--checkpoint", help="checkpoint to evaluate (loaded with weights_only=True)")
+    target.add_argument("--watch", metavar="RUN_DIR",
+                        help="evaluate every checkpoint under RUN_DIR (runs/<experiment> or one run) that has no "
+                             "result in RUN_DIR/eval.jsonl yet, oldest first; safe to start from cron")
     parser.add_argument("--data", help="manifest to evaluate on (default: the checkpoint config's --split manifest)")
     parser.add_argument("--split", choices=("val", "test"), default="val", help="which manifest of the config")
     parser.add_argument("--chunk", type=int, help="frames per inference chunk (-1 = whole clip); "
@@ -41,7 +48,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", help="cpu, cuda, cuda:N (default: the checkpoint config's trainer.device)")
     parser.add_argument("--precision", help="32, 16, bf16 or amp (default: the checkpoint's)")
     parser.add_argument("--output", help="write OUTPUT.json (metrics) and OUTPUT.csv (per-clip predictions)")
-    return parser.parse_args(argv)
+    parser.add_argument("--interval", type=float, metavar="SECONDS", help="with --watch: repeat every SECONDS")
+    parser.add_argument("--settle", type=float, default=5.0, metavar="SECONDS",
+                        help="with --watch: leave checkpoints modified less than SECONDS ago for the next run")
+    parser.add_argument("--plot", action="store_true", help="with --watch: write eval_history.png (needs matplotlib)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="with --watch: a line per checkpoint")
+    args = parser.parse_args(argv)
+    if args.checkpoint and (args.interval or args.plot):
+        parser.error("--interval and --plot go with --watch")
+    if args.watch and args.output:
+        parser.error("--output goes with --checkpoint; --watch writes RUN_DIR/eval.jsonl")
+    return args
 
 
 def apply_overrides(cfg: dict, args: argparse.Namespace) -> dict:
@@ -107,16 +124,28 @@ def write_outputs(prefix: str, metrics: dict, rows: list[dict], info: dict) -> N
     atomic_write_bytes(prefix + ".csv", text.getvalue().encode())
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def evaluate_checkpoint(path: str, args: argparse.Namespace, rows: list | None = None):
+    """(metrics, config, class names, checkpoint dict) of one checkpoint, with the flags' overrides."""
     probe = setup_runtime({"device": args.device or "auto", "precision": "32", "allow_tf32": True})
-    model, cfg, class_names, state = load_trained_model(args.checkpoint, probe.device)
+    model, cfg, class_names, state = load_trained_model(path, probe.device)
     cfg = apply_overrides(cfg, args)
     runtime = setup_runtime(cfg["trainer"], device=args.device or str(probe.device), precision=args.precision)
     dataset = build_dataset(cfg, args.split, class_names, training=False, manifest=args.data,
                             index_cache=index_cache_for(cfg))
-    rows: list[dict] = []
     metrics = evaluate_dataset(model, dataset, cfg, runtime, class_names, rows)
+    del model
+    if runtime.device.type == "cuda":
+        torch.cuda.empty_cache()  # the next checkpoint starts from a clean device
+    return metrics, cfg, class_names, state
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.watch:
+        from checkpoint_watch import watch
+        return watch(args, evaluate_checkpoint)
+    rows: list[dict] = []
+    metrics, cfg, class_names, state = evaluate_checkpoint(args.checkpoint, args, rows)
     train = cfg["train"]
     print(f"{args.checkpoint} (epoch {state.get('epoch')}, step {state.get('global_step')}) on "
           f"{args.data or args.split}: chunk {train['chunk_infer_size']} overlap {train['chunk_overlap']} "

@@ -97,3 +97,26 @@ def tiny_cfg(synthetic_root, tmp_path):
                               "data.img_size=32", "data.num_frames=8", "data.frame_stride=2", "data.batch_size=4",
                               "data.num_workers=0", "model.width=8", "trainer.device=cpu", "trainer.max_epochs=1",
                               "train.log_every=1"])
+
+
+BASE_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "base.yaml")
+
+
+def overrides(synthetic_root, out, *extra):
+    args = ["--config", BASE_CONFIG]
+    for item in (f"data.data_dir={synthetic_root}", f"trainer.output_dir={out}", "data.img_size=32",
+                 "data.num_frames=8", "data.frame_stride=2", "data.batch_size=4", "data.num_workers=0",
+                 "model.width=8", "trainer.device=cpu", "trainer.max_epochs=2", "train.log_every=1",
+                 "experiment=e2e", *extra):
+        args += ["--set", item]
+    return args
+
+
+@pytest.fixture(scope="session")
+def trained_run(synthetic_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    import train
+    assert train.main(overrides(synthetic_root, out, "train.chunk_infer_size=4", "train.chunk_overlap=1")) == 0
+    return os.path.realpath(os.path.join(out, "e2e", "latest")), out
+
+

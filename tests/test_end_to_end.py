@@ -10,26 +10,9 @@ import torch
 
 import train
 from checkpoint import CheckpointError, load_checkpoint
+from conftest import overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BASE = os.path.join(ROOT, "configs", "base.yaml")
-
-
-def overrides(synthetic_root, out, *extra):
-    args = ["--config", BASE]
-    for item in (f"data.data_dir={synthetic_root}", f"trainer.output_dir={out}", "data.img_size=32",
-                 "data.num_frames=8", "data.frame_stride=2", "data.batch_size=4", "data.num_workers=0",
-                 "model.width=8", "trainer.device=cpu", "trainer.max_epochs=2", "train.log_every=1",
-                 "experiment=e2e", *extra):
-        args += ["--set", item]
-    return args
-
-
-@pytest.fixture(scope="module")
-def trained_run(synthetic_root, tmp_path_factory):
-    out = tmp_path_factory.mktemp("runs")
-    assert train.main(overrides(synthetic_root, out, "train.chunk_infer_size=4", "train.chunk_overlap=1")) == 0
-    return os.path.realpath(os.path.join(out, "e2e", "latest")), out
 
 
 def test_training_writes_the_run_directory(trained_run):

@@ -1,0 +1,137 @@
+"""Streaming chunked inference benchmark: memory and time against video length.
+
+    python bench/infer.py                                # 600, 6,000 and 30,000 frames (written once to bench/.cache)
+    python bench/infer.py --lengths 600,6000 --size 320x180
+
+Each measurement runs in a fresh process (peak RSS is per process). For every video length it prints the peak
+host RSS and wall time of infer_chunked's streaming path (--agg mean), the time of decoding alone and of computing
+alone (the same chunks through the model, without decoding), the ratio wall / max(decode, compute) (target <= 1.2:
+decode and compute overlap), and the same for --agg last (only the last chunk: independent of length). Then the
+decoder's multi-thread speed-up on one full pass (threads = OpenCV's default vs 1). The model is a tiny3d at the
+given clip size on --device; on the CPU it gets --torch-threads threads (1 by default, so decode and compute each
+have a core of a 2-core machine).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+CACHE = os.path.join(ROOT, "bench", ".cache")
+
+
+def measure(args) -> dict:
+    """One measurement in this process: mode full | last | decode | compute."""
+    import resource
+
+    import torch
+
+    import infer_chunked
+    from config import load_config
+    from datasets.manifest import VideoRecord
+    from datasets.transforms import InputPreparer
+    from models import build_model
+    from runtime import setup_runtime
+
+    torch.set_num_threads(args.torch_threads)
+    cfg = load_config(None, ["model.backbone=tiny3d", f"model.width={args.width}", f"data.img_size={args.img}",
+                             "data.frame_stride=1", f"trainer.device={args.device}"])
+    runtime = setup_runtime(cfg["trainer"])
+    model = build_model(cfg["model"], num_classes=6).to(runtime.device).eval()
+    record = VideoRecord({"video": args.video}, where=args.video)
+    flags = infer_chunked.parse_args(["--chunk", str(args.chunk), "--overlap", str(args.overlap), "--agg",
+                                      "last" if args.mode == "last" else "mean", "--batch", str(args.batch),
+                                      "--decode-threads", str(args.decode_threads)])
+    prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
+    start = time.perf_counter()
+    result: dict = {}
+    if args.mode in ("full", "last"):
+        out = infer_chunked.classify_video(model, record, cfg, flags, runtime, prepare, [str(i) for i in range(6)])
+        result.update(decode_s=out["decode_s"], compute_s=out["compute_s"], windows=out["windows"])
+    elif args.mode == "decode":
+        stream = infer_chunked.ChunkStream(record, cfg["data"]["img_size"], 1, args.chunk, args.overlap, "mean",
+                                           args.batch, True, False, args.decode_threads or None)
+        result["windows"] = sum(len(windows) for windows, _ in stream)
+        stream.close()
+    else:  # compute alone: the same number of chunks, already decoded
+        from chunked_forward import inference_windows
+        from datasets.video_reader import probe
+        windows = inference_windows(probe(args.video).num_frames, args.chunk, args.overlap, "mean")
+        size = cfg["data"]["img_size"]
+        dummy = {"video": torch.zeros(args.batch, 3, args.chunk, size[0], size[1], dtype=torch.uint8)}
+        with torch.inference_mode():
+            for first in range(0, len(windows), args.batch):
+                model(prepare(dummy))
+        result["windows"] = len(windows)
+    result["wall_s"] = time.perf_counter() - start
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if runtime.device.type == "cuda":
+        result["device_peak_mb"] = torch.cuda.max_memory_allocated() / 2 ** 20
+    return result
+
+
+def run(video: str, mode: str, args, decode_threads: int | None = None) -> dict:
+    command = [sys.executable, __file__, "--worker", "--video", video, "--mode", mode, "--chunk", str(args.chunk),
+               "--overlap", str(args.overlap), "--batch", str(args.batch), "--img", str(args.img), "--width",
+               str(args.width), "--device", args.device, "--torch-threads", str(args.torch_threads), "--decode-threads",
+               str(args.decode_threads if decode_threads is None else decode_threads)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", default="600,6000,30000", help="video lengths in frames")
+    parser.add_argument("--size", default="640x360", help="WIDTHxHEIGHT of the generated videos")
+    parser.add_argument("--chunk", type=int, default=32)
+    parser.add_argument("--overlap", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=2, help="chunks per forward call")
+    parser.add_argument("--img", type=int, default=112, help="model input size (frames are resized to it)")
+    parser.add_argument("--width", type=int, default=16, help="tiny3d width")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--decode-threads", type=int, default=1,
+                        help="decoder threads of the overlap measurements (0 = OpenCV's default)")
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="CPU threads of the model: on a CPU-only machine, decode and compute overlap only if "
+                             "they do not both want every core")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--video", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(measure(args)))
+        return
+    from loader import write_h264
+    os.makedirs(CACHE, exist_ok=True)
+    width, height = map(int, args.size.split("x"))
+    print(f"tiny3d width {args.width} at {args.img}x{args.img} on {args.device} ({args.torch_threads} torch threads); "
+          f"chunk {args.chunk} overlap {args.overlap}, {args.batch} chunks per forward; H.264 {width}x{height} "
+          f"(GOP 250, B-frames), {args.decode_threads or 'default'} decoder threads, {os.cpu_count()} CPUs")
+    print(f"{'frames':>7s} {'chunks':>6s} {'peak RSS':>9s} {'wall':>8s} {'decode':>8s} {'compute':>8s} "
+          f"{'wall/max':>8s} | {'last: RSS':>9s} {'wall':>7s}")
+    first_rss = None
+    for length in [int(n) for n in args.lengths.split(",")]:
+        video = write_h264(os.path.join(CACHE, f"h264_{width}x{height}_{length}.mp4"), length, width, height)
+        full, decode, compute, last = (run(video, m, args) for m in ("full", "decode", "compute", "last"))
+        first_rss = first_rss or full["peak_rss_mb"]
+        ratio = full["wall_s"] / max(decode["wall_s"], compute["wall_s"])
+        print(f"{length:7d} {full['windows']:6d} {full['peak_rss_mb']:7.0f}MB {full['wall_s']:7.1f}s "
+              f"{decode['wall_s']:7.1f}s {compute['wall_s']:7.1f}s {ratio:7.2f}x | {last['peak_rss_mb']:7.0f}MB "
+              f"{last['wall_s']:6.2f}s" + (f"  device peak {full['device_peak_mb']:.0f} MB" if "device_peak_mb" in full
+                                           else ""))
+    print(f"peak RSS, longest vs shortest video: {full['peak_rss_mb'] / first_rss:.3f}x")
+    one = run(video, "decode", args, decode_threads=1)
+    many = run(video, "decode", args, decode_threads=0)
+    print(f"decode alone, {length} frames: 1 thread {one['wall_s']:.1f}s, OpenCV default threads "
+          f"{many['wall_s']:.1f}s: {one['wall_s'] / many['wall_s']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

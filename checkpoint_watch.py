@@ -1,0 +1,197 @@
+"""``eval.py --watch``: evaluate each checkpoint of a run directory exactly once, safely from cron.
+
+- A checkpoint is identified by the SHA-256 of its content: a re-written ``last.pt`` is evaluated again, an
+  unchanged one is not. Results are lines of ``RUN_DIR/eval.jsonl``.
+- A lock (``RUN_DIR/.eval.lock``, a POSIX record lock) makes a second concurrent run exit at once with code 0.
+  The kernel drops the lock when its process dies, so a lock file left by a killed run is simply taken over.
+- A checkpoint still being written (modified less than ``--settle`` seconds ago, or changing while it is hashed)
+  is left for the next run; temporary files (``.name.tmp``) are never candidates. One that cannot be loaded
+  (torn, corrupt, pickled code) is recorded as failed and not retried until its content changes.
+- ``eval.jsonl`` is rewritten atomically (temp file, fsync, rename) for each new line: a run killed at any
+  moment leaves every earlier line intact and no partial line.
+- Exit codes: 0 nothing to do or all evaluated, 1 some checkpoint failed, 2 usage or configuration error.
+"""
+from __future__ import annotations
+
+import fcntl
+import glob
+import hashlib
+import json
+import logging
+import os
+import socket
+import time
+
+from checkpoint import CheckpointError, atomic_write_bytes
+
+log = logging.getLogger("longvideo")
+
+LEDGER = "eval.jsonl"
+LOCK = ".eval.lock"
+
+
+class DirectoryLock:
+    """An exclusive, non-blocking lock on RUN_DIR/.eval.lock that dies with its process."""
+
+    def __init__(self, directory: str):
+        self.path = os.path.join(directory, LOCK)
+        self.fd: int | None = None
+        self.previous_holder = ""
+
+    def acquire(self) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.previous_holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+            os.close(fd)
+            return False
+        self.previous_holder = os.pread(fd, 200, 0).decode(errors="replace").strip()  # a stale one: taken over
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self.fd = fd
+        return True
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)  # an empty file: released cleanly; text left in it: its holder was killed
+            os.close(self.fd)
+            self.fd = None
+
+
+def read_ledger(path: str) -> list[dict]:
+    """The entries of eval.jsonl; a line that does not parse (written by hand?) is skipped with a warning."""
+    if not os.path.exists(path):
+        return []
+    entries = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError:
+                log.warning("%s:%d: not a JSON line; ignored", path, number)
+    return entries
+
+
+def append_ledger(path: str, entry: dict) -> None:
+    existing = open(path, "rb").read() if os.path.exists(path) else b""
+    if existing and not existing.endswith(b"\n"):
+        existing += b"\n"
+    atomic_write_bytes(path, existing + (json.dumps(entry) + "\n").encode())
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def find_checkpoints(run_dir: str) -> list[str]:
+    """Checkpoints of one run or of every run of an experiment, oldest first (the ``latest`` link not twice)."""
+    paths = {}
+    for pattern in ("checkpoints/*.pt", "*/checkpoints/*.pt"):
+        for path in glob.glob(os.path.join(run_dir, pattern)):  # glob skips dot-files: no .tmp files
+            paths.setdefault(os.path.realpath(path), path)
+    return sorted(paths, key=lambda p: os.stat(p).st_mtime_ns)
+
+
+def watch_once(args, evaluate) -> tuple[int, int, int, int]:
+    """One pass: (evaluated, failed, already done, left for later)."""
+    run_dir = args.watch
+    ledger = os.path.join(run_dir, LEDGER)
+    done = {entry.get("sha256") for entry in read_ledger(ledger)}
+    evaluated = failed = skipped = waiting = 0
+    for path in find_checkpoints(run_dir):
+        relative = os.path.relpath(path, run_dir)
+        try:
+            before = os.stat(path)
+            if time.time() - before.st_mtime < args.settle:
+                log.info("%s: modified %.1f s ago; left for the next run", relative, time.time() - before.st_mtime)
+                waiting += 1
+                continue
+            digest = file_sha256(path)
+            after = os.stat(path)
+        except FileNotFoundError:  # replaced or deleted since listed (keep_last_k): nothing to evaluate
+            continue
+        if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
+            log.info("%s: changing while read; left for the next run", relative)
+            waiting += 1
+            continue
+        if digest in done:
+            skipped += 1
+            continue
+        start = time.perf_counter()
+        entry = {"checkpoint": relative, "sha256": digest, "size": after.st_size}
+        try:
+            metrics, _, class_names, state = evaluate(path, args)
+        except CheckpointError as e:  # a property of this file: recorded, not retried until it changes
+            entry.update(status="failed", error=str(e))
+            log.warning("%s: %s", relative, e)
+            failed += 1
+        else:
+            entry.update(status="ok", epoch=state.get("epoch"), global_step=state.get("global_step"),
+                         metrics=metrics, class_names=class_names)
+            log.info("%s: epoch %s step %s top-1 %.4f video acc %.4f", relative, state.get("epoch"),
+                     state.get("global_step"), metrics["top1"], metrics.get("video_acc", float("nan")))
+            evaluated += 1
+        entry.update(seconds=round(time.perf_counter() - start, 3), time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        append_ledger(ledger, entry)
+        done.add(digest)
+    return evaluated, failed, skipped, waiting
+
+
+def plot_history(run_dir: str) -> str | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: --plot needs matplotlib (pip install matplotlib); no plot written")
+        return None
+    entries = [e for e in read_ledger(os.path.join(run_dir, LEDGER)) if e.get("status") == "ok"]
+    entries.sort(key=lambda e: (e.get("global_step") or 0))
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for key in ("top1", "video_acc", "top5"):
+        points = [(e["global_step"], e["metrics"][key]) for e in entries if key in e["metrics"]]
+        if points:
+            axis.plot(*zip(*points), marker="o", label=key)
+    axis.set_xlabel("optimizer step")
+    axis.set_ylabel("accuracy")
+    axis.legend()
+    axis.grid(alpha=0.3)
+    path = os.path.join(run_dir, "eval_history.png")
+    tmp = os.path.join(run_dir, ".eval_history.tmp.png")
+    figure.savefig(tmp, dpi=100)
+    plt.close(figure)
+    os.replace(tmp, path)
+    return path
+
+
+def watch(args, evaluate) -> int:
+    from config import ConfigError
+    if not os.path.isdir(args.watch):
+        raise ConfigError(f"--watch {args.watch}: not a directory (expected runs/<experiment> or one run)")
+    logging.getLogger().setLevel(logging.INFO if args.verbose else logging.WARNING)
+    while True:
+        lock = DirectoryLock(args.watch)
+        if not lock.acquire():
+            print(f"eval.py --watch {args.watch}: another evaluation holds {lock.path} ({lock.previous_holder}); "
+                  f"exiting")
+            return 0
+        try:
+            if lock.previous_holder:
+                log.info("took over the lock left by %s", lock.previous_holder)
+            evaluated, failed, skipped, waiting = watch_once(args, evaluate)
+            if args.plot:
+                plot_history(args.watch)
+        finally:
+            lock.release()
+        print(f"eval.py --watch {args.watch}: {evaluated} evaluated, {failed} failed, {skipped} already done, "
+              f"{waiting} left for the next run")
+        if not args.interval:
+            return 1 if failed else 0
+        time.sleep(args.interval)
