@@ -127,7 +127,7 @@ def watch_once(args, evaluate) -> tuple[int, int, int, int]:
         start = time.perf_counter()
         entry = {"checkpoint": relative, "sha256": digest, "size": after.st_size}
         try:
-            metrics, _, class_names, state = evaluate(path, args)
+            metrics, _, class_names, state, _ = evaluate(path, args)
         except CheckpointError as e:  # a property of this file: recorded, not retried until it changes
             entry.update(status="failed", error=str(e))
             log.warning("%s: %s", relative, e)
@@ -175,7 +175,7 @@ def watch(args, evaluate) -> int:
     from config import ConfigError
     if not os.path.isdir(args.watch):
         raise ConfigError(f"--watch {args.watch}: not a directory (expected runs/<experiment> or one run)")
-    logging.getLogger().setLevel(logging.INFO if args.verbose else logging.WARNING)
+    log.setLevel(logging.INFO if args.verbose else logging.WARNING)
     while True:
         lock = DirectoryLock(args.watch)
         if not lock.acquire():

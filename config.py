@@ -58,7 +58,9 @@ SCHEMA: dict[str, Any] = {
         "view_fusion": _choice("none", "how camera views are combined", "none", "late", "mean", "concat"),
         "grad_checkpointing": Key(False, "bool", "recompute each stage's activations in backward"),
         "dropout": _float(0.0, "dropout before the classifier", 0.0, 1.0),
-        "width": _int(32, "base channel width of the small models (tiny3d, vgg3d, keypoint branch)", minimum=1),
+        "width": _int(32, "base channel width of the small models (tiny3d, keypoint branch)", minimum=1),
+        "norm": _choice("batch", "normalization of tiny3d and the keypoint branch: batch, or group (independent "
+                                 "of the micro-batch size)", "batch", "group"),
     },
     "data": {
         "data_dir": Key("data/synthetic", "str", "directory the manifests are resolved against"),
@@ -123,6 +125,8 @@ SCHEMA: dict[str, Any] = {
         "channels_last_3d": Key(False, "bool", "channels_last_3d memory format for 3D CNNs on CUDA"),
         "allow_tf32": Key(True, "bool", "TF32 matmuls and convolutions on Ampere and newer"),
         "max_nonfinite_steps": _int(20, "consecutive non-finite losses that stop the run", minimum=1),
+        "leak_check_epochs": _int(3, "epochs of steady memory growth before the leak warning", minimum=1),
+        "leak_tolerance_mb": _float(256.0, "total growth (MB) over those epochs that triggers it", minimum=0.0),
     },
 }
 

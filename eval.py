@@ -8,12 +8,14 @@
 
 Config defaults come from the checkpoint; flags override. Prints top-1, top-5, per-class
 precision/recall/F1, clip- and video-level accuracy and the confusion matrix; with --output, writes
-FILE.json (metrics) and FILE.csv (one row per clip: video, window, label, prediction, probability).
+PREFIX.json (metrics), PREFIX.csv (one row per video: label, prediction, probability, clips) and
+PREFIX_clips.csv (one row per clip: video, window, label, prediction, probability).
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 
@@ -47,7 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num-frames", type=int, help="frames per clip (-1 = the whole sample window)")
     parser.add_argument("--device", help="cpu, cuda, cuda:N (default: the checkpoint config's trainer.device)")
     parser.add_argument("--precision", help="32, 16, bf16 or amp (default: the checkpoint's)")
-    parser.add_argument("--output", help="write OUTPUT.json (metrics) and OUTPUT.csv (per-clip predictions)")
+    parser.add_argument("--output", help="write OUTPUT.json (metrics), OUTPUT.csv (per-video predictions) and "
+                                         "OUTPUT_clips.csv (per clip)")
     parser.add_argument("--interval", type=float, metavar="SECONDS", help="with --watch: repeat every SECONDS")
     parser.add_argument("--settle", type=float, default=5.0, metavar="SECONDS",
                         help="with --watch: leave checkpoints modified less than SECONDS ago for the next run")
@@ -76,26 +79,36 @@ def apply_overrides(cfg: dict, args: argparse.Namespace) -> dict:
 
 
 @torch.inference_mode()
-def evaluate_dataset(model, dataset, cfg: dict, runtime, class_names: list[str], rows: list | None = None) -> dict:
-    """Metrics over a dataset, one sample at a time (long clips vary in length); predictions go to the CPU."""
+@torch.inference_mode()
+def evaluate_dataset(model, dataset, cfg: dict, runtime, class_names: list[str]) -> tuple[dict, list, list]:
+    """(metrics, per-clip rows, per-video rows), one sample at a time (long clips vary in length).
+
+    Predictions go to the CPU as they are made; only the meter's bounded state is kept.
+    """
     train = cfg["train"]
     prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
     loader = torch.utils.data.DataLoader(dataset, batch_size=1, num_workers=cfg["data"]["num_workers"],
                                          pin_memory=runtime.device.type == "cuda")
     meter = ClassificationMeter(len(class_names))
+    clip_rows = []
     for batch in loader:
         with runtime.autocast():
             logits = forward_chunked(model, prepare(batch), train["chunk_infer_size"], train["chunk_overlap"],
                                      train["chunk_aggregation"], train["video_batch_size"]).float().cpu()
         meter.update(logits, batch["label"], batch["video_index"])
-        if rows is not None:
-            probs = logits.softmax(dim=1)
-            for p, label, video, window in zip(probs, batch["label"], batch["video_index"], batch["window"]):
-                record = dataset.records[int(video)]
-                rows.append({"video": ";".join(record.views.values()), "window_start": int(window[0]),
-                             "window_end": int(window[1]), "label": class_names[int(label)],
-                             "predicted": class_names[int(p.argmax())], "probability": round(float(p.max()), 6)})
-    return meter.compute()
+        probs = logits.softmax(dim=1)
+        for p, label, video, window in zip(probs, batch["label"], batch["video_index"], batch["window"]):
+            clip_rows.append({"video": _video_name(dataset, int(video)), "window_start": int(window[0]),
+                              "window_end": int(window[1]), "label": class_names[int(label)],
+                              "predicted": class_names[int(p.argmax())], "probability": round(float(p.max()), 6)})
+    video_rows = [{"video": _video_name(dataset, v["video_index"]), "label": class_names[v["label"]],
+                   "predicted": class_names[v["predicted"]], "probability": round(v["probability"], 6),
+                   "clips": v["clips"]} for v in meter.video_predictions()]
+    return meter.compute(), clip_rows, video_rows
+
+
+def _video_name(dataset, video_index: int) -> str:
+    return ";".join(dataset.records[video_index].views.values())
 
 
 def format_report(metrics: dict, class_names: list[str]) -> str:
@@ -113,30 +126,29 @@ def format_report(metrics: dict, class_names: list[str]) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(prefix: str, metrics: dict, rows: list[dict], info: dict) -> None:
+def write_outputs(prefix: str, metrics: dict, clip_rows: list[dict], video_rows: list[dict], info: dict) -> None:
     atomic_write_bytes(prefix + ".json", json.dumps({**info, "metrics": metrics}, indent=1).encode())
-    import io
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=["video", "window_start", "window_end", "label", "predicted",
-                                              "probability"])
-    writer.writeheader()
-    writer.writerows(rows)
-    atomic_write_bytes(prefix + ".csv", text.getvalue().encode())
+    for path, rows in ((prefix + ".csv", video_rows), (prefix + "_clips.csv", clip_rows)):
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=list(rows[0]) if rows else ["video"])
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_bytes(path, text.getvalue().encode())
 
 
-def evaluate_checkpoint(path: str, args: argparse.Namespace, rows: list | None = None):
-    """(metrics, config, class names, checkpoint dict) of one checkpoint, with the flags' overrides."""
+def evaluate_checkpoint(path: str, args: argparse.Namespace):
+    """(metrics, config, class names, checkpoint dict, (clip rows, video rows)) of one checkpoint."""
     probe = setup_runtime({"device": args.device or "auto", "precision": "32", "allow_tf32": True})
     model, cfg, class_names, state = load_trained_model(path, probe.device)
     cfg = apply_overrides(cfg, args)
     runtime = setup_runtime(cfg["trainer"], device=args.device or str(probe.device), precision=args.precision)
     dataset = build_dataset(cfg, args.split, class_names, training=False, manifest=args.data,
                             index_cache=index_cache_for(cfg))
-    metrics = evaluate_dataset(model, dataset, cfg, runtime, class_names, rows)
+    metrics, clip_rows, video_rows = evaluate_dataset(model, dataset, cfg, runtime, class_names)
     del model
     if runtime.device.type == "cuda":
         torch.cuda.empty_cache()  # the next checkpoint starts from a clean device
-    return metrics, cfg, class_names, state
+    return metrics, cfg, class_names, state, (clip_rows, video_rows)
 
 
 def main(argv=None) -> int:
@@ -144,17 +156,16 @@ def main(argv=None) -> int:
     if args.watch:
         from checkpoint_watch import watch
         return watch(args, evaluate_checkpoint)
-    rows: list[dict] = []
-    metrics, cfg, class_names, state = evaluate_checkpoint(args.checkpoint, args, rows)
+    metrics, cfg, class_names, state, (clip_rows, video_rows) = evaluate_checkpoint(args.checkpoint, args)
     train = cfg["train"]
     print(f"{args.checkpoint} (epoch {state.get('epoch')}, step {state.get('global_step')}) on "
           f"{args.data or args.split}: chunk {train['chunk_infer_size']} overlap {train['chunk_overlap']} "
           f"agg {train['chunk_aggregation']}")
     print(format_report(metrics, class_names))
     if args.output:
-        write_outputs(args.output, metrics, rows, {"checkpoint": args.checkpoint, "data": args.data or args.split,
-                                                   "class_names": class_names})
-        print(f"wrote {args.output}.json and {args.output}.csv")
+        info = {"checkpoint": args.checkpoint, "data": args.data or args.split, "class_names": class_names}
+        write_outputs(args.output, metrics, clip_rows, video_rows, info)
+        print(f"wrote {args.output}.json, {args.output}.csv (per video) and {args.output}_clips.csv (per clip)")
     return 0
 
 

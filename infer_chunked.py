@@ -113,6 +113,7 @@ class ChunkStream:
                                 f"(give a manifest line with 'keypoints')")
         self.queue: queue.Queue = queue.Queue(maxsize=prefetch)
         self.decode_seconds = 0.0
+        self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._produce, daemon=True)
         self.thread.start()
 
@@ -120,20 +121,26 @@ class ChunkStream:
         try:
             cache: dict[int, dict[str, np.ndarray]] = {}  # clip frame -> view -> frame: the overlap, decoded once
             for first in range(0, len(self.windows), self.batch):
+                if self.stopping.is_set():
+                    return
                 group = self.windows[first:first + self.batch]
                 tick = time.perf_counter()
-                needed = sorted({i for s, e in group for i in range(s, e)})
-                new = [i for i in needed if i not in cache]
+                new = sorted({i for s, e in group for i in range(s, e)} - cache.keys())
                 if self.load_rgb and new:
                     for name, reader in self.readers.items():
                         for i, frame in zip(new, reader.read([i * self.stride for i in new])):
                             cache.setdefault(i, {})[name] = frame
                 tensors = {}
                 if self.load_rgb:
-                    views = [np.stack([np.stack([cache[i][name] for i in range(s, e)]) for s, e in group])
-                             for name in self.readers]  # each [n, L, H, W, 3]
-                    video = torch.from_numpy(np.stack(views, axis=1)).permute(0, 1, 5, 2, 3, 4)  # [n, V, C, L, H, W]
-                    tensors["video"] = video[:, 0] if len(views) == 1 else video
+                    first_frame = cache[group[0][0]][next(iter(self.readers))]
+                    length = group[0][1] - group[0][0]
+                    video = np.empty((len(group), len(self.readers), length, *first_frame.shape), np.uint8)
+                    for k, (s, e) in enumerate(group):  # one copy from the cache into the batch
+                        for v, name in enumerate(self.readers):
+                            for t, i in enumerate(range(s, e)):
+                                video[k, v, t] = cache[i][name]
+                    video = torch.from_numpy(video).permute(0, 1, 5, 2, 3, 4)  # [n, V, C, L, H, W], no copy
+                    tensors["video"] = video[:, 0] if len(self.readers) == 1 else video
                 if self.load_kpt:
                     tensors["kpt"] = torch.stack([torch.from_numpy(read_keypoints(
                         self.record.keypoints, [i * self.stride for i in range(s, e)])) for s, e in group])
@@ -142,10 +149,18 @@ class ChunkStream:
                 for i in [i for i in cache if i < keep_from]:
                     del cache[i]
                 self.decode_seconds += time.perf_counter() - tick
-                self.queue.put((group, tensors))
-            self.queue.put(None)
+                self._put((group, tensors))
+            self._put(None)
         except BaseException as e:  # hand the error to the consumer
-            self.queue.put(e)
+            self._put(e)
+
+    def _put(self, item) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
 
     def __iter__(self):
         while True:
@@ -157,6 +172,9 @@ class ChunkStream:
             yield item
 
     def close(self) -> None:
+        """Stop the decoding thread (also when the consumer failed half-way), then release the files."""
+        self.stopping.set()
+        self.thread.join()
         for reader in self.readers.values():
             reader.close()
 

@@ -85,3 +85,128 @@ class CsvLog:
             if new:
                 writer.writeheader()
             writer.writerow(row)
+
+
+class LeakDetector:
+    """Flags memory that grows epoch after epoch, measured at the same point of each epoch.
+
+    A warning when every one of the last ``epochs`` epochs grew and the growth adds up to more than
+    ``tolerance_mb``, separately for the main process, the DataLoader workers and the device.
+    """
+
+    PLACES = (("host_rss_mb", "the main process (host RSS)"), ("workers_rss_mb", "the DataLoader workers (host RSS)"),
+              ("device_allocated_mb", "the device (allocated)"))
+
+    def __init__(self, epochs: int = 3, tolerance_mb: float = 256.0):
+        self.epochs, self.tolerance_mb = epochs, tolerance_mb
+        self.history: list[dict] = []
+
+    def observe(self, snap: dict) -> str | None:
+        self.history.append(snap)
+        recent = self.history[-(self.epochs + 1):]
+        if len(recent) <= self.epochs:
+            return None
+        findings = []
+        for key, place in self.PLACES:
+            values = [s.get(key) for s in recent]
+            if None in values or (key == "workers_rss_mb" and not all(s.get("num_workers_alive") for s in recent)):
+                continue
+            growth = values[-1] - values[0]
+            if all(b > a for a, b in zip(values, values[1:])) and growth > self.tolerance_mb:
+                findings.append(f"{place} grew {growth:.0f} MB over {self.epochs} epochs "
+                                f"({' -> '.join(f'{v:.0f}' for v in values)} MB)")
+        if not findings:
+            return None
+        return ("possible memory leak: " + "; ".join(findings) + ". Likely causes: outputs or losses kept across "
+                "steps (keep loss.item() or .detach().cpu(), not the tensor), tensors kept with their graph (code "
+                "outside torch.inference_mode/no_grad), caches that grow in the dataset (workers)")
+
+
+class PeakRssSampler:
+    """Peak host RSS during a block, sampled every few ms on a thread (the kernel's peak cannot be reset)."""
+
+    def __init__(self, interval_s: float = 0.002):
+        self.interval_s = interval_s
+        self.peak_mb = 0.0
+
+    def __enter__(self):
+        import threading
+        self.baseline_mb = host_rss_mb()
+        self.peak_mb = self.baseline_mb
+        self._stop = threading.Event()
+
+        def sample():
+            while not self._stop.is_set():
+                self.peak_mb = max(self.peak_mb, host_rss_mb())
+                self._stop.wait(self.interval_s)
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak_mb = max(self.peak_mb, host_rss_mb())
+
+    @property
+    def increase_mb(self) -> float:
+        return self.peak_mb - self.baseline_mb
+
+
+def probe_training_memory(cfg: dict, runtime, build_model, num_classes: int, frames_grid, batch_grid,
+                          kpt_shape=(17, 3), num_views: int = 1) -> list[dict]:
+    """Peak memory of one training step (forward, backward, optimizer step) per (num_frames, batch_size).
+
+    On CUDA: peak allocated device memory (torch.cuda.max_memory_allocated). Without CUDA: the peak host RSS
+    increase over the step, sampled (labelled as such). Random inputs of the preset's frame size; the preset's
+    precision and gradient checkpointing apply.
+    """
+    import math
+    height, width = cfg["data"]["img_size"]
+    rows = []
+    model = build_model(cfg["model"], num_classes, num_views, kpt_shape).to(runtime.device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scaler = runtime.grad_scaler()
+    criterion = torch.nn.CrossEntropyLoss()
+    oom_error = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+    for frames in frames_grid:
+        for batch in batch_grid:
+            inputs = {}
+            if model.rgb is not None:
+                shape = (batch, 3, frames, height, width) if num_views == 1 else (batch, num_views, 3, frames, height, width)
+                inputs["video"] = torch.randn(shape, device=runtime.device)
+            if model.kpt is not None:
+                inputs["kpt"] = torch.rand(batch, frames, *kpt_shape, device=runtime.device)
+            labels = torch.randint(0, num_classes, (batch,), device=runtime.device)
+            row = {"num_frames": frames, "batch_size": batch}
+            failed = False
+            try:
+                if runtime.device.type == "cuda":
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats(runtime.device)
+                    before = torch.cuda.memory_allocated(runtime.device)
+                with PeakRssSampler() as sampler:
+                    with runtime.autocast():
+                        loss = criterion(model(inputs), labels)
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+                    optimizer.zero_grad(set_to_none=True)
+                if runtime.device.type == "cuda":
+                    torch.cuda.synchronize()
+                    row["peak_mb"] = torch.cuda.max_memory_allocated(runtime.device) / MB
+                    row["step_increase_mb"] = (torch.cuda.max_memory_allocated(runtime.device) - before) / MB
+                else:
+                    row["peak_mb"] = sampler.peak_mb
+                    row["step_increase_mb"] = sampler.increase_mb
+            except oom_error:
+                failed = True
+            del inputs, labels
+            if failed:
+                optimizer.zero_grad(set_to_none=True)
+                if runtime.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                row["peak_mb"] = math.inf
+                row["step_increase_mb"] = math.inf
+            rows.append(row)
+    return rows

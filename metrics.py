@@ -15,7 +15,6 @@ class ClassificationMeter:
         self.top5_hits = 0
         self.count = 0
         self.video_probs: dict[int, torch.Tensor] = {}
-        self.video_labels: dict[int, int] = {}
         self.video_clips: dict[int, list] = {}
 
     def update(self, logits: torch.Tensor, labels: torch.Tensor, video_index: torch.Tensor | None = None) -> None:
@@ -32,6 +31,19 @@ class ClassificationMeter:
         for row, video, label in zip(probs, video_index.tolist(), labels.tolist()):
             self.video_probs[video] = self.video_probs.get(video, 0) + row
             self.video_clips.setdefault(video, []).append(label)
+
+    @classmethod
+    def merged(cls, meters: list) -> "ClassificationMeter":
+        """One meter from the meters of several processes (each saw a shard of the samples)."""
+        total = cls(meters[0].num_classes)
+        for meter in meters:
+            total.confusion += meter.confusion
+            total.top5_hits += meter.top5_hits
+            total.count += meter.count
+            for video, probs in meter.video_probs.items():
+                total.video_probs[video] = total.video_probs.get(video, 0) + probs
+                total.video_clips.setdefault(video, []).extend(meter.video_clips[video])
+        return total
 
     def compute(self) -> dict:
         confusion = self.confusion.double()
@@ -55,13 +67,19 @@ class ClassificationMeter:
             "confusion": self.confusion.tolist(),
             "num_clips": self.count,
         }
-        if self.video_probs:
-            hits = 0
-            for video, probs in self.video_probs.items():
-                labels = self.video_clips[video]
-                # a video's label: the label most of its clips carry (one label unless it has a timeline)
-                label = max(set(labels), key=labels.count)
-                hits += int(int(probs.argmax()) == label)
-            result["video_acc"] = hits / len(self.video_probs)
-            result["num_videos"] = len(self.video_probs)
+        videos = self.video_predictions()
+        if videos:
+            result["video_acc"] = sum(v["predicted"] == v["label"] for v in videos) / len(videos)
+            result["num_videos"] = len(videos)
         return result
+
+    def video_predictions(self) -> list[dict]:
+        """Per video: its label (the one most of its clips carry), the argmax of its summed clip softmax, the
+        mean probability of that class, and the number of clips."""
+        rows = []
+        for video, probs in self.video_probs.items():
+            labels = self.video_clips[video]
+            predicted = int(probs.argmax())
+            rows.append({"video_index": video, "label": max(set(labels), key=labels.count), "predicted": predicted,
+                         "probability": float(probs[predicted]) / len(labels), "clips": len(labels)})
+        return rows

@@ -87,7 +87,12 @@ def setup_runtime(trainer_cfg: dict, device: str | None = None, precision: str |
 
 
 def setup_logging(is_main: bool = True, verbose: bool = False) -> logging.Logger:
-    """One logger, printed by rank 0 only, one line format."""
-    level = logging.DEBUG if verbose else logging.INFO
-    logging.basicConfig(level=level if is_main else logging.ERROR, format="%(message)s", force=True)
+    """The project's one logger ("longvideo", its children in datasets/), one line format, printed by rank 0
+    only (other ranks print errors). Its own handler: the root logger and other libraries are left alone."""
+    if not any(getattr(h, "longvideo", False) for h in log.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.longvideo = True
+        log.addHandler(handler)
+    log.setLevel((logging.DEBUG if verbose else logging.INFO) if is_main else logging.ERROR)
     return log

@@ -9,6 +9,7 @@ A hand-written loop: ``train_one_epoch`` and ``evaluate`` return dicts of plain 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -39,8 +40,10 @@ log = setup_logging()
 class EpochSampler(Sampler):
     """A permutation fixed by (seed, epoch), sharded by rank, that can start mid-epoch (exact resume)."""
 
-    def __init__(self, size: int, shuffle: bool, seed: int = 0, rank: int = 0, world_size: int = 1):
-        self.size, self.shuffle, self.seed = size, shuffle, seed
+    def __init__(self, size: int, shuffle: bool, seed: int = 0, rank: int = 0, world_size: int = 1, pad: bool = True):
+        """pad: repeat samples so every rank gets as many (training, where DDP needs equal step counts);
+        validation shards are not padded, so no sample counts twice."""
+        self.size, self.shuffle, self.seed, self.pad = size, shuffle, seed, pad
         self.rank, self.world_size = rank, world_size
         self.epoch, self.start = 0, 0
 
@@ -52,21 +55,24 @@ class EpochSampler(Sampler):
             order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 100003 + self.epoch))
         else:
             order = torch.arange(self.size)
-        per_rank = math.ceil(self.size / self.world_size)
-        order = torch.cat([order, order[:per_rank * self.world_size - self.size]])  # pad to equal shards
+        if self.pad:
+            per_rank = math.ceil(self.size / self.world_size)
+            order = torch.cat([order, order[:per_rank * self.world_size - self.size]])  # equal shards
         return order[self.rank::self.world_size].tolist()
 
     def __iter__(self):
         return iter(self._indices()[self.start:])
 
     def __len__(self) -> int:
-        return math.ceil(self.size / self.world_size) - self.start
+        per_rank = math.ceil(self.size / self.world_size) if self.pad else len(range(self.rank, self.size,
+                                                                                      self.world_size))
+        return per_rank - self.start
 
 
 def make_loader(dataset, cfg: dict, runtime: Runtime, training: bool) -> DataLoader:
     data = cfg["data"]
     sampler = EpochSampler(len(dataset), shuffle=training, seed=cfg["train"]["seed"], rank=runtime.rank,
-                           world_size=runtime.world_size)
+                           world_size=runtime.world_size, pad=training)
     return DataLoader(dataset, batch_size=data["batch_size"] if training else 1, sampler=sampler,
                       num_workers=data["num_workers"], worker_init_fn=worker_init,
                       pin_memory=data["pin_memory"] and runtime.device.type == "cuda",
@@ -105,6 +111,7 @@ class TrainState:
     best_metric: float = -math.inf
     skipped_steps: int = 0
     nonfinite_streak: int = 0
+    micro_splits: int = 1  # forward passes per loader batch: doubled after each out-of-memory error
     history: list = field(default_factory=list)
 
 
@@ -126,6 +133,7 @@ class Trainer:
     pending_rng: dict | None = None
     stop_after_steps: int | None = None
     memory_log: memory_monitor.CsvLog | None = None
+    epoch_memory: dict | None = None
 
     def checkpoint_dict(self) -> dict:
         return {
@@ -134,6 +142,7 @@ class Trainer:
             "epoch": self.state.epoch, "batches_done": self.state.batches_done,
             "global_step": self.state.global_step, "best_metric": self.state.best_metric,
             "skipped_steps": self.state.skipped_steps, "history": self.state.history,
+            "micro_splits": self.state.micro_splits,
             "config": self.cfg, "class_names": self.class_names, "rng": rng_state(), **self.data_info,
         }
 
@@ -148,23 +157,26 @@ class NonFiniteLossError(RuntimeError):
     pass
 
 
+OutOfMemoryError = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
 def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
-    model, optimizer, scaler, runtime = trainer.model, trainer.optimizer, trainer.scaler, trainer.runtime
-    state, train_cfg = trainer.state, trainer.cfg["train"]
-    accumulate = train_cfg["accumulate_grad_batches"]
-    model.train()
+    state, runtime = trainer.state, trainer.runtime
+    accumulate = trainer.cfg["train"]["accumulate_grad_batches"]
+    trainer.model.train()
     num_batches = len(loader) + state.batches_done
     iterator = iter(loader)
     if trainer.pending_rng is not None:  # after the loader drew its worker seeds: exact resume
         restore_rng_state(trainer.pending_rng)
         trainer.pending_rng = None
-    totals = {"loss": 0.0, "clips": 0, "data_time": 0.0, "step_time": 0.0}
+    totals = {"loss": 0.0, "clips": 0, "data_time": 0.0}
     skipped_files: set[str] = set()
     start = time.perf_counter()
     progress = tqdm(total=num_batches, initial=state.batches_done, desc=f"epoch {state.epoch + 1}",
                     disable=not (runtime.is_main and sys.stderr.isatty()), leave=False)
-    optimizer.zero_grad(set_to_none=True)
+    trainer.optimizer.zero_grad(set_to_none=True)
     group_start = state.batches_done - state.batches_done % accumulate
+    group: list[dict] = []  # the loader batches of this accumulation group, kept to replay it after an OOM
     for batch_index in range(state.batches_done, num_batches):
         tick = time.perf_counter()
         batch = next(iterator)
@@ -172,24 +184,19 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
         skipped_files.update(p for text in batch.pop("skipped", []) for p in text.split(";") if p)
         group_size = min(accumulate, num_batches - group_start)
         need_update = batch_index + 1 == group_start + group_size
-        inputs = trainer.prepare(batch)
-        labels = batch["label"].to(runtime.device, non_blocking=True)
-        # DDP: all-reduce gradients only on the micro-batch that steps (no_sync on the others)
-        sync = model.no_sync() if runtime.distributed and not need_update else _null()
-        with sync:
-            with runtime.autocast():
-                loss = trainer.criterion(model(inputs), labels)
-            scaler.scale(loss / group_size).backward()  # the mean over the whole group
-        loss_value = float(loss.detach())
-        if not math.isfinite(loss_value):
+        group.append(batch)
+        loss_sum, clips = _accumulate_with_oom_backoff(trainer, group, group_size, need_update)
+        if batch_index == num_batches // 2:  # the same point of every epoch, workers alive: for the leak check
+            trainer.epoch_memory = memory_monitor.snapshot(runtime.device)
+        if not math.isfinite(loss_sum):
             state.nonfinite_streak += 1
         else:
             state.nonfinite_streak = 0
-            totals["loss"] += loss_value * len(labels)
-            totals["clips"] += len(labels)
+            totals["loss"] += loss_sum
+            totals["clips"] += clips
         if need_update:
             _optimizer_step(trainer)
-            group_start = batch_index + 1
+            group_start, group = batch_index + 1, []
         state.batches_done = batch_index + 1
         progress.update(1)
         if state.nonfinite_streak >= trainer.cfg["trainer"]["max_nonfinite_steps"]:
@@ -207,12 +214,80 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
         log.warning("epoch %d: skipped bad samples: %s", state.epoch + 1, ", ".join(sorted(skipped_files)))
     return {"train_loss": totals["loss"] / max(totals["clips"], 1), "train_clips_per_s": totals["clips"] / elapsed,
             "data_time_share": totals["data_time"] / elapsed, "lr": trainer.scheduler.get_last_lr()[0],
-            "skipped_steps": state.skipped_steps}
+            "skipped_steps": state.skipped_steps, "clips_per_forward": _clips_per_forward(trainer)}
 
 
-def _null():
-    import contextlib
-    return contextlib.nullcontext()
+def _accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size: int, need_update: bool):
+    """Forward and backward of the newest batch of ``group``; after an out-of-memory error, the micro-batch is
+    halved (each loader batch split in two more pieces, so the effective batch stays the same) and the whole
+    group is replayed, since its gradients so far were dropped with the failed step."""
+    replay = False
+    while True:
+        failed = False
+        try:
+            for batch in (group if replay else group[-1:]):
+                result = _forward_backward(trainer, batch, group_size, sync=need_update and batch is group[-1])
+            return result
+        except OutOfMemoryError:
+            failed = True
+        if failed:  # outside the except block: its traceback no longer holds the step's tensors
+            _back_off_after_oom(trainer, len(group[-1]["label"]))
+            replay = True
+
+
+def _forward_backward(trainer: Trainer, batch: dict, group_size: int, sync: bool) -> tuple[float, int]:
+    """One loader batch in ``state.micro_splits`` pieces; returns (sum of the clip losses, clips)."""
+    model, runtime = trainer.model, trainer.runtime
+    size = len(batch["label"])
+    keys = [k for k in MODEL_KEYS if k in batch]
+    pieces = [dict(zip(keys, parts)) for parts in zip(*(torch.tensor_split(batch[k], trainer.state.micro_splits)
+                                                         for k in keys)) if len(parts[0])]
+    loss_sum = 0.0
+    for i, piece in enumerate(pieces):
+        inputs = trainer.prepare(piece)
+        labels = piece["label"].to(runtime.device, non_blocking=True)
+        # DDP: all-reduce gradients only on the last piece of the micro-batch that steps (no_sync on the others)
+        context = model.no_sync() if runtime.distributed and not (sync and i == len(pieces) - 1) else contextlib.nullcontext()
+        with context:
+            with runtime.autocast():
+                loss = trainer.criterion(model(inputs), labels)
+            # a piece's mean loss weighted by its share of the batch, over the group: the group's mean loss
+            trainer.scaler.scale(loss * (len(labels) / size) / group_size).backward()
+        loss_sum += float(loss.detach()) * len(labels)
+    return loss_sum, size
+
+
+MODEL_KEYS = ("label", "video", "kpt")
+
+
+def _clips_per_forward(trainer: Trainer) -> int:
+    return math.ceil(trainer.cfg["data"]["batch_size"] / trainer.state.micro_splits)
+
+
+class OutOfMemoryAdvice(RuntimeError):
+    pass
+
+
+def _back_off_after_oom(trainer: Trainer, batch_size: int) -> None:
+    trainer.optimizer.zero_grad(set_to_none=True)
+    if trainer.runtime.device.type == "cuda":
+        torch.cuda.empty_cache()
+    state, cfg = trainer.state, trainer.cfg
+    per_forward = math.ceil(batch_size / state.micro_splits)
+    if per_forward <= 1:
+        path = trainer.save("last.pt")
+        data, model = cfg["data"], cfg["model"]
+        raise OutOfMemoryAdvice(
+            f"out of memory with 1 clip per forward pass; saved {path}. To fit, in this order: "
+            f"1) fewer frames per clip (data.num_frames={data['num_frames']}), "
+            f"2) smaller frames (data.img_size={data['img_size']}), "
+            f"3) model.grad_checkpointing: true (now {str(model['grad_checkpointing']).lower()}), "
+            f"4) a smaller preset (configs/gtx1650.yaml) or trainer.precision 16/bf16 (now {trainer.runtime.precision})")
+    state.micro_splits *= 2
+    log.warning("out of memory at %d clips per forward: now %d per forward, %d forwards per batch of %d and %d "
+                "batches per step (the effective batch is unchanged); the step is retried", per_forward,
+                math.ceil(batch_size / state.micro_splits), state.micro_splits, batch_size,
+                cfg["train"]["accumulate_grad_batches"])
 
 
 def _optimizer_step(trainer: Trainer) -> None:
@@ -260,7 +335,12 @@ def _after_step(trainer: Trainer, totals: dict, start: float, progress) -> None:
 @torch.inference_mode()
 def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer, runtime: Runtime,
              train_cfg: dict, num_classes: int) -> dict:
-    """Clip- and video-level metrics with the shared chunked forward; predictions move to the CPU at once."""
+    """Clip- and video-level metrics with the shared chunked forward; predictions move to the CPU at once.
+
+    Under DDP each rank evaluates its shard and the CPU meters are gathered, so every rank gets the metrics
+    of the whole validation set.
+    """
+    model = unwrap_model(model)  # no DDP collectives here: shards may differ in length
     model.eval()
     meter = ClassificationMeter(num_classes)
     for batch in loader:
@@ -268,6 +348,10 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer,
             logits = forward_chunked(model, prepare(batch), train_cfg["chunk_infer_size"], train_cfg["chunk_overlap"],
                                      train_cfg["chunk_aggregation"], train_cfg["video_batch_size"])
         meter.update(logits.float().cpu(), batch["label"], batch["video_index"])
+    if runtime.distributed:
+        meters = [None] * runtime.world_size
+        torch.distributed.all_gather_object(meters, meter)
+        meter = ClassificationMeter.merged(meters)
     return meter.compute()
 
 
@@ -279,6 +363,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--resume", metavar="auto|PATH",
                         help="continue a run: auto = last.pt of runs/<experiment>/latest, or a checkpoint path")
     parser.add_argument("--device", help="override trainer.device (auto, cpu, cuda, cuda:N)")
+    parser.add_argument("--probe-memory", action="store_true",
+                        help="measure the peak memory of one training step over a grid of num_frames x batch_size, "
+                             "print the largest batch that fits trainer.memory_budget_gb, and exit")
+    parser.add_argument("--probe-frames", metavar="N,N,...", help="num_frames values of the probe grid")
+    parser.add_argument("--probe-batches", metavar="N,N,...", help="batch sizes of the probe grid")
     parser.add_argument("--stop-after-steps", type=int, metavar="N",
                         help="stop after N optimizer steps (saving last.pt): smoke tests and quick checks")
     return parser.parse_args(argv)
@@ -297,6 +386,44 @@ def make_run_dir(cfg: dict) -> str:
     os.symlink(os.path.basename(run_dir), tmp_link)
     os.replace(tmp_link, link)  # atomic: readers see the old or the new run, never no link
     return run_dir
+
+
+def probe_memory(cfg: dict, runtime: Runtime, frames_arg: str | None, batches_arg: str | None) -> int:
+    """--probe-memory: the table of peak memory per (num_frames, batch_size) and the batch that fits the budget."""
+    def grid(text, default):
+        try:
+            return sorted({int(v) for v in text.split(",")}) if text else default
+        except ValueError:
+            raise ConfigError(f"--probe-frames/--probe-batches: {text!r} is not a comma-separated list of integers")
+    frames = cfg["data"]["num_frames"] if cfg["data"]["num_frames"] > 0 else 32
+    batch = cfg["data"]["batch_size"]
+    cuda = runtime.device.type == "cuda"
+    frames_grid = grid(frames_arg, sorted({max(1, frames // 2), frames, frames * 3 // 2}))
+    batch_grid = grid(batches_arg, sorted({1, 2, 4, 8, 16, batch, batch * 2} if cuda else {1, 2}))
+    views = 1 if cfg["model"]["view_fusion"] == "none" else 3
+    num_classes = cfg["model"]["model_class_num"] or 10
+    print(f"probing one training step of {cfg['model']['backbone']} at {cfg['data']['img_size']} frames, precision "
+          f"{runtime.precision}, grad_checkpointing {cfg['model']['grad_checkpointing']}, {views} view(s), on "
+          f"{runtime.device}")
+    if not cuda:
+        print("no CUDA device: measuring host memory instead (peak RSS of this process during the step, sampled)")
+    rows = memory_monitor.probe_training_memory(cfg, runtime, build_model, num_classes, frames_grid, batch_grid,
+                                                num_views=views)
+    unit = "device peak MB" if cuda else "host peak RSS MB"
+    print(f"{'num_frames':>10s} {'batch':>5s} {unit:>16s} {'step adds MB':>12s}")
+    for row in rows:
+        peak = "OOM" if math.isinf(row["peak_mb"]) else f"{row['peak_mb']:.0f}"
+        added = "OOM" if math.isinf(row["step_increase_mb"]) else f"{row['step_increase_mb']:.0f}"
+        print(f"{row['num_frames']:>10d} {row['batch_size']:>5d} {peak:>16s} {added:>12s}")
+    budget = cfg["trainer"]["memory_budget_gb"]
+    if cuda and budget:
+        limit_mb = budget * 1024 * 0.9  # a 10% margin for the allocator's fragmentation and the data
+        fitting = [r["batch_size"] for r in rows if r["num_frames"] == frames and r["peak_mb"] <= limit_mb]
+        print(f"largest batch at num_frames={frames} within 90% of trainer.memory_budget_gb={budget:g}: "
+              f"{max(fitting) if fitting else 'none (even batch 1 does not fit)'}")
+    elif cuda:
+        print("trainer.memory_budget_gb is not set: no largest batch computed")
+    return 0
 
 
 def find_resume_checkpoint(resume: str, cfg: dict) -> str:
@@ -319,10 +446,26 @@ def main(argv=None) -> int:
         return 0
     resume_path = find_resume_checkpoint(args.resume, cfg) if args.resume else None
     runtime = setup_runtime(cfg["trainer"], device=args.device)
+    if args.probe_memory:
+        return probe_memory(cfg, runtime, args.probe_frames, args.probe_batches)
     setup_logging(runtime.is_main)
+    trainer, train_loader, val_loader = build_trainer(cfg, runtime, resume_path, args.stop_after_steps)
+    try:
+        fit(trainer, train_loader, val_loader)
+    except (NonFiniteLossError, OutOfMemoryAdvice) as e:
+        log.error("error: %s", e)
+        return 1
+    finally:
+        if runtime.distributed:
+            torch.distributed.destroy_process_group()
+    return 0
+
+
+def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None,
+                  stop_after_steps: int | None = None) -> tuple[Trainer, DataLoader, DataLoader | None]:
+    """Data, model, optimizer, schedule and run directory (or the resumed ones), wired into a Trainer."""
     torch.manual_seed(cfg["train"]["seed"])
     np.random.seed(cfg["train"]["seed"])
-
     index_cache = index_cache_for(cfg)
     class_names = resolve_class_names(cfg["data"], read_manifest(manifest_path(cfg["data"], "train")))
     train_set = build_dataset(cfg, "train", class_names, training=True, index_cache=index_cache)
@@ -335,7 +478,8 @@ def main(argv=None) -> int:
                  "kpt_shape": train_set.keypoint_shape()}
     model = build_model(cfg["model"], len(class_names), data_info["num_views"], data_info["kpt_shape"])
     model.to(runtime.device)
-    if cfg["trainer"]["channels_last_3d"] and runtime.device.type == "cuda":
+    channels_last = cfg["trainer"]["channels_last_3d"] and runtime.device.type == "cuda"
+    if channels_last:
         model = model.to(memory_format=torch.channels_last_3d)
     train_loader = make_loader(train_set, cfg, runtime, training=True)
     val_loader = make_loader(val_set, cfg, runtime, training=False) if val_set is not None else None
@@ -348,18 +492,14 @@ def main(argv=None) -> int:
         state, pending_rng, run_dir = _restore(resume_path, model, optimizer, scheduler, scaler)
     else:
         run_dir = make_run_dir(cfg) if runtime.is_main else ""
-    wrapped = model
-    if cfg["trainer"]["compile"]:
-        wrapped = torch.compile(wrapped)
+    wrapped = torch.compile(model) if cfg["trainer"]["compile"] else model
     if runtime.distributed:
         wrapped = DistributedDataParallel(wrapped, device_ids=[runtime.device.index] if runtime.device.type == "cuda"
                                           else None)
-    trainer = Trainer(wrapped, optimizer, scheduler, scaler,
-                      InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"],
-                                    cfg["trainer"]["channels_last_3d"] and runtime.device.type == "cuda"),
-                      runtime, cfg, run_dir, class_names, data_info,
-                      torch.nn.CrossEntropyLoss(label_smoothing=cfg["train"]["label_smoothing"]), state, pending_rng,
-                      args.stop_after_steps)
+    prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"], channels_last)
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg["train"]["label_smoothing"])
+    trainer = Trainer(wrapped, optimizer, scheduler, scaler, prepare, runtime, cfg, run_dir, class_names, data_info,
+                      criterion, state, pending_rng, stop_after_steps)
     if runtime.is_main:
         with open(os.path.join(run_dir, "config.yaml"), "w") as f:
             f.write(dump({**cfg, "trainer": {**cfg["trainer"], "precision": runtime.precision}}))
@@ -369,12 +509,7 @@ def main(argv=None) -> int:
                  "accumulated x %d processes", run_dir, cfg["model"]["backbone"], runtime.device, runtime.precision,
                  len(train_set), len(class_names), global_batch, cfg["data"]["batch_size"],
                  cfg["train"]["accumulate_grad_batches"], runtime.world_size)
-    try:
-        fit(trainer, train_loader, val_loader)
-    except NonFiniteLossError as e:
-        log.error("error: %s", e)
-        return 1
-    return 0
+    return trainer, train_loader, val_loader
 
 
 def _restore(path: str, model, optimizer, scheduler, scaler) -> tuple[TrainState, dict, str]:
@@ -384,7 +519,7 @@ def _restore(path: str, model, optimizer, scheduler, scaler) -> tuple[TrainState
     scheduler.load_state_dict(ckpt["scheduler"])
     scaler.load_state_dict(ckpt["scaler"])
     state = TrainState(ckpt["epoch"], ckpt["batches_done"], ckpt["global_step"], ckpt["best_metric"],
-                       ckpt["skipped_steps"], 0, list(ckpt["history"]))
+                       ckpt["skipped_steps"], 0, ckpt.get("micro_splits", 1), list(ckpt["history"]))
     run_dir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
     log.info("resumed from %s: epoch %d, step %d", path, state.epoch + 1, state.global_step)
     return state, ckpt["rng"], run_dir
@@ -394,6 +529,7 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
     cfg, state, runtime = trainer.cfg, trainer.state, trainer.runtime
     max_epochs = cfg["trainer"]["max_epochs"]
     metrics_log = memory_monitor.CsvLog(os.path.join(trainer.run_dir, "metrics.csv")) if runtime.is_main else None
+    leaks = memory_monitor.LeakDetector(cfg["trainer"]["leak_check_epochs"], cfg["trainer"]["leak_tolerance_mb"])
     while state.epoch < max_epochs:
         train_loader.dataset.set_epoch(state.epoch)
         train_loader.sampler.set_epoch(state.epoch, start=state.batches_done * cfg["data"]["batch_size"])
@@ -413,6 +549,10 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
         improved = cfg["train"]["monitor"] in row and row[cfg["train"]["monitor"]] > state.best_metric
         if improved:
             state.best_metric = row[cfg["train"]["monitor"]]
+        if trainer.epoch_memory is not None:
+            warning = leaks.observe(trainer.epoch_memory)
+            if warning:
+                log.warning("epoch %d: %s", state.epoch, warning)
         if runtime.is_main:
             _save_epoch(trainer, improved)
             metrics_log.write(row)

@@ -21,7 +21,7 @@ from datasets.manifest import ManifestError, VideoRecord, read_manifest
 from datasets.video_reader import ReaderCache, VideoIndexCache, VideoReadError
 from datasets.windows import clip_indices, split_into_windows
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("longvideo." + __name__)  # printed through the project logger
 
 BAD_INPUT_ERRORS = (VideoReadError, KeypointError, ManifestError)
 _READERS = ReaderCache(capacity=4, threads=1)  # per process: each DataLoader worker has its own

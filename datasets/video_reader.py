@@ -19,7 +19,7 @@ from typing import Sequence
 import cv2
 import numpy as np
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("longvideo." + __name__)  # printed through the project logger
 
 REENCODE_HINT = "re-encode it, e.g. ffmpeg -i in.mkv -c:v libx264 -pix_fmt yuv420p out.mp4"
 

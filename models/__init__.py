@@ -29,11 +29,11 @@ def _import_all() -> None:
     from models import tiny3d, torchvision_video  # noqa: F401  (their decorators fill the registry)
 
 
-def build_rgb_backbone(name: str, width: int = 32):
+def build_rgb_backbone(name: str, width: int = 32, norm: str = "batch"):
     _import_all()
     if name not in _RGB_BACKBONES:
         raise ValueError(f"unknown model '{name}'; known: {', '.join(sorted(_RGB_BACKBONES))}")
-    return _RGB_BACKBONES[name](width=width)
+    return _RGB_BACKBONES[name](width=width, norm=norm)
 
 
 def build_model(model_cfg: dict, num_classes: int, num_views: int = 1, kpt_shape: tuple[int, int] | None = None):
@@ -45,12 +45,14 @@ def build_model(model_cfg: dict, num_classes: int, num_views: int = 1, kpt_shape
     from models.keypoint import KeypointTCN
 
     input_type = model_cfg["input_type"]
-    rgb = build_rgb_backbone(model_cfg["backbone"], model_cfg["width"]) if input_type in ("rgb", "rgb_kpt") else None
+    rgb = (build_rgb_backbone(model_cfg["backbone"], model_cfg["width"], model_cfg["norm"])
+           if input_type in ("rgb", "rgb_kpt") else None)
     kpt = None
     if input_type in ("kpt", "rgb_kpt"):
         if kpt_shape is None:
             raise ValueError(f"model.input_type={input_type} needs keypoints, but the data has none")
-        kpt = KeypointTCN(num_joints=kpt_shape[0], channels=kpt_shape[1], width=model_cfg["width"] * 2)
+        kpt = KeypointTCN(num_joints=kpt_shape[0], channels=kpt_shape[1], width=model_cfg["width"] * 2,
+                          norm=model_cfg["norm"])
     model = VideoClassifier(rgb=rgb, kpt=kpt, num_classes=num_classes, view_fusion=model_cfg["view_fusion"],
                             num_views=num_views, dropout=model_cfg["dropout"])
     model.set_grad_checkpointing(model_cfg["grad_checkpointing"])

@@ -1,9 +1,19 @@
 """The one classifier shape every registered model takes: branches, view fusion, head."""
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+
+def norm_layer(kind: str, channels: int, dims: int) -> nn.Module:
+    """BatchNorm (statistics of the micro-batch) or GroupNorm (per sample: the same with any micro-batch size,
+    so gradient accumulation and DDP shards give the gradient of the whole batch)."""
+    if kind == "group":
+        return nn.GroupNorm(math.gcd(8, channels), channels)
+    return nn.BatchNorm3d(channels) if dims == 3 else nn.BatchNorm1d(channels)
 
 
 class StagedBackbone(nn.Module):

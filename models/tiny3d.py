@@ -2,23 +2,23 @@
 from torch import nn
 
 from models import register_backbone
-from models.classifier import StagedBackbone
+from models.classifier import StagedBackbone, norm_layer
 
 
-def conv_bn_relu(cin: int, cout: int, stride: tuple) -> nn.Sequential:
+def conv_norm_relu(cin: int, cout: int, stride: tuple, norm: str) -> nn.Sequential:
     return nn.Sequential(nn.Conv3d(cin, cout, kernel_size=3, stride=stride, padding=1, bias=False),
-                         nn.BatchNorm3d(cout), nn.ReLU(inplace=True))
+                         norm_layer(norm, cout, dims=3), nn.ReLU(inplace=True))
 
 
 @register_backbone("tiny3d")
 class Tiny3D(StagedBackbone):
     min_frames = 1  # padding 1 on every temporal axis: any clip length works
 
-    def __init__(self, width: int = 32):
+    def __init__(self, width: int = 32, norm: str = "batch"):
         super().__init__()
         self.stages = nn.ModuleList([
-            conv_bn_relu(3, width, stride=(1, 2, 2)),
-            conv_bn_relu(width, 2 * width, stride=(2, 2, 2)),
-            conv_bn_relu(2 * width, 4 * width, stride=(2, 2, 2)),
+            conv_norm_relu(3, width, (1, 2, 2), norm),
+            conv_norm_relu(width, 2 * width, (2, 2, 2), norm),
+            conv_norm_relu(2 * width, 4 * width, (2, 2, 2), norm),
         ])
         self.feature_dim = 4 * width

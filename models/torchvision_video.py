@@ -25,5 +25,14 @@ class TorchvisionVideoResNet(StagedBackbone):
         return [self.net.stem, self.net.layer1, self.net.layer2, self.net.layer3, self.net.layer4]
 
 
+def _torchvision_factory(name: str):
+    def build(width=None, norm: str = "batch"):
+        if norm != "batch":
+            raise ValueError(f"model.norm: {norm} is not available for {name} (torchvision's BatchNorm layers); "
+                             f"use norm: batch, or backbone tiny3d")
+        return TorchvisionVideoResNet(getattr(tv_video, name))
+    return build
+
+
 for _name in ("r3d_18", "mc3_18", "r2plus1d_18"):
-    register_backbone(_name)(lambda width=None, _f=getattr(tv_video, _name): TorchvisionVideoResNet(_f))
+    register_backbone(_name)(_torchvision_factory(_name))

@@ -62,10 +62,12 @@ def test_eval_reports_and_writes_metrics_and_predictions(trained_run, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "confusion matrix" in result.stdout and "video-level acc" in result.stdout
     metrics = json.load(open(tmp_path / "ev.json"))["metrics"]
-    rows = list(csv.DictReader(open(tmp_path / "ev.csv")))
-    assert len(rows) == metrics["num_clips"] == 6
-    accuracy = sum(r["label"] == r["predicted"] for r in rows) / len(rows)
-    assert metrics["clip_acc"] == pytest.approx(accuracy)
+    clips = list(csv.DictReader(open(tmp_path / "ev_clips.csv")))
+    assert len(clips) == metrics["num_clips"] == 6
+    assert metrics["clip_acc"] == pytest.approx(sum(r["label"] == r["predicted"] for r in clips) / len(clips))
+    videos = list(csv.DictReader(open(tmp_path / "ev.csv")))
+    assert len(videos) == metrics["num_videos"] == 6 and all(v["clips"] == "1" for v in videos)
+    assert metrics["video_acc"] == pytest.approx(sum(v["label"] == v["predicted"] for v in videos) / len(videos))
     bad = subprocess.run([sys.executable, "eval.py", "--checkpoint", best, "--chunk", "4", "--overlap", "4"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2
@@ -112,6 +114,18 @@ def test_infer_chunked_bad_inputs(trained_run, tmp_path):
     lines = [json.loads(t) for t in (tmp_path / "o.jsonl").read_text().splitlines()]
     assert result.returncode == 1  # one input failed, the other ran
     assert "OpenCV cannot open this file" in lines[0]["error"] and lines[1]["num_frames"] == 30
+
+
+def test_a_checkpoint_from_an_incompatible_config_is_a_clear_error(trained_run, tmp_path):
+    from checkpoint import save_checkpoint
+    run_dir, _ = trained_run
+    state = load_checkpoint(os.path.join(run_dir, "checkpoints", "best.pt"))
+    state["config"]["model"]["backbone"] = "r3d_18"
+    save_checkpoint(state, str(tmp_path / "other.pt"))
+    result = subprocess.run([sys.executable, "infer_chunked.py", "--checkpoint", str(tmp_path / "other.pt"),
+                             "--chunk", "4", "--overlap", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith(f"error: {tmp_path / 'other.pt'}: weights do not match model.backbone=r3d_18: ")
 
 
 def test_a_checkpoint_with_pickled_code_is_refused(tmp_path):

@@ -136,7 +136,7 @@ def test_a_second_concurrent_run_exits_at_once_with_code_0(experiment):
 def test_a_stale_lock_file_is_taken_over(experiment, caplog):
     (experiment / ".eval.lock").write_text("pid 999999 on somewhere\n")
     import logging
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="longvideo"):
         assert watch(experiment, "-v") == 0
     assert "took over the lock left by pid 999999 on somewhere" in caplog.text
     assert len(ledger(experiment)) == 2

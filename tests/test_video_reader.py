@@ -73,7 +73,7 @@ def test_an_inexact_seek_is_detected_once_and_reading_falls_back_to_sequential(b
     path = shutil.copy(barcode_videos["h264_bframes_mp4"][0], tmp_path / "lying.mp4")
     monkeypatch.setattr(video_reader, "_open_capture", lambda p, threads: LyingCapture(p))
     reader = VideoReader(str(path))
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
         frames = reader.read([300, 301, 50, 390])
     assert [read_barcode(f) for f in frames] == [300, 301, 50, 390]
     assert not reader.seeks_exactly
@@ -111,7 +111,7 @@ def test_a_container_that_overstates_its_length_shrinks_the_last_frames(tmp_path
         f.write(data[:len(data) // 2])
     reader = VideoReader(path)
     assert reader.num_frames == 200
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
         frames = reader.read([10, 150, 199])
     cap = cv2.VideoCapture(path)
     sequential = []

@@ -72,7 +72,7 @@ def test_timeline_is_clipped_to_each_window_and_keypoints_align(long_video, capl
         "segments": [{"start": 0, "end": 60, "label": "a"}, {"start": 60, "end": 180, "label": "b"},
                      {"start_sec": 7.2, "end_sec": 10.0, "label": "c"}]}])
     cfg = data_cfg(max_video_frames=100, video_chunk_overlap=20, num_frames=-1, img_size=[48, 120])
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="longvideo"):
         dataset = VideoWindowDataset(read_manifest(manifest), ["a", "b", "c"], cfg, training=False)
     assert "Video chunking enabled: 1 videos -> 3 chunks (max 100 frames/chunk)" in caplog.text
     assert [(w.start, w.end, w.label) for w in dataset.windows] == [(0, 100, 0), (80, 180, 1), (160, 250, 2)]
@@ -120,7 +120,7 @@ def test_bad_videos_raise_with_the_manifest_line_or_are_skipped(tmp_path, long_v
     with pytest.raises(VideoReadError) as info:
         VideoWindowDataset(read_manifest(manifest), ["a"], data_cfg(load_kpt=False), training=False)
     assert str(info.value) == f"{tmp_path}/empty.mp4: empty file (0 bytes) (sample at {manifest}:2)"
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
         dataset = VideoWindowDataset(read_manifest(manifest), ["a"], data_cfg(load_kpt=False, on_bad_video="skip"),
                                      training=False)
     assert len(dataset) == 1 and sorted(dataset.skipped) == [f"{manifest}:2", f"{manifest}:3"]
@@ -172,7 +172,7 @@ def test_windows_past_the_real_end_of_a_short_video_shrink_or_fail_clearly(tmp_p
     cfg = data_cfg(load_kpt=False, max_video_frames=80, num_frames=-1, img_size=[48, 120])
     dataset = VideoWindowDataset(read_manifest(manifest), ["a"], cfg, training=False)
     assert [(w.start, w.end) for w in dataset.windows] == [(0, 80), (80, 160), (160, 200)]
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
         second = dataset[1]
     real = int(second["frame_indices"][-1]) + 1
     assert 80 < real < 160 and second["video"].shape[1] == real - 80  # shrunk to the frames that exist
@@ -183,7 +183,6 @@ def test_windows_past_the_real_end_of_a_short_video_shrink_or_fail_clearly(tmp_p
 
 
 def test_a_sample_that_fails_while_loading_is_replaced_when_skipping(tmp_path, long_video, monkeypatch):
-    import datasets.video_dataset as vd
     manifest = write_manifest(tmp_path / "m.jsonl", [{"video": str(long_video / "long.avi"), "label": "a"},
                                                      {"video": str(long_video / "long.avi"), "label": "b"}])
     dataset = VideoWindowDataset(read_manifest(manifest), ["a", "b"], data_cfg(load_kpt=False, on_bad_video="skip"),

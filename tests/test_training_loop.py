@@ -1,0 +1,223 @@
+"""The training loop's memory and safety mechanics, on the CPU with small models."""
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+import memory_monitor
+import train
+from checkpoint import load_checkpoint
+from config import load_config
+from conftest import overrides
+from datasets.transforms import InputPreparer
+from runtime import Runtime
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class NoBatchNorm(nn.Module):
+    """Per-sample computation only (no BatchNorm), so micro-batch size cannot change the gradient."""
+
+    def __init__(self, oom_above: int | None = None, nan: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv3d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4, 3)
+        self.oom_above, self.nan = oom_above, nan
+        self.batch_sizes = []
+
+    def forward(self, inputs):
+        video = inputs["video"]
+        self.batch_sizes.append(len(video))
+        if self.oom_above is not None and len(video) > self.oom_above:
+            raise train.OutOfMemoryError("CUDA out of memory (simulated)")
+        logits = self.fc(torch.relu(self.conv(video)).mean(dim=(2, 3, 4)))
+        return logits * float("nan") if self.nan else logits
+
+
+def samples(count: int) -> list[dict]:
+    generator = torch.Generator().manual_seed(1)
+    return [{"video": torch.randint(0, 255, (3, 4, 8, 8), generator=generator, dtype=torch.uint8),
+             "label": i % 3, "skipped": ""} for i in range(count)]
+
+
+def make_trainer(model, batch_size, accumulate, tmp_path, count=8, **cfg_changes):
+    cfg = load_config(None, [f"train.accumulate_grad_batches={accumulate}", f"data.batch_size={batch_size}",
+                             "train.weight_decay=0", *[f"{k}={v}" for k, v in cfg_changes.items()]])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    runtime = Runtime(torch.device("cpu"), "32")
+    os.makedirs(tmp_path / "checkpoints", exist_ok=True)
+    trainer = train.Trainer(model, optimizer, scheduler, runtime.grad_scaler(),
+                            InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"]), runtime, cfg,
+                            str(tmp_path), ["a", "b", "c"], {}, nn.CrossEntropyLoss(), train.TrainState())
+    loader = DataLoader(samples(count), batch_size=batch_size, shuffle=False)
+    return trainer, loader
+
+
+def weights(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_accumulating_4_micro_batches_of_2_equals_one_batch_of_8(tmp_path):
+    accumulated, loader = make_trainer(NoBatchNorm(), 2, 4, tmp_path / "a")
+    train.train_one_epoch(accumulated, loader)
+    whole, loader = make_trainer(NoBatchNorm(), 8, 1, tmp_path / "b")
+    train.train_one_epoch(whole, loader)
+    assert accumulated.state.global_step == whole.state.global_step == 1
+    for a, b in zip(weights(accumulated.model), weights(whole.model)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_last_short_group_of_an_epoch_is_stepped(tmp_path):
+    accumulated, loader = make_trainer(NoBatchNorm(), 2, 4, tmp_path / "a", count=10)  # groups of 8 and 2 clips
+    train.train_one_epoch(accumulated, loader)
+    plain, loader = make_trainer(NoBatchNorm(), 8, 1, tmp_path / "b", count=10)  # batches of 8 and 2
+    train.train_one_epoch(plain, loader)
+    assert accumulated.state.global_step == plain.state.global_step == 2
+    for a, b in zip(weights(accumulated.model), weights(plain.model)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_out_of_memory_halves_the_micro_batch_and_keeps_the_effective_batch(tmp_path, caplog):
+    model = NoBatchNorm(oom_above=2)
+    backed_off, loader = make_trainer(model, 8, 1, tmp_path / "a", count=16)
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
+        metrics = train.train_one_epoch(backed_off, loader)
+    assert backed_off.state.micro_splits == 4 and metrics["clips_per_forward"] == 2
+    assert "out of memory at 8 clips per forward: now 4 per forward" in caplog.text
+    assert "out of memory at 4 clips per forward: now 2 per forward" in caplog.text
+    assert model.batch_sizes[-4:] == [2, 2, 2, 2]  # the second batch went straight to the kept micro-batch
+    reference, loader = make_trainer(NoBatchNorm(), 8, 1, tmp_path / "b", count=16)
+    train.train_one_epoch(reference, loader)
+    assert backed_off.state.global_step == reference.state.global_step == 2
+    for a, b in zip(weights(backed_off.model), weights(reference.model)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_out_of_memory_at_one_clip_saves_and_gives_the_ordered_advice(tmp_path):
+    trainer, loader = make_trainer(NoBatchNorm(oom_above=0), 4, 1, tmp_path)
+    with pytest.raises(train.OutOfMemoryAdvice) as info:
+        train.train_one_epoch(trainer, loader)
+    message = str(info.value)
+    assert message.startswith(f"out of memory with 1 clip per forward pass; saved {tmp_path}/checkpoints/last.pt. "
+                              f"To fit, in this order: 1) fewer frames per clip (data.num_frames=16), 2) smaller "
+                              f"frames (data.img_size=[112, 112]), 3) model.grad_checkpointing: true (now false), "
+                              f"4) a smaller preset")
+    assert load_checkpoint(str(tmp_path / "checkpoints" / "last.pt"))["micro_splits"] == 4
+
+
+def test_consecutive_non_finite_losses_stop_the_run_with_a_checkpoint(tmp_path):
+    trainer, loader = make_trainer(NoBatchNorm(nan=True), 2, 1, tmp_path, **{"trainer.max_nonfinite_steps": 3})
+    with pytest.raises(train.NonFiniteLossError) as info:
+        train.train_one_epoch(trainer, loader)
+    assert str(info.value).startswith("3 consecutive non-finite losses at step 3; saved ")
+    assert trainer.state.skipped_steps == 3  # the steps with NaN gradients were not applied
+    assert os.path.exists(tmp_path / "checkpoints" / "last.pt")
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_leak_detector_fires_on_steady_growth_only():
+    leaky = memory_monitor.LeakDetector(epochs=3, tolerance_mb=50)
+    flat = memory_monitor.LeakDetector(epochs=3, tolerance_mb=50)
+    messages, quiet = [], []
+    for epoch in range(5):
+        messages.append(leaky.observe({"host_rss_mb": 800 + 40 * epoch, "workers_rss_mb": 300,
+                                       "num_workers_alive": 2}))
+        quiet.append(flat.observe({"host_rss_mb": 800 + (7 if epoch % 2 else -5), "workers_rss_mb": 300 + epoch,
+                                   "num_workers_alive": 2}))
+    assert messages[:3] == [None, None, None] and "the main process (host RSS) grew 120 MB" in messages[3]
+    assert "outputs or losses kept across steps" in messages[3]
+    assert quiet == [None] * 5
+
+
+def test_leak_detector_on_a_real_leaking_validation(synthetic_root, tmp_path, monkeypatch, caplog):
+    kept = []
+    real_evaluate = train.evaluate
+
+    def leaking_evaluate(*args, **kwargs):
+        kept.append(torch.ones(40 * 2 ** 20 // 4))  # 40 MB kept per validation, like outputs kept with history
+        return real_evaluate(*args, **kwargs)
+
+    args = overrides(synthetic_root, tmp_path, "trainer.max_epochs=5", "trainer.leak_check_epochs=3",
+                     "trainer.leak_tolerance_mb=90", "data.num_workers=1")
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
+        assert train.main(args) == 0
+    assert "possible memory leak" not in caplog.text  # a clean run stays silent
+    monkeypatch.setattr(train, "evaluate", leaking_evaluate)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
+        assert train.main(args) == 0
+    assert "possible memory leak: the main process (host RSS) grew" in caplog.text
+
+
+KILLER = """
+import sys, torch
+sys.path.insert(0, {root!r})
+from checkpoint import save_checkpoint
+state = {{"model": {{"w": torch.randn(8_000_000)}}, "step": 0}}
+save_checkpoint(state, {path!r})
+print("first", flush=True)
+for step in range(1, 10_000):
+    state["step"] = step
+    state["model"]["w"].add_(1)
+    save_checkpoint(state, {path!r})
+"""
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.2, 0.45])
+def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
+    path = str(tmp_path / "last.pt")
+    process = subprocess.Popen([sys.executable, "-c", KILLER.format(root=ROOT, path=path)], stdout=subprocess.PIPE,
+                               text=True)
+    assert process.stdout.readline().strip() == "first"
+    time.sleep(delay)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    state = load_checkpoint(path)
+    assert state["model"]["w"].shape == (8_000_000,)
+    torch.testing.assert_close(state["model"]["w"] - state["step"], state["model"]["w"][:1].expand(8_000_000)
+                               - state["step"], rtol=0, atol=10)  # a consistent state, not a torn one
+
+
+def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path):
+    # GroupNorm and SGD: the per-sample model and the linear optimizer make one process and two comparable
+    # to float rounding (BatchNorm would see 2 clips per process instead of 4)
+    common = ["trainer.max_epochs=1", "model.dropout=0", "model.norm=group", "train.optimizer=sgd", "train.lr=0.05"]
+    one = subprocess.run([sys.executable, "train.py", *overrides(synthetic_root, tmp_path / "one", *common,
+                                                                   "data.batch_size=4")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          "train.py", *overrides(synthetic_root, tmp_path / "two", *common, "data.batch_size=2")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "global batch 4 = 2 x 1 accumulated x 2 processes" in two.stdout + two.stderr
+    runs = [os.listdir(tmp_path / name / "e2e") for name in ("one", "two")]
+    assert all(len([r for r in names if r != "latest"]) == 1 for names in runs)  # rank 1 wrote no run of its own
+    a = load_checkpoint(str(tmp_path / "one" / "e2e" / "latest" / "checkpoints" / "last.pt"))
+    b = load_checkpoint(str(tmp_path / "two" / "e2e" / "latest" / "checkpoints" / "last.pt"))
+    assert a["global_step"] == b["global_step"]
+    for key, value in a["model"].items():
+        torch.testing.assert_close(b["model"][key], value, rtol=1e-4, atol=1e-5, msg=key)
+    assert a["history"][0]["val_num_clips"] == b["history"][0]["val_num_clips"] == 6  # gathered, no duplicates
+
+
+def test_probe_memory_without_cuda_measures_host_memory(tmp_path):
+    result = subprocess.run([sys.executable, "train.py", "--config", "configs/quickstart.yaml", "--probe-memory",
+                             "--probe-frames", "8,16", "--probe-batches", "1,4"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "no CUDA device: measuring host memory instead" in result.stdout
+    rows = [line.split() for line in lines if line.strip() and line.split()[0].isdigit()]
+    assert [(int(r[0]), int(r[1])) for r in rows] == [(8, 1), (8, 4), (16, 1), (16, 4)]
+    assert all(float(r[2]) > 0 for r in rows)
