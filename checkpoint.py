@@ -116,8 +116,13 @@ def load_trained_model(path: str, device: torch.device):
     except (ConfigError, KeyError) as e:
         raise CheckpointError(f"{path}: its config does not fit this version of the code: {e}")
     class_names = list(state["class_names"])
-    model = build_model(cfg["model"], num_classes=len(class_names), num_views=state.get("num_views", 1),
-                        kpt_shape=tuple(state["kpt_shape"]) if state.get("kpt_shape") else None)
+    # the trained weights replace any pretrained ones: do not fetch those again
+    model_cfg = {**cfg["model"], "pretrained": None}
+    try:
+        model = build_model(model_cfg, num_classes=len(class_names), num_views=state.get("num_views", 1),
+                            kpt_shape=tuple(state["kpt_shape"]) if state.get("kpt_shape") else None)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: its model section cannot be built: {e}")
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:

@@ -59,6 +59,10 @@ SCHEMA: dict[str, Any] = {
         "grad_checkpointing": Key(False, "bool", "recompute each stage's activations in backward"),
         "dropout": _float(0.0, "dropout before the classifier", 0.0, 1.0),
         "width": _int(32, "base channel width of the small models (tiny3d, keypoint branch)", minimum=1),
+        "pretrained": Key(None, "any", "null, a local weights file (torchvision's .pth files work as they are), or "
+                                       "true for torchvision's download"),
+        "fusion": _choice("concat", "how RGB and keypoint features combine (rgb_kpt): concat, or weighted (a learned "
+                                    "weighting of both, projected to one size)", "concat", "weighted"),
         "norm": _choice("batch", "normalization of tiny3d and the keypoint branch: batch, or group (independent "
                                  "of the micro-batch size)", "batch", "group"),
     },
@@ -369,6 +373,10 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     if train["min_lr"] > train["lr"]:
         raise ConfigError(f"{origin('train.min_lr')}: train.min_lr={train['min_lr']:g} must not exceed "
                           f"train.lr={train['lr']:g}")
+    pretrained = model["pretrained"]
+    if not (pretrained is None or pretrained is True or (isinstance(pretrained, str) and pretrained)):
+        raise ConfigError(f"{origin('model.pretrained')}: model.pretrained must be null, true, or a weights file "
+                          f"path, got {pretrained!r}")
     names = data["class_names"]
     if names is not None and len(set(map(str, names))) != len(names):
         raise ConfigError(f"{origin('data.class_names')}: data.class_names has duplicates: {names!r}")

@@ -476,7 +476,10 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None,
                           f"{len(class_names)} classes ({', '.join(class_names)}); set it to null or fix the data")
     data_info = {"num_views": len(train_set.view_names), "view_names": train_set.view_names,
                  "kpt_shape": train_set.keypoint_shape()}
-    model = build_model(cfg["model"], len(class_names), data_info["num_views"], data_info["kpt_shape"])
+    try:
+        model = build_model(cfg["model"], len(class_names), data_info["num_views"], data_info["kpt_shape"])
+    except ValueError as e:  # a model section that does not fit the data or the backbone: a config error
+        raise ConfigError(str(e))
     model.to(runtime.device)
     channels_last = cfg["trainer"]["channels_last_3d"] and runtime.device.type == "cuda"
     if channels_last:

@@ -26,7 +26,7 @@ def registered_names() -> list[str]:
 
 
 def _import_all() -> None:
-    from models import tiny3d, torchvision_video  # noqa: F401  (their decorators fill the registry)
+    from models import tiny3d, torchvision_video, vgg3d  # noqa: F401  (their decorators fill the registry)
 
 
 def build_rgb_backbone(name: str, width: int = 32, norm: str = "batch"):
@@ -53,7 +53,10 @@ def build_model(model_cfg: dict, num_classes: int, num_views: int = 1, kpt_shape
             raise ValueError(f"model.input_type={input_type} needs keypoints, but the data has none")
         kpt = KeypointTCN(num_joints=kpt_shape[0], channels=kpt_shape[1], width=model_cfg["width"] * 2,
                           norm=model_cfg["norm"])
+    if rgb is not None and model_cfg["pretrained"] is not None:
+        from models.pretrained import load_pretrained
+        load_pretrained(rgb, model_cfg["pretrained"], model_cfg["backbone"])
     model = VideoClassifier(rgb=rgb, kpt=kpt, num_classes=num_classes, view_fusion=model_cfg["view_fusion"],
-                            num_views=num_views, dropout=model_cfg["dropout"])
+                            num_views=num_views, dropout=model_cfg["dropout"], fusion=model_cfg["fusion"])
     model.set_grad_checkpointing(model_cfg["grad_checkpointing"])
     return model

@@ -54,7 +54,7 @@ class VideoClassifier(nn.Module):
     """
 
     def __init__(self, rgb: StagedBackbone | None, kpt: StagedBackbone | None, num_classes: int,
-                 view_fusion: str = "none", num_views: int = 1, dropout: float = 0.0):
+                 view_fusion: str = "none", num_views: int = 1, dropout: float = 0.0, fusion: str = "concat"):
         super().__init__()
         if rgb is None and kpt is None:
             raise ValueError("a classifier needs an RGB backbone, a keypoint branch, or both")
@@ -64,7 +64,14 @@ class VideoClassifier(nn.Module):
         self.rgb, self.kpt = rgb, kpt
         self.view_fusion, self.num_views = view_fusion, num_views
         rgb_dim = 0 if rgb is None else rgb.feature_dim * (num_views if view_fusion == "concat" else 1)
-        self.feature_dim = rgb_dim + (0 if kpt is None else kpt.feature_dim)
+        kpt_dim = 0 if kpt is None else kpt.feature_dim
+        self.weighted = fusion == "weighted" and rgb is not None and kpt is not None
+        if self.weighted:  # both branches projected to the RGB size, mixed by learned softmax weights
+            self.kpt_projection = nn.Linear(kpt_dim, rgb_dim)
+            self.fusion_logits = nn.Parameter(torch.zeros(2))
+            self.feature_dim = rgb_dim
+        else:  # concatenated
+            self.feature_dim = rgb_dim + kpt_dim
         self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(self.feature_dim, num_classes))
         self.min_frames = max(b.min_frames for b in (rgb, kpt) if b is not None)
 
@@ -95,6 +102,9 @@ class VideoClassifier(nn.Module):
             if self.view_fusion == "late" and parts:
                 kpt_features = kpt_features.unsqueeze(1).expand(-1, parts[0].shape[1], -1)
             parts.append(kpt_features)
+        if self.weighted:
+            weights = self.fusion_logits.softmax(dim=0)
+            return weights[0] * parts[0] + weights[1] * self.kpt_projection(parts[1])
         return torch.cat(parts, dim=-1)
 
     def head(self, features: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,14 @@
-"""torchvision's video ResNets (r3d_18, mc3_18, r2plus1d_18) as staged backbones.
+"""torchvision's video models as staged backbones: r3d_18, mc3_18, r2plus1d_18, s3d, swin3d_t, mvit_v2_s.
 
-The torchvision module is kept whole as ``self.net`` (its fc replaced by identity), so a torchvision
-state dict loads into it with the same key names.
+Each keeps the torchvision module whole as ``self.net`` (its classifier removed), so a torchvision state dict
+loads into it under the same key names (``load_torchvision_weights``). Gradient checkpointing recomputes one
+stage at a time (ResNet layers, S3D blocks, Swin stages, MViT blocks).
 """
+from __future__ import annotations
+
+import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from torchvision.models import video as tv_video
 
 from models import register_backbone
@@ -13,9 +18,9 @@ from models.classifier import StagedBackbone
 class TorchvisionVideoResNet(StagedBackbone):
     min_frames = 1  # temporal stride 2 with padding 1 in layers 2-4 keeps T >= 1
 
-    def __init__(self, factory):
+    def __init__(self, net: nn.Module):
         super().__init__()
-        self.net = factory(weights=None)
+        self.net = net
         self.feature_dim = self.net.fc.in_features
         self.net.fc = nn.Identity()
 
@@ -25,14 +30,110 @@ class TorchvisionVideoResNet(StagedBackbone):
         return [self.net.stem, self.net.layer1, self.net.layer2, self.net.layer3, self.net.layer4]
 
 
-def _torchvision_factory(name: str):
+class TorchvisionS3D(StagedBackbone):
+    # features[13] is a 2x2x2 max-pool after a 4x temporal reduction: 8 frames is the shortest clip it takes
+    min_frames = 8
+    min_size = 32  # four spatial halvings before that pool
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+        self.feature_dim = 1024
+        self.net.avgpool, self.net.classifier = nn.Identity(), nn.Identity()  # we pool by mean over T, H, W
+
+    @property
+    def stages(self):
+        f = self.net.features
+        return [f[0:5], f[5:8], f[8:14], f[14:16]]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-2] < self.min_size or x.shape[-1] < self.min_size:
+            raise ValueError(f"s3d needs frames of at least {self.min_size}x{self.min_size}, got "
+                             f"{x.shape[-2]}x{x.shape[-1]}; raise data.img_size")
+        return super().forward(x)
+
+
+class TorchvisionSwin3D(StagedBackbone):
+    min_frames = 1  # the patch embedding pads T to its patch size
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+        self.feature_dim = self.net.head.in_features
+        self.net.head = nn.Identity()
+
+    @property
+    def stages(self):
+        return [nn.Sequential(self.net.patch_embed, self.net.pos_drop)] + list(self.net.features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.net.norm(self.run_stages(x))  # [B, T, H, W, C]
+        return x.mean(dim=(1, 2, 3))
+
+
+class TorchvisionMViT(StagedBackbone):
+    """MViT v2: its positional embedding fixes the clip shape (16 frames at 224x224 for mvit_v2_s)."""
+
+    def __init__(self, net: nn.Module, name: str):
+        super().__init__()
+        self.net, self.name = net, name
+        encoding = self.net.pos_encoding
+        patch = self.net.conv_proj
+        self.shape = (encoding.temporal_size * patch.stride[0], encoding.spatial_size[0] * patch.stride[1],
+                      encoding.spatial_size[1] * patch.stride[2])
+        self.min_frames = self.shape[0]  # the chunked forward pads shorter chunks to this
+        self.feature_dim = self.net.head[-1].in_features
+        self.net.head = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if tuple(x.shape[-3:]) != self.shape:
+            t, h, w = self.shape
+            raise ValueError(f"{self.name} needs clips of exactly {t} frames at {h}x{w}, got "
+                             f"{x.shape[-3]}x{x.shape[-2]}x{x.shape[-1]}; set data.num_frames: {t}, "
+                             f"data.img_size: [{h}, {w}] and train.chunk_infer_size: {t}")
+        net = self.net
+        x = net.pos_encoding(net.conv_proj(x).flatten(2).transpose(1, 2))
+        thw = (net.pos_encoding.temporal_size,) + tuple(net.pos_encoding.spatial_size)
+        for block in net.blocks:
+            if self.grad_checkpointing and self.training and torch.is_grad_enabled():
+                x, thw = checkpoint(block, x, thw, use_reentrant=False)
+            else:
+                x, thw = block(x, thw)
+        return net.norm(x)[:, 0]  # the class token
+
+
+def _no_norm_choice(name: str, norm: str) -> None:
+    if norm != "batch":
+        raise ValueError(f"model.norm: {norm} is not available for {name} (torchvision's own normalization); "
+                         f"use norm: batch, or backbone tiny3d")
+
+
+def _register(name: str, wrap):
     def build(width=None, norm: str = "batch"):
-        if norm != "batch":
-            raise ValueError(f"model.norm: {norm} is not available for {name} (torchvision's BatchNorm layers); "
-                             f"use norm: batch, or backbone tiny3d")
-        return TorchvisionVideoResNet(getattr(tv_video, name))
-    return build
+        _no_norm_choice(name, norm)
+        return wrap(getattr(tv_video, name)(weights=None))
+    register_backbone(name)(build)
 
 
 for _name in ("r3d_18", "mc3_18", "r2plus1d_18"):
-    register_backbone(_name)(_torchvision_factory(_name))
+    _register(_name, TorchvisionVideoResNet)
+_register("s3d", TorchvisionS3D)
+_register("swin3d_t", TorchvisionSwin3D)
+_register("mvit_v2_s", lambda net: TorchvisionMViT(net, "mvit_v2_s"))
+
+
+def _resnet3d(depth: int):
+    """3D ResNets of the depths long-video guides name (resnet18/34/50): torchvision's VideoResNet built with
+    full 3x3x3 convolutions (r3d) and the BasicBlock or Bottleneck of that depth."""
+    block = tv_video.resnet.BasicBlock if depth < 50 else tv_video.resnet.Bottleneck
+    layers = {18: [2, 2, 2, 2], 34: [3, 4, 6, 3], 50: [3, 4, 6, 3]}[depth]
+
+    def build(width=None, norm: str = "batch"):
+        _no_norm_choice(f"resnet{depth}", norm)
+        net = tv_video.resnet.VideoResNet(block, [tv_video.resnet.Conv3DSimple] * 4, layers, tv_video.resnet.BasicStem)
+        return TorchvisionVideoResNet(net)
+    return build
+
+
+for _depth in (18, 34, 50):
+    register_backbone(f"resnet{_depth}")(_resnet3d(_depth))

@@ -41,20 +41,72 @@ def test_gradient_checkpointing_gives_the_same_gradients(name):
         torch.testing.assert_close(plain, checkpointed, rtol=1e-4, atol=1e-5)
 
 
-def test_one_frame_clips_work_for_every_registered_backbone():
-    for name in registered_names():
-        backbone = build_rgb_backbone(name, width=4).eval()
-        with torch.no_grad():
-            assert backbone(torch.randn(1, 3, max(1, backbone.min_frames), 32, 32)).shape[1] == backbone.feature_dim
+def small_shape(backbone) -> tuple:
+    """The smallest clip a backbone takes: its fixed shape (mvit_v2_s), else its minimum frames at 32x32."""
+    return getattr(backbone, "shape", (max(1, backbone.min_frames), 32, 32))
 
 
-def test_a_torchvision_state_dict_loads_under_the_same_names():
-    reference = tv_video.r3d_18(weights=None)
-    backbone = build_rgb_backbone("r3d_18")
-    state = {k: v for k, v in reference.state_dict().items() if not k.startswith("fc.")}
-    missing, unexpected = backbone.net.load_state_dict(state, strict=False)
-    assert missing == [] and unexpected == []
-    torch.testing.assert_close(backbone.net.stem[0].weight, reference.stem[0].weight)
+@pytest.mark.parametrize("name", registered_names())
+def test_every_registered_backbone_runs_forward_and_backward_at_its_smallest_clip(name):
+    model = build_model(model_cfg(backbone=name, grad_checkpointing="true"), 3)
+    shape = small_shape(model.rgb)
+    logits = model({"video": torch.randn(2, 3, *shape)})
+    assert logits.shape == (2, 3)
+    logits.sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("name", ["r3d_18", "mc3_18", "r2plus1d_18", "s3d", "swin3d_t", "mvit_v2_s"])
+def test_a_torchvision_state_dict_loads_under_the_same_names(name, tmp_path):
+    reference = getattr(tv_video, name)(weights=None)
+    path = tmp_path / f"{name}.pth"
+    torch.save(reference.state_dict(), path)  # a file as torchvision distributes them
+    model = build_model(model_cfg(backbone=name, pretrained=str(path)), 5)
+    own = model.rgb.net.state_dict()
+    for key, value in reference.state_dict().items():
+        if key in own:
+            torch.testing.assert_close(own[key], value, msg=key)
+    assert sum(k in own for k in reference.state_dict()) >= len(own) - 2
+
+
+def test_pretrained_true_without_network_says_how_to_pass_a_file(monkeypatch):
+    from torchvision.models import get_model_weights
+
+    def offline(self, *args, **kwargs):
+        raise OSError("[Errno -3] Temporary failure in name resolution")
+    monkeypatch.setattr(type(get_model_weights("r3d_18").DEFAULT), "get_state_dict", offline)
+    with pytest.raises(ValueError) as info:
+        build_model(model_cfg(backbone="r3d_18", pretrained="true"), 5)
+    message = str(info.value)
+    assert message.startswith("model.pretrained: true: could not download torchvision's r3d_18 weights ([Errno -3]")
+    assert "on a machine with network and set model.pretrained: /path/to/r3d_18-" in message
+
+
+def test_pretrained_weights_of_another_model_are_refused(tmp_path):
+    torch.save(tv_video.r3d_18(weights=None).state_dict(), tmp_path / "r3d.pth")
+    with pytest.raises(ValueError, match=r"shapes differ from r2plus1d_18 .*are these weights of another model\?"):
+        build_model(model_cfg(backbone="r2plus1d_18", pretrained=str(tmp_path / "r3d.pth")), 5)
+
+
+def test_a_clip_of_the_wrong_shape_for_mvit_names_the_shape_it_needs():
+    model = build_model(model_cfg(backbone="mvit_v2_s"), 3).eval()
+    with pytest.raises(ValueError) as info, torch.no_grad():
+        model({"video": torch.randn(1, 3, 8, 112, 112)})
+    assert str(info.value) == ("mvit_v2_s needs clips of exactly 16 frames at 224x224, got 8x112x112; set "
+                               "data.num_frames: 16, data.img_size: [224, 224] and train.chunk_infer_size: 16")
+
+
+def test_weighted_fusion_learns_a_weighting_of_both_branches():
+    model = build_model(model_cfg(input_type="rgb_kpt", fusion="weighted"), 4, kpt_shape=(5, 3))
+    logits = model({"video": torch.randn(2, 3, 8, 16, 16), "kpt": torch.rand(2, 8, 5, 3)})
+    logits.sum().backward()
+    assert model.fusion_logits.grad is not None and model.fusion_logits.grad.abs().sum() > 0
+    assert model.feature_dim == model.rgb.feature_dim
+
+
+def test_group_norm_is_refused_for_torchvision_backbones():
+    with pytest.raises(ValueError, match="model.norm: group is not available for r3d_18"):
+        build_model(model_cfg(backbone="r3d_18", norm="group"), 3)
 
 
 def test_unknown_model_lists_the_known_names():

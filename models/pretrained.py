@@ -1,0 +1,68 @@
+"""model.pretrained: weights for an RGB backbone from a local file, or torchvision's download.
+
+torchvision's weight files load as they are (the backbones keep torchvision's module names under ``net``);
+a checkpoint of this project works too (its ``rgb.`` weights are taken). The classifier of the file is left out:
+the head is sized by model.model_class_num and trained from scratch.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+log = logging.getLogger("longvideo.models")
+CLASSIFIER_PREFIXES = ("fc.", "head.", "classifier.")
+
+
+class PretrainedError(ValueError):
+    pass
+
+
+def _download(name: str) -> dict:
+    from torchvision.models import get_model_weights
+    try:
+        weights = get_model_weights(name).DEFAULT
+    except (ValueError, KeyError):
+        raise PretrainedError(f"model.pretrained: true: torchvision has no pretrained weights for {name}; give a "
+                              f"weights file path instead")
+    try:
+        return weights.get_state_dict(progress=False)
+    except Exception as e:  # no network, a proxy, a full disk: all end here
+        raise PretrainedError(f"model.pretrained: true: could not download torchvision's {name} weights ({e}); "
+                              f"download {weights.url} on a machine with network and set model.pretrained: "
+                              f"/path/to/{os.path.basename(weights.url)}")
+
+
+def _read(path: str) -> dict:
+    if not os.path.exists(path):
+        raise PretrainedError(f"model.pretrained: {path}: file not found")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise PretrainedError(f"model.pretrained: {path}: not a weights file that loads with weights_only=True "
+                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):  # a checkpoint of this project
+        state = {k[len("rgb."):]: v for k, v in state["model"].items() if k.startswith("rgb.")}
+        state = {k[len("net."):] if k.startswith("net.") else k: v for k, v in state.items()}
+    if not isinstance(state, dict):
+        raise PretrainedError(f"model.pretrained: {path}: expected a state dict, got {type(state).__name__}")
+    return state
+
+
+def load_pretrained(backbone: torch.nn.Module, spec, name: str) -> None:
+    state = _download(name) if spec is True else _read(spec)
+    target = getattr(backbone, "net", backbone)  # torchvision's module under its own names
+    state = {k: v for k, v in state.items() if not k.startswith(CLASSIFIER_PREFIXES)}
+    own = target.state_dict()
+    mismatched = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
+    if mismatched:
+        raise PretrainedError(f"model.pretrained: {'download' if spec is True else spec}: shapes differ from {name} "
+                              f"for {mismatched[:3]}; are these weights of another model?")
+    missing, unexpected = target.load_state_dict(state, strict=False)
+    loaded = len(own) - len(missing)
+    if loaded == 0:
+        raise PretrainedError(f"model.pretrained: {'download' if spec is True else spec}: no weight matches the "
+                              f"layers of {name}; are these weights of another model?")
+    log.info("pretrained %s: %d of %d tensors loaded (%d not in the file, %d of the file unused)", name, loaded,
+             len(own), len(missing), len(unexpected))
