@@ -145,30 +145,8 @@ def watch_once(args, evaluate) -> tuple[int, int, int, int]:
 
 
 def plot_history(run_dir: str) -> str | None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("note: --plot needs matplotlib (pip install matplotlib); no plot written")
-        return None
-    entries = [e for e in read_ledger(os.path.join(run_dir, LEDGER)) if e.get("status") == "ok"]
-    entries.sort(key=lambda e: (e.get("global_step") or 0))
-    figure, axis = plt.subplots(figsize=(7, 4))
-    for key in ("top1", "video_acc", "top5"):
-        points = [(e["global_step"], e["metrics"][key]) for e in entries if key in e["metrics"]]
-        if points:
-            axis.plot(*zip(*points), marker="o", label=key)
-    axis.set_xlabel("optimizer step")
-    axis.set_ylabel("accuracy")
-    axis.legend()
-    axis.grid(alpha=0.3)
-    path = os.path.join(run_dir, "eval_history.png")
-    tmp = os.path.join(run_dir, ".eval_history.tmp.png")
-    figure.savefig(tmp, dpi=100)
-    plt.close(figure)
-    os.replace(tmp, path)
-    return path
+    from plots import eval_history_plot
+    return eval_history_plot(read_ledger(os.path.join(run_dir, LEDGER)), os.path.join(run_dir, "eval_history.png"))
 
 
 def watch(args, evaluate) -> int:

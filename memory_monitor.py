@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import ctypes
 import os
 import sys
 
@@ -35,6 +36,25 @@ def host_rss_mb() -> float:
     return rss if rss > 0.0 else host_peak_rss_mb()  # no /proc: the peak is the best available figure
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def host_heap_in_use_mb() -> float | None:
+    """Bytes the C allocator has handed out and not got back (glibc's mallinfo2), None elsewhere.
+
+    RSS misses a leak that reuses memory freed earlier (freed heap pages stay resident); this does not.
+    """
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return (info.uordblks + info.hblkhd) / MB
+
+
 def host_peak_rss_mb() -> float:
     """Peak resident memory of this process so far."""
     import resource
@@ -47,6 +67,9 @@ def snapshot(device: torch.device) -> dict:
     children = _child_pids(os.getpid())
     result = {"host_rss_mb": host_rss_mb(), "workers_rss_mb": sum(_rss_mb(p) for p in children),
               "num_workers_alive": len(children)}
+    heap = host_heap_in_use_mb()
+    if heap is not None:
+        result["host_heap_mb"] = heap
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         result.update(device_allocated_mb=torch.cuda.memory_allocated(device) / MB,
@@ -94,8 +117,8 @@ class LeakDetector:
     ``tolerance_mb``, separately for the main process, the DataLoader workers and the device.
     """
 
-    PLACES = (("host_rss_mb", "the main process (host RSS)"), ("workers_rss_mb", "the DataLoader workers (host RSS)"),
-              ("device_allocated_mb", "the device (allocated)"))
+    PLACES = (("host_heap_mb", "the main process (allocated host heap)"), ("host_rss_mb", "the main process (host RSS)"),
+              ("workers_rss_mb", "the DataLoader workers (host RSS)"), ("device_allocated_mb", "the device (allocated)"))
 
     def __init__(self, epochs: int = 3, tolerance_mb: float = 256.0):
         self.epochs, self.tolerance_mb = epochs, tolerance_mb

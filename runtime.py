@@ -57,6 +57,11 @@ def resolve_device(name: str) -> torch.device:
 def resolve_precision(precision: str, device: torch.device) -> str:
     if precision == "amp":
         return "16" if device.type == "cuda" else "bf16"
+    if precision == "bf16" and device.type == "cpu":
+        capability = torch.backends.cpu.get_cpu_capability()
+        if "AVX512" not in capability and "AMX" not in capability:
+            log.warning("bf16 on this CPU (%s, no AVX512-BF16/AMX) is emulated: bench/train.py measured it 10x "
+                        "slower than fp32 on such a machine; use precision 32 here", capability)
     if precision == "16" and device.type == "cpu":
         log.warning("fp16 on the CPU is slow and gains nothing; bf16 (or --use_amp) is the CPU's mixed precision")
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():

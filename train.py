@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Sampler
 from tqdm import tqdm
 
 import memory_monitor
+import plots
 from checkpoint import CheckpointError, load_checkpoint, restore_rng_state, rng_state, save_checkpoint, unwrap_model
 from chunked_forward import forward_chunked
 from config import ConfigError, add_config_arguments, dump, exit_on_usage_error, load_config
@@ -134,6 +135,7 @@ class Trainer:
     stop_after_steps: int | None = None
     memory_log: memory_monitor.CsvLog | None = None
     epoch_memory: dict | None = None
+    last_confusion: list | None = None  # of the last validation, for the plot at the end
 
     def checkpoint_dict(self) -> dict:
         return {
@@ -546,6 +548,7 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
             metrics = evaluate(trainer.model, val_loader, trainer.prepare, runtime, cfg["train"],
                                len(trainer.class_names))
             row.update({f"val_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
+            trainer.last_confusion = metrics["confusion"]
         state.epoch += 1
         state.batches_done = 0
         state.history.append(row)
@@ -563,6 +566,7 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
             log.info("epoch %d/%d: %s", state.epoch, max_epochs, "  ".join(
                 f"{k} {row[k]:.4f}" for k in shown if k in row))
     if runtime.is_main and state.history:
+        plots.training_plots(trainer.run_dir, trainer.class_names, trainer.last_confusion)
         log.info("done: best %s %.4f; checkpoints in %s", cfg["train"]["monitor"], state.best_metric,
                  os.path.join(trainer.run_dir, "checkpoints"))
 

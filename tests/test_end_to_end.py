@@ -143,3 +143,18 @@ def test_a_torn_checkpoint_is_a_clear_error(trained_run, tmp_path):
     (tmp_path / "torn.pt").write_bytes(data[:len(data) // 3])
     with pytest.raises(CheckpointError, match=r"torn\.pt: not a readable checkpoint \(truncated or corrupt\?\)"):
         load_checkpoint(str(tmp_path / "torn.pt"))
+
+
+def test_plots_are_drawn_once_at_the_end_or_one_note_without_matplotlib(trained_run, monkeypatch, capsys):
+    import plots
+    run_dir, _ = trained_run
+    try:
+        import matplotlib  # noqa: F401
+        assert sorted(n for n in os.listdir(run_dir) if n.endswith(".png")) == ["confusion_matrix.png",
+                                                                              "training_curves.png"]
+    except ImportError:
+        assert not [n for n in os.listdir(run_dir) if n.endswith(".png")]
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    assert plots.training_plots(run_dir, ["a"], [[1]]) == []
+    assert capsys.readouterr().out == ("note: plotting the training curves needs matplotlib (pip install "
+                                       "matplotlib); no plots written\n")
