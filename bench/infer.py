@@ -66,7 +66,7 @@ def measure(args) -> dict:
         windows = inference_windows(probe(args.video).num_frames, args.chunk, args.overlap, "mean")
         size = cfg["data"]["img_size"]
         # the layout the stream hands over: decoded [n, L, H, W, 3] frames, permuted (not copied) to [n, C, L, H, W]
-        frames = torch.zeros(args.batch, args.chunk, size[0], size[1], 3, dtype=torch.uint8)
+        frames = torch.randint(0, 256, (args.batch, args.chunk, size[0], size[1], 3), dtype=torch.uint8)
         dummy = {"video": frames.permute(0, 4, 1, 2, 3)}
         with torch.inference_mode():
             for first in range(0, len(windows), args.batch):
