@@ -17,7 +17,7 @@ import zipfile
 import numpy as np
 import torch
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 1  # bumped when the layout of the checkpoint dict changes
 
 
 class CheckpointError(Exception):

@@ -24,7 +24,8 @@ from tqdm import tqdm
 
 import memory_monitor
 import plots
-from checkpoint import CheckpointError, load_checkpoint, restore_rng_state, rng_state, save_checkpoint, unwrap_model
+from checkpoint import (CHECKPOINT_FORMAT, CheckpointError, load_checkpoint, restore_rng_state, rng_state,
+                        save_checkpoint, unwrap_model)
 from chunked_forward import forward_chunked
 from config import ConfigError, add_config_arguments, dump, exit_on_usage_error, load_config
 from datasets.video_dataset import (BAD_INPUT_ERRORS, build_dataset, index_cache_for, manifest_path,
@@ -139,7 +140,7 @@ class Trainer:
 
     def checkpoint_dict(self) -> dict:
         return {
-            "format": 1, "model": unwrap_model(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
+            "format": CHECKPOINT_FORMAT, "model": unwrap_model(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
             "epoch": self.state.epoch, "batches_done": self.state.batches_done,
             "global_step": self.state.global_step, "best_metric": self.state.best_metric,

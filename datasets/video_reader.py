@@ -10,6 +10,7 @@ sequentially from then on (logged once): never a wrong frame in silence.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections import OrderedDict
@@ -88,7 +89,6 @@ class VideoIndexCache:
         self.dirty = False
         if path and os.path.exists(path):
             try:
-                import json
                 with open(path) as f:
                     self.entries = json.load(f)
             except (OSError, ValueError):
@@ -115,8 +115,7 @@ class VideoIndexCache:
     def save(self) -> None:
         if not (self.path and self.dirty):
             return
-        import json
-        from checkpoint import atomic_write_bytes
+        from checkpoint import atomic_write_bytes  # late: checkpoint imports torch, this module does not
         atomic_write_bytes(self.path, json.dumps(self.entries).encode())
         self.dirty = False
 
