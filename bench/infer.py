@@ -3,7 +3,8 @@
     python bench/infer.py                                # 600, 6,000 and 30,000 frames (written once to bench/.cache)
     python bench/infer.py --lengths 600,6000 --size 320x180
 
-Each measurement runs in a fresh process (peak RSS is per process), --repeat times; the fastest run is reported. For every video length it prints the peak
+Each measurement runs in a fresh process (peak RSS is per process), --repeat times, the modes interleaved; the
+fastest run of each is reported. For every video length it prints the peak
 host RSS and wall time of infer_chunked's streaming path (--agg mean), the time of decoding alone and of computing
 alone (the same chunks through the model, without decoding), the ratio wall / max(decode, compute) (target <= 1.2:
 decode and compute overlap), and the same for --agg last (only the last chunk: independent of length). Then the
@@ -79,13 +80,23 @@ def measure(args) -> dict:
     return result
 
 
-def run(video: str, mode: str, args, decode_threads: int | None = None) -> dict:
+def run_interleaved(video: str, modes: tuple, args) -> list[dict]:
+    """Each mode --repeat times, interleaved (a b c d a b c d ...), the fastest run of each kept: the shared
+    machine's speed drifts by tens of percent between minutes, and interleaving gives every mode the same drift."""
+    runs: dict[str, list] = {mode: [] for mode in modes}
+    for _ in range(args.repeat):
+        for mode in modes:
+            runs[mode].append(run(video, mode, args, repeat=1))
+    return [min(runs[mode], key=lambda r: r["wall_s"]) for mode in modes]
+
+
+def run(video: str, mode: str, args, decode_threads: int | None = None, repeat: int | None = None) -> dict:
     command = [sys.executable, __file__, "--worker", "--video", video, "--mode", mode, "--chunk", str(args.chunk),
                "--overlap", str(args.overlap), "--batch", str(args.batch), "--img", str(args.img), "--width",
                str(args.width), "--device", args.device, "--torch-threads", str(args.torch_threads), "--decode-threads",
                str(args.decode_threads if decode_threads is None else decode_threads)]
     runs = [json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
-                       .splitlines()[-1]) for _ in range(args.repeat)]
+                       .splitlines()[-1]) for _ in range(repeat or args.repeat)]
     return min(runs, key=lambda r: r["wall_s"])  # the least disturbed run: the machine is shared
 
 
@@ -123,7 +134,7 @@ def main() -> None:
     first_rss = None
     for length in [int(n) for n in args.lengths.split(",")]:
         video = write_h264(os.path.join(CACHE, f"h264_{width}x{height}_{length}.mp4"), length, width, height)
-        full, decode, compute, last = (run(video, m, args) for m in ("full", "decode", "compute", "last"))
+        full, decode, compute, last = run_interleaved(video, ("full", "decode", "compute", "last"), args)
         first_rss = first_rss or full["peak_rss_mb"]
         ratio = full["wall_s"] / max(decode["wall_s"], compute["wall_s"])
         print(f"{length:7d} {full['windows']:6d} {full['peak_rss_mb']:7.0f}MB {full['wall_s']:7.1f}s "

@@ -1,0 +1,48 @@
+"""What only a GPU shows. Skipped without CUDA (CI has none); run them on a GPU machine."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import overrides
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_fp16_training_with_grad_scaler_on_cuda(synthetic_root, tmp_path):
+    import train
+    from checkpoint import load_checkpoint
+    args = overrides(synthetic_root, tmp_path, "trainer.device=cuda", "trainer.max_epochs=1") + ["--use_amp"]
+    assert train.main(args) == 0
+    state = load_checkpoint(os.path.join(tmp_path, "e2e", "latest", "checkpoints", "last.pt"))
+    assert state["config"]["trainer"]["precision"] == "amp"
+    assert state["scaler"]["scale"] > 0  # the GradScaler ran and was saved
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+
+
+def test_probe_memory_on_cuda_reports_the_largest_fitting_batch():
+    result = subprocess.run([sys.executable, "train.py", "--config", "configs/quickstart.yaml", "--set",
+                             "trainer.device=cuda", "--set", "trainer.memory_budget_gb=4", "--probe-memory",
+                             "--probe-frames", "16", "--probe-batches", "1,2"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "device peak MB" in result.stdout and "largest batch at num_frames=16" in result.stdout
+
+
+def test_chunked_inference_device_memory_does_not_grow_with_clip_length():
+    from chunked_forward import forward_chunked
+    from config import load_config
+    from models import build_model
+    model = build_model(load_config(None, ["model.width=8"])["model"], 5).cuda().eval()
+    peaks = []
+    for frames in (64, 512):
+        clip = {"video": torch.randn(1, 3, frames, 64, 64)}  # on the host; chunks go to the device one by one
+        torch.cuda.reset_peak_memory_stats()
+        with torch.inference_mode():
+            for start in range(0, frames, 32):
+                forward_chunked(model, {"video": clip["video"][:, :, start:start + 32].cuda()}, 16, 4)
+        peaks.append(torch.cuda.max_memory_allocated())
+    assert peaks[1] <= peaks[0] * 1.1
