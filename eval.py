@@ -27,7 +27,7 @@ from config import exit_on_usage_error, validate
 from datasets.video_dataset import BAD_INPUT_ERRORS, build_dataset, index_cache_for
 from datasets.transforms import InputPreparer
 from metrics import ClassificationMeter
-from runtime import setup_logging, setup_runtime
+from runtime import resolve_device, setup_logging, setup_runtime
 
 log = setup_logging()
 
@@ -138,10 +138,10 @@ def write_outputs(prefix: str, metrics: dict, clip_rows: list[dict], video_rows:
 
 def evaluate_checkpoint(path: str, args: argparse.Namespace):
     """(metrics, config, class names, checkpoint dict, (clip rows, video rows)) of one checkpoint."""
-    probe = setup_runtime({"device": args.device or "auto", "precision": "32", "allow_tf32": True})
-    model, cfg, class_names, state = load_trained_model(path, probe.device)
+    device = resolve_device(args.device or "auto")
+    model, cfg, class_names, state = load_trained_model(path, device)
     cfg = apply_overrides(cfg, args)
-    runtime = setup_runtime(cfg["trainer"], device=args.device or str(probe.device), precision=args.precision)
+    runtime = setup_runtime(cfg["trainer"], device=str(device), precision=args.precision)
     dataset = build_dataset(cfg, args.split, class_names, training=False, manifest=args.data,
                             index_cache=index_cache_for(cfg))
     metrics, clip_rows, video_rows = evaluate_dataset(model, dataset, cfg, runtime, class_names)

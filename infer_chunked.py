@@ -32,7 +32,7 @@ from datasets.keypoints import KeypointError, read_keypoints
 from datasets.manifest import VIDEO_EXTENSIONS, ManifestError, VideoRecord, read_manifest
 from datasets.transforms import InputPreparer
 from datasets.video_reader import VideoReader, VideoReadError
-from runtime import setup_logging, setup_runtime
+from runtime import resolve_device, setup_logging, setup_runtime
 
 log = setup_logging()
 
@@ -271,9 +271,9 @@ def print_result(result: dict, show_timeline: bool) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     checkpoint_path = args.checkpoint or find_latest_checkpoint(args.runs)
-    probe = setup_runtime({"device": args.device or "auto", "precision": "32", "allow_tf32": True})
-    model, cfg, class_names, _ = load_trained_model(checkpoint_path, probe.device)
-    runtime = setup_runtime(cfg["trainer"], device=str(probe.device), precision=args.precision)
+    device = resolve_device(args.device or "auto")
+    model, cfg, class_names, _ = load_trained_model(checkpoint_path, device)
+    runtime = setup_runtime(cfg["trainer"], device=str(device), precision=args.precision)
     source, records = resolve_inputs(args.input, cfg)
     if args.max_videos:
         records = records[:args.max_videos]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from config import ConfigError
+from config import PRECISION_ALIASES, ConfigError
 
 log = logging.getLogger("longvideo")
 
@@ -84,7 +84,6 @@ def setup_runtime(trainer_cfg: dict, device: str | None = None, precision: str |
         torch.backends.cuda.matmul.allow_tf32 = trainer_cfg["allow_tf32"]
         torch.backends.cudnn.allow_tf32 = trainer_cfg["allow_tf32"]
         torch.backends.cudnn.benchmark = True
-    from config import PRECISION_ALIASES
     normal = PRECISION_ALIASES.get(str(precision or trainer_cfg["precision"]).lower())
     if normal is None:
         raise ConfigError(f"--precision: {precision!r} is not one of 32, 16, bf16, amp")

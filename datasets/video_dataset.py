@@ -179,9 +179,7 @@ class VideoWindowDataset(Dataset):
             views = [torch.from_numpy(f).permute(3, 0, 1, 2) for f in frames]  # each [C, T, H, W] uint8
             sample["video"] = views[0] if len(views) == 1 else torch.stack(views)
         if self.cfg["load_kpt"]:
-            if record.keypoints is None:
-                raise KeypointError(f"{record.where}: data.load_kpt is true but the sample has no 'keypoints'")
-            sample["kpt"] = torch.from_numpy(read_keypoints(record.keypoints, indices))
+            sample["kpt"] = torch.from_numpy(_keypoints_of(record, indices))
         return sample
 
     @staticmethod
@@ -197,8 +195,15 @@ class VideoWindowDataset(Dataset):
     def keypoint_shape(self) -> tuple[int, int] | None:
         if not self.cfg["load_kpt"]:
             return None
-        kpt = self._load(0)["kpt"]
+        window = self.windows[0]
+        kpt = _keypoints_of(self.records[window.record], [window.start])  # keypoints only: no video decoded
         return int(kpt.shape[1]), int(kpt.shape[2])
+
+
+def _keypoints_of(record: VideoRecord, indices) -> np.ndarray:
+    if record.keypoints is None:
+        raise KeypointError(f"{record.where}: data.load_kpt is true but the sample has no 'keypoints'")
+    return read_keypoints(record.keypoints, indices)
 
 
 def manifest_path(data_cfg: dict, split: str) -> str | None:

@@ -180,9 +180,6 @@ class VideoReader:
         slot = {index: k for k, index in enumerate(got)}
         return out[[slot[min(i, last)] for i in indices]]
 
-    def read_window(self, start: int, end: int) -> np.ndarray:
-        return self.read(range(start, end))
-
     def close(self) -> None:
         if self._cap is not None:
             self._cap.release()
