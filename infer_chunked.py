@@ -31,7 +31,7 @@ from datasets.video_dataset import BAD_INPUT_ERRORS, manifest_path
 from datasets.keypoints import KeypointError, read_keypoints
 from datasets.manifest import VIDEO_EXTENSIONS, ManifestError, VideoRecord, read_manifest
 from datasets.transforms import InputPreparer
-from datasets.video_reader import VideoReader, VideoReadError
+from datasets.video_reader import VideoReadError, open_reader
 from runtime import resolve_device, setup_logging, setup_runtime
 
 log = setup_logging()
@@ -99,9 +99,11 @@ class ChunkStream:
     """
 
     def __init__(self, record: VideoRecord, size, stride: int, chunk: int, overlap: int, aggregation: str,
-                 batch: int, load_rgb: bool, load_kpt: bool, threads: int | None, prefetch: int = 2):
+                 batch: int, load_rgb: bool, load_kpt: bool, threads: int | None, decoder: str = "opencv",
+                 prefetch: int = 2):
         self.record, self.stride = record, stride
-        self.readers = {name: VideoReader(path, size, threads=threads) for name, path in record.views.items()}
+        self.readers = {name: open_reader(path, size, threads=threads, decoder=decoder)
+                        for name, path in record.views.items()}
         first = next(iter(self.readers.values()))
         self.num_frames = min(r.num_frames for r in self.readers.values())
         self.fps = first.info.fps
@@ -183,7 +185,7 @@ class ChunkStream:
 def classify_video(model, record: VideoRecord, cfg: dict, args, runtime, prepare, class_names) -> dict:
     data = cfg["data"]
     stream = ChunkStream(record, data["img_size"], data["frame_stride"], args.chunk, args.overlap, args.agg,
-                         args.batch, data["load_rgb"], data["load_kpt"], args.decode_threads or None)
+                         args.batch, data["load_rgb"], data["load_kpt"], args.decode_threads or None, data["decoder"])
     aggregator, timeline = LogitAggregator(args.agg), []
     compute_seconds = 0.0
     try:

@@ -49,6 +49,7 @@ class VideoWindowDataset(Dataset):
         self.cfg, self.training, self.seed, self.epoch = data_cfg, training, seed, 0
         self.size = data_cfg["img_size"]
         self.skipped: dict[str, str] = {}  # path -> error, for samples dropped at index time
+        self.video_info: dict = {}  # path -> VideoInfo from the index: readers in the workers do not probe again
         cache = index_cache or VideoIndexCache(None)
         self.lengths = [self._record_length(r, cache) for r in records]
         cache.save()
@@ -75,6 +76,7 @@ class VideoWindowDataset(Dataset):
                     raise ManifestError(f"{record.where}: no 'keypoints' given, and data.load_rgb is false")
                 return keypoint_length(record.keypoints)
             infos = {name: cache.info(path) for name, path in record.views.items()}
+            self.video_info.update({path: infos[name] for name, path in record.views.items()})
             lengths = {name: info.num_frames for name, info in infos.items()}
             if len(set(lengths.values())) > 1:
                 log.warning("%s: views have different lengths %s; using the shortest", record.where, lengths)
@@ -156,7 +158,8 @@ class VideoWindowDataset(Dataset):
 
         indices, frames = place_clip(window.end), []
         if self.cfg["load_rgb"]:
-            readers = [_READERS.get(path, self.size) for path in record.views.values()]
+            readers = [_READERS.get(path, self.size, self.video_info.get(path), self.cfg["decoder"])
+                       for path in record.views.values()]
             end = min([window.end] + [r.num_frames for r in readers])
             while True:  # at most twice: a read can find the video shorter than its container says
                 if end <= window.start:

@@ -142,3 +142,13 @@ def test_cli_config_error_is_one_line_and_exit_code_2(tmp_path):
     assert result.returncode == 2
     assert result.stderr == f"error: {path}: unknown key 'data.batch_szie'; did you mean 'data.batch_size'?\n"
     assert result.stdout == ""
+
+
+def test_the_pyav_decoder_without_pyav_installed_is_a_config_error(tmp_path, monkeypatch):
+    import importlib.util
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "av" else real_find_spec(name, *a))
+    path = write(tmp_path, "x.yaml", "data:\n  decoder: pyav\n")
+    assert error_of(path) == (f"{path}: data.decoder: pyav needs PyAV, which is not installed; pip install av, or "
+                              f"set data.decoder: opencv")
+    assert load_config(path, ["data.load_rgb=false", "data.load_kpt=true", "model.input_type=kpt"])  # no video

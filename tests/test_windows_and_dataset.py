@@ -4,6 +4,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
 from config import load_config
 from datasets.video_dataset import build_dataset
@@ -161,6 +162,18 @@ def test_multiview_samples_read_every_view_at_the_same_frames(synthetic_root, ti
     sample = dataset[0]
     assert dataset.view_names == ["front", "left", "right"]
     assert sample["video"].shape == (3, 3, 8, 32, 32)  # [V, C, T, H, W]
+
+
+def test_the_pyav_decoder_loads_the_same_samples(synthetic_root, tiny_cfg):
+    names = ["down", "grow", "left", "right", "shrink", "up"]
+    tiny_cfg["data"]["train_manifest"] = "multiview_train.jsonl"
+    by_opencv = build_dataset(tiny_cfg, "train", names, training=True)
+    tiny_cfg["data"]["decoder"] = "pyav"
+    by_pyav = build_dataset(tiny_cfg, "train", names, training=True)
+    for index in (0, len(by_pyav) - 1, 2):
+        a, b = by_opencv[index], by_pyav[index]
+        assert a["frame_indices"].tolist() == b["frame_indices"].tolist()
+        assert torch.equal(a["video"], b["video"])
 
 
 def test_windows_past_the_real_end_of_a_short_video_shrink_or_fail_clearly(tmp_path, caplog):
