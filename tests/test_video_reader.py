@@ -243,3 +243,14 @@ def test_index_cache_is_reused_and_invalidated_by_changes(barcode_videos, tmp_pa
     os.utime(path, ns=(1, 1))
     VideoIndexCache(cache_file).info(str(path))
     assert calls == [str(path)]  # mtime changed: probed again
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_a_file_removed_after_indexing_is_a_clear_error(barcode_videos, tmp_path, decoder):
+    path = str(shutil.copy(barcode_videos["h264_mkv"][0], tmp_path / "moved.mkv"))
+    reader = open_reader(path, decoder=decoder)  # indexed while the file was there
+    os.remove(path)
+    name = {"opencv": "OpenCV", "pyav": "PyAV"}[decoder]
+    with pytest.raises(VideoReadError) as info:
+        reader.read([5])
+    assert str(info.value).startswith(f"{path}: {name} can no longer open this file (moved or truncated?)")
