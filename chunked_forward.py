@@ -1,14 +1,18 @@
-"""The one chunked forward, shared by train.py's validation, eval.py and infer_chunked.py.
+"""The one chunked forward: training (``ChunkedTrainingForward``), and evaluation, shared by train.py's
+validation, eval.py and infer_chunked.py (``forward_chunked``).
 
-A clip of T frames goes through the model in inference chunks of ``chunk_size`` frames that share
-``overlap`` frames; the last chunk is aligned to the clip's end so every chunk is full length. The chunk
-logits are aggregated: mean, max, last (only the last chunk is computed) or prob (mean of softmax
-probabilities, returned as log-probabilities so argmax and softmax still apply). ``chunk_size`` -1, or
->= T, is exactly the plain forward.
+A clip of T frames goes through the model in chunks of ``chunk_size`` frames that share ``overlap`` frames;
+the last chunk is aligned to the clip's end so every chunk is full length (``chunk_windows``). The chunk
+logits are aggregated: mean, max, last (only the last chunk is computed; evaluation only) or prob (mean of
+softmax probabilities, returned as log-probabilities so argmax, softmax and the cross-entropy still apply).
+``chunk_size`` -1, or >= T, is exactly the plain forward.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+from torch import nn
 
 from datasets.windows import split_into_windows
 
@@ -16,8 +20,18 @@ AGGREGATIONS = ("mean", "max", "last", "prob")
 TIME_AXIS = {"video": -3, "kpt": 1}  # video [B, (V,) C, T, H, W]; kpt [B, T, J, C]
 
 
+TRAINING_AGGREGATIONS = ("mean", "max", "prob")  # "last" would train only the last chunk
+
+
+def chunk_windows(length: int, chunk_size: int, overlap: int = 0) -> list[tuple[int, int]]:
+    """The chunks of a clip of ``length`` frames: one window [0, length) when ``chunk_size`` is -1 or >= length."""
+    if chunk_size == -1 or chunk_size >= length:
+        return [(0, length)]
+    return split_into_windows(length, chunk_size, overlap, align_last_to_end=True)
+
+
 def inference_windows(length: int, chunk_size: int, overlap: int, aggregation: str) -> list[tuple[int, int]]:
-    windows = split_into_windows(length, chunk_size, overlap, align_last_to_end=True)
+    windows = chunk_windows(length, chunk_size, overlap)
     return windows[-1:] if aggregation == "last" else windows
 
 
@@ -104,3 +118,75 @@ def forward_chunked(model, inputs: dict, chunk_size: int, overlap: int = 0, aggr
             for (s, e), chunk_logits in zip(group, logits.detach().float().cpu()):
                 window_logits.append((s, e, chunk_logits))
     return aggregator.result()
+
+
+# ---------------------------------------------------------------------------------------------- training
+
+@dataclass(frozen=True)
+class ChunkSpec:
+    """How a training clip goes through the model: ``size`` frames per chunk (-1: the whole clip in one
+    forward), ``overlap`` frames shared by neighbours, and whether each chunk's activations are recomputed
+    in backward (``recompute``; off only to compare gradients in the tests)."""
+    size: int = -1
+    overlap: int = 0
+    recompute: bool = True
+
+
+class ChunkedTrainingForward(nn.Module):
+    """The training forward: chunk logits ``[n, B, K]`` of a clip (n = 1 without chunking).
+
+    Each chunk's forward runs under non-reentrant checkpointing: between forward and backward only the chunk
+    inputs (views of the uint8 clip, 1 byte a pixel) and the chunk logits stay alive, and in backward one
+    chunk is recomputed at a time, so the activation memory is that of one chunk whatever the clip length.
+    The inputs come as uint8 and are normalized per chunk inside the recomputed function (a float copy of a
+    1,000-frame clip would be 4x the uint8 one). A clip in one chunk is exactly the plain training forward.
+
+    DDP wraps this module, so one DDP forward covers all chunks of a micro-batch; the classifier is
+    ``self.module``, which ``unwrap_model`` follows, so checkpoints hold the classifier's state dict alone.
+    """
+
+    def __init__(self, module: nn.Module, normalize):
+        super().__init__()
+        self.module = module
+        self.normalize = normalize
+
+    def forward(self, inputs: dict, spec: ChunkSpec) -> torch.Tensor:
+        windows = chunk_windows(clip_length(inputs), spec.size, spec.overlap)
+        if len(windows) == 1:
+            return self.module(self.normalize(inputs)).unsqueeze(0)
+        from models.classifier import recompute_in_backward  # late: models import torchvision
+        min_frames = getattr(_innermost(self.module), "min_frames", 1)
+        logits = []
+        for start, end in windows:
+            chunk = slice_time(inputs, start, end, min_frames)
+            if spec.recompute:
+                logits.append(recompute_in_backward(self.module, self._chunk_logits, chunk))
+            else:
+                logits.append(self._chunk_logits(chunk))
+        return torch.stack(logits)
+
+    def _chunk_logits(self, chunk: dict) -> torch.Tensor:
+        return self.module(self.normalize(chunk))
+
+
+def _innermost(module: nn.Module) -> nn.Module:
+    return getattr(module, "_orig_mod", module)  # under torch.compile
+
+
+def aggregate_chunk_logits(chunk_logits: torch.Tensor, aggregation: str) -> torch.Tensor:
+    """[n, B, K] -> [B, K], differentiable; the same arithmetic as evaluation's aggregation."""
+    aggregator = LogitAggregator(aggregation)
+    aggregator.update(chunk_logits)
+    return aggregator.result()
+
+
+def chunk_labels(frame_labels: torch.Tensor, windows: list[tuple[int, int]]) -> torch.Tensor:
+    """[n, B]: each chunk's label is the one covering most of its frames (frame label -1: no segment; ties go
+    to the lower class index); -1 where no frame of the chunk is labelled."""
+    labels = torch.full((len(windows), frame_labels.shape[0]), -1, dtype=torch.long)
+    for i, (start, end) in enumerate(windows):
+        for b, row in enumerate(frame_labels[:, start:end]):
+            covered = row[row >= 0]
+            if len(covered):
+                labels[i, b] = int(torch.bincount(covered).argmax())
+    return labels

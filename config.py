@@ -35,6 +35,7 @@ class Key:
     choices: tuple = ()
     nullable: bool = False
     also: tuple = ()  # extra single values allowed outside [minimum, maximum], e.g. -1 for "all"
+    refused: tuple = ()  # (value, why) pairs: values a user may expect to work, refused with their reason
 
 
 def _int(default, help, minimum=None, maximum=None, nullable=False, also=()):
@@ -101,6 +102,19 @@ SCHEMA: dict[str, Any] = {
         "chunk_aggregation": _choice("mean", "how chunk logits become one prediction",
                                      "mean", "max", "last", "prob"),
         "video_batch_size": _int(1, "inference chunks per forward call at evaluation", minimum=1),
+        "chunk_train_size": _int(-1, "frames per chunk of a training clip, each chunk recomputed in backward so "
+                                     "training memory no longer grows with the clip; -1 = the whole clip in one "
+                                     "forward", minimum=1, also=(-1,)),
+        "chunk_train_overlap": _int(0, "frames shared by consecutive training chunks", minimum=0),
+        "chunk_train_aggregation": Key("mean", "choice", "how the chunk logits of a training clip become its "
+                                                        "prediction for the loss (chunk_loss: clip)",
+                                       choices=("mean", "max", "prob"),
+                                       refused=(("last", "'last' means nothing in training (only the last chunk "
+                                                         "would learn); use mean, max or prob. Validation's "
+                                                         "train.chunk_aggregation may stay last"),)),
+        "chunk_loss": _choice("clip", "clip: one loss per clip on the aggregated chunk logits; dense: one loss per "
+                                      "chunk against the label covering most of its frames (segments)",
+                              "clip", "dense"),
         "accumulate_grad_batches": _int(1, "micro-batches per optimizer step", minimum=1),
         "optimizer": _choice("adamw", "optimizer", "adamw", "sgd"),
         "lr": _float(1e-3, "peak learning rate", minimum=0.0),
@@ -279,6 +293,8 @@ def _check_value(spec: Key, value: Any, where: str) -> Any:
         if not isinstance(value, str) or not value:
             fail("a non-empty string")
     elif kind == "choice":
+        if value in dict(spec.refused):
+            raise ConfigError(f"{where}: {dict(spec.refused)[value]}")
         if value not in spec.choices:
             raise ConfigError(f"{where}: {value!r} is not one of {', '.join(spec.choices)}")
     elif kind == "list":
@@ -355,6 +371,10 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     if chunk != -1 and overlap >= chunk:
         raise ConfigError(f"{origin('train.chunk_overlap')}: train.chunk_overlap={overlap} must be smaller than "
                           f"train.chunk_infer_size={chunk} (or set chunk_infer_size: -1 for no chunking)")
+    chunk, overlap = train["chunk_train_size"], train["chunk_train_overlap"]
+    if chunk != -1 and overlap >= chunk:
+        raise ConfigError(f"{origin('train.chunk_train_overlap')}: train.chunk_train_overlap={overlap} must be smaller "
+                          f"than train.chunk_train_size={chunk} (or set chunk_train_size: -1 for no chunking)")
     window, window_overlap = data["max_video_frames"], data["video_chunk_overlap"]
     if window is not None and window_overlap >= window:
         raise ConfigError(f"{origin('data.video_chunk_overlap')}: data.video_chunk_overlap={window_overlap} must be "

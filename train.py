@@ -14,7 +14,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -26,7 +26,8 @@ import memory_monitor
 import plots
 from checkpoint import (CHECKPOINT_FORMAT, CheckpointError, load_checkpoint, restore_rng_state, rng_state,
                         save_checkpoint, unwrap_model)
-from chunked_forward import forward_chunked
+from chunked_forward import (ChunkedTrainingForward, ChunkSpec, aggregate_chunk_logits, chunk_labels, chunk_windows,
+                             clip_length, forward_chunked)
 from config import ConfigError, add_config_arguments, dump, exit_on_usage_error, load_config
 from datasets.video_dataset import (BAD_INPUT_ERRORS, build_dataset, index_cache_for, manifest_path,
                                     resolve_class_names, worker_init)
@@ -115,12 +116,20 @@ class TrainState:
     nonfinite_streak: int = 0
     micro_splits: int = 1  # forward passes per loader batch: doubled after each out-of-memory error
     history: list = field(default_factory=list)
+    chunk_train_size: int | None = None  # training chunk length set by the OOM back-off; None = the config's
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: dict) -> "TrainState":
+        """By field name, so adding a field cannot shift the others; fields an older checkpoint lacks keep
+        their defaults. The non-finite streak starts again at 0."""
+        names = {f.name for f in fields(cls)} - {"nonfinite_streak"}
+        return cls(**{name: ckpt[name] for name in names if name in ckpt})
 
 
 @dataclass
 class Trainer:
     """What every step needs, built once in main()."""
-    model: torch.nn.Module  # possibly DDP-wrapped
+    model: torch.nn.Module  # a ChunkedTrainingForward (training_forward()), possibly DDP-wrapped
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
@@ -145,9 +154,18 @@ class Trainer:
             "epoch": self.state.epoch, "batches_done": self.state.batches_done,
             "global_step": self.state.global_step, "best_metric": self.state.best_metric,
             "skipped_steps": self.state.skipped_steps, "history": self.state.history,
-            "micro_splits": self.state.micro_splits,
+            "micro_splits": self.state.micro_splits, "chunk_train_size": self.state.chunk_train_size,
             "config": self.cfg, "class_names": self.class_names, "rng": rng_state(), **self.data_info,
         }
+
+    def chunk_spec(self) -> ChunkSpec:
+        """The training chunks now: the config's, or the shorter ones the OOM back-off chose."""
+        train_cfg = self.cfg["train"]
+        size = train_cfg["chunk_train_size"] if self.state.chunk_train_size is None else self.state.chunk_train_size
+        overlap = train_cfg["chunk_train_overlap"]
+        if size != -1 and overlap >= size:  # a chunk shortened by the back-off keeps half of itself shared at most
+            overlap = size // 2
+        return ChunkSpec(size, overlap)
 
     def save(self, name: str) -> str:
         path = os.path.join(self.run_dir, "checkpoints", name)
@@ -168,8 +186,13 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
     accumulate = trainer.cfg["train"]["accumulate_grad_batches"]
     trainer.model.train()
     num_batches = len(loader) + state.batches_done
+    # Exact resume: the RNG state saved at an epoch's end is the one the next epoch's iter(loader) drew its
+    # worker seed from, so it is restored before that draw; one saved mid-epoch was taken after it.
+    if trainer.pending_rng is not None and state.batches_done == 0:
+        restore_rng_state(trainer.pending_rng)
+        trainer.pending_rng = None
     iterator = iter(loader)
-    if trainer.pending_rng is not None:  # after the loader drew its worker seeds: exact resume
+    if trainer.pending_rng is not None:
         restore_rng_state(trainer.pending_rng)
         trainer.pending_rng = None
     totals = {"loss": 0.0, "clips": 0, "data_time": 0.0}
@@ -217,7 +240,8 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
         log.warning("epoch %d: skipped bad samples: %s", state.epoch + 1, ", ".join(sorted(skipped_files)))
     return {"train_loss": totals["loss"] / max(totals["clips"], 1), "train_clips_per_s": totals["clips"] / elapsed,
             "data_time_share": totals["data_time"] / elapsed, "lr": trainer.scheduler.get_last_lr()[0],
-            "skipped_steps": state.skipped_steps, "clips_per_forward": _clips_per_forward(trainer)}
+            "skipped_steps": state.skipped_steps, "clips_per_forward": _clips_per_forward(trainer),
+            "chunk_train_size": trainer.chunk_spec().size}
 
 
 def _accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size: int, need_update: bool):
@@ -234,7 +258,7 @@ def _accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size
         except OutOfMemoryError:
             failed = True
         if failed:  # outside the except block: its traceback no longer holds the step's tensors
-            _back_off_after_oom(trainer, len(group[-1]["label"]))
+            _back_off_after_oom(trainer, len(group[-1]["label"]), clip_length(group[-1]))
             replay = True
 
 
@@ -245,22 +269,43 @@ def _forward_backward(trainer: Trainer, batch: dict, group_size: int, sync: bool
     keys = [k for k in MODEL_KEYS if k in batch]
     pieces = [dict(zip(keys, parts)) for parts in zip(*(torch.tensor_split(batch[k], trainer.state.micro_splits)
                                                          for k in keys)) if len(parts[0])]
+    spec = trainer.chunk_spec()
     loss_sum = 0.0
     for i, piece in enumerate(pieces):
-        inputs = trainer.prepare(piece)
-        labels = piece["label"].to(runtime.device, non_blocking=True)
+        inputs = trainer.prepare.transfer(piece)  # frames stay uint8 until their chunk runs
+        clips = len(piece["label"])
         # DDP: all-reduce gradients only on the last piece of the micro-batch that steps (no_sync on the others)
         context = model.no_sync() if runtime.distributed and not (sync and i == len(pieces) - 1) else contextlib.nullcontext()
         with context:
             with runtime.autocast():
-                loss = trainer.criterion(model(inputs), labels)
+                loss = training_loss(model(inputs, spec), piece, spec, trainer.cfg["train"], trainer.criterion)
             # a piece's mean loss weighted by its share of the batch, over the group: the group's mean loss
-            trainer.scaler.scale(loss * (len(labels) / size) / group_size).backward()
-        loss_sum += float(loss.detach()) * len(labels)
+            trainer.scaler.scale(loss * (clips / size) / group_size).backward()
+        loss_sum += float(loss.detach()) * clips
     return loss_sum, size
 
 
-MODEL_KEYS = ("label", "video", "kpt")
+def training_loss(chunk_logits: torch.Tensor, piece: dict, spec: ChunkSpec, train_cfg: dict,
+                  criterion: torch.nn.Module) -> torch.Tensor:
+    """train.chunk_loss clip: the aggregated chunk logits against the clip label (the plain loss for one
+    chunk); dense: each chunk against the label covering most of its frames, chunks no segment covers left
+    out, averaged over the chunks that count."""
+    device = chunk_logits.device
+    if train_cfg["chunk_loss"] == "clip":
+        logits = aggregate_chunk_logits(chunk_logits, train_cfg["chunk_train_aggregation"])
+        return criterion(logits, piece["label"].to(device, non_blocking=True))
+    if "frame_labels" not in piece:
+        raise ConfigError("train.chunk_loss: dense needs the samples' frame_labels (the dataset provides them); "
+                          "use chunk_loss: clip")
+    windows = chunk_windows(clip_length(piece), spec.size, spec.overlap)
+    labels = chunk_labels(piece["frame_labels"], windows).to(device)  # [n, B]
+    counted = labels >= 0
+    if not counted.any():  # no chunk of this piece lies in a segment: nothing to learn, no NaN either
+        return chunk_logits.sum() * 0.0
+    return criterion(chunk_logits[counted], labels[counted])
+
+
+MODEL_KEYS = ("label", "video", "kpt", "frame_labels")
 
 
 def _clips_per_forward(trainer: Trainer) -> int:
@@ -271,26 +316,53 @@ class OutOfMemoryAdvice(RuntimeError):
     pass
 
 
-def _back_off_after_oom(trainer: Trainer, batch_size: int) -> None:
+def _back_off_after_oom(trainer: Trainer, batch_size: int, length: int) -> None:
+    """Halve the micro-batch; at 1 clip per forward, halve the training chunk instead (down to the model's
+    shortest clip); only when one chunk of that length does not fit, save and stop with the advice."""
     trainer.optimizer.zero_grad(set_to_none=True)
     if trainer.runtime.device.type == "cuda":
         torch.cuda.empty_cache()
     state, cfg = trainer.state, trainer.cfg
     per_forward = math.ceil(batch_size / state.micro_splits)
     if per_forward <= 1:
+        if _shorten_chunks(trainer, length):
+            return
         path = trainer.save("last.pt")
         data, model = cfg["data"], cfg["model"]
+        frames = min(length, trainer.chunk_spec().size if trainer.chunk_spec().size != -1 else length)
         raise OutOfMemoryAdvice(
-            f"out of memory with 1 clip per forward pass; saved {path}. To fit, in this order: "
-            f"1) fewer frames per clip (data.num_frames={data['num_frames']}), "
-            f"2) smaller frames (data.img_size={data['img_size']}), "
-            f"3) model.grad_checkpointing: true (now {str(model['grad_checkpointing']).lower()}), "
-            f"4) a smaller preset (configs/gtx1650.yaml) or trainer.precision 16/bf16 (now {trainer.runtime.precision})")
+            f"out of memory with 1 clip per forward pass in chunks of {_frames(frames)} (the model's shortest); "
+            f"saved {path}. To fit, in this order: "
+            f"1) smaller frames (data.img_size={data['img_size']}), "
+            f"2) model.grad_checkpointing: true (now {str(model['grad_checkpointing']).lower()}), "
+            f"3) trainer.precision 16/bf16 (now {trainer.runtime.precision}), "
+            f"4) a smaller model or preset (configs/gtx1650.yaml)")
     state.micro_splits *= 2
     log.warning("out of memory at %d clips per forward: now %d per forward, %d forwards per batch of %d and %d "
                 "batches per step (the effective batch is unchanged); the step is retried", per_forward,
                 math.ceil(batch_size / state.micro_splits), state.micro_splits, batch_size,
                 cfg["train"]["accumulate_grad_batches"])
+
+
+def _shorten_chunks(trainer: Trainer, length: int) -> bool:
+    """At 1 clip per forward: chunks of half the length (from whole clips: the largest power of two below the
+    clip length), not below the model's ``min_frames``. False when they cannot get shorter."""
+    min_frames = getattr(unwrap_model(trainer.model), "min_frames", 1)
+    size = trainer.chunk_spec().size
+    current = length if size == -1 else min(size, length)
+    shorter = 2 ** math.floor(math.log2(current - 1)) if current == length and current > 1 else current // 2
+    shorter = max(shorter, min_frames)
+    if shorter >= current:
+        return False
+    trainer.state.chunk_train_size = shorter
+    log.warning("out of memory at 1 clip per forward in chunks of %s: now chunks of %s (overlap %d), each "
+                "recomputed in backward; kept for the rest of the run and saved in the checkpoint; the step is "
+                "retried", _frames(current), _frames(shorter), trainer.chunk_spec().overlap)
+    return True
+
+
+def _frames(count: int) -> str:
+    return f"{count} frame" + ("" if count == 1 else "s")
 
 
 def _optimizer_step(trainer: Trainer) -> None:
@@ -498,11 +570,11 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None,
         state, pending_rng, run_dir = _restore(resume_path, model, optimizer, scheduler, scaler)
     else:
         run_dir = make_run_dir(cfg) if runtime.is_main else ""
-    wrapped = torch.compile(model) if cfg["trainer"]["compile"] else model
+    prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"], channels_last)
+    wrapped = ChunkedTrainingForward(torch.compile(model) if cfg["trainer"]["compile"] else model, prepare.normalize)
     if runtime.distributed:
         wrapped = DistributedDataParallel(wrapped, device_ids=[runtime.device.index] if runtime.device.type == "cuda"
                                           else None)
-    prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"], channels_last)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg["train"]["label_smoothing"])
     trainer = Trainer(wrapped, optimizer, scheduler, scaler, prepare, runtime, cfg, run_dir, class_names, data_info,
                       criterion, state, pending_rng, stop_after_steps)
@@ -524,8 +596,7 @@ def _restore(path: str, model, optimizer, scheduler, scaler) -> tuple[TrainState
     optimizer.load_state_dict(ckpt["optimizer"])
     scheduler.load_state_dict(ckpt["scheduler"])
     scaler.load_state_dict(ckpt["scaler"])
-    state = TrainState(ckpt["epoch"], ckpt["batches_done"], ckpt["global_step"], ckpt["best_metric"],
-                       ckpt["skipped_steps"], 0, ckpt.get("micro_splits", 1), list(ckpt["history"]))
+    state = TrainState.from_checkpoint(ckpt)
     run_dir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
     log.info("resumed from %s: epoch %d, step %d", path, state.epoch + 1, state.global_step)
     return state, ckpt["rng"], run_dir

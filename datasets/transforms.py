@@ -17,13 +17,23 @@ class InputPreparer:
         self.channels_last = channels_last
 
     def __call__(self, batch: dict) -> dict:
+        return self.normalize(self.transfer(batch))
+
+    def transfer(self, batch: dict) -> dict:
+        """The model inputs of ``batch`` on the device, frames still uint8 (chunked training normalizes each
+        chunk when it runs, so the whole clip is never held as float)."""
         inputs = {}
         if "video" in batch:
-            video = batch["video"].to(self.device, non_blocking=self.non_blocking)
-            video = (video.float() - self.shift) / self.scale
-            if self.channels_last and video.dim() == 5:
-                video = video.contiguous(memory_format=torch.channels_last_3d)
-            inputs["video"] = video
+            inputs["video"] = batch["video"].to(self.device, non_blocking=self.non_blocking)
         if "kpt" in batch:
             inputs["kpt"] = batch["kpt"].to(self.device, non_blocking=self.non_blocking).float()
         return inputs
+
+    def normalize(self, inputs: dict) -> dict:
+        """uint8 frames -> normalized float frames (channels_last_3d where asked); keypoints pass through."""
+        if "video" not in inputs:
+            return dict(inputs)
+        video = (inputs["video"].float() - self.shift) / self.scale
+        if self.channels_last and video.dim() == 5:
+            video = video.contiguous(memory_format=torch.channels_last_3d)
+        return {**inputs, "video": video}

@@ -1,6 +1,7 @@
 """The one classifier shape every registered model takes: branches, view fusion, head."""
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -14,6 +15,42 @@ def norm_layer(kind: str, channels: int, dims: int) -> nn.Module:
     if kind == "group":
         return nn.GroupNorm(math.gcd(8, channels), channels)
     return nn.BatchNorm3d(channels) if dims == 3 else nn.BatchNorm1d(channels)
+
+
+@contextlib.contextmanager
+def running_stats_frozen(module: nn.Module):
+    """BatchNorm layers of ``module`` normalize with the batch statistics as usual but leave their running
+    statistics as they were: the state of a recomputation, whose first forward already updated them once.
+
+    Momentum 0 keeps the running mean and variance exactly (x * 1 + batch * 0) while the layer runs the same
+    ops and saves the same tensors for backward as the first forward did (checkpointing checks that); the
+    step counter, which the layer raises in Python, is put back afterwards.
+    """
+    norms = [m for m in module.modules()
+             if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats and m.training]
+    saved = [(m.momentum, None if m.num_batches_tracked is None else m.num_batches_tracked.clone()) for m in norms]
+    for m in norms:
+        m.momentum = 0.0
+    try:
+        yield
+    finally:
+        for m, (momentum, tracked) in zip(norms, saved):
+            m.momentum = momentum
+            if tracked is not None:
+                m.num_batches_tracked.copy_(tracked)
+
+
+def recompute_in_backward(module: nn.Module, function, *args):
+    """``function(*args)`` without keeping its activations: they are recomputed in backward.
+
+    Non-reentrant ``torch.utils.checkpoint`` (works with inputs that need no grad, with autocast, nested, and
+    under DDP), with the recomputation run under :func:`running_stats_frozen`: without it every checkpointed
+    BatchNorm counted each step twice (``num_batches_tracked`` 2 after one step) and its running mean and
+    variance moved twice as far as the momentum says. Dropout draws the same mask both times (the RNG state is
+    replayed).
+    """
+    return checkpoint(function, *args, use_reentrant=False,
+                      context_fn=lambda: (contextlib.nullcontext(), running_stats_frozen(module)))
 
 
 class StagedBackbone(nn.Module):
@@ -32,8 +69,7 @@ class StagedBackbone(nn.Module):
     def run_stages(self, x: torch.Tensor) -> torch.Tensor:
         for stage in self.stages:
             if self.grad_checkpointing and self.training and torch.is_grad_enabled():
-                # non-reentrant: works with inputs that need no grad and with autocast
-                x = checkpoint(stage, x, use_reentrant=False)
+                x = recompute_in_backward(stage, stage, x)
             else:
                 x = stage(x)
         return x

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 from torchvision.models import video as tv_video
 
 from models import register_backbone
-from models.classifier import StagedBackbone
+from models.classifier import StagedBackbone, recompute_in_backward
 
 
 class TorchvisionVideoResNet(StagedBackbone):
@@ -96,7 +95,7 @@ class TorchvisionMViT(StagedBackbone):
         thw = (net.pos_encoding.temporal_size,) + tuple(net.pos_encoding.spatial_size)
         for block in net.blocks:
             if self.grad_checkpointing and self.training and torch.is_grad_enabled():
-                x, thw = checkpoint(block, x, thw, use_reentrant=False)
+                x, thw = recompute_in_backward(block, block, x, thw)
             else:
                 x, thw = block(x, thw)
         return net.norm(x)[:, 0]  # the class token

@@ -26,18 +26,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class NoBatchNorm(nn.Module):
     """Per-sample computation only (no BatchNorm), so micro-batch size cannot change the gradient."""
 
-    def __init__(self, oom_above: int | None = None, nan: bool = False):
+    def __init__(self, oom_above: int | None = None, nan: bool = False, oom_frames_above: int | None = None):
         super().__init__()
         torch.manual_seed(0)
         self.conv = nn.Conv3d(3, 4, 3, padding=1)
         self.fc = nn.Linear(4, 3)
-        self.oom_above, self.nan = oom_above, nan
-        self.batch_sizes = []
+        self.oom_above, self.nan, self.oom_frames_above = oom_above, nan, oom_frames_above
+        self.batch_sizes, self.chunk_lengths = [], []
 
     def forward(self, inputs):
         video = inputs["video"]
         self.batch_sizes.append(len(video))
+        self.chunk_lengths.append(video.shape[2])
         if self.oom_above is not None and len(video) > self.oom_above:
+            raise train.OutOfMemoryError("CUDA out of memory (simulated)")
+        if self.oom_frames_above is not None and video.shape[2] > self.oom_frames_above:
             raise train.OutOfMemoryError("CUDA out of memory (simulated)")
         logits = self.fc(torch.relu(self.conv(video)).mean(dim=(2, 3, 4)))
         return logits * float("nan") if self.nan else logits
@@ -56,9 +59,10 @@ def make_trainer(model, batch_size, accumulate, tmp_path, count=8, **cfg_changes
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     runtime = Runtime(torch.device("cpu"), "32")
     os.makedirs(tmp_path / "checkpoints", exist_ok=True)
-    trainer = train.Trainer(model, optimizer, scheduler, runtime.grad_scaler(),
-                            InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"]), runtime, cfg,
-                            str(tmp_path), ["a", "b", "c"], {}, nn.CrossEntropyLoss(), train.TrainState())
+    prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
+    trainer = train.Trainer(train.ChunkedTrainingForward(model, prepare.normalize), optimizer, scheduler,
+                            runtime.grad_scaler(), prepare, runtime, cfg, str(tmp_path), ["a", "b", "c"], {},
+                            nn.CrossEntropyLoss(), train.TrainState())
     loader = DataLoader(samples(count), batch_size=batch_size, shuffle=False)
     return trainer, loader
 
@@ -108,11 +112,33 @@ def test_out_of_memory_at_one_clip_saves_and_gives_the_ordered_advice(tmp_path):
     with pytest.raises(train.OutOfMemoryAdvice) as info:
         train.train_one_epoch(trainer, loader)
     message = str(info.value)
-    assert message.startswith(f"out of memory with 1 clip per forward pass; saved {tmp_path}/checkpoints/last.pt. "
-                              f"To fit, in this order: 1) fewer frames per clip (data.num_frames=16), 2) smaller "
-                              f"frames (data.img_size=[112, 112]), 3) model.grad_checkpointing: true (now false), "
-                              f"4) a smaller preset")
-    assert load_checkpoint(str(tmp_path / "checkpoints" / "last.pt"))["micro_splits"] == 4
+    # the back-off went 4 -> 2 -> 1 clips per forward, then chunks of 4 -> 2 -> 1 frames, before giving up
+    assert message.startswith(f"out of memory with 1 clip per forward pass in chunks of 1 frame (the model's "
+                              f"shortest); saved {tmp_path}/checkpoints/last.pt. To fit, in this order: 1) smaller "
+                              f"frames (data.img_size=[112, 112]), 2) model.grad_checkpointing: true (now false), "
+                              f"3) trainer.precision 16/bf16 (now 32), 4) a smaller model or preset")
+    saved = load_checkpoint(str(tmp_path / "checkpoints" / "last.pt"))
+    assert saved["micro_splits"] == 4 and saved["chunk_train_size"] == 1
+
+
+def test_out_of_memory_at_one_clip_halves_the_chunk_and_resumes_with_it(tmp_path, caplog):
+    model = NoBatchNorm(oom_frames_above=2)  # clips of 4 frames: only chunks of 2 fit
+    backed_off, loader = make_trainer(model, 2, 1, tmp_path / "a", count=8)
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
+        metrics = train.train_one_epoch(backed_off, loader)
+    assert "out of memory at 1 clip per forward in chunks of 4 frames: now chunks of 2 frames" in caplog.text
+    assert backed_off.state.micro_splits == 2 and backed_off.state.chunk_train_size == 2
+    assert metrics["chunk_train_size"] == 2 and set(model.chunk_lengths[-4:]) == {2}
+    # the same training, configured with chunks of 2 from the start: the same weights
+    reference, loader = make_trainer(NoBatchNorm(), 2, 1, tmp_path / "b", count=8, **{"train.chunk_train_size": 2})
+    train.train_one_epoch(reference, loader)
+    for a, b in zip(weights(backed_off.model), weights(reference.model)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # kept in the checkpoint and restored on resume
+    path = backed_off.save("last.pt")
+    resumed, _ = make_trainer(NoBatchNorm(), 2, 1, tmp_path / "c")
+    state, _, _ = train._restore(path, resumed.model.module, resumed.optimizer, resumed.scheduler, resumed.scaler)
+    assert state.chunk_train_size == 2 and state.micro_splits == 2
 
 
 def test_consecutive_non_finite_losses_stop_the_run_with_a_checkpoint(tmp_path):
@@ -189,10 +215,14 @@ def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
                                - state["step"], rtol=0, atol=10)  # a consistent state, not a torn one
 
 
-def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path):
+@pytest.mark.parametrize("chunks", [[], ["train.chunk_train_size=4", "train.chunk_train_overlap=1"]],
+                         ids=["whole-clips", "chunked-training"])
+def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
     # GroupNorm and SGD: the per-sample model and the linear optimizer make one process and two comparable
-    # to float rounding (BatchNorm would see 2 clips per process instead of 4)
-    common = ["trainer.max_epochs=1", "model.dropout=0", "model.norm=group", "train.optimizer=sgd", "train.lr=0.05"]
+    # to float rounding (BatchNorm would see 2 clips per process instead of 4). With chunked training, one DDP
+    # forward covers every chunk, each recomputed in backward.
+    common = ["trainer.max_epochs=1", "model.dropout=0", "model.norm=group", "train.optimizer=sgd", "train.lr=0.05",
+              *chunks]
     one = subprocess.run([sys.executable, "train.py", *overrides(synthetic_root, tmp_path / "one", *common,
                                                                    "data.batch_size=4")],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -1,0 +1,172 @@
+"""Chunked training: the clip goes through the model chunk by chunk, each chunk recomputed in backward."""
+import os
+import shutil
+
+import pytest
+import torch
+from torch import nn
+
+import train
+from checkpoint import load_checkpoint
+from chunked_forward import ChunkedTrainingForward, ChunkSpec, aggregate_chunk_logits, chunk_labels, chunk_windows
+from config import ConfigError, load_config
+from conftest import overrides
+from datasets.transforms import InputPreparer
+from models import build_model
+
+MEAN, STD = [0.45] * 3, [0.225] * 3
+
+
+def small_model(seed=0, views=1, **changes):
+    torch.manual_seed(seed)
+    kpt = ["data.load_kpt=true"] if changes.get("input_type") == "rgb_kpt" else []
+    cfg = load_config(None, ["model.width=4", *kpt, *[f"model.{k}={v}" for k, v in changes.items()]])["model"]
+    return build_model(cfg, num_classes=3, num_views=views,
+                       kpt_shape=(5, 2) if changes.get("input_type") == "rgb_kpt" else None)
+
+
+def clip_batch(length=24, batch=2, views=1, keypoints=False):
+    generator = torch.Generator().manual_seed(7)
+    shape = (batch, 3, length, 16, 16) if views == 1 else (batch, views, 3, length, 16, 16)
+    inputs = {"video": torch.randint(0, 255, shape, generator=generator, dtype=torch.uint8)}
+    if keypoints:
+        inputs["kpt"] = torch.rand(batch, length, 5, 2, generator=generator)
+    return inputs
+
+
+def gradients_of(model, inputs, spec, aggregation="mean", labels=(0, 2), seed=5):
+    """Parameter gradients of one chunked step (the RNG seeded so dropout draws the same masks)."""
+    prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
+    forward = ChunkedTrainingForward(model, prepare.normalize).train()
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    logits = aggregate_chunk_logits(forward(prepare.transfer(inputs), spec), aggregation)
+    nn.functional.cross_entropy(logits, torch.tensor(labels[:len(logits)])).backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("case", [
+    {"aggregation": "mean"},
+    {"aggregation": "max", "overlap": 3},
+    {"aggregation": "prob", "model": {"dropout": 0.5}},
+    {"aggregation": "mean", "model": {"grad_checkpointing": True}},  # both recomputations nested
+])
+def test_recomputed_chunks_give_the_gradients_of_the_same_chunks_kept_in_memory(case):
+    model, kept = small_model(**case.get("model", {})), small_model(**case.get("model", {}))
+    overlap = case.get("overlap", 0)
+    inputs = clip_batch()
+    recomputed = gradients_of(model, inputs, ChunkSpec(8, overlap, recompute=True), case["aggregation"])
+    in_memory = gradients_of(kept, inputs, ChunkSpec(8, overlap, recompute=False), case["aggregation"])
+    assert recomputed.keys() == in_memory.keys() and len(recomputed) > 0
+    for name, grad in recomputed.items():
+        torch.testing.assert_close(grad, in_memory[name], rtol=1e-5, atol=1e-7, msg=name)
+    # and the chunking is real: the whole clip in one forward gives other gradients
+    whole = gradients_of(small_model(**case.get("model", {})), inputs, ChunkSpec(-1))
+    assert any(not torch.allclose(whole[n], recomputed[n], rtol=1e-3, atol=1e-6) for n in recomputed)
+
+
+@pytest.mark.parametrize("views,keypoints", [(2, False), (1, True)])
+def test_chunks_carry_their_views_and_keypoints(views, keypoints):
+    changes = {"view_fusion": "mean"} if views > 1 else {"input_type": "rgb_kpt"}
+    model, kept = small_model(views=views, **changes), small_model(views=views, **changes)  # same seed, same weights
+    inputs = clip_batch(views=views, keypoints=keypoints)
+    recomputed = gradients_of(model, inputs, ChunkSpec(8, 2))
+    in_memory = gradients_of(kept, inputs, ChunkSpec(8, 2, recompute=False))
+    for name, grad in recomputed.items():
+        torch.testing.assert_close(grad, in_memory[name], rtol=1e-5, atol=1e-7, msg=name)
+    if keypoints:
+        assert recomputed["kpt.stages.0.0.weight"].abs().sum() > 0  # the keypoint branch learned from its chunks
+
+
+@pytest.mark.parametrize("size", [24, 25, 1000])
+def test_a_chunk_as_long_as_the_clip_is_exactly_the_plain_step(size):
+    model, plain = small_model(), small_model()
+    inputs = clip_batch(length=24)
+    chunked = gradients_of(model, inputs, ChunkSpec(size, 0))
+    prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
+    plain.train().zero_grad()
+    torch.manual_seed(5)
+    nn.functional.cross_entropy(plain(prepare(inputs)), torch.tensor([0, 2])).backward()
+    for name, p in plain.named_parameters():
+        assert torch.equal(p.grad, chunked[name]), name
+
+
+def test_recomputation_leaves_batchnorm_running_statistics_as_one_forward_left_them():
+    inputs = clip_batch()
+    recomputed, kept = small_model(), small_model()
+    gradients_of(recomputed, inputs, ChunkSpec(8, 0, recompute=True))
+    gradients_of(kept, inputs, ChunkSpec(8, 0, recompute=False))
+    bn = dict(recomputed.named_buffers())
+    for name, buffer in kept.named_buffers():
+        torch.testing.assert_close(bn[name], buffer, rtol=1e-6, atol=1e-7, msg=name)
+    assert bn["rgb.stages.0.1.num_batches_tracked"] == 3  # one update per chunk, not two
+
+
+def test_gradient_checkpointing_counts_each_step_once():
+    """model.grad_checkpointing used to update BatchNorm statistics again in backward's recomputation."""
+    model = small_model(grad_checkpointing=True)
+    gradients_of(model, clip_batch(), ChunkSpec(-1))
+    plain = small_model()
+    gradients_of(plain, clip_batch(), ChunkSpec(-1))
+    for name, buffer in plain.named_buffers():
+        torch.testing.assert_close(dict(model.named_buffers())[name], buffer, rtol=1e-6, atol=1e-7, msg=name)
+    assert int(dict(model.named_buffers())["rgb.stages.1.1.num_batches_tracked"]) == 1
+
+
+def test_dense_chunk_labels_equal_a_hand_computation():
+    # clip of 12 frames, chunks of 4 sharing 1: [0,4) [3,7) [6,10) [8,12)
+    windows = chunk_windows(12, 4, 1)
+    assert windows == [(0, 4), (3, 7), (6, 10), (8, 12)]
+    frame_labels = torch.tensor([
+        [2, 2, 2, 1, 1, 1, 1, -1, -1, -1, -1, -1],  # segments 2 on [0,3), 1 on [3,7), then nothing
+        [0, 0, 0, 0, 0, 0, 3, 3, 3, 3, 3, 0],
+    ])
+    expected = torch.tensor([[2, 0],   # [0,4): 2,2,2,1 -> 2 | 0,0,0,0 -> 0
+                             [1, 0],   # [3,7): 1,1,1,1 -> 1 | 0,0,0,3 -> 0
+                             [1, 3],   # [6,10): 1,-1,-1,-1 -> 1 | 3,3,3,3 -> 3
+                             [-1, 3]])  # [8,12): nothing labelled -> ignored | 3,3,3,0 -> 3
+    assert torch.equal(chunk_labels(frame_labels, windows), expected)
+
+
+def test_dense_loss_is_the_mean_over_counted_chunks(tmp_path):
+    cfg = load_config(None, ["train.chunk_train_size=4", "train.chunk_train_overlap=1", "train.chunk_loss=dense"])
+    chunk_logits = torch.randn(4, 2, 5)
+    piece = {"video": torch.zeros(2, 3, 12, 1, 1), "label": torch.tensor([0, 0]),
+             "frame_labels": torch.tensor([[2, 2, 2, 1, 1, 1, 1, -1, -1, -1, -1, -1],
+                                           [0, 0, 0, 0, 0, 0, 3, 3, 3, 3, 3, 0]])}
+    loss = train.training_loss(chunk_logits, piece, ChunkSpec(4, 1), cfg["train"], nn.CrossEntropyLoss())
+    rows = [(0, 0, 2), (0, 1, 0), (1, 0, 1), (1, 1, 0), (2, 0, 1), (2, 1, 3), (3, 1, 3)]  # (chunk, clip, label)
+    by_hand = sum(-chunk_logits[c, b].log_softmax(-1)[k] for c, b, k in rows) / len(rows)
+    torch.testing.assert_close(loss, by_hand)
+
+
+def test_chunk_train_aggregation_last_is_refused_with_its_reason():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["train.chunk_train_aggregation=last"])
+    assert str(info.value) == ("--set train.chunk_train_aggregation=last: train.chunk_train_aggregation: 'last' means "
+                               "nothing in training (only the last chunk would learn); use mean, max or prob. "
+                               "Validation's train.chunk_aggregation may stay last")
+    with pytest.raises(ConfigError, match="train.chunk_train_overlap=8 must be smaller than train.chunk_train_size=8"):
+        load_config(None, ["train.chunk_train_size=8", "train.chunk_train_overlap=8"])
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(synthetic_root, tmp_path, dense):
+    """From epoch_0001.pt of a 2-epoch run, put as last.pt of a fresh run: the same final weights."""
+    extra = ["model.dropout=0.5", "train.chunk_train_size=4", "train.chunk_train_overlap=1", "train.keep_last_k=2",
+             "train.chunk_infer_size=4"] + (["train.chunk_loss=dense", "data.train_manifest=long.jsonl", "data.val_manifest=long.jsonl",
+                                              "data.max_video_frames=40"] if dense else [])
+    reference_dir = tmp_path / "reference"
+    assert train.main(overrides(synthetic_root, reference_dir, *extra)) == 0
+    checkpoints = os.path.join(reference_dir, "e2e", "latest", "checkpoints")
+    reference = load_checkpoint(os.path.join(checkpoints, "last.pt"))
+    assert reference["global_step"] > 0 and reference["config"]["train"]["chunk_train_size"] == 4
+    resumed_dir = tmp_path / "resumed" / "e2e" / "run"
+    os.makedirs(resumed_dir / "checkpoints")
+    shutil.copy(os.path.join(checkpoints, "epoch_0001.pt"), resumed_dir / "checkpoints" / "last.pt")
+    os.symlink("run", tmp_path / "resumed" / "e2e" / "latest")
+    assert train.main(overrides(synthetic_root, tmp_path / "resumed", *extra) + ["--resume", "auto"]) == 0
+    resumed = load_checkpoint(str(resumed_dir / "checkpoints" / "last.pt"))
+    assert resumed["global_step"] == reference["global_step"]
+    for key, value in reference["model"].items():
+        torch.testing.assert_close(resumed["model"][key], value, rtol=0, atol=0, msg=key)
