@@ -75,7 +75,9 @@ SCHEMA: dict[str, Any] = {
         "test_manifest": Key("test.jsonl", "str", "test manifest", nullable=True),
         "class_names": Key(None, "list", "class names in label order; null = sorted training labels",
                            nullable=True),
-        "batch_size": _int(8, "clips per training micro-batch", minimum=1),
+        "batch_size": _int(8, "clips per training micro-batch; auto = the largest whose estimated memory fits "
+                              "trainer.memory_budget_gb (train.py --probe-memory shows the estimates)", minimum=1,
+                           also=("auto",)),
         "num_workers": _int(2, "DataLoader worker processes", minimum=0),
         "img_size": Key(112, "size", "frame size after decoding: N (square) or [height, width]"),
         "num_frames": _int(16, "frames per clip; -1 = every frame of the sample window", minimum=1, also=(-1,)),
@@ -116,6 +118,9 @@ SCHEMA: dict[str, Any] = {
                                       "chunk against the label covering most of its frames (segments)",
                               "clip", "dense"),
         "accumulate_grad_batches": _int(1, "micro-batches per optimizer step", minimum=1),
+        "global_batch_size": _int(None, "clips per optimizer step over all processes, kept by data.batch_size: auto "
+                                        "and --fit-budget through accumulate_grad_batches; null = batch_size x "
+                                        "accumulate_grad_batches x processes as written", minimum=1, nullable=True),
         "optimizer": _choice("adamw", "optimizer", "adamw", "sgd"),
         "lr": _float(1e-3, "peak learning rate", minimum=0.0),
         "min_lr": _float(0.0, "learning rate at the end of the cosine schedule", minimum=0.0),
@@ -279,6 +284,8 @@ def _check_value(spec: Key, value: Any, where: str) -> Any:
         if not isinstance(value, bool):
             fail("true or false")
     elif kind == "int":
+        if isinstance(value, str) and value in spec.also:
+            return value
         if isinstance(value, bool) or not isinstance(value, int):
             fail(_describe(spec))
         if value not in spec.also and not _in_range(spec, value):
@@ -375,6 +382,9 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     if chunk != -1 and overlap >= chunk:
         raise ConfigError(f"{origin('train.chunk_train_overlap')}: train.chunk_train_overlap={overlap} must be smaller "
                           f"than train.chunk_train_size={chunk} (or set chunk_train_size: -1 for no chunking)")
+    if data["batch_size"] == "auto" and not cfg["trainer"]["memory_budget_gb"]:
+        raise ConfigError(f"{origin('data.batch_size')}: data.batch_size: auto needs trainer.memory_budget_gb (the "
+                          f"memory to fit, in GiB); set it, or give a number")
     window, window_overlap = data["max_video_frames"], data["video_chunk_overlap"]
     if window is not None and window_overlap >= window:
         raise ConfigError(f"{origin('data.video_chunk_overlap')}: data.video_chunk_overlap={window_overlap} must be "

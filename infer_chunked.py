@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+import memory_estimate
 import memory_monitor
 from checkpoint import CheckpointError, load_trained_model
 from chunked_forward import AGGREGATIONS, LogitAggregator, clip_length, inference_windows, slice_time
@@ -45,7 +46,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--chunk", type=int, default=32, help="clip frames per inference chunk; -1 = whole video")
     parser.add_argument("--overlap", type=int, default=8, help="clip frames shared by consecutive chunks")
     parser.add_argument("--agg", choices=AGGREGATIONS, default="mean", help="how chunk logits are aggregated")
-    parser.add_argument("--batch", type=int, default=1, help="inference chunks per forward call")
+    parser.add_argument("--batch", default="1", metavar="N|auto",
+                        help="inference chunks per forward call; auto = the most whose estimated device memory fits "
+                             "--memory-budget-gb (memory_estimate.py)")
+    parser.add_argument("--memory-budget-gb", type=float,
+                        help="the memory --batch auto fits (default: the checkpoint's trainer.memory_budget_gb)")
     parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda if available)")
     parser.add_argument("--precision", help="32, 16, bf16 or amp (default: the checkpoint's)")
     parser.add_argument("--topk", type=int, default=3, help="labels reported per video")
@@ -59,9 +64,33 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise ConfigError(f"--chunk {args.chunk}: must be >= 1, or -1 for the whole video")
     if args.chunk != -1 and not 0 <= args.overlap < args.chunk:
         raise ConfigError(f"--overlap {args.overlap}: must be >= 0 and smaller than --chunk {args.chunk}")
-    if args.batch < 1 or args.topk < 1:
+    if args.batch != "auto":
+        try:
+            args.batch = int(args.batch)
+        except ValueError:
+            raise ConfigError(f"--batch {args.batch}: expected a number of chunks, or auto")
+    if (args.batch != "auto" and args.batch < 1) or args.topk < 1:
         raise ConfigError("--batch and --topk must be >= 1")
     return args
+
+
+def fit_inference_batch(args, cfg: dict, runtime, num_classes: int, state: dict) -> int:
+    """--batch auto: the most chunks per forward whose estimated peak fits the budget."""
+    budget = args.memory_budget_gb or cfg["trainer"]["memory_budget_gb"]
+    if not budget:
+        raise ConfigError("--batch auto needs a memory budget: --memory-budget-gb N (the checkpoint's config has no "
+                          "trainer.memory_budget_gb)")
+    cuda = runtime.device.type == "cuda"
+    usable = memory_estimate.usable_bytes(budget, cuda)
+    frames = args.chunk if args.chunk != -1 else memory_estimate.clip_frames(cfg)
+    shape = {"num_classes": num_classes, "num_views": state.get("num_views", 1),
+             "kpt_shape": tuple(state["kpt_shape"]) if state.get("kpt_shape") else None}
+    batch = memory_estimate.largest_inference_batch(cfg, frames, usable, precision=runtime.precision, **shape)
+    if not batch:
+        raise ConfigError(f"--batch auto: even 1 chunk of {frames} frames does not fit the "
+                          f"{memory_estimate.margin_text(budget, cuda)}; use a shorter --chunk")
+    print(f"--batch auto: {batch} chunks of {frames} frames per forward ({memory_estimate.margin_text(budget, cuda)})")
+    return batch
 
 
 def find_latest_checkpoint(runs: str) -> str:
@@ -274,8 +303,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     checkpoint_path = args.checkpoint or find_latest_checkpoint(args.runs)
     device = resolve_device(args.device or "auto")
-    model, cfg, class_names, _ = load_trained_model(checkpoint_path, device)
+    model, cfg, class_names, state = load_trained_model(checkpoint_path, device)
     runtime = setup_runtime(cfg["trainer"], device=str(device), precision=args.precision)
+    if args.batch == "auto":
+        args.batch = fit_inference_batch(args, cfg, runtime, len(class_names), state)
     source, records = resolve_inputs(args.input, cfg)
     if args.max_videos:
         records = records[:args.max_videos]

@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Sampler
 from tqdm import tqdm
 
+import memory_estimate
 import memory_monitor
 import plots
 from checkpoint import (CHECKPOINT_FORMAT, CheckpointError, load_checkpoint, restore_rng_state, rng_state,
@@ -439,10 +440,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="continue a run: auto = last.pt of runs/<experiment>/latest, or a checkpoint path")
     parser.add_argument("--device", help="override trainer.device (auto, cpu, cuda, cuda:N)")
     parser.add_argument("--probe-memory", action="store_true",
-                        help="measure the peak memory of one training step over a grid of num_frames x batch_size, "
-                             "print the largest batch that fits trainer.memory_budget_gb, and exit")
+                        help="estimate (on any machine; with CUDA also measure) the peak device memory of one "
+                             "training step over a grid of num_frames x batch_size, print the largest batch that "
+                             "fits trainer.memory_budget_gb, and exit")
     parser.add_argument("--probe-frames", metavar="N,N,...", help="num_frames values of the probe grid")
     parser.add_argument("--probe-batches", metavar="N,N,...", help="batch sizes of the probe grid")
+    parser.add_argument("--fit-budget", action="store_true",
+                        help="before training, pick the largest micro-batch whose estimated memory fits "
+                             "trainer.memory_budget_gb and keep the global batch by accumulation (as "
+                             "data.batch_size: auto does)")
     parser.add_argument("--stop-after-steps", type=int, metavar="N",
                         help="stop after N optimizer steps (saving last.pt): smoke tests and quick checks")
     return parser.parse_args(argv)
@@ -463,42 +469,68 @@ def make_run_dir(cfg: dict) -> str:
     return run_dir
 
 
-def probe_memory(cfg: dict, runtime: Runtime, frames_arg: str | None, batches_arg: str | None) -> int:
-    """--probe-memory: the table of peak memory per (num_frames, batch_size) and the batch that fits the budget."""
-    def grid(text, default):
+def probe_memory(cfg: dict, device: str | None, frames_arg: str | None, batches_arg: str | None) -> int:
+    """--probe-memory: estimated (and with CUDA measured) peak memory per num_frames x batch_size, and the
+    largest batch that fits the budget (memory_estimate.py)."""
+    def grid(text):
         try:
-            return sorted({int(v) for v in text.split(",")}) if text else default
+            return sorted({int(v) for v in text.split(",")}) if text else None
         except ValueError:
             raise ConfigError(f"--probe-frames/--probe-batches: {text!r} is not a comma-separated list of integers")
-    frames = cfg["data"]["num_frames"] if cfg["data"]["num_frames"] > 0 else 32
-    batch = cfg["data"]["batch_size"]
+    for_gpu = (device or cfg["trainer"]["device"]) != "cpu"  # the budget of a GPU (its context set aside)
+    if cfg["trainer"]["precision"] == "amp":
+        cfg["trainer"]["precision"] = "16"  # what --use_amp means on a GPU, which the estimate is for
+    shape = data_shapes(cfg)
+    return memory_estimate.probe(cfg, for_gpu and torch.cuda.is_available(), grid(frames_arg), grid(batches_arg),
+                                 out=lambda line: print(line, flush=True), for_gpu=for_gpu, **shape)
+
+
+def data_shapes(cfg: dict) -> dict:
+    """Views, keypoint shape and class count of the training data, from its manifest (no video is opened): what
+    the memory estimate needs to build the model and its inputs. The model's defaults where it cannot be read."""
+    from datasets.keypoints import read_keypoints
+    try:
+        records = read_manifest(manifest_path(cfg["data"], "train"))
+        kpt = (tuple(read_keypoints(records[0].keypoints, [0]).shape[1:]) if cfg["data"]["load_kpt"]
+               and records[0].keypoints else None)
+        return {"num_views": len(records[0].views), "kpt_shape": kpt,
+                "num_classes": len(resolve_class_names(cfg["data"], records))}
+    except BAD_INPUT_ERRORS + (OSError, IndexError, TypeError) as e:
+        views = 1 if cfg["model"]["view_fusion"] == "none" else 3
+        log.warning("the training manifest cannot be read (%s): estimating for %d view(s), keypoints [17, 3], "
+                    "10 classes", str(e).splitlines()[0], views)
+        return {"num_views": views, "kpt_shape": (17, 3) if cfg["data"]["load_kpt"] else None, "num_classes": 10}
+
+
+def fit_budget(cfg: dict, runtime: Runtime, shape: dict) -> None:
+    """data.batch_size: auto (or --fit-budget): the largest micro-batch whose estimate fits the budget, and the
+    accumulation that keeps the global batch (train.global_batch_size, or batch x accumulation as written).
+    Written into cfg, so the run's config.yaml and checkpoints hold the decision."""
+    data, train_cfg, budget = cfg["data"], cfg["train"], cfg["trainer"]["memory_budget_gb"]
     cuda = runtime.device.type == "cuda"
-    frames_grid = grid(frames_arg, sorted({max(1, frames // 2), frames, frames * 3 // 2}))
-    batch_grid = grid(batches_arg, sorted({1, 2, 4, 8, 16, batch, batch * 2} if cuda else {1, 2}))
-    views = 1 if cfg["model"]["view_fusion"] == "none" else 3
-    num_classes = cfg["model"]["model_class_num"] or 10
-    print(f"probing one training step of {cfg['model']['backbone']} at {cfg['data']['img_size']} frames, precision "
-          f"{runtime.precision}, grad_checkpointing {cfg['model']['grad_checkpointing']}, {views} view(s), on "
-          f"{runtime.device}")
-    if not cuda:
-        print("no CUDA device: measuring host memory instead (peak RSS of this process during the step, sampled)")
-    rows = memory_monitor.probe_training_memory(cfg, runtime, build_model, num_classes, frames_grid, batch_grid,
-                                                num_views=views)
-    unit = "device peak MB" if cuda else "host peak RSS MB"
-    print(f"{'num_frames':>10s} {'batch':>5s} {unit:>16s} {'step adds MB':>12s}")
-    for row in rows:
-        peak = "OOM" if math.isinf(row["peak_mb"]) else f"{row['peak_mb']:.0f}"
-        added = "OOM" if math.isinf(row["step_increase_mb"]) else f"{row['step_increase_mb']:.0f}"
-        print(f"{row['num_frames']:>10d} {row['batch_size']:>5d} {peak:>16s} {added:>12s}")
-    budget = cfg["trainer"]["memory_budget_gb"]
-    if cuda and budget:
-        limit_mb = budget * 1024 * 0.9  # a 10% margin for the allocator's fragmentation and the data
-        fitting = [r["batch_size"] for r in rows if r["num_frames"] == frames and r["peak_mb"] <= limit_mb]
-        print(f"largest batch at num_frames={frames} within 90% of trainer.memory_budget_gb={budget:g}: "
-              f"{max(fitting) if fitting else 'none (even batch 1 does not fit)'}")
-    elif cuda:
-        print("trainer.memory_budget_gb is not set: no largest batch computed")
-    return 0
+    usable = memory_estimate.usable_bytes(budget, cuda)
+    frames = memory_estimate.clip_frames(cfg)
+    fitting, tried = memory_estimate.largest_batch(cfg, frames, usable, **shape)
+    if not fitting:
+        raise ConfigError(memory_estimate.nothing_fits(cfg, frames, tried[0][1].peak, usable, budget, cuda, shape))
+    global_batch = train_cfg["global_batch_size"]
+    if global_batch is None and data["batch_size"] != "auto":
+        global_batch = data["batch_size"] * train_cfg["accumulate_grad_batches"] * runtime.world_size
+    if global_batch is None:  # batch_size: auto without a global batch: the accumulation stays as written
+        batch, accumulate = fitting, train_cfg["accumulate_grad_batches"]
+    else:
+        if global_batch % runtime.world_size:
+            raise ConfigError(f"train.global_batch_size={global_batch} must be a multiple of the {runtime.world_size} "
+                              f"processes")
+        per_process = global_batch // runtime.world_size
+        batch = max(b for b in range(1, min(fitting, per_process) + 1) if per_process % b == 0)
+        accumulate = per_process // batch
+    estimate = next((e for b, e in tried if b == batch), None) or memory_estimate.config_training_estimate(
+        cfg, frames, batch, **shape)
+    data["batch_size"], train_cfg["accumulate_grad_batches"] = batch, accumulate
+    log.info("memory budget: batch %d x %d accumulated x %d processes (largest batch that fits: %d), estimated "
+             "peak %.2f GiB of %s", batch, accumulate, runtime.world_size, fitting, estimate.peak / 2 ** 30,
+             memory_estimate.margin_text(budget, cuda))
 
 
 def find_resume_checkpoint(resume: str, cfg: dict) -> str:
@@ -519,12 +551,13 @@ def main(argv=None) -> int:
     if args.print_config:
         print(dump(cfg), end="")
         return 0
+    if args.probe_memory:  # before the runtime: nothing of this machine's is used unless it has CUDA
+        return probe_memory(cfg, args.device, args.probe_frames, args.probe_batches)
     resume_path = find_resume_checkpoint(args.resume, cfg) if args.resume else None
     runtime = setup_runtime(cfg["trainer"], device=args.device)
-    if args.probe_memory:
-        return probe_memory(cfg, runtime, args.probe_frames, args.probe_batches)
     setup_logging(runtime.is_main)
-    trainer, train_loader, val_loader = build_trainer(cfg, runtime, resume_path, args.stop_after_steps)
+    trainer, train_loader, val_loader = build_trainer(cfg, runtime, resume_path, args.stop_after_steps,
+                                                      args.fit_budget)
     try:
         fit(trainer, train_loader, val_loader)
     except (NonFiniteLossError, OutOfMemoryAdvice) as e:
@@ -536,8 +569,8 @@ def main(argv=None) -> int:
     return 0
 
 
-def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None,
-                  stop_after_steps: int | None = None) -> tuple[Trainer, DataLoader, DataLoader | None]:
+def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None, stop_after_steps: int | None = None,
+                  fit_to_budget: bool = False) -> tuple[Trainer, DataLoader, DataLoader | None]:
     """Data, model, optimizer, schedule and run directory (or the resumed ones), wired into a Trainer."""
     torch.manual_seed(cfg["train"]["seed"])
     np.random.seed(cfg["train"]["seed"])
@@ -551,6 +584,9 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None,
                           f"{len(class_names)} classes ({', '.join(class_names)}); set it to null or fix the data")
     data_info = {"num_views": len(train_set.view_names), "view_names": train_set.view_names,
                  "kpt_shape": train_set.keypoint_shape()}
+    if fit_to_budget or cfg["data"]["batch_size"] == "auto":  # the same decision again on resume: deterministic
+        fit_budget(cfg, runtime, {"num_views": data_info["num_views"], "kpt_shape": data_info["kpt_shape"],
+                                  "num_classes": len(class_names)})
     try:
         model = build_model(cfg["model"], len(class_names), data_info["num_views"], data_info["kpt_shape"])
     except ValueError as e:  # a model section that does not fit the data or the backbone: a config error

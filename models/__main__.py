@@ -3,11 +3,10 @@
 --list: the registered backbones with their parameter counts.
 --profile: for each backbone at a preset's clip shape (default configs/rtx5080.yaml: 40 frames at 160x210,
 batch 1): parameters, forward GFLOPs (torch.utils.flop_counter, counted on the meta device, so no compute), and
-with CUDA the peak training memory (forward + backward + step) for fp32 and fp16, without and with gradient
-checkpointing.
+the peak training memory (forward + backward + AdamW step) for fp32 and fp16, without and with gradient
+checkpointing: estimated on any machine (memory_estimate.py), and with CUDA measured beside it.
 """
 import argparse
-import math
 import os
 
 import torch
@@ -35,33 +34,32 @@ def forward_gflops(model_cfg: dict, shape) -> float:
     return counter.get_total_flops() / 1e9
 
 
-def peak_training_mb(model_cfg: dict, shape, precision: str, checkpointing: bool) -> float:
-    model = build_model({**model_cfg, "grad_checkpointing": checkpointing}, num_classes=10).cuda().train()
-    optimizer = torch.optim.AdamW(model.parameters())
-    scaler = torch.amp.GradScaler("cuda", enabled=precision == "16")
-    clip = {"video": torch.randn(1, 3, *shape, device="cuda")}
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    try:
-        with torch.autocast("cuda", dtype=torch.float16, enabled=precision == "16"):
-            loss = model(clip).float().logsumexp(dim=1).mean()
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() / 2 ** 20
-    except torch.cuda.OutOfMemoryError:
-        return math.inf
-    finally:
-        del model, optimizer
-        torch.cuda.empty_cache()
+def training_memory_mb(cfg: dict, name: str, shape, cuda: bool) -> list[str]:
+    """Estimated (and with CUDA measured) peak MiB of one training step at batch 1, for fp32 / fp16 x gradient
+    checkpointing off / on: memory_estimate.py, the estimator train.py --probe-memory uses."""
+    import copy
+
+    import memory_estimate
+    cells = []
+    for precision, ckpt in (("32", False), ("32", True), ("16", False), ("16", True)):
+        changed = copy.deepcopy(cfg)
+        changed["model"].update(backbone=name, grad_checkpointing=ckpt, pretrained=None, input_type="rgb",
+                                view_fusion="none")
+        changed["data"]["img_size"] = list(shape[1:])
+        changed["train"]["accumulate_grad_batches"] = 1
+        estimate = memory_estimate.config_training_estimate(changed, shape[0], 1, precision=precision)
+        cells.append(f"{estimate.peak / 2 ** 20:.0f}")
+        if cuda:
+            measured = memory_estimate.measure_training_step_cuda(changed, shape[0], 1, precision=precision)
+            cells[-1] += "/" + ("OOM" if measured is None else f"{measured['allocated'] / 2 ** 20:.0f}")
+    return cells
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m models", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--list", action="store_true", help="print the registered backbones")
-    parser.add_argument("--profile", action="store_true", help="parameters, GFLOPs and (CUDA) training memory")
+    parser.add_argument("--profile", action="store_true", help="parameters, GFLOPs and training memory")
     parser.add_argument("--config", default=os.path.join(ROOT, "configs", "rtx5080.yaml"),
                         help="preset whose clip shape --profile uses")
     args = parser.parse_args()
@@ -74,10 +72,10 @@ def main() -> None:
     cfg = load_config(args.config)
     cuda = torch.cuda.is_available()
     print(f"clip shape of {os.path.relpath(args.config, ROOT)}: {cfg['data']['num_frames']} frames at "
-          f"{cfg['data']['img_size']}, batch 1, 10 classes" + ("" if cuda else "; no CUDA: memory columns skipped"))
+          f"{cfg['data']['img_size']}, batch 1, 10 classes; training memory: peak MiB of one step (AdamW), "
+          + ("estimated/measured allocated" if cuda else "estimated (no GPU)"))
     header = f"{'model':12s} {'params M':>9s} {'GFLOPs':>8s} {'T x H x W':>13s}"
-    if cuda:
-        header += "".join(f" {c:>14s}" for c in ("fp32 MB", "fp32+ckpt MB", "fp16 MB", "fp16+ckpt MB"))
+    header += "".join(f" {c:>14s}" for c in ("fp32", "fp32+ckpt", "fp16", "fp16+ckpt"))
     print(header)
     for name in registered_names():
         model_cfg = {**cfg["model"], "backbone": name, "grad_checkpointing": False, "pretrained": None,
@@ -85,10 +83,7 @@ def main() -> None:
         shape = clip_shape_for(name, cfg["data"]["num_frames"], cfg["data"]["img_size"])
         params = sum(p.numel() for p in build_model(model_cfg, num_classes=10).parameters())
         line = f"{name:12s} {params / 1e6:9.2f} {forward_gflops(model_cfg, shape):8.1f} {'x'.join(map(str, shape)):>13s}"
-        if cuda:
-            for precision, ckpt in (("32", False), ("32", True), ("16", False), ("16", True)):
-                peak = peak_training_mb(model_cfg, shape, precision, ckpt)
-                line += f" {'OOM' if math.isinf(peak) else f'{peak:.0f}':>14s}"
+        line += "".join(f" {cell:>14s}" for cell in training_memory_mb(cfg, name, shape, cuda))
         print(line, flush=True)
 
 

@@ -41,9 +41,9 @@ def test_unknown_key_reports_the_inheriting_file_not_the_base(tmp_path):
 
 def test_wrong_type_and_impossible_values(tmp_path):
     path = write(tmp_path, "x.yaml", "data:\n  batch_size: -4\n")
-    assert error_of(path) == f"{path}: data.batch_size must be an integer >= 1, got -4"
+    assert error_of(path) == f"{path}: data.batch_size must be an integer >= 1 (or auto), got -4"
     path = write(tmp_path, "y.yaml", "data:\n  batch_size: four\n")
-    assert error_of(path) == f"{path}: data.batch_size must be an integer >= 1, got 'four'"
+    assert error_of(path) == f"{path}: data.batch_size must be an integer >= 1 (or auto), got 'four'"
     path = write(tmp_path, "z.yaml", "train:\n  chunk_infer_size: 0\n")
     assert error_of(path) == f"{path}: train.chunk_infer_size must be an integer >= 1 (or -1), got 0"
 
@@ -75,7 +75,7 @@ def test_set_overrides_are_typed_by_yaml_and_checked():
     assert cfg["data"]["img_size"] == [120, 160]
     assert cfg["trainer"]["precision"] == "bf16"
     assert cfg["data"]["max_video_frames"] is None
-    assert error_of(None, ["data.batch_size=-1"]) == "--set data.batch_size=-1: data.batch_size must be an integer >= 1, got -1"
+    assert error_of(None, ["data.batch_size=-1"]) == "--set data.batch_size=-1: data.batch_size must be an integer >= 1 (or auto), got -1"
     assert error_of(None, ["data.batch_size"]) == "--set data.batch_size: expected KEY=VALUE, e.g. --set data.batch_size=8"
 
 

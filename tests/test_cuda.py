@@ -23,13 +23,38 @@ def test_fp16_training_with_grad_scaler_on_cuda(synthetic_root, tmp_path):
     assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
 
 
-def test_probe_memory_on_cuda_reports_the_largest_fitting_batch():
+def test_probe_memory_on_cuda_prints_measured_beside_estimated():
     result = subprocess.run([sys.executable, "train.py", "--config", "configs/quickstart.yaml", "--set",
                              "trainer.device=cuda", "--set", "trainer.memory_budget_gb=4", "--probe-memory",
                              "--probe-frames", "16", "--probe-batches", "1,2"], cwd=ROOT, capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr
-    assert "device peak MB" in result.stdout and "largest batch at num_frames=16" in result.stdout
+    assert "measured (ckpt off)" in result.stdout and "largest batch at num_frames=16" in result.stdout
+
+
+@pytest.mark.parametrize("backbone", ["r3d_18", "s3d", "vgg3d"])
+@pytest.mark.parametrize("precision", ["32", "16"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_estimate_is_within_10_percent_of_the_measured_peak(backbone, precision, checkpointing):
+    import memory_estimate
+    from config import load_config
+    cfg = load_config(None, [f"model.backbone={backbone}", "model.width=32", "data.img_size=112",
+                             f"model.grad_checkpointing={str(checkpointing).lower()}", f"trainer.precision={precision}"])
+    estimate = memory_estimate.config_training_estimate(cfg, 16, 4)
+    measured = memory_estimate.measure_training_step_cuda(cfg, 16, 4)
+    assert measured is not None
+    assert abs(estimate.peak / measured["allocated"] - 1) <= 0.10, (estimate.peak, measured)
+
+
+def test_the_budget_decision_never_exceeds_the_budget():
+    import memory_estimate
+    from config import load_config
+    cfg = load_config(None, ["model.backbone=r3d_18", "data.img_size=112", "trainer.precision=16"])
+    budget_gb = 4
+    batch, _ = memory_estimate.largest_batch(cfg, 16, memory_estimate.usable_bytes(budget_gb))
+    assert batch >= 1
+    measured = memory_estimate.measure_training_step_cuda(cfg, 16, batch)
+    assert measured is not None and measured["reserved"] <= budget_gb * 2 ** 30
 
 
 def test_chunked_inference_device_memory_does_not_grow_with_clip_length():

@@ -1,0 +1,113 @@
+"""Memory estimator benchmark: the estimate against a real step's memory on the CPU, and the estimator's speed.
+
+    python bench/memory_estimate.py
+
+(a) For small models on the CPU, one real training step (forward, backward, the real AdamW step in torch's
+foreach implementation, which CUDA uses by default; the optimizer state made by a warm-up step first) runs in a fresh process, and the growth of its resident memory during that
+step is read from the kernel's high-water mark (reset just before the step through /proc/self/clear_refs;
+allocations above 64 KB mapped one by one so resident memory follows the live tensors). Beside it: the
+estimator's peak minus what was alive when its step began (parameters, optimizer state, inputs), and the ratio.
+The estimator counts tensors in 512-byte blocks; the process also holds what torch allocates outside tensors
+(oneDNN's scratch buffers, thread stacks), which the ratio includes.
+(b) The estimator's time for train.py --probe-memory's whole grid on configs/rtx5080.yaml (5 x 3 cells, gradient
+checkpointing off and on: 30 estimates), on this machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+MiB = 2 ** 20
+
+CASES = [  # (name, --set overrides, num_frames, batch)
+    ("tiny3d w32 64x64", ["model.width=32", "data.img_size=64"], 32, 4),
+    ("tiny3d w32 64x64 ckpt", ["model.width=32", "data.img_size=64", "model.grad_checkpointing=true"], 32, 4),
+    ("tiny3d w32 64x64 chunks of 8", ["model.width=32", "data.img_size=64", "train.chunk_train_size=8"], 64, 2),
+    ("vgg3d w16 64x64", ["model.backbone=vgg3d", "model.width=16", "data.img_size=64"], 16, 4),
+    ("r3d_18 64x64", ["model.backbone=r3d_18", "data.img_size=64"], 16, 2),
+    ("r3d_18 64x64 ckpt", ["model.backbone=r3d_18", "data.img_size=64", "model.grad_checkpointing=true"], 16, 2),
+]
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def real_step(overrides: list[str], frames: int, batch: int) -> dict:
+    """Resident memory growth of one real training step on the CPU (fp32)."""
+    import torch
+
+    import memory_estimate
+    from chunked_forward import ChunkedTrainingForward, ChunkSpec
+    from config import load_config
+    from datasets.transforms import InputPreparer
+    from models import build_model
+    from train import build_optimizer, training_loss
+
+    torch.manual_seed(0)
+    cfg = load_config(None, overrides)
+    device = torch.device("cpu")
+    classifier = build_model(cfg["model"], 10).train()
+    model = ChunkedTrainingForward(classifier, InputPreparer(device, cfg["data"]["mean"], cfg["data"]["std"]).normalize)
+    optimizer = build_optimizer(classifier, cfg["train"])
+    for group in optimizer.param_groups:
+        group["foreach"] = True  # as on CUDA, where torch picks it: the step the estimate models
+    inputs = memory_estimate._step_inputs(cfg, frames, batch, 1, None, device)
+    spec = ChunkSpec(cfg["train"]["chunk_train_size"], cfg["train"]["chunk_train_overlap"])
+    criterion = torch.nn.CrossEntropyLoss()
+
+    def step():
+        loss = training_loss(model({"video": inputs["video"]}, spec), inputs, spec, cfg["train"], criterion)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    before = _status_kb("VmRSS") * 1024
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    step()
+    return {"rss_growth": _status_kb("VmHWM") * 1024 - before}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        overrides, frames, batch = json.loads(args.worker)
+        print(json.dumps(real_step(overrides, frames, batch)))
+        return
+    import torch
+
+    import memory_estimate
+    from config import load_config
+    print(f"(a) one fp32 training step on the CPU (torch {torch.__version__}, {os.cpu_count()} CPUs): resident "
+          f"memory growth of the real step vs the estimate's growth")
+    print(f"{'case':30s} {'T':>4s} {'batch':>5s} {'real MiB':>9s} {'estimated MiB':>13s} {'est/real':>8s}")
+    for name, overrides, frames, batch in CASES:
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+        done = subprocess.run([sys.executable, __file__, "--worker", json.dumps([overrides, frames, batch])],
+                              cwd=ROOT, capture_output=True, text=True, env=env, check=True)
+        real = json.loads(done.stdout.strip().splitlines()[-1])["rss_growth"]
+        estimate = memory_estimate.config_training_estimate(load_config(None, overrides), frames, batch,
+                                                            precision="32")
+        growth = estimate.peak - estimate.before_step
+        print(f"{name:30s} {frames:>4d} {batch:>5d} {real / MiB:>9.1f} {growth / MiB:>13.1f} {growth / real:>7.2f}x",
+              flush=True)
+    print("(b) train.py --probe-memory's grid on configs/rtx5080.yaml (30 estimates)")
+    cfg = load_config(os.path.join(ROOT, "configs", "rtx5080.yaml"))
+    start = time.perf_counter()
+    memory_estimate.probe(cfg, cuda=False, out=lambda line: None, num_views=1, kpt_shape=None, num_classes=10)
+    print(f"{time.perf_counter() - start:.1f} s, including the search for the largest batch that fits")
+
+
+if __name__ == "__main__":
+    main()

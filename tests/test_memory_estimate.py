@@ -1,0 +1,176 @@
+"""The memory estimator: exact on a hand-computed model, equal to a real CPU step under the same tracker, the
+right direction and size for checkpointing, precision and chunking, and the budget decisions built on it."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import memory_estimate as me
+import train
+from config import ConfigError, load_config
+from runtime import Runtime
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KiB = 1024
+
+
+def conv_stack():
+    return nn.Sequential(nn.Conv3d(3, 8, 1, bias=False), nn.Conv3d(8, 8, 1, bias=False))
+
+
+@pytest.mark.parametrize("fake", [True, False])
+def test_a_stack_of_two_convolutions_gives_the_peak_computed_by_hand(fake):
+    """Input [1, 3, 4, 8, 8] fp32 = 3,072 B; both conv outputs [1, 8, 4, 8, 8] = 8,192 B; each weight (96 and
+    256 B), the loss and its seed gradient take one 512-byte block; AdamW keeps 2 states per weight.
+    The peak is in backward at the second conv: parameters 1,024 + optimizer state 2,048 + input 3,072 + the
+    first conv's output (saved) 8,192 + the loss 512 + its seed 512 + the gradient of that output 8,192 + the
+    second weight's gradient 512 = 24,064 B (the second output, 8,192 B, was freed after the forward)."""
+    estimate = me.estimate_training_step(conv_stack, lambda: {"x": torch.zeros(1, 3, 4, 8, 8)},
+                                         lambda model, inputs: model(inputs["x"]).sum(), fake=fake)
+    assert estimate == me.StepEstimate(peak=24064, parameters=1024, gradients=512, optimizer_state=2048,
+                                       inputs=3072, activations=8192 + 512 + 512 + 8192, before_step=6144)
+
+
+def quickstart(*changes):
+    return load_config(os.path.join(ROOT, "configs", "quickstart.yaml"), ["trainer.memory_budget_gb=1", *changes])
+
+
+@pytest.mark.parametrize("changes", [
+    [], ["model.grad_checkpointing=true"], ["train.chunk_train_size=4", "train.chunk_train_overlap=1"],
+    ["model.input_type=rgb_kpt", "data.load_kpt=true"], ["model.view_fusion=mean"],
+    ["train.optimizer=sgd", "train.accumulate_grad_batches=2"],
+])
+def test_the_fake_step_equals_the_real_cpu_step_under_the_same_tracker(changes):
+    cfg = quickstart(*changes)
+    views = 2 if "model.view_fusion=mean" in changes else 1
+    shape = {"num_views": views, "kpt_shape": (5, 2) if "data.load_kpt=true" in changes else None}
+    fake = me.config_training_estimate(cfg, 16, 4, fake=True, **shape)
+    real = me.config_training_estimate(cfg, 16, 4, fake=False, **shape)
+    assert fake.peak == real.peak > 0
+    # what was alive at the peak: the same, but gradients and activations may trade a few blocks (autograd
+    # copies a gradient where a reference to it is still held, and steals it where none is)
+    for part in ("parameters", "optimizer_state", "inputs"):
+        assert getattr(fake, part) == getattr(real, part), part
+
+
+def test_checkpointing_per_block_and_half_precision_shrink_the_activations():
+    cfg = load_config(None, ["model.backbone=r3d_18", "data.img_size=112", "data.num_frames=16"])
+    plain = me.config_training_estimate(cfg, 16, 4, precision="32")
+    ckpt = me.config_training_estimate(me._with(cfg, "model.grad_checkpointing", True), 16, 4, precision="32")
+    half = me.config_training_estimate(cfg, 16, 4, precision="16")
+    # the same parameters, gradients and optimizer state: only what the step keeps changes
+    assert plain.parameters == ckpt.parameters == half.parameters and plain.optimizer_state == half.optimizer_state
+    assert 0.4 < ckpt.activations / plain.activations < 0.75
+    assert 0.45 < half.activations / plain.activations < 0.6  # fp16 activations, a few fp32 ones (the loss)
+
+
+def test_chunked_training_estimate_does_not_grow_with_the_clip():
+    cfg = quickstart("train.chunk_train_size=16")
+    short, long = (me.config_training_estimate(cfg, frames, 1) for frames in (64, 512))
+    assert long.inputs == 8 * short.inputs - 7 * 512  # the uint8 clip itself grows (each rounded to 512 B)
+    assert long.peak - long.inputs < 1.05 * (short.peak - short.inputs)  # and nothing else
+    whole = me.config_training_estimate(quickstart(), 512, 1)
+    assert whole.peak - whole.inputs > 5 * (long.peak - long.inputs)
+
+
+def test_cuda_autocast_policy_is_emulated_on_cpu_tensors():
+    conv, bn = nn.Conv3d(3, 4, 3), nn.BatchNorm3d(4)
+    with me.CudaAutocast(torch.float16):
+        out = conv(torch.zeros(1, 3, 4, 8, 8))
+        normed = bn(out)
+        probabilities = normed.mean(dim=(2, 3, 4)).softmax(-1)
+        loss = nn.functional.cross_entropy(normed.mean(dim=(2, 3, 4)), torch.tensor([1]))
+    assert out.dtype == torch.float16 and normed.dtype == torch.float16  # conv cast; batch_norm as its input
+    assert probabilities.dtype == torch.float32 and loss.dtype == torch.float32  # softmax, losses in fp32
+
+
+def fit(cfg, budget_bytes, world_size=1):
+    cfg["trainer"]["memory_budget_gb"] = budget_bytes / (1 - me.SAFETY_MARGIN) / me.GiB
+    train.fit_budget(cfg, Runtime(torch.device("cpu"), "32", 0, world_size), {"num_views": 1, "kpt_shape": None,
+                                                                              "num_classes": 6})
+    return cfg["data"]["batch_size"], cfg["train"]["accumulate_grad_batches"]
+
+
+def test_auto_batch_takes_the_largest_that_fits_and_keeps_the_global_batch():
+    cfg = quickstart()
+    peaks = {b: me.config_training_estimate(cfg, 16, b).peak for b in (4, 5)}
+    between = (peaks[4] + peaks[5]) // 2  # 4 clips fit, 5 do not
+    assert fit(quickstart("data.batch_size=auto"), between) == (4, 1)  # no global batch: accumulation as written
+    assert fit(quickstart("data.batch_size=auto", "train.global_batch_size=16"), between) == (4, 4)
+    assert fit(quickstart("data.batch_size=auto", "train.global_batch_size=12"), between) == (4, 3)
+    assert fit(quickstart("data.batch_size=auto", "train.global_batch_size=10"), between) == (2, 5)  # a divisor
+    assert fit(quickstart("data.batch_size=16", "train.accumulate_grad_batches=2"), between) == (4, 8)  # 32 kept
+    assert fit(quickstart("data.batch_size=auto", "train.global_batch_size=16"), between, world_size=2) == (4, 2)
+
+
+def test_when_nothing_fits_the_error_names_each_switch_with_its_estimate():
+    cfg = quickstart("data.batch_size=auto", "data.num_frames=64")
+    one_clip = me.config_training_estimate(cfg, 64, 1).peak
+    with pytest.raises(ConfigError) as info:
+        fit(cfg, one_clip - 64 * KiB)
+    message = str(info.value)
+    assert message.startswith(f"data.batch_size: even 1 clip of 64 frames at 32x32 is estimated at "
+                              f"{one_clip / me.GiB:.2f} GiB, over the ")
+    for switch in ("model.grad_checkpointing: true", "train.chunk_train_size: 16 ", "data.num_frames: 32 ",
+                   "data.img_size: [24, 24] "):
+        assert switch in message
+    assert "train.chunk_train_size: 16 0.00 GiB (fits)" in message or "(fits)" in message.split("chunk_train_size")[1]
+
+
+def test_auto_batch_trains_and_writes_the_decision_into_the_run_config(synthetic_root, tmp_path, caplog):
+    import yaml
+    from conftest import overrides
+    args = overrides(synthetic_root, tmp_path, "data.batch_size=auto", "trainer.memory_budget_gb=0.05",
+                     "train.global_batch_size=4") + ["--stop-after-steps", "1"]
+    with caplog.at_level("INFO", logger="longvideo"):
+        assert train.main(args) == 0
+    with open(os.path.join(tmp_path, "e2e", "latest", "config.yaml")) as f:
+        resolved = yaml.safe_load(f)
+    batch, accumulate = resolved["data"]["batch_size"], resolved["train"]["accumulate_grad_batches"]
+    assert isinstance(batch, int) and batch * accumulate == 4
+    assert f"memory budget: batch {batch} x {accumulate} accumulated x 1 processes" in caplog.text
+
+
+def test_batch_auto_without_a_budget_is_a_config_error():
+    with pytest.raises(ConfigError, match="data.batch_size: auto needs trainer.memory_budget_gb"):
+        load_config(None, ["data.batch_size=auto"])
+
+
+def test_probe_memory_prints_the_estimated_grid_without_a_gpu():
+    result = subprocess.run([sys.executable, "train.py", "--config", "configs/quickstart.yaml", "--set",
+                             "trainer.memory_budget_gb=0.5", "--probe-memory", "--probe-frames", "8,16",
+                             "--probe-batches", "1,4"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "estimated, no GPU" in result.stdout
+    rows = [line.split() for line in result.stdout.splitlines() if line.strip() and line.split()[0].isdigit()]
+    assert [(int(r[0]), int(r[1])) for r in rows] == [(8, 1), (8, 4), (16, 1), (16, 4)]
+    cfg = quickstart()
+    expected = me.config_training_estimate(cfg, 16, 4).peak / me.MiB
+    assert float(rows[-1][2]) == pytest.approx(expected, abs=0.6)  # ckpt off column, rounded to MiB
+    best, _ = me.largest_batch(cfg, 16, me.usable_bytes(0.5, cuda=False))
+    assert f"that fits: {best}" in result.stdout
+
+
+def test_infer_batch_auto_picks_the_most_chunks_that_fit(trained_run, synthetic_root):
+    from checkpoint import load_checkpoint
+    from config import validate
+    checkpoint = os.path.join(trained_run[0], "checkpoints", "best.pt")
+    cfg = validate(load_checkpoint(checkpoint)["config"])
+    peaks = {n: me.config_inference_estimate(cfg, 16, n, num_classes=6) for n in (5, 6)}
+    assert peaks[6] > peaks[5]
+    budget_gb = (peaks[5] + peaks[6]) / 2 / (1 - me.SAFETY_MARGIN) / me.GiB  # on the CPU: no CUDA context
+    command = [sys.executable, "infer_chunked.py", "--checkpoint", checkpoint, "--input",
+               os.path.join(synthetic_root, "long.jsonl"), "--chunk", "16", "--overlap", "4", "--max-videos", "1",
+               "--device", "cpu", "--batch", "auto"]
+    result = subprocess.run(command + ["--memory-budget-gb", repr(budget_gb)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "--batch auto: 5 chunks of 16 frames per forward" in result.stdout
+    assert "batch 5 on cpu" in result.stdout
+    no_budget = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert no_budget.returncode == 2
+    assert no_budget.stderr.strip() == ("error: --batch auto needs a memory budget: --memory-budget-gb N (the "
+                                        "checkpoint's config has no trainer.memory_budget_gb)")
