@@ -34,13 +34,14 @@ def clip_batch(length=24, batch=2, views=1, keypoints=False):
     return inputs
 
 
-def gradients_of(model, inputs, spec, aggregation="mean", labels=(0, 2), seed=5):
+def gradients_of(model, inputs, spec, aggregation="mean", labels=(0, 2), seed=5, autocast=False):
     """Parameter gradients of one chunked step (the RNG seeded so dropout draws the same masks)."""
     prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
     forward = ChunkedTrainingForward(model, prepare.normalize).train()
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
-    logits = aggregate_chunk_logits(forward(prepare.transfer(inputs), spec), aggregation)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logits = aggregate_chunk_logits(forward(prepare.transfer(inputs), spec), aggregation)
     nn.functional.cross_entropy(logits, torch.tensor(labels[:len(logits)])).backward()
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
@@ -63,6 +64,19 @@ def test_recomputed_chunks_give_the_gradients_of_the_same_chunks_kept_in_memory(
     # and the chunking is real: the whole clip in one forward gives other gradients
     whole = gradients_of(small_model(**case.get("model", {})), inputs, ChunkSpec(-1))
     assert any(not torch.allclose(whole[n], recomputed[n], rtol=1e-3, atol=1e-6) for n in recomputed)
+
+
+def test_autocast_holds_inside_each_recomputed_chunk():
+    """The recomputation runs under the autocast state of the forward (bf16 on the CPU here): the same gradients
+    as the chunks kept in memory, and different ones from fp32."""
+    model, kept, full = small_model(), small_model(), small_model()
+    inputs = clip_batch()
+    recomputed = gradients_of(model, inputs, ChunkSpec(8, 0), autocast=True)
+    in_memory = gradients_of(kept, inputs, ChunkSpec(8, 0, recompute=False), autocast=True)
+    fp32 = gradients_of(full, inputs, ChunkSpec(8, 0))
+    for name, grad in recomputed.items():
+        torch.testing.assert_close(grad, in_memory[name], rtol=1e-5, atol=1e-7, msg=name)
+    assert any(not torch.allclose(fp32[n], recomputed[n], rtol=1e-4, atol=1e-6) for n in recomputed)
 
 
 @pytest.mark.parametrize("views,keypoints", [(2, False), (1, True)])
