@@ -1,21 +1,22 @@
 """Checkpoints: atomic writes, safe loads, and the one loader of a trained model for eval and inference.
 
-Writes go to a temporary file in the same directory, are flushed and fsynced, then renamed over the
-target: a job killed at any moment leaves either the old file or the new one, never a torn file.
+Writes go through ``atomic_files``: a temporary file in the same directory, flushed and fsynced, then renamed
+over the target: a job killed at any moment leaves either the old file or the new one, never a torn file.
 Loads use ``torch.load(weights_only=True)``: a checkpoint that needs pickled code is refused (a cron job
 must never run code that a file in a shared directory brings).
 """
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import random
-import tempfile
+import re
 import zipfile
 
 import numpy as np
 import torch
+
+from atomic_files import atomic_open
 
 CHECKPOINT_FORMAT = 1  # bumped when the layout of the checkpoint dict changes
 
@@ -24,34 +25,9 @@ class CheckpointError(Exception):
     """A checkpoint that cannot be used: missing, torn, unsafe, or from an incompatible config."""
 
 
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    try:  # make the rename itself durable
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError:
-        pass
-
-
 def save_checkpoint(state: dict, path: str) -> None:
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    atomic_write_bytes(path, buffer.getvalue())
+    with atomic_open(path) as f:
+        torch.save(state, f)  # straight into the temporary file: no second copy of the state in host memory
 
 
 def load_checkpoint(path: str, map_location="cpu") -> dict:
@@ -60,15 +36,32 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path}: refused: the file needs pickled code to load ({first}); only "
-                              f"checkpoints of tensors and plain values are loaded (weights_only=True)")
+        raise CheckpointError(f"{path}: refused: the file needs pickled code to load ({error_summary(e)}); only "
+                              f"checkpoints of tensors and plain values are loaded (weights_only=True): use a "
+                              f"checkpoint written by this project's train.py")
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {first}")
+        first = error_summary(e)
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {first}; use another "
+                              f"checkpoint of the run (last.pt, best.pt, epoch_N.pt)")
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path}: not a checkpoint of this project (no 'model' entry)")
     return state
+
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def error_summary(error: Exception) -> str:
+    """One line of a load error, for messages and files: the unpickler's own reason where torch gives one
+    (never torch's advice to retry with weights_only=False, which would run the file's code), no terminal
+    colour codes."""
+    text = ANSI_ESCAPE.sub("", str(error)).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    reason = next((line for line in lines if "Unsupported global" in line or "WeightsUnpickler error" in line), None)
+    if reason is None:
+        reason = next((line for line in lines if "weights_only" not in line), lines[0] if lines else "")
+    reason = reason.replace("WeightsUnpickler error: ", "")
+    return reason or type(error).__name__
 
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:

@@ -22,7 +22,8 @@ import os
 import socket
 import time
 
-from checkpoint import CheckpointError, atomic_write_bytes
+from atomic_files import atomic_write_bytes, remove_stale_temp_files
+from checkpoint import CheckpointError
 
 log = logging.getLogger("longvideo")
 
@@ -163,6 +164,10 @@ def watch(args, evaluate) -> int:
         try:
             if lock.previous_holder:
                 log.info("took over the lock left by %s", lock.previous_holder)
+            removed = remove_stale_temp_files(args.watch, recursive=True)
+            if removed:
+                log.warning("removed %d temporary file(s) left by writers that were killed: %s", len(removed),
+                            ", ".join(removed))
             evaluated, failed, skipped, waiting = watch_once(args, evaluate)
             if args.plot:
                 plot_history(args.watch)

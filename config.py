@@ -201,7 +201,9 @@ def _read_yaml(path: str) -> dict:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}:{where} is not valid YAML ({getattr(e, 'problem', e)})")
+        problem = str(getattr(e, "problem", e))
+        fix = "; indent with spaces, not tabs" if "\\t" in problem or "\t" in problem else ""
+        raise ConfigError(f"{path}:{where} is not valid YAML ({problem}){fix}")
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -233,6 +235,9 @@ def _load_chain(path: str, seen: tuple = ()) -> list[tuple[str, dict]]:
     if not isinstance(base, str):
         raise ConfigError(f"{path}: base: must be a file name such as base.yaml, got {base!r}")
     base_path = base if os.path.isabs(base) else os.path.join(os.path.dirname(path), base)
+    if not os.path.exists(base_path):
+        raise ConfigError(f"{path}: base: {base} not found ({base_path}); a base is resolved relative to the file "
+                          f"that names it: fix the 'base:' line, e.g. base: base.yaml")
     return _load_chain(base_path, seen + (real,)) + [(path, data)]
 
 
@@ -448,6 +453,15 @@ def exit_on_usage_error(main: Callable[[], int | None], input_errors: tuple = ()
     try:
         code = main()
     except (ConfigError, *input_errors) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(2)
     sys.exit(code or 0)
+
+
+def one_line(error: Exception) -> str:
+    """The error's own message. One raised in a DataLoader worker comes back as "Caught X in DataLoader worker
+    process 0." plus the worker's traceback, whose last line ends with the original message."""
+    text = str(error)
+    if text.startswith("Caught ") and "Original Traceback" in text:
+        text = text.rstrip().splitlines()[-1].split(": ", 1)[-1]
+    return text

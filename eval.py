@@ -21,10 +21,11 @@ import os
 
 import torch
 
-from checkpoint import CheckpointError, atomic_write_bytes, load_trained_model
+from atomic_files import atomic_write_bytes
+from checkpoint import CheckpointError, load_trained_model
 from chunked_forward import AGGREGATIONS, forward_chunked
 from config import exit_on_usage_error, validate
-from datasets.video_dataset import BAD_INPUT_ERRORS, build_dataset, index_cache_for
+from datasets.video_dataset import BAD_INPUT_ERRORS, before_workers_fork, build_dataset, index_cache_for
 from datasets.transforms import InputPreparer
 from metrics import ClassificationMeter
 from runtime import resolve_device, setup_logging, setup_runtime
@@ -87,6 +88,7 @@ def evaluate_dataset(model, dataset, cfg: dict, runtime, class_names: list[str])
     """
     train = cfg["train"]
     prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
+    before_workers_fork(cfg["data"]["num_workers"])
     loader = torch.utils.data.DataLoader(dataset, batch_size=1, num_workers=cfg["data"]["num_workers"],
                                          pin_memory=runtime.device.type == "cuda")
     meter = ClassificationMeter(len(class_names))

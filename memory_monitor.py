@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import ctypes
+import io
 import os
 import sys
 
@@ -103,11 +104,26 @@ class CsvLog:
         new = self.fields is None
         if new:
             self.fields = list(row)
+        elif any(key not in self.fields for key in row):  # e.g. val_* after epochs without validation
+            self._add_columns([key for key in row if key not in self.fields])
         with open(self.path, "a", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=self.fields, extrasaction="ignore")
             if new:
                 writer.writeheader()
             writer.writerow(row)
+
+
+    def _add_columns(self, names: list[str]) -> None:
+        """Rewrite the file (atomically) with the new columns, empty in the earlier rows."""
+        from atomic_files import atomic_write_bytes
+        with open(self.path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        self.fields = self.fields + names
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=self.fields)
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_bytes(self.path, text.getvalue().encode())
 
 
 class LeakDetector:

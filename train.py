@@ -25,13 +25,14 @@ from tqdm import tqdm
 import memory_estimate
 import memory_monitor
 import plots
+from atomic_files import atomic_write_bytes, remove_stale_temp_files
 from checkpoint import (CHECKPOINT_FORMAT, CheckpointError, load_checkpoint, restore_rng_state, rng_state,
                         save_checkpoint, unwrap_model)
 from chunked_forward import (ChunkedTrainingForward, ChunkSpec, aggregate_chunk_logits, chunk_labels, chunk_windows,
                              clip_length, forward_chunked)
 from config import ConfigError, add_config_arguments, dump, exit_on_usage_error, load_config
 from datasets.video_dataset import (BAD_INPUT_ERRORS, build_dataset, index_cache_for, manifest_path,
-                                    resolve_class_names, worker_init)
+                                    before_workers_fork, resolve_class_names)
 from datasets.manifest import read_manifest
 from datasets.transforms import InputPreparer
 from metrics import ClassificationMeter
@@ -70,15 +71,16 @@ class EpochSampler(Sampler):
     def __len__(self) -> int:
         per_rank = math.ceil(self.size / self.world_size) if self.pad else len(range(self.rank, self.size,
                                                                                       self.world_size))
-        return per_rank - self.start
+        return max(per_rank - self.start, 0)  # 0: a run stopped after the epoch's last batch, before its end
 
 
 def make_loader(dataset, cfg: dict, runtime: Runtime, training: bool) -> DataLoader:
     data = cfg["data"]
     sampler = EpochSampler(len(dataset), shuffle=training, seed=cfg["train"]["seed"], rank=runtime.rank,
                            world_size=runtime.world_size, pad=training)
+    before_workers_fork(data["num_workers"])
     return DataLoader(dataset, batch_size=data["batch_size"] if training else 1, sampler=sampler,
-                      num_workers=data["num_workers"], worker_init_fn=worker_init,
+                      num_workers=data["num_workers"],
                       pin_memory=data["pin_memory"] and runtime.device.type == "cuda",
                       drop_last=False, persistent_workers=False)
 
@@ -118,6 +120,8 @@ class TrainState:
     micro_splits: int = 1  # forward passes per loader batch: doubled after each out-of-memory error
     history: list = field(default_factory=list)
     chunk_train_size: int | None = None  # training chunk length set by the OOM back-off; None = the config's
+    epoch_loss_sum: float = 0.0  # summed clip losses of this epoch so far: a resumed epoch reports the whole
+    epoch_clips: int = 0  # epoch's train_loss, not only the part after the resume
 
     @classmethod
     def from_checkpoint(cls, ckpt: dict) -> "TrainState":
@@ -156,6 +160,7 @@ class Trainer:
             "global_step": self.state.global_step, "best_metric": self.state.best_metric,
             "skipped_steps": self.state.skipped_steps, "history": self.state.history,
             "micro_splits": self.state.micro_splits, "chunk_train_size": self.state.chunk_train_size,
+            "epoch_loss_sum": self.state.epoch_loss_sum, "epoch_clips": self.state.epoch_clips,
             "config": self.cfg, "class_names": self.class_names, "rng": rng_state(), **self.data_info,
         }
 
@@ -196,7 +201,7 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
     if trainer.pending_rng is not None:
         restore_rng_state(trainer.pending_rng)
         trainer.pending_rng = None
-    totals = {"loss": 0.0, "clips": 0, "data_time": 0.0}
+    totals = {"clips": 0, "data_time": 0.0}  # of this call (speed); the epoch's loss is kept in the state
     skipped_files: set[str] = set()
     start = time.perf_counter()
     progress = tqdm(total=num_batches, initial=state.batches_done, desc=f"epoch {state.epoch + 1}",
@@ -219,7 +224,8 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
             state.nonfinite_streak += 1
         else:
             state.nonfinite_streak = 0
-            totals["loss"] += loss_sum
+            state.epoch_loss_sum += loss_sum
+            state.epoch_clips += clips
             totals["clips"] += clips
         if need_update:
             _optimizer_step(trainer)
@@ -239,7 +245,7 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
     elapsed = time.perf_counter() - start
     if skipped_files:
         log.warning("epoch %d: skipped bad samples: %s", state.epoch + 1, ", ".join(sorted(skipped_files)))
-    return {"train_loss": totals["loss"] / max(totals["clips"], 1), "train_clips_per_s": totals["clips"] / elapsed,
+    return {"train_loss": state.epoch_loss_sum / max(state.epoch_clips, 1), "train_clips_per_s": totals["clips"] / elapsed,
             "data_time_share": totals["data_time"] / elapsed, "lr": trainer.scheduler.get_last_lr()[0],
             "skipped_steps": state.skipped_steps, "clips_per_forward": _clips_per_forward(trainer),
             "chunk_train_size": trainer.chunk_spec().size}
@@ -399,7 +405,7 @@ def _after_step(trainer: Trainer, totals: dict, start: float, progress) -> None:
     if state.global_step % train_cfg["log_every"] == 0 and runtime.is_main:
         snap = memory_monitor.snapshot(runtime.device)
         elapsed = time.perf_counter() - start
-        loss = totals["loss"] / max(totals["clips"], 1)
+        loss = state.epoch_loss_sum / max(state.epoch_clips, 1)
         progress.set_postfix_str(f"loss {loss:.3f} {memory_monitor.compact(snap)}")
         log.info("epoch %d step %d (%d/%d) loss %.4f lr %.2e clips/s %.1f data %.0f%% %s", state.epoch + 1,
                  state.global_step, state.batches_done, progress.total, loss, trainer.scheduler.get_last_lr()[0],
@@ -604,6 +610,10 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None, s
     state, pending_rng = TrainState(), None
     if resume_path:
         state, pending_rng, run_dir = _restore(resume_path, model, optimizer, scheduler, scaler)
+        if run_dir is None:  # a checkpoint from elsewhere: nothing is written beside the user's file
+            run_dir = make_run_dir(cfg) if runtime.is_main else ""
+            log.info("%s is not inside a run directory of this project (<run>/checkpoints/, with config.yaml): "
+                     "continuing in a new run directory, %s", resume_path, run_dir)
     else:
         run_dir = make_run_dir(cfg) if runtime.is_main else ""
     prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"], channels_last)
@@ -615,8 +625,12 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None, s
     trainer = Trainer(wrapped, optimizer, scheduler, scaler, prepare, runtime, cfg, run_dir, class_names, data_info,
                       criterion, state, pending_rng, stop_after_steps)
     if runtime.is_main:
-        with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-            f.write(dump({**cfg, "trainer": {**cfg["trainer"], "precision": runtime.precision}}))
+        removed = remove_stale_temp_files(run_dir, recursive=True)
+        if removed:
+            log.warning("removed %d temporary file(s) left by writers that were killed: %s", len(removed),
+                        ", ".join(removed))
+        atomic_write_bytes(os.path.join(run_dir, "config.yaml"),
+                           dump({**cfg, "trainer": {**cfg["trainer"], "precision": runtime.precision}}).encode())
         trainer.memory_log = memory_monitor.CsvLog(os.path.join(run_dir, "memory.csv"))
         global_batch = cfg["data"]["batch_size"] * cfg["train"]["accumulate_grad_batches"] * runtime.world_size
         log.info("run %s | %s on %s, precision %s | %d training samples, %d classes | global batch %d = %d x %d "
@@ -626,14 +640,18 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None, s
     return trainer, train_loader, val_loader
 
 
-def _restore(path: str, model, optimizer, scheduler, scaler) -> tuple[TrainState, dict, str]:
+def _restore(path: str, model, optimizer, scheduler, scaler) -> tuple[TrainState, dict, str | None]:
+    """The training state of a checkpoint, and its run directory (None when it lies outside one)."""
     ckpt = load_checkpoint(path)
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
     scheduler.load_state_dict(ckpt["scheduler"])
     scaler.load_state_dict(ckpt["scaler"])
     state = TrainState.from_checkpoint(ckpt)
-    run_dir = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    folder = os.path.dirname(os.path.abspath(path))
+    run_dir = os.path.dirname(folder)
+    if os.path.basename(folder) != "checkpoints" or not os.path.isfile(os.path.join(run_dir, "config.yaml")):
+        run_dir = None
     log.info("resumed from %s: epoch %d, step %d", path, state.epoch + 1, state.global_step)
     return state, ckpt["rng"], run_dir
 
@@ -658,7 +676,7 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
             row.update({f"val_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
             trainer.last_confusion = metrics["confusion"]
         state.epoch += 1
-        state.batches_done = 0
+        state.batches_done, state.epoch_loss_sum, state.epoch_clips = 0, 0.0, 0
         state.history.append(row)
         improved = cfg["train"]["monitor"] in row and row[cfg["train"]["monitor"]] > state.best_metric
         if improved:

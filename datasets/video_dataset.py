@@ -36,9 +36,13 @@ class SampleWindow:
     segments: list  # [(start, end, class index)] of the timeline, clipped to the window
 
 
-def worker_init(worker_id: int) -> None:
-    # workers x decoder threads must not oversubscribe the cores: one OpenCV thread per worker
-    cv2.setNumThreads(1)
+def before_workers_fork(num_workers: int) -> None:
+    """Workers x decoder threads must not oversubscribe the cores: one OpenCV thread per worker. Set in the
+    parent before the workers fork: cv2.setNumThreads in a forked worker deadlocked once the parent had used
+    OpenCV's thread pool (one cvtColor of a 720p frame was enough), since the pool's threads are not copied by
+    fork but its locks are."""
+    if num_workers > 0:
+        cv2.setNumThreads(1)
 
 
 class VideoWindowDataset(Dataset):

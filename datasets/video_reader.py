@@ -58,14 +58,16 @@ def _open_capture(path: str, threads: int | None) -> cv2.VideoCapture:
 def probe(path: str) -> VideoInfo:
     """Frame count, fps, size and codec from the container, plus one decoded frame to prove the codec works."""
     if not os.path.exists(path):
-        raise VideoReadError(f"{path}: file not found")
+        raise VideoReadError(f"{path}: file not found; check the path in the manifest (relative paths are resolved "
+                             f"against the manifest's folder)")
     if os.path.getsize(path) == 0:
         raise VideoReadError(f"{path}: empty file (0 bytes)")
     cap = _open_capture(path, threads=1)
     try:
         if not cap.isOpened():
             raise VideoReadError(f"{path}: OpenCV cannot open this file as a video (not a video, or truncated "
-                                 f"before its header ends)")
+                                 f"before its header ends); check it with ffprobe, {REENCODE_HINT}, or remove it "
+                                 f"from the manifest")
         count = int(round(cap.get(cv2.CAP_PROP_FRAME_COUNT)))
         fps = float(cap.get(cv2.CAP_PROP_FPS))
         codec = _fourcc(cap)
@@ -141,7 +143,7 @@ class VideoIndexCache:
     def save(self) -> None:
         if not (self.path and self.dirty):
             return
-        from checkpoint import atomic_write_bytes  # late: checkpoint imports torch, this module does not
+        from atomic_files import atomic_write_bytes
         atomic_write_bytes(self.path, json.dumps(self.entries).encode())
         self.dirty = False
 
@@ -491,14 +493,25 @@ def _decode_sequentially(path: str, index: int) -> np.ndarray | None:
         cap.release()
 
 
+# Readers a forked process inherited from its parent: never used (an OpenCV capture shares its file offset with
+# the parent's, so both read wrong frames and see false ends; PyAV's decoder threads do not exist in the child
+# and its swscale pool hangs), and never closed (closing runs the same libraries' teardown on the copied state).
+_FORKED_READERS: list = []
+
+
 class ReaderCache:
     """The last few open readers of a process (a DataLoader worker reads consecutive windows of a video)."""
 
     def __init__(self, capacity: int = 4, threads: int | None = 1):
         self.capacity, self.threads = capacity, threads
         self._readers: OrderedDict = OrderedDict()
+        self._pid = os.getpid()
 
     def get(self, path: str, size, info: VideoInfo | None = None, decoder: str = "opencv") -> VideoReader:
+        if os.getpid() != self._pid:  # a forked DataLoader worker: the parent's readers are not ours (see below)
+            _FORKED_READERS.extend(self._readers.values())
+            self._readers.clear()
+            self._pid = os.getpid()
         key = (path, None if size is None else tuple(size), decoder)
         reader = self._readers.pop(key, None)
         if reader is None:

@@ -34,14 +34,21 @@ def _download(name: str) -> dict:
                               f"/path/to/{os.path.basename(weights.url)}")
 
 
+def _first_line(error: Exception) -> str:
+    from checkpoint import error_summary
+    return error_summary(error)
+
+
 def _read(path: str) -> dict:
     if not os.path.exists(path):
-        raise PretrainedError(f"model.pretrained: {path}: file not found")
+        raise PretrainedError(f"model.pretrained: {path}: file not found; give a weights file that exists, true for "
+                              f"torchvision's download, or null")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise PretrainedError(f"model.pretrained: {path}: not a weights file that loads with weights_only=True "
-                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+                              f"({_first_line(e)}); give a state dict of tensors (torchvision's .pth files or a "
+                              f"checkpoint of this project), or null")
     if isinstance(state, dict) and isinstance(state.get("model"), dict):  # a checkpoint of this project
         state = {k[len("rgb."):]: v for k, v in state["model"].items() if k.startswith("rgb.")}
         state = {k[len("net."):] if k.startswith("net.") else k: v for k, v in state.items()}

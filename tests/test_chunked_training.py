@@ -178,6 +178,7 @@ def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(synthetic_root,
     resumed_dir = tmp_path / "resumed" / "e2e" / "run"
     os.makedirs(resumed_dir / "checkpoints")
     shutil.copy(os.path.join(checkpoints, "epoch_0001.pt"), resumed_dir / "checkpoints" / "last.pt")
+    shutil.copy(os.path.join(checkpoints, "..", "config.yaml"), resumed_dir / "config.yaml")  # a run directory
     os.symlink("run", tmp_path / "resumed" / "e2e" / "latest")
     assert train.main(overrides(synthetic_root, tmp_path / "resumed", *extra) + ["--resume", "auto"]) == 0
     resumed = load_checkpoint(str(resumed_dir / "checkpoints" / "last.pt"))

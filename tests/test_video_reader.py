@@ -221,13 +221,16 @@ def test_an_undecodable_codec_is_a_clear_error(tmp_path):
 
 
 def test_missing_empty_and_non_video_files(tmp_path):
-    with pytest.raises(VideoReadError, match=r"missing\.mp4: file not found$"):
+    with pytest.raises(VideoReadError, match=r"missing\.mp4: file not found; check the path in the manifest "
+                                             r"\(relative paths are resolved against the manifest's folder\)$"):
         probe(str(tmp_path / "missing.mp4"))
     (tmp_path / "empty.mp4").write_bytes(b"")
     with pytest.raises(VideoReadError, match=r"empty\.mp4: empty file \(0 bytes\)$"):
         probe(str(tmp_path / "empty.mp4"))
     (tmp_path / "notes.mp4").write_text("this is not a video\n" * 50)
-    with pytest.raises(VideoReadError, match=r"notes\.mp4: OpenCV cannot open this file as a video"):
+    with pytest.raises(VideoReadError, match=r"notes\.mp4: OpenCV cannot open this file as a video .*; check it "
+                                             r"with ffprobe, re-encode it, e.g. ffmpeg .*, or remove it from the "
+                                             r"manifest$"):
         probe(str(tmp_path / "notes.mp4"))
 
 

@@ -1,0 +1,84 @@
+"""Writes that a kill at any moment cannot tear: a temporary file beside the target, flushed and fsynced, then
+renamed over it. Readers see the old file or the new one, never a part. Torch-free (the video index cache uses it).
+
+Temporary files are named ``.<target>.<writer pid>.<random>.tmp``, so a later run can tell one whose writer was
+killed (its process is gone) from one being written now, and remove it (``remove_stale_temp_files``). Files get
+the mode a plain ``open()`` would give under the user's umask (a temporary file's own mode is 0600, which would
+hide checkpoints and results from colleagues sharing a runs folder).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+
+_TEMP_NAME = re.compile(r"^\..+\.(\d+)\.[^.]+\.tmp$")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_open(path: str):
+    """A binary file object whose content replaces ``path`` when the block ends without an error."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.{os.getpid()}.", suffix=".tmp", dir=directory)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    try:  # make the rename itself durable
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    with atomic_open(path) as f:
+        f.write(data)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_temp_files(directory: str, recursive: bool = False) -> list[str]:
+    """Remove this writer's temporary files in ``directory`` whose writing process no longer exists (a run
+    killed during a write); returns their paths. Files being written by a live process are left alone."""
+    removed = []
+    if not os.path.isdir(directory):
+        return removed
+    walker = os.walk(directory) if recursive else [(directory, [], os.listdir(directory))]
+    for folder, _, names in walker:
+        for name in names:
+            match = _TEMP_NAME.match(name)
+            if match and int(match.group(1)) != os.getpid() and not _process_alive(int(match.group(1))):
+                path = os.path.join(folder, name)
+                try:
+                    os.unlink(path)
+                    removed.append(path)
+                except FileNotFoundError:
+                    pass
+    return removed

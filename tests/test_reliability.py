@@ -1,0 +1,211 @@
+"""Defects found by trying bad input and kills as a user would: each test failed before its fix."""
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import train
+from checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from config import ConfigError, load_config
+from conftest import BASE_CONFIG, overrides
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_CLIP = os.path.join(ROOT, "..", "shared", "data", "nasa_13013.mp4")
+GONE_PID = 4_194_304 + 17  # above Linux's largest pid_max: no process has it
+
+
+def run(args, **kwargs):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600, **kwargs)
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+# ---------------------------------------------------------------------------- 2. --resume PATH elsewhere
+
+def test_resume_from_a_checkpoint_outside_a_run_directory_starts_a_new_one(trained_run, synthetic_root, tmp_path):
+    run_dir, _ = trained_run
+    users = tmp_path / "somewhere" / "models"
+    users.mkdir(parents=True)
+    shutil.copy(os.path.join(run_dir, "checkpoints", "epoch_0001.pt"), users / "best.pt")
+    before = sorted(os.listdir(tmp_path / "somewhere"))
+    args = overrides(synthetic_root, tmp_path / "runs", "train.chunk_infer_size=4", "train.chunk_overlap=1")
+    assert train.main(args + ["--resume", str(users / "best.pt")]) == 0
+    assert sorted(os.listdir(tmp_path / "somewhere")) == before == ["models"]  # nothing written beside it
+    assert os.listdir(users) == ["best.pt"]
+    new_run = os.path.realpath(tmp_path / "runs" / "e2e" / "latest")
+    assert load_checkpoint(os.path.join(new_run, "checkpoints", "last.pt"))["epoch"] == 2
+
+
+# ------------------------------------------------------------------ 3. errors raised in DataLoader workers
+
+def test_an_error_in_a_dataloader_worker_is_the_same_one_line(synthetic_root, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_root, data)
+    for folder in (data / "keypoints").iterdir():  # every clip loses its keypoint frames after frame 3
+        for name in sorted(os.listdir(folder))[4:] if folder.is_dir() else []:
+            os.unlink(folder / name)
+    result = run(["train.py", *overrides(str(data), tmp_path / "runs", "data.load_kpt=true",
+                                         "model.input_type=rgb_kpt", "data.num_workers=2")])
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "Caught" not in result.stderr
+    [line] = error_lines(result.stderr)
+    assert "keypoint" in line and "(sample at " in line and line.count("\n") == 0
+
+
+# ----------------------------------------------------------------------------- 6. noise around the line
+
+def test_a_truncated_mp4_gives_one_line_without_ffmpeg_noise(synthetic_root, tmp_path):
+    video = os.path.join(synthetic_root, "videos", sorted(os.listdir(os.path.join(synthetic_root, "videos")))[0])
+    (tmp_path / "cut.mp4").write_bytes(open(video, "rb").read()[:2000])  # the moov atom is gone
+    (tmp_path / "train.jsonl").write_text(json.dumps({"video": "cut.mp4", "label": "up"}) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENCV_")}
+    result = run(["train.py", "--config", BASE_CONFIG, "--set", f"data.data_dir={tmp_path}", "--set",
+                  "data.val_manifest=null", "--set", f"trainer.output_dir={tmp_path / 'runs'}"], env=env)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == error_lines(result.stderr)  # nothing but the one line
+    assert "cut.mp4: OpenCV cannot open this file as a video" in result.stderr
+
+
+def test_a_pickled_checkpoint_refusal_gives_no_unsafe_advice_and_no_colour_codes(tmp_path):
+    import argparse
+    path = tmp_path / "evil.pt"
+    torch.save({"model": {}, "payload": argparse.Namespace(run="code")}, path)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(str(path))
+    message = str(info.value)
+    assert "weights_only=False" not in message and "\x1b" not in message and "\n" not in message
+    assert "argparse.Namespace" in message  # the reason: which global it would have had to import
+
+
+# ------------------------------------------------------------------------------ 7. messages with a fix
+
+def test_config_messages_say_how_to_fix(tmp_path):
+    (tmp_path / "child.yaml").write_text("base: missing.yaml\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(tmp_path / "child.yaml"))
+    assert str(info.value) == (f"{tmp_path / 'child.yaml'}: base: missing.yaml not found ({tmp_path / 'missing.yaml'}); "
+                               f"a base is resolved relative to the file that names it: fix the 'base:' line, e.g. "
+                               f"base: base.yaml")
+    (tmp_path / "tabs.yaml").write_text("data:\n\tbatch_size: 4\n")
+    with pytest.raises(ConfigError, match=r"tabs\.yaml: line 2 is not valid YAML .*; indent with spaces, not tabs$"):
+        load_config(str(tmp_path / "tabs.yaml"))
+
+
+def test_checkpoint_and_pretrained_messages_say_what_to_do(trained_run, tmp_path):
+    run_dir, _ = trained_run
+    data = open(os.path.join(run_dir, "checkpoints", "last.pt"), "rb").read()
+    (tmp_path / "torn.pt").write_bytes(data[:len(data) // 3])
+    with pytest.raises(CheckpointError, match=r"; use another checkpoint of the run \(last\.pt, best\.pt, "
+                                              r"epoch_N\.pt\)$"):
+        load_checkpoint(str(tmp_path / "torn.pt"))
+    from models.pretrained import PretrainedError, _read
+    with pytest.raises(PretrainedError, match=r"file not found; give a weights file that exists, true for "
+                                              r"torchvision's download, or null$"):
+        _read(str(tmp_path / "nothing.pth"))
+    (tmp_path / "text.pth").write_text("not weights")
+    with pytest.raises(PretrainedError, match=r"; give a state dict of tensors .*, or null$"):
+        _read(str(tmp_path / "text.pth"))
+
+
+# ------------------------------------------------------------------------ 9. temporary files left behind
+
+def test_stale_temporary_files_of_killed_writers_are_removed_on_start(trained_run, synthetic_root, tmp_path, caplog):
+    run_dir, _ = trained_run
+    copy = tmp_path / "runs" / "e2e" / "run"
+    shutil.copytree(run_dir, copy)
+    os.symlink("run", tmp_path / "runs" / "e2e" / "latest")
+    stale = copy / "checkpoints" / f".last.pt.{GONE_PID}.abcd1234.tmp"
+    live = copy / "checkpoints" / f".last.pt.{os.getppid()}.efgh5678.tmp"  # a writer still running
+    stale.write_bytes(b"x" * 1000)
+    live.write_bytes(b"x" * 1000)
+    args = overrides(synthetic_root, tmp_path / "runs", "train.chunk_infer_size=4", "train.chunk_overlap=1")
+    with caplog.at_level("WARNING", logger="longvideo"):
+        assert train.main(args + ["--resume", "auto"]) == 0
+    assert not stale.exists() and live.exists()
+    assert "removed 1 temporary file(s) left by writers that were killed: " in caplog.text
+    assert caplog.text.strip().endswith(os.path.join("checkpoints", stale.name))
+    ledger_tmp = tmp_path / "runs" / "e2e" / f".eval.jsonl.{GONE_PID}.zzzz0000.tmp"
+    ledger_tmp.write_text("{")
+    result = run(["eval.py", "--watch", str(tmp_path / "runs" / "e2e"), "--settle", "0"])
+    assert result.returncode == 0, result.stderr
+    assert not ledger_tmp.exists() and "removed 1 temporary file(s)" in result.stderr
+
+
+# ------------------------------------------------------------------------------------------ 10. modes
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_written_files_get_the_mode_of_the_users_umask(tmp_path, umask, mode):
+    from atomic_files import atomic_write_bytes
+    previous = os.umask(umask)
+    try:
+        save_checkpoint({"model": {}}, str(tmp_path / "c.pt"))
+        atomic_write_bytes(str(tmp_path / "eval.jsonl"), b"{}\n")
+    finally:
+        os.umask(previous)
+    assert os.stat(tmp_path / "c.pt").st_mode & 0o777 == mode
+    assert os.stat(tmp_path / "eval.jsonl").st_mode & 0o777 == mode
+
+
+# ------------------------------------------------------------------------------- 11. metrics.csv on resume
+
+@pytest.mark.parametrize("stop_after", [3, 5])  # mid-epoch, and exactly at the end of epoch 1 (5 steps)
+def test_metrics_csv_after_a_resume_equals_the_uninterrupted_run(trained_run, synthetic_root, tmp_path, stop_after):
+    run_dir, _ = trained_run
+    args = overrides(synthetic_root, tmp_path, "train.chunk_infer_size=4", "train.chunk_overlap=1")
+    assert train.main(args + ["--stop-after-steps", str(stop_after)]) == 0
+    assert train.main(args + ["--resume", "auto"]) == 0
+
+    def rows(directory):
+        with open(os.path.join(directory, "metrics.csv")) as f:
+            return [(r["epoch"], r["train_loss"], r.get("val_video_acc")) for r in csv.DictReader(f)]
+    assert rows(os.path.join(tmp_path, "e2e", "latest")) == rows(run_dir)
+
+
+def test_a_column_that_appears_later_is_kept(tmp_path):
+    from memory_monitor import CsvLog
+    log = CsvLog(str(tmp_path / "metrics.csv"))
+    log.write({"epoch": 1, "train_loss": 1.5})
+    log.write({"epoch": 2, "train_loss": 1.2, "val_top1": 0.5})  # validation every second epoch
+    with open(tmp_path / "metrics.csv") as f:
+        assert list(csv.DictReader(f)) == [{"epoch": "1", "train_loss": "1.5", "val_top1": ""},
+                                           {"epoch": "2", "train_loss": "1.2", "val_top1": "0.5"}]
+
+
+# ------------------------------------------------------------- 12, 13. readers and threads across fork
+
+FORK_SCRIPT = textwrap.dedent("""
+    import sys, numpy as np, cv2, torch
+    sys.path.insert(0, {root!r})
+    from datasets.manifest import VideoRecord
+    from datasets.video_dataset import VideoWindowDataset, before_workers_fork
+    from config import load_config
+    cfg = load_config(None, ["data.img_size=64", "data.num_frames=8", "data.frame_stride=3",
+                             "data.max_video_frames=80", "data.decoder={decoder}", "data.index_cache=null"])["data"]
+    cv2.cvtColor(np.zeros((720, 1280, 3), np.uint8), cv2.COLOR_BGR2GRAY)  # the parent uses OpenCV's thread pool
+    dataset = VideoWindowDataset([VideoRecord({{"video": {clip!r}}}, label="a", where="clip")], ["a"], cfg,
+                                 training=False)
+    alone = [dataset[i]["video"] for i in range(len(dataset))]  # the main process opens a reader first
+    before_workers_fork(2)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=1, num_workers=2, timeout=60)
+    forked = [batch["video"][0] for batch in loader]
+    assert len(forked) == len(alone) == len(dataset) > 3
+    assert all(torch.equal(a, b) for a, b in zip(alone, forked)), "workers read other frames"
+    print("ok", len(forked))
+""")
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED_CLIP), reason="../shared/data/nasa_13013.mp4 is not there")
+@pytest.mark.parametrize("decoder", ["opencv", "pyav"])
+def test_workers_forked_after_the_main_process_read_get_the_same_frames_and_do_not_hang(decoder):
+    script = FORK_SCRIPT.format(root=ROOT, decoder=decoder, clip=os.path.realpath(SHARED_CLIP))
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("ok ")
