@@ -25,7 +25,8 @@ from atomic_files import atomic_write_bytes
 from checkpoint import CheckpointError, load_trained_model
 from chunked_forward import AGGREGATIONS, forward_chunked
 from config import exit_on_usage_error, validate
-from datasets.video_dataset import BAD_INPUT_ERRORS, before_workers_fork, build_dataset, index_cache_for
+from datasets.video_dataset import (BAD_INPUT_ERRORS, BadInputReport, before_workers_fork, build_dataset,
+                                    index_cache_for, worker_init)
 from datasets.transforms import InputPreparer
 from metrics import ClassificationMeter
 from runtime import resolve_device, setup_logging, setup_runtime
@@ -90,10 +91,12 @@ def evaluate_dataset(model, dataset, cfg: dict, runtime, class_names: list[str])
     prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
     before_workers_fork(cfg["data"]["num_workers"])
     loader = torch.utils.data.DataLoader(dataset, batch_size=1, num_workers=cfg["data"]["num_workers"],
-                                         pin_memory=runtime.device.type == "cuda")
+                                         worker_init_fn=worker_init, pin_memory=runtime.device.type == "cuda")
     meter = ClassificationMeter(len(class_names))
     clip_rows = []
+    bad_inputs = BadInputReport(dataset)
     for batch in loader:
+        bad_inputs.take(batch)
         with runtime.autocast():
             logits = forward_chunked(model, prepare(batch), train["chunk_infer_size"], train["chunk_overlap"],
                                      train["chunk_aggregation"], train["video_batch_size"]).float().cpu()
@@ -106,6 +109,7 @@ def evaluate_dataset(model, dataset, cfg: dict, runtime, class_names: list[str])
     video_rows = [{"video": _video_name(dataset, v["video_index"]), "label": class_names[v["label"]],
                    "predicted": class_names[v["predicted"]], "probability": round(v["probability"], 6),
                    "clips": v["clips"]} for v in meter.video_predictions()]
+    bad_inputs.end_run()
     return meter.compute(), clip_rows, video_rows
 
 

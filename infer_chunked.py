@@ -28,7 +28,7 @@ import memory_monitor
 from checkpoint import CheckpointError, load_trained_model
 from chunked_forward import AGGREGATIONS, LogitAggregator, clip_length, inference_windows, slice_time
 from config import ConfigError, exit_on_usage_error
-from datasets.video_dataset import BAD_INPUT_ERRORS, manifest_path
+from datasets.video_dataset import BAD_INPUT_ERRORS, check_labels, manifest_path, segment_frames
 from datasets.keypoints import KeypointError, read_keypoints
 from datasets.manifest import VIDEO_EXTENSIONS, ManifestError, VideoRecord, read_manifest
 from datasets.transforms import InputPreparer
@@ -134,6 +134,10 @@ class ChunkStream:
         self.readers = {name: open_reader(path, size, threads=threads, decoder=decoder)
                         for name, path in record.views.items()}
         first = next(iter(self.readers.values()))
+        for reader in self.readers.values():
+            # a container can over-state its length (a cut file keeps its header): reading the last frame it
+            # claims finds the real end, so no chunk is made of the last frame repeated
+            reader.read([reader.num_frames - 1])
         self.num_frames = min(r.num_frames for r in self.readers.values())
         self.fps = first.info.fps
         clip_length = len(range(0, self.num_frames, stride))
@@ -213,11 +217,14 @@ class ChunkStream:
 @torch.inference_mode()
 def classify_video(model, record: VideoRecord, cfg: dict, args, runtime, prepare, class_names) -> dict:
     data = cfg["data"]
+    check_labels(record, class_names, unlabelled_ok=True)  # the checks and messages of train.py and eval.py
     stream = ChunkStream(record, data["img_size"], data["frame_stride"], args.chunk, args.overlap, args.agg,
                          args.batch, data["load_rgb"], data["load_kpt"], args.decode_threads or None, data["decoder"])
     aggregator, timeline = LogitAggregator(args.agg), []
     compute_seconds = 0.0
     try:
+        if record.segments is not None:
+            segment_frames(record, stream.num_frames, stream.fps, class_names)
         for windows, tensors in tqdm(stream, total=-(-len(stream.windows) // args.batch), leave=False,
                                      desc=os.path.basename(record.first_path), disable=not sys.stderr.isatty()):
             tick = time.perf_counter()
@@ -333,7 +340,7 @@ def main(argv=None) -> int:
             if out is not None:
                 out.write(json.dumps(result) + "\n")
                 out.flush()
-            elif "error" not in result:
+            if "error" not in result:  # the console shows the summary with --output too
                 print_result(result, args.timeline)
     finally:
         if out is not None:

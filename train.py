@@ -32,7 +32,7 @@ from chunked_forward import (ChunkedTrainingForward, ChunkSpec, aggregate_chunk_
                              clip_length, forward_chunked)
 from config import ConfigError, add_config_arguments, dump, exit_on_usage_error, load_config
 from datasets.video_dataset import (BAD_INPUT_ERRORS, build_dataset, index_cache_for, manifest_path,
-                                    before_workers_fork, resolve_class_names)
+                                    BadInputReport, before_workers_fork, resolve_class_names, worker_init)
 from datasets.manifest import read_manifest
 from datasets.transforms import InputPreparer
 from metrics import ClassificationMeter
@@ -80,7 +80,7 @@ def make_loader(dataset, cfg: dict, runtime: Runtime, training: bool) -> DataLoa
                            world_size=runtime.world_size, pad=training)
     before_workers_fork(data["num_workers"])
     return DataLoader(dataset, batch_size=data["batch_size"] if training else 1, sampler=sampler,
-                      num_workers=data["num_workers"],
+                      num_workers=data["num_workers"], worker_init_fn=worker_init,
                       pin_memory=data["pin_memory"] and runtime.device.type == "cuda",
                       drop_last=False, persistent_workers=False)
 
@@ -149,6 +149,7 @@ class Trainer:
     pending_rng: dict | None = None
     stop_after_steps: int | None = None
     memory_log: memory_monitor.CsvLog | None = None
+    bad_inputs: BadInputReport | None = None  # skipped files and data warnings, reported once per run
     epoch_memory: dict | None = None
     last_confusion: list | None = None  # of the last validation, for the plot at the end
 
@@ -202,7 +203,6 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
         restore_rng_state(trainer.pending_rng)
         trainer.pending_rng = None
     totals = {"clips": 0, "data_time": 0.0}  # of this call (speed); the epoch's loss is kept in the state
-    skipped_files: set[str] = set()
     start = time.perf_counter()
     progress = tqdm(total=num_batches, initial=state.batches_done, desc=f"epoch {state.epoch + 1}",
                     disable=not (runtime.is_main and sys.stderr.isatty()), leave=False)
@@ -213,7 +213,8 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
         tick = time.perf_counter()
         batch = next(iterator)
         totals["data_time"] += time.perf_counter() - tick
-        skipped_files.update(p for text in batch.pop("skipped", []) for p in text.split(";") if p)
+        if trainer.bad_inputs is not None:
+            trainer.bad_inputs.take(batch)
         group_size = min(accumulate, num_batches - group_start)
         need_update = batch_index + 1 == group_start + group_size
         group.append(batch)
@@ -243,8 +244,8 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
                 break
     progress.close()
     elapsed = time.perf_counter() - start
-    if skipped_files:
-        log.warning("epoch %d: skipped bad samples: %s", state.epoch + 1, ", ".join(sorted(skipped_files)))
+    if trainer.bad_inputs is not None:
+        trainer.bad_inputs.end_epoch(state.epoch + 1)
     return {"train_loss": state.epoch_loss_sum / max(state.epoch_clips, 1), "train_clips_per_s": totals["clips"] / elapsed,
             "data_time_share": totals["data_time"] / elapsed, "lr": trainer.scheduler.get_last_lr()[0],
             "skipped_steps": state.skipped_steps, "clips_per_forward": _clips_per_forward(trainer),
@@ -416,7 +417,7 @@ def _after_step(trainer: Trainer, totals: dict, start: float, progress) -> None:
 
 @torch.inference_mode()
 def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer, runtime: Runtime,
-             train_cfg: dict, num_classes: int) -> dict:
+             train_cfg: dict, num_classes: int, bad_inputs: BadInputReport | None = None) -> dict:
     """Clip- and video-level metrics with the shared chunked forward; predictions move to the CPU at once.
 
     Under DDP each rank evaluates its shard and the CPU meters are gathered, so every rank gets the metrics
@@ -426,6 +427,8 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer,
     model.eval()
     meter = ClassificationMeter(num_classes)
     for batch in loader:
+        if bad_inputs is not None:
+            bad_inputs.take(batch)
         with runtime.autocast():
             logits = forward_chunked(model, prepare(batch), train_cfg["chunk_infer_size"], train_cfg["chunk_overlap"],
                                      train_cfg["chunk_aggregation"], train_cfg["video_batch_size"])
@@ -623,7 +626,7 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None, s
                                           else None)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg["train"]["label_smoothing"])
     trainer = Trainer(wrapped, optimizer, scheduler, scaler, prepare, runtime, cfg, run_dir, class_names, data_info,
-                      criterion, state, pending_rng, stop_after_steps)
+                      criterion, state, pending_rng, stop_after_steps, bad_inputs=BadInputReport(train_set, val_set))
     if runtime.is_main:
         removed = remove_stale_temp_files(run_dir, recursive=True)
         if removed:
@@ -672,7 +675,7 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
         last_epoch = state.epoch + 1 == max_epochs
         if val_loader is not None and ((state.epoch + 1) % cfg["trainer"]["check_val_every_n_epoch"] == 0 or last_epoch):
             metrics = evaluate(trainer.model, val_loader, trainer.prepare, runtime, cfg["train"],
-                               len(trainer.class_names))
+                               len(trainer.class_names), trainer.bad_inputs)
             row.update({f"val_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
             trainer.last_confusion = metrics["confusion"]
         state.epoch += 1
@@ -691,6 +694,8 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
             shown = ("train_loss", "train_clips_per_s", "data_time_share", "val_clip_acc", "val_video_acc", "val_top5")
             log.info("epoch %d/%d: %s", state.epoch, max_epochs, "  ".join(
                 f"{k} {row[k]:.4f}" for k in shown if k in row))
+    if trainer.bad_inputs is not None:
+        trainer.bad_inputs.end_run()
     if runtime.is_main and state.history:
         plots.training_plots(trainer.run_dir, trainer.class_names, trainer.last_confusion)
         log.info("done: best %s %.4f; checkpoints in %s", cfg["train"]["monitor"], state.best_metric,

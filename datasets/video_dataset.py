@@ -24,6 +24,60 @@ from datasets.windows import clip_indices, split_into_windows
 log = logging.getLogger("longvideo." + __name__)  # printed through the project logger
 
 BAD_INPUT_ERRORS = (VideoReadError, KeypointError, ManifestError)
+MAX_CONSECUTIVE_FAILURES = 50  # samples skipped in a row (on_bad_video: skip) before the data is called broken
+_WORKER_NOTES: list[str] = []  # warnings met in a DataLoader worker, handed to the main process with a sample
+
+
+class _NotesHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        _WORKER_NOTES.append(record.getMessage())
+
+
+def worker_init(worker_id: int) -> None:
+    """A worker's warnings (a file shorter than its container says, ...) go to the main process with the next
+    sample instead of the console: printed once per run there, not once per worker and epoch."""
+    logging.getLogger("longvideo").handlers = [_NotesHandler()]
+
+
+class BadInputReport:
+    """In the main process: the warnings the samples carry, printed once per run; the files skipped
+    (data.on_bad_video: skip) with their reasons, listed at the end of each epoch and of the run, those rejected
+    while indexing included."""
+
+    def __init__(self, *datasets):
+        self.indexed = {path: reason for d in datasets if d is not None for path, reason in d.skipped.items()}
+        self.skipped: dict[str, str] = dict(self.indexed)  # the run's
+        self.epoch: dict[str, str] = {}
+        self.seen: set[str] = set()
+
+    def take(self, batch: dict) -> None:
+        for text in batch.pop("notes", []):
+            for note in filter(None, text.split("\n")):
+                if note not in self.seen:
+                    self.seen.add(note)
+                    log.warning("%s", note)
+        for text in batch.pop("skipped", []):
+            for line in filter(None, text.split("\n")):
+                path, reason = line.split("\t", 1)
+                if path not in self.skipped:
+                    log.warning("skipping %s", reason)
+                self.skipped.setdefault(path, reason)
+                self.epoch.setdefault(path, reason)
+
+    def end_epoch(self, epoch: int) -> None:
+        listed = {**self.indexed, **self.epoch}
+        if listed:
+            log.warning("epoch %d: %d file(s) skipped: %s", epoch, len(listed), self._text(listed))
+        self.epoch = {}
+
+    def end_run(self) -> None:
+        if self.skipped:
+            log.warning("run: %d file(s) skipped (data.on_bad_video: skip): %s", len(self.skipped),
+                        self._text(self.skipped))
+
+    @staticmethod
+    def _text(files: dict) -> str:
+        return "; ".join(f"{path} ({reason})" for path, reason in sorted(files.items()))
 _READERS = ReaderCache(capacity=4, threads=1)  # per process: each DataLoader worker has its own
 
 
@@ -52,7 +106,7 @@ class VideoWindowDataset(Dataset):
         self.class_index = {name: i for i, name in enumerate(self.class_names)}
         self.cfg, self.training, self.seed, self.epoch = data_cfg, training, seed, 0
         self.size = data_cfg["img_size"]
-        self.skipped: dict[str, str] = {}  # path -> error, for samples dropped at index time
+        self.skipped: dict[str, str] = {}  # file -> error, for samples dropped at index time
         self.video_info: dict = {}  # path -> VideoInfo from the index: readers in the workers do not probe again
         cache = index_cache or VideoIndexCache(None)
         self.lengths = [self._record_length(r, cache) for r in records]
@@ -71,10 +125,7 @@ class VideoWindowDataset(Dataset):
     def _record_length(self, record: VideoRecord, cache: VideoIndexCache) -> int:
         """Frames usable in every view (the shortest view; a shorter view is reported); 0 = skipped."""
         try:
-            for label in record.labels():
-                if label not in self.class_index:
-                    raise ManifestError(f"{record.where}: label '{label}' is not a known class "
-                                        f"({', '.join(self.class_names)})")
+            check_labels(record, self.class_names)
             if not self.cfg["load_rgb"]:
                 if record.keypoints is None:
                     raise ManifestError(f"{record.where}: no 'keypoints' given, and data.load_rgb is false")
@@ -90,7 +141,7 @@ class VideoWindowDataset(Dataset):
             if self.cfg["on_bad_video"] == "raise":
                 raise type(e)(f"{e} (sample at {record.where})") from None
             log.warning("skipping %s: %s", record.where, e)
-            self.skipped[record.where] = str(e)
+            self.skipped[record.first_path] = f"{e} (sample at {record.where})"
             return 0
 
     def _check_views(self) -> list[str]:
@@ -104,14 +155,7 @@ class VideoWindowDataset(Dataset):
         length = self.lengths[record_index]
         timeline = None
         if record.segments is not None:
-            fps = record.extra.get("fps", 25.0)
-            timeline = []
-            for seg in record.segments:
-                start, end = seg.in_frames(fps)
-                if start >= length:
-                    raise ManifestError(f"{record.where}: segment [{start}, {end}) '{seg.label}' starts after "
-                                        f"the video's {length} frames")
-                timeline.append((start, min(end, length), self.class_index[seg.label]))
+            timeline = segment_frames(record, length, record.extra.get("fps", 25.0), self.class_names)
         windows = []
         for start, end in split_into_windows(length, self.cfg["max_video_frames"], self.cfg["video_chunk_overlap"]):
             if timeline is None:
@@ -136,21 +180,25 @@ class VideoWindowDataset(Dataset):
         return len(self.windows)
 
     def __getitem__(self, index: int) -> dict:
-        skipped = []
-        for attempt in range(len(self)):
+        skipped: dict[str, str] = {}
+        for attempt in range(min(len(self), MAX_CONSECUTIVE_FAILURES)):
             candidate = (index + attempt) % len(self)
             try:
                 sample = self._load(candidate)
-                sample["skipped"] = ";".join(skipped)
-                return sample
+                break
             except BAD_INPUT_ERRORS as e:
                 record = self.records[self.windows[candidate].record]
                 if self.cfg["on_bad_video"] == "raise":
                     raise type(e)(f"{e} (sample at {record.where})") from None
-                if record.where not in skipped:
-                    log.warning("skipping %s: %s", record.where, e)
-                skipped.append(record.where)
-        raise VideoReadError("every sample of the dataset failed to load")
+                skipped[record.first_path] = f"{e} (sample at {record.where})"
+        else:
+            raise VideoReadError(f"{len(skipped)} consecutive samples failed to load (data.on_bad_video: skip), the "
+                                 f"last: {list(skipped.values())[-1]}; check the data")
+        # reported by the main process (BadInputReport): once per run, whichever worker met it
+        sample["skipped"] = "\n".join(f"{path}\t{reason}" for path, reason in skipped.items())
+        sample["notes"] = "\n".join(_WORKER_NOTES)
+        _WORKER_NOTES.clear()
+        return sample
 
     def _load(self, index: int) -> dict:
         window = self.windows[index]
@@ -211,6 +259,30 @@ def _keypoints_of(record: VideoRecord, indices) -> np.ndarray:
     if record.keypoints is None:
         raise KeypointError(f"{record.where}: data.load_kpt is true but the sample has no 'keypoints'")
     return read_keypoints(record.keypoints, indices)
+
+
+def check_labels(record: VideoRecord, class_names: list[str], unlabelled_ok: bool = False) -> None:
+    """Every label of a manifest line (its label, its segments') is a known class; shared by training,
+    evaluation and infer_chunked.py (where a line may have no label: ``unlabelled_ok``), so they refuse the
+    same lines with the same message."""
+    for label in record.labels():
+        if label is None and unlabelled_ok:
+            continue
+        if label not in class_names:
+            raise ManifestError(f"{record.where}: label '{label}' is not a known class ({', '.join(class_names)})")
+
+
+def segment_frames(record: VideoRecord, length: int, fps: float, class_names: list[str]) -> list[tuple]:
+    """A line's segments as (start, end, class index) frames, cut at the video's ``length``; a segment that
+    starts after the video's end is an error."""
+    timeline = []
+    for seg in record.segments:
+        start, end = seg.in_frames(fps)
+        if start >= length:
+            raise ManifestError(f"{record.where}: segment [{start}, {end}) '{seg.label}' starts after "
+                                f"the video's {length} frames")
+        timeline.append((start, min(end, length), class_names.index(seg.label)))
+    return timeline
 
 
 def manifest_path(data_cfg: dict, split: str) -> str | None:

@@ -209,3 +209,73 @@ def test_workers_forked_after_the_main_process_read_get_the_same_frames_and_do_n
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("ok ")
+
+
+# ------------------------------------------------------------------------ 8. data.on_bad_video: skip
+
+def test_skipped_files_and_data_warnings_are_reported_once_per_run(synthetic_root, tmp_path):
+    from conftest import write_with_opencv
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_root, data)
+    cut = write_with_opencv(str(data / "cut.avi"), 200, "MJPG")  # the header keeps saying 200 frames
+    content = open(cut, "rb").read()
+    open(cut, "wb").write(content[:len(content) // 2])
+    lines = (data / "train.jsonl").read_text().splitlines()[:8]
+    lines += [json.dumps({"video": "cut.avi", "label": "up"}), json.dumps({"video": "missing.mp4", "label": "up"})]
+    (data / "train.jsonl").write_text("\n".join(lines) + "\n")
+    result = run(["train.py", *overrides(str(data), tmp_path / "runs", "data.on_bad_video=skip",
+                                         "data.num_workers=2", "data.max_video_frames=40", "data.num_frames=4",
+                                         "data.batch_size=2")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = result.stdout + result.stderr
+    assert log.count("the container says 200 frames") == 1  # not once per worker and epoch
+    assert log.count(f"skipping {data / 'cut.avi'}") == 1
+    for epoch in (1, 2):
+        [line] = [t for t in log.splitlines() if t.startswith(f"epoch {epoch}: ") and "skipped" in t]
+        assert line.startswith(f"epoch {epoch}: 2 file(s) skipped: {data / 'cut.avi'} (")
+        assert f"{data / 'missing.mp4'} ({data / 'missing.mp4'}: file not found" in line  # rejected while indexing
+    [summary] = [t for t in log.splitlines() if t.startswith("run: ")]
+    assert summary.startswith("run: 2 file(s) skipped (data.on_bad_video: skip): ")
+
+
+# ------------------------------------------------------------------------- 4, 5. infer_chunked.py input
+
+def test_infer_counts_only_the_frames_that_exist(trained_run, tmp_path):
+    from conftest import write_with_opencv
+    import cv2
+    cut = write_with_opencv(str(tmp_path / "cut.avi"), 200, "MJPG")
+    content = open(cut, "rb").read()
+    open(cut, "wb").write(content[:len(content) // 2])
+    capture, real = cv2.VideoCapture(cut), 0
+    while capture.grab():
+        real += 1
+    assert 10 < real < 200
+    best = os.path.join(trained_run[0], "checkpoints", "best.pt")
+    result = run(["infer_chunked.py", "--checkpoint", best, "--input", cut, "--chunk", "12", "--overlap", "0",
+                  "--output", str(tmp_path / "out.jsonl")])
+    assert result.returncode == 0, result.stderr
+    [line] = [json.loads(t) for t in (tmp_path / "out.jsonl").read_text().splitlines()]
+    stride = load_checkpoint(best)["config"]["data"]["frame_stride"]
+    clip_frames = len(range(0, real, stride))
+    assert line["num_frames"] == real and line["windows"] == -(-clip_frames // 12)  # no chunk past the real end
+    assert f"{cut}: {real} frames" in result.stdout  # the console summary as well
+
+
+def test_infer_refuses_the_manifest_lines_that_train_and_eval_refuse(trained_run, synthetic_root, tmp_path):
+    long = json.loads(open(os.path.join(synthetic_root, "long.jsonl")).readline())
+    video = os.path.join(synthetic_root, long["video"])
+    lines = [{"video": video, "segments": [{"start": 0, "end": 100, "label": "up"},
+                                           {"start": 5000, "end": 5100, "label": "up"}]},  # past the end
+             {"video": video, "label": "zebra"},  # not a class of the model
+             {"video": video, "label": "up"}]
+    (tmp_path / "m.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    best = os.path.join(trained_run[0], "checkpoints", "best.pt")
+    result = run(["infer_chunked.py", "--checkpoint", best, "--input", str(tmp_path / "m.jsonl"), "--chunk", "8",
+                  "--overlap", "0"])
+    assert result.returncode == 1
+    errors = error_lines(result.stderr)
+    assert errors == [f"error: {tmp_path / 'm.jsonl'}:1: segment [5000, 5100) 'up' starts after the video's 300 "
+                      f"frames",
+                      f"error: {tmp_path / 'm.jsonl'}:2: label 'zebra' is not a known class (down, grow, left, "
+                      f"right, shrink, up)"]
+    assert "(true: up)" in result.stdout  # the good line ran

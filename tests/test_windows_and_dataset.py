@@ -124,7 +124,9 @@ def test_bad_videos_raise_with_the_manifest_line_or_are_skipped(tmp_path, long_v
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         dataset = VideoWindowDataset(read_manifest(manifest), ["a"], data_cfg(load_kpt=False, on_bad_video="skip"),
                                      training=False)
-    assert len(dataset) == 1 and sorted(dataset.skipped) == [f"{manifest}:2", f"{manifest}:3"]
+    # files, not manifest lines, each with its reason and line
+    assert len(dataset) == 1 and sorted(dataset.skipped) == [f"{tmp_path}/empty.mp4", f"{tmp_path}/gone.mp4"]
+    assert dataset.skipped[f"{tmp_path}/gone.mp4"].endswith(f"(sample at {manifest}:3)")
     assert "file not found" in caplog.text
 
 
@@ -208,4 +210,6 @@ def test_a_sample_that_fails_while_loading_is_replaced_when_skipping(tmp_path, l
         return real_load(index)
     monkeypatch.setattr(dataset, "_load", flaky)
     sample = dataset[0]
-    assert sample["label"] == 1 and sample["skipped"] == f"{manifest}:1"
+    # the file and its reason, for the main process to report once per run
+    assert sample["label"] == 1 and sample["skipped"] == (f"{long_video / 'long.avi'}\tlong.avi: decoding failed "
+                                                          f"half-way (sample at {manifest}:1)")
