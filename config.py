@@ -88,7 +88,7 @@ SCHEMA: dict[str, Any] = {
                                        "null = whole videos", minimum=1, nullable=True),
         "video_chunk_overlap": _int(0, "frames shared by consecutive sample windows", minimum=0),
         "decoder": _choice("opencv", "video decoder: opencv, or pyav (same frames and pixels; random clips "
-                                     "1.7x faster in bench/loader.py; needs pip install av)", "opencv", "pyav"),
+                                     "1.7x faster in bench/loader.py; also reads AV1)", "opencv", "pyav"),
         "on_bad_video": _choice("raise", "a video that cannot be read: stop, or log it and use another sample",
                                 "raise", "skip"),
         "index_cache": Key(None, "str", "JSON cache of video metadata; null = <trainer.output_dir>/.video_index.json",

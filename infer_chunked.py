@@ -32,7 +32,7 @@ from datasets.video_dataset import BAD_INPUT_ERRORS, check_labels, manifest_path
 from datasets.keypoints import KeypointError, read_keypoints
 from datasets.manifest import VIDEO_EXTENSIONS, ManifestError, VideoRecord, read_manifest
 from datasets.transforms import InputPreparer
-from datasets.video_reader import VideoReadError, open_reader
+from datasets.video_reader import VideoReadError, open_reader, several_streams_note
 from runtime import resolve_device, setup_logging, setup_runtime
 
 log = setup_logging()
@@ -135,6 +135,9 @@ class ChunkStream:
                         for name, path in record.views.items()}
         first = next(iter(self.readers.values()))
         for reader in self.readers.values():
+            note = several_streams_note(reader.info)
+            if note:
+                log.warning("%s", note)
             # a container can over-state its length (a cut file keeps its header): reading the last frame it
             # claims finds the real end, so no chunk is made of the last frame repeated
             reader.read([reader.num_frames - 1])

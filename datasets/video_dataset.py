@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 from datasets.keypoints import KeypointError, keypoint_length, read_keypoints
 from datasets.manifest import ManifestError, VideoRecord, read_manifest
-from datasets.video_reader import ReaderCache, VideoIndexCache, VideoReadError
+from datasets.video_reader import ReaderCache, VideoIndexCache, VideoReadError, several_streams_note
 from datasets.windows import clip_indices, split_into_windows
 
 log = logging.getLogger("longvideo." + __name__)  # printed through the project logger
@@ -130,8 +130,10 @@ class VideoWindowDataset(Dataset):
                 if record.keypoints is None:
                     raise ManifestError(f"{record.where}: no 'keypoints' given, and data.load_rgb is false")
                 return keypoint_length(record.keypoints)
-            infos = {name: cache.info(path) for name, path in record.views.items()}
+            infos = {name: cache.info(path, self.cfg["decoder"]) for name, path in record.views.items()}
             self.video_info.update({path: infos[name] for name, path in record.views.items()})
+            for note in filter(None, map(several_streams_note, infos.values())):
+                log.warning("%s", note)
             lengths = {name: info.num_frames for name, info in infos.items()}
             if len(set(lengths.values())) > 1:
                 log.warning("%s: views have different lengths %s; using the shortest", record.where, lengths)

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import cv2
@@ -41,6 +41,35 @@ class VideoInfo:
     # the packet timestamps number every frame one by one (no dropped frames, constant rate): seeking by
     # timestamp finds frame i of a sequential decode. False: the file is read sequentially (exact, slower).
     regular_timestamps: bool = True
+    # every video stream of the file, in file order, as [width, height, frames]: both decoders read the first
+    video_streams: list = field(default_factory=list)
+    # False: OpenCV's FFmpeg build cannot decode this codec (AV1 in the pip wheel) but PyAV can: pyav only
+    opencv_decodes: bool = True
+
+
+def several_streams_note(info: VideoInfo) -> str | None:
+    """The warning for a file with more than one video stream: which one is read, and why."""
+    streams = info.video_streams
+    if len(streams) < 2:
+        return None
+    largest = max(range(len(streams)), key=lambda i: streams[i][0] * streams[i][1])
+    listed = ", ".join(f"#{i} {w}x{h} ({n} frames)" for i, (w, h, n) in enumerate(streams))
+    return (f"{info.path}: {len(streams)} video streams ({listed}); both decoders read #0, the first (OpenCV's FFmpeg "
+            f"backend reads no other)" + (f"; FFmpeg's tools would pick #{largest}, the largest: extract it with "
+                                          f"ffmpeg -i in.mp4 -map 0:v:{largest} -c copy out.mp4" if largest else ""))
+
+
+def _video_streams(path: str) -> list:
+    """[width, height, frames] of each video stream, from the container's header (PyAV; nothing is decoded)."""
+    try:
+        import av
+    except ImportError:
+        return []
+    try:
+        with av.open(path) as container:
+            return [[s.codec_context.width, s.codec_context.height, int(s.frames)] for s in container.streams.video]
+    except Exception:  # PyAV cannot read what OpenCV could: the stream list stays unknown
+        return []
 
 
 def _fourcc(cap: cv2.VideoCapture) -> str:
@@ -55,8 +84,9 @@ def _open_capture(path: str, threads: int | None) -> cv2.VideoCapture:
     return cap
 
 
-def probe(path: str) -> VideoInfo:
-    """Frame count, fps, size and codec from the container, plus one decoded frame to prove the codec works."""
+def probe(path: str, decoder: str = "opencv") -> VideoInfo:
+    """Frame count, fps, size and codec from the container, plus one decoded frame to prove the codec works.
+    With ``decoder`` pyav, a codec that OpenCV's FFmpeg build cannot decode but PyAV can is accepted."""
     if not os.path.exists(path):
         raise VideoReadError(f"{path}: file not found; check the path in the manifest (relative paths are resolved "
                              f"against the manifest's folder)")
@@ -75,12 +105,37 @@ def probe(path: str) -> VideoInfo:
             raise VideoReadError(f"{path}: the container reports no frames ({codec}); {REENCODE_HINT}")
         ok, frame = cap.read()
         if not ok or frame is None:
+            if decoder == "pyav":
+                return _probe_with_pyav(path, codec)
             raise VideoReadError(f"{path}: OpenCV opens this file but cannot decode its '{codec}' video "
-                                 f"(its FFmpeg build lacks a decoder); {REENCODE_HINT}")
+                                 f"(its FFmpeg build lacks a decoder); {REENCODE_HINT}, or set data.decoder: "
+                                 f"pyav if PyAV decodes it")
         height, width = frame.shape[:2]
-        return VideoInfo(path, count, fps if fps > 0 else 25.0, width, height, codec, _regular_timestamps(path))
+        return VideoInfo(path, count, fps if fps > 0 else 25.0, width, height, codec, _regular_timestamps(path),
+                         _video_streams(path))
     finally:
         cap.release()
+
+
+def _probe_with_pyav(path: str, codec: str) -> VideoInfo:
+    """The probe of a file only PyAV decodes: its first video stream's header, and one decoded frame."""
+    import av
+    try:
+        with av.open(path) as container:
+            stream = container.streams.video[0]
+            frame = next(container.decode(stream), None)
+            rate = stream.guessed_rate or stream.average_rate
+            count = int(stream.frames)
+        if count <= 0:  # the container has no frame count (MKV, WebM): its packets, demuxed, not decoded
+            with av.open(path) as container:
+                count = sum(1 for packet in container.demux(container.streams.video[0]) if packet.size)
+    except av.FFmpegError as e:
+        raise VideoReadError(f"{path}: neither OpenCV nor PyAV decodes its '{codec}' video ({e}); {REENCODE_HINT}")
+    if frame is None or not rate or count <= 0:
+        raise VideoReadError(f"{path}: PyAV finds no decodable frame, frame rate or frame count in its '{codec}' "
+                             f"video; {REENCODE_HINT}")
+    return VideoInfo(path, count, float(rate), frame.width, frame.height, codec, _regular_timestamps(path),
+                     _video_streams(path), opencv_decodes=False)
 
 
 def _regular_timestamps(path: str) -> bool:
@@ -127,15 +182,17 @@ class VideoIndexCache:
         stat = os.stat(path)
         return os.path.abspath(path), [stat.st_size, stat.st_mtime_ns]
 
-    def info(self, path: str) -> VideoInfo:
+    def info(self, path: str, decoder: str = "opencv") -> VideoInfo:
         try:
             key, stamp = self._key(path)
         except OSError:
-            return probe(path)  # raises the clear error for a missing file
+            return probe(path, decoder)  # raises the clear error for a missing file
         entry = self.entries.get(key)
         if entry and entry.get("stamp") == stamp and entry["info"].keys() == VideoInfo.__dataclass_fields__.keys():
-            return VideoInfo(**entry["info"])
-        info = probe(path)
+            info = VideoInfo(**entry["info"])
+            if info.opencv_decodes or decoder == "pyav":
+                return info
+        info = probe(path, decoder)
         self.entries[key] = {"stamp": stamp, "info": asdict(info)}
         self.dirty = True
         return info
@@ -156,13 +213,15 @@ _SHORT_FILES: dict[str, int] = {}  # decoding ends before the container's frame 
 class VideoReader:
     """Reads chosen frames of one video; keep it open to read several windows of the same file."""
 
+    decoder = "opencv"
+
     def __init__(self, path: str, size: Sequence[int] | None = None, threads: int | None = None,
                  info: VideoInfo | None = None, seek_threshold: int = 48):
         """size: (height, width) of the returned frames, None = as stored. threads: FFmpeg decoder threads
         (None = OpenCV's choice; 1 inside DataLoader workers). seek_threshold: read through gaps up to this
         many frames rather than seek (a seek decodes from the previous keyframe)."""
         self.path = path
-        self.info = info or probe(path)
+        self.info = info or probe(path, self.decoder)
         # lowered if decoding ends before the container's count
         self.num_frames = min(self.info.num_frames, _SHORT_FILES.get(path, self.info.num_frames))
         self.size = None if size is None else (int(size[0]), int(size[1]))
@@ -336,6 +395,7 @@ class PyAVReader(VideoReader):
     """
 
     skip_unneeded_frames = True  # False: decode every frame (for comparisons)
+    decoder = "pyav"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -362,14 +422,22 @@ class PyAVReader(VideoReader):
 
     def _read_one(self, index: int, dst: np.ndarray) -> bool:
         if self.path in _PYAV_UNRELIABLE or not self.info.regular_timestamps:
+            self._opencv_must_decode("its frame timestamps do not number the frames one by one")
             return super()._read_one(index, dst)
         try:
             return self._decode_one(index, dst)
         except _TimestampsUnreliable as why:
+            self._opencv_must_decode(str(why))
             _PYAV_UNRELIABLE.add(self.path)
             log.warning("%s: %s; reading this file with OpenCV from now on (exact, slower seeks)", self.path, why)
             self.close()
             return super()._read_one(index, dst)
+
+    def _opencv_must_decode(self, why: str) -> None:
+        """Before falling back to OpenCV's exact path: a file only PyAV decodes has none."""
+        if not self.info.opencv_decodes:
+            raise VideoReadError(f"{self.path}: {why}, so PyAV cannot read it frame-exactly, and OpenCV cannot "
+                                 f"decode its '{self.info.codec}' video; {REENCODE_HINT}")
 
     def _decode_one(self, index: int, dst: np.ndarray) -> bool:
         if index not in self._wanted:  # e.g. the last frame, read for indices past the real end
@@ -391,8 +459,14 @@ class PyAVReader(VideoReader):
                 continue
             if got > index:  # only right after a seek: the keyframe found lies after the frame
                 raise _TimestampsUnreliable(f"seeking to frame {index} landed on frame {got}")
-            rgb = self._reformatter.reformat(frame, format="rgb24").to_ndarray()
-            dst[...] = rgb if rgb.shape[:2] == dst.shape[:2] else resize_frame(rgb, dst.shape[0], dst.shape[1])
+            # what OpenCV's FFmpeg backend does, so both decoders give the same pixels: swscale to BGR with bicubic
+            # chroma, then BGR -> RGB. Converting straight to RGB (bilinear) differed by up to 23 on 10-bit
+            # H.264 (bicubic to RGB: 4); 8-bit 4:2:0 takes swscale's unscaled path either way.
+            bgr = self._reformatter.reformat(frame, format="bgr24", interpolation="BICUBIC").to_ndarray()
+            if bgr.shape[:2] == dst.shape[:2]:
+                cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB, dst=dst)
+            else:
+                dst[...] = resize_frame(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), dst.shape[0], dst.shape[1])
             self.stats["decoded"] += 1
             return True
         return self._ended_at(index)

@@ -217,7 +217,86 @@ def test_an_undecodable_codec_is_a_clear_error(tmp_path):
         probe(path)
     assert str(info.value) == (f"{path}: OpenCV opens this file but cannot decode its 'AV01' video (its FFmpeg "
                                f"build lacks a decoder); re-encode it, e.g. ffmpeg -i in.mkv -c:v libx264 "
-                               f"-pix_fmt yuv420p out.mp4")
+                               f"-pix_fmt yuv420p out.mp4, or set data.decoder: pyav if PyAV decodes it")
+
+
+def test_the_pyav_decoder_reads_a_codec_only_pyav_decodes(tmp_path):
+    """data.decoder: pyav used to refuse AV1 with OpenCV's error although PyAV decodes it."""
+    try:
+        path = write_with_pyav(str(tmp_path / "av1.mkv"), 60, "libsvtav1")
+    except Exception as e:  # pragma: no cover - depends on the PyAV build
+        pytest.skip(f"cannot write AV1 here: {e}")
+    if cv2.VideoCapture(path).read()[0]:
+        pytest.skip("this OpenCV build decodes AV1")
+    info = probe(path, "pyav")
+    assert (info.num_frames, info.opencv_decodes, info.codec) == (60, False, "AV01")
+    reader = open_reader(path, decoder="pyav")
+    assert [read_barcode(f) for f in reader.read([0, 7, 33, 59, 12])] == [0, 7, 33, 59, 12]
+    cache = VideoIndexCache(str(tmp_path / "index.json"))
+    assert cache.info(path, "pyav").opencv_decodes is False
+    with pytest.raises(VideoReadError, match="OpenCV opens this file but cannot decode"):
+        cache.info(path, "opencv")  # the cached entry is not taken for the decoder that cannot read it
+
+
+@pytest.mark.parametrize("codec", ["libx264", "libx265"])
+def test_both_decoders_give_the_same_pixels_on_10_bit_video(tmp_path, codec):
+    """They differed by up to 23 (mean 0.9) on 10-bit H.264: PyAV converted straight to RGB, bilinearly."""
+    import av
+    path = str(tmp_path / "ten.mp4")
+    with av.open(path, "w") as container:
+        stream = container.add_stream(codec, rate=25)
+        stream.width, stream.height, stream.pix_fmt = 160, 96, "yuv420p10le"
+        if codec == "libx265":
+            stream.options = {"x265-params": "log-level=none"}
+        for i in range(30):
+            image = np.zeros((96, 160, 3), np.uint8)
+            image[..., 0] = np.arange(160)[None, :]
+            image[..., 1] = np.arange(96)[:, None] * 2
+            image[30:60, i * 4:i * 4 + 30] = [250, 20, 180]  # sharp colour edges: where chroma filters differ
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    for size in (None, (64, 80)):
+        np.testing.assert_array_equal(VideoReader(path, size).read([0, 13, 29]),
+                                      PyAVReader(path, size).read([0, 13, 29]))
+
+
+SHARED_CLIP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data",
+                           "nasa_13013.mp4")
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED_CLIP), reason="../shared/data/nasa_13013.mp4 is not there")
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_a_file_with_two_video_streams_is_read_from_its_first_by_both_decoders(decoder, caplog):
+    """nasa_13013.mp4 holds a 320x180 and a 480x270 video stream: both decoders read the first, and say so."""
+    info = probe(SHARED_CLIP)
+    assert info.video_streams == [[320, 180, 325], [480, 270, 390]]
+    frames = open_reader(SHARED_CLIP, decoder=decoder).read([0, 100, 324])
+    assert frames.shape == (3, 180, 320, 3)
+    cap, sequential = cv2.VideoCapture(SHARED_CLIP), []
+    while True:
+        ok, frame = cap.read()
+        if not ok:
+            break
+        sequential.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+    assert len(sequential) == 325
+    for got, index in zip(frames, [0, 100, 324]):
+        np.testing.assert_array_equal(got, sequential[index])
+    from datasets.manifest import VideoRecord
+    from datasets.video_dataset import VideoWindowDataset
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
+        VideoWindowDataset([VideoRecord({"video": SHARED_CLIP}, label="a", where="m.jsonl:1")], ["a"],
+                           {**data_cfg_for_streams(), "decoder": decoder}, training=False)
+    [note] = [r.getMessage() for r in caplog.records if "video streams" in r.getMessage()]
+    assert note == (f"{SHARED_CLIP}: 2 video streams (#0 320x180 (325 frames), #1 480x270 (390 frames)); both "
+                    f"decoders read #0, the first (OpenCV's FFmpeg backend reads no other); FFmpeg's tools would "
+                    f"pick #1, the largest: extract it with ffmpeg -i in.mp4 -map 0:v:1 -c copy out.mp4")
+
+
+def data_cfg_for_streams() -> dict:
+    from config import load_config
+    return load_config(None, ["data.img_size=64", "data.num_frames=8"])["data"]
 
 
 def test_missing_empty_and_non_video_files(tmp_path):
@@ -241,7 +320,7 @@ def test_index_cache_is_reused_and_invalidated_by_changes(barcode_videos, tmp_pa
     first = cache.info(str(path))
     cache.save()
     calls = []
-    monkeypatch.setattr(video_reader, "probe", lambda p: calls.append(p) or first)
+    monkeypatch.setattr(video_reader, "probe", lambda p, decoder="opencv": calls.append(p) or first)
     assert VideoIndexCache(cache_file).info(str(path)) == first and calls == []  # from the file, no probe
     os.utime(path, ns=(1, 1))
     VideoIndexCache(cache_file).info(str(path))
