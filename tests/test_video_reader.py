@@ -206,13 +206,20 @@ def test_a_container_that_overstates_its_length_shrinks_the_last_frames(tmp_path
     assert any(path in r.getMessage() and "decoding ends at frame" in r.getMessage() for r in caplog.records)
 
 
-def test_an_undecodable_codec_is_a_clear_error(tmp_path):
+@pytest.fixture
+def av1_file(tmp_path) -> str:
+    """60 barcoded frames of AV1 in MKV: a codec OpenCV's pip wheel cannot decode and PyAV can."""
     try:
-        path = write_with_pyav(str(tmp_path / "av1.mkv"), 10, "libsvtav1")
+        path = write_with_pyav(str(tmp_path / "av1.mkv"), 60, "libsvtav1")
     except Exception as e:  # pragma: no cover - depends on the PyAV build
         pytest.skip(f"cannot write AV1 here: {e}")
     if cv2.VideoCapture(path).read()[0]:
         pytest.skip("this OpenCV build decodes AV1")
+    return path
+
+
+def test_an_undecodable_codec_is_a_clear_error(av1_file):
+    path = av1_file
     with pytest.raises(VideoReadError) as info:
         probe(path)
     assert str(info.value) == (f"{path}: OpenCV opens this file but cannot decode its 'AV01' video (its FFmpeg "
@@ -220,14 +227,9 @@ def test_an_undecodable_codec_is_a_clear_error(tmp_path):
                                f"-pix_fmt yuv420p out.mp4, or set data.decoder: pyav if PyAV decodes it")
 
 
-def test_the_pyav_decoder_reads_a_codec_only_pyav_decodes(tmp_path):
+def test_the_pyav_decoder_reads_a_codec_only_pyav_decodes(av1_file, tmp_path):
     """data.decoder: pyav used to refuse AV1 with OpenCV's error although PyAV decodes it."""
-    try:
-        path = write_with_pyav(str(tmp_path / "av1.mkv"), 60, "libsvtav1")
-    except Exception as e:  # pragma: no cover - depends on the PyAV build
-        pytest.skip(f"cannot write AV1 here: {e}")
-    if cv2.VideoCapture(path).read()[0]:
-        pytest.skip("this OpenCV build decodes AV1")
+    path = av1_file
     info = probe(path, "pyav")
     assert (info.num_frames, info.opencv_decodes, info.codec) == (60, False, "AV01")
     reader = open_reader(path, decoder="pyav")
