@@ -11,6 +11,7 @@ import os
 import pickle
 import random
 import re
+import time
 import zipfile
 
 import numpy as np
@@ -28,6 +29,31 @@ class CheckpointError(Exception):
 def save_checkpoint(state: dict, path: str) -> None:
     with atomic_open(path) as f:
         torch.save(state, f)  # straight into the temporary file: no second copy of the state in host memory
+
+
+def make_run_dir(cfg: dict) -> str:
+    """runs/<experiment>/<timestamp>/checkpoints, a new directory. ``latest`` moves to it with its first
+    checkpoint (``point_latest_to``): a run killed before saving anything never becomes the latest."""
+    experiment_dir = os.path.join(cfg["trainer"]["output_dir"], cfg["experiment"])
+    run_dir = os.path.join(experiment_dir, time.strftime("%Y%m%d-%H%M%S"))
+    suffix = 1
+    while os.path.exists(run_dir):
+        run_dir = os.path.join(experiment_dir, time.strftime("%Y%m%d-%H%M%S") + f"-{suffix}")
+        suffix += 1
+    os.makedirs(os.path.join(run_dir, "checkpoints"))
+    return run_dir
+
+
+def point_latest_to(run_dir: str) -> None:
+    """runs/<experiment>/latest -> this run, replaced atomically (readers see the old or the new run)."""
+    run_dir = os.path.realpath(run_dir)  # a run resumed through the "latest" link itself
+    link = os.path.join(os.path.dirname(run_dir), "latest")
+    target = os.path.basename(run_dir)
+    if os.path.islink(link) and os.readlink(link) == target:
+        return
+    tmp_link = f"{link}.tmp{os.getpid()}"
+    os.symlink(target, tmp_link)
+    os.replace(tmp_link, link)
 
 
 def load_checkpoint(path: str, map_location="cpu") -> dict:

@@ -126,7 +126,7 @@ def watch_once(args, evaluate) -> tuple[int, int, int, int]:
             skipped += 1
             continue
         start = time.perf_counter()
-        entry = {"checkpoint": relative, "sha256": digest, "size": after.st_size}
+        entry = {"checkpoint": relative, "sha256": digest, "size": after.st_size, "split": args.data or args.split}
         try:
             metrics, _, class_names, state, _ = evaluate(path, args)
         except CheckpointError as e:  # a property of this file: recorded, not retried until it changes
@@ -173,8 +173,11 @@ def watch(args, evaluate) -> int:
                 plot_history(args.watch)
         finally:
             lock.release()
-        print(f"eval.py --watch {args.watch}: {evaluated} evaluated, {failed} failed, {skipped} already done, "
-              f"{waiting} left for the next run")
+        if evaluated + failed + skipped + waiting == 0:
+            print(f"eval.py --watch {args.watch}: nothing to evaluate yet (no checkpoint under it)")
+        else:
+            print(f"eval.py --watch {args.watch}: {evaluated} evaluated, {failed} failed, {skipped} already done, "
+                  f"{waiting} left for the next run")
         if not args.interval:
             return 1 if failed else 0
         time.sleep(args.interval)

@@ -56,7 +56,11 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_precision(precision: str, device: torch.device) -> str:
     if precision == "amp":
-        return "16" if device.type == "cuda" else "bf16"
+        if device.type == "cuda":
+            return "16"
+        log.warning("precision amp (--use_amp) without CUDA: bf16 autocast on the CPU (on a GPU it means fp16 with "
+                    "GradScaler)")
+        precision = "bf16"
     if precision == "bf16" and device.type == "cpu":
         capability = torch.backends.cpu.get_cpu_capability()
         if "AVX512" not in capability and "AMX" not in capability:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import math
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -26,8 +28,8 @@ import memory_estimate
 import memory_monitor
 import plots
 from atomic_files import atomic_write_bytes, remove_stale_temp_files
-from checkpoint import (CHECKPOINT_FORMAT, CheckpointError, load_checkpoint, restore_rng_state, rng_state,
-                        save_checkpoint, unwrap_model)
+from checkpoint import (CHECKPOINT_FORMAT, CheckpointError, load_checkpoint, make_run_dir, point_latest_to,
+                        restore_rng_state, rng_state, save_checkpoint, unwrap_model)
 from chunked_forward import (ChunkedTrainingForward, ChunkSpec, aggregate_chunk_logits, chunk_labels, chunk_windows,
                              clip_length, forward_chunked)
 from config import ConfigError, add_config_arguments, dump, exit_on_usage_error, load_config
@@ -83,6 +85,20 @@ def make_loader(dataset, cfg: dict, runtime: Runtime, training: bool) -> DataLoa
                       num_workers=data["num_workers"], worker_init_fn=worker_init,
                       pin_memory=data["pin_memory"] and runtime.device.type == "cuda",
                       drop_last=False, persistent_workers=False)
+
+
+def available_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def cap_workers(data_cfg: dict) -> None:
+    """No more DataLoader workers than cores (a preset for a 16-core workstation on a 2-core laptop): one line,
+    instead of PyTorch's warning once per loader. Written into the config, so the run records what ran."""
+    cores = available_cores()
+    if data_cfg["num_workers"] > cores:
+        log.info("data.num_workers=%d but this machine has %d CPU cores: using %d DataLoader workers",
+                 data_cfg["num_workers"], cores, cores)
+        data_cfg["num_workers"] = cores
 
 
 def build_optimizer(model: torch.nn.Module, train_cfg: dict) -> torch.optim.Optimizer:
@@ -150,6 +166,9 @@ class Trainer:
     stop_after_steps: int | None = None
     memory_log: memory_monitor.CsvLog | None = None
     bad_inputs: BadInputReport | None = None  # skipped files and data warnings, reported once per run
+    log_file: logging.Handler | None = None  # <run>/train.log: what the console shows, with timestamps
+    started: float = field(default_factory=time.time)
+    last_progress: float = field(default_factory=time.time)  # the last progress line's time
     epoch_memory: dict | None = None
     last_confusion: list | None = None  # of the last validation, for the plot at the end
 
@@ -178,6 +197,7 @@ class Trainer:
         path = os.path.join(self.run_dir, "checkpoints", name)
         if self.runtime.is_main:
             save_checkpoint(self.checkpoint_dict(), path)
+            point_latest_to(self.run_dir)  # only a run with a checkpoint becomes "latest"
         return path
 
 
@@ -314,6 +334,7 @@ def training_loss(chunk_logits: torch.Tensor, piece: dict, spec: ChunkSpec, trai
 
 
 MODEL_KEYS = ("label", "video", "kpt", "frame_labels")
+PROGRESS_EVERY_S = 60.0
 
 
 def _clips_per_forward(trainer: Trainer) -> int:
@@ -394,7 +415,11 @@ def _optimizer_step(trainer: Trainer) -> None:
         log.warning("step %d skipped: non-finite loss or gradients (%d skipped so far)", state.global_step,
                     state.skipped_steps)
     optimizer.zero_grad(set_to_none=True)
-    trainer.scheduler.step()
+    with warnings.catch_warnings():
+        # a step skipped for inf/NaN gradients still advances the schedule (it counts optimizer steps); torch
+        # warns about a scheduler step before any optimizer step, which is then expected
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+        trainer.scheduler.step()
     state.global_step += 1
 
 
@@ -403,7 +428,10 @@ def _after_step(trainer: Trainer, totals: dict, start: float, progress) -> None:
     every = train_cfg["checkpoint_every_steps"]
     if every and state.global_step % every == 0:
         trainer.save("last.pt")
-    if state.global_step % train_cfg["log_every"] == 0 and runtime.is_main:
+    due = (state.global_step % train_cfg["log_every"] == 0
+           or time.time() - trainer.last_progress >= PROGRESS_EVERY_S)  # a line a minute at least: nohup/cron logs
+    if due and runtime.is_main:
+        trainer.last_progress = time.time()
         snap = memory_monitor.snapshot(runtime.device)
         elapsed = time.perf_counter() - start
         loss = state.epoch_loss_sum / max(state.epoch_clips, 1)
@@ -461,21 +489,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--stop-after-steps", type=int, metavar="N",
                         help="stop after N optimizer steps (saving last.pt): smoke tests and quick checks")
     return parser.parse_args(argv)
-
-
-def make_run_dir(cfg: dict) -> str:
-    experiment_dir = os.path.join(cfg["trainer"]["output_dir"], cfg["experiment"])
-    run_dir = os.path.join(experiment_dir, time.strftime("%Y%m%d-%H%M%S"))
-    suffix = 1
-    while os.path.exists(run_dir):
-        run_dir = os.path.join(experiment_dir, time.strftime("%Y%m%d-%H%M%S") + f"-{suffix}")
-        suffix += 1
-    os.makedirs(os.path.join(run_dir, "checkpoints"))
-    link = os.path.join(experiment_dir, "latest")
-    tmp_link = f"{link}.tmp{os.getpid()}"
-    os.symlink(os.path.basename(run_dir), tmp_link)
-    os.replace(tmp_link, link)  # atomic: readers see the old or the new run, never no link
-    return run_dir
 
 
 def probe_memory(cfg: dict, device: str | None, frames_arg: str | None, batches_arg: str | None) -> int:
@@ -542,6 +555,37 @@ def fit_budget(cfg: dict, runtime: Runtime, shape: dict) -> None:
              memory_estimate.margin_text(budget, cuda))
 
 
+def refuse_gpu_preset_without_cuda(cfg: dict, config_path: str | None, device: str | None) -> None:
+    """A preset sized for a GPU (trainer.memory_budget_gb, device auto or cuda) on a machine without CUDA would
+    train for hours on the CPU without a word: stop at once, unless --device cpu says that is meant."""
+    budget, wanted = cfg["trainer"]["memory_budget_gb"], device or cfg["trainer"]["device"]
+    if budget and wanted != "cpu" and not torch.cuda.is_available():
+        raise ConfigError(f"{config_path or 'the config'}: this machine has no CUDA device, and the preset is for a "
+                          f"{budget:g} GB GPU (trainer.memory_budget_gb); use configs/cpu.yaml, or add --device cpu "
+                          f"to run it on the CPU anyway")
+
+
+def attach_run_log(run_dir: str) -> logging.Handler:
+    """<run>/train.log: every line the console shows, with its time (appended on resume)."""
+    handler = logging.FileHandler(os.path.join(run_dir, "train.log"))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    return handler
+
+
+def save_after_interrupt(trainer: Trainer, args) -> int:
+    """Ctrl-C: last.pt at the last optimizer step (the unfinished accumulation group is trained again on
+    resume), how to continue, exit code 130 (the shell's code for SIGINT)."""
+    state = trainer.state
+    state.batches_done -= state.batches_done % trainer.cfg["train"]["accumulate_grad_batches"]
+    path = trainer.save("last.pt")
+    command = " ".join(["python", "train.py"] + (["--config", args.config] if args.config else [])
+                       + [f"--set {item}" for item in args.overrides] + ["--resume", "auto"])
+    log.warning("interrupted at epoch %d, step %d: saved %s; continue with: %s", state.epoch + 1,
+                state.global_step, path, command)
+    return 130
+
+
 def find_resume_checkpoint(resume: str, cfg: dict) -> str:
     if resume != "auto":
         if not os.path.exists(resume):
@@ -562,6 +606,7 @@ def main(argv=None) -> int:
         return 0
     if args.probe_memory:  # before the runtime: nothing of this machine's is used unless it has CUDA
         return probe_memory(cfg, args.device, args.probe_frames, args.probe_batches)
+    refuse_gpu_preset_without_cuda(cfg, args.config, args.device)
     resume_path = find_resume_checkpoint(args.resume, cfg) if args.resume else None
     runtime = setup_runtime(cfg["trainer"], device=args.device)
     setup_logging(runtime.is_main)
@@ -572,7 +617,12 @@ def main(argv=None) -> int:
     except (NonFiniteLossError, OutOfMemoryAdvice) as e:
         log.error("error: %s", e)
         return 1
+    except KeyboardInterrupt:
+        return save_after_interrupt(trainer, args)
     finally:
+        if trainer.log_file is not None:
+            log.removeHandler(trainer.log_file)
+            trainer.log_file.close()
         if runtime.distributed:
             torch.distributed.destroy_process_group()
     return 0
@@ -604,6 +654,7 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None, s
     channels_last = cfg["trainer"]["channels_last_3d"] and runtime.device.type == "cuda"
     if channels_last:
         model = model.to(memory_format=torch.channels_last_3d)
+    cap_workers(cfg["data"])
     train_loader = make_loader(train_set, cfg, runtime, training=True)
     val_loader = make_loader(val_set, cfg, runtime, training=False) if val_set is not None else None
     optimizer = build_optimizer(model, cfg["train"])
@@ -628,6 +679,7 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None, s
     trainer = Trainer(wrapped, optimizer, scheduler, scaler, prepare, runtime, cfg, run_dir, class_names, data_info,
                       criterion, state, pending_rng, stop_after_steps, bad_inputs=BadInputReport(train_set, val_set))
     if runtime.is_main:
+        trainer.log_file = attach_run_log(run_dir)
         removed = remove_stale_temp_files(run_dir, recursive=True)
         if removed:
             log.warning("removed %d temporary file(s) left by writers that were killed: %s", len(removed),
@@ -651,7 +703,7 @@ def _restore(path: str, model, optimizer, scheduler, scaler) -> tuple[TrainState
     scheduler.load_state_dict(ckpt["scheduler"])
     scaler.load_state_dict(ckpt["scaler"])
     state = TrainState.from_checkpoint(ckpt)
-    folder = os.path.dirname(os.path.abspath(path))
+    folder = os.path.dirname(os.path.realpath(path))
     run_dir = os.path.dirname(folder)
     if os.path.basename(folder) != "checkpoints" or not os.path.isfile(os.path.join(run_dir, "config.yaml")):
         run_dir = None
@@ -668,6 +720,9 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
         train_loader.dataset.set_epoch(state.epoch)
         train_loader.sampler.set_epoch(state.epoch, start=state.batches_done * cfg["data"]["batch_size"])
         row = {"epoch": state.epoch + 1, **train_one_epoch(trainer, train_loader)}
+        if trainer.memory_log is not None:  # at least one memory row per epoch, whatever train.log_every is
+            trainer.memory_log.write({"epoch": state.epoch + 1, "step": state.global_step,
+                                      **memory_monitor.snapshot(runtime.device)})
         if trainer.stop_after_steps and state.global_step >= trainer.stop_after_steps:
             trainer.save("last.pt")
             log.info("stopped after %d steps (--stop-after-steps); last.pt saved", state.global_step)
@@ -680,6 +735,7 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
             trainer.last_confusion = metrics["confusion"]
         state.epoch += 1
         state.batches_done, state.epoch_loss_sum, state.epoch_clips = 0, 0.0, 0
+        row.update(time=time.strftime("%Y-%m-%dT%H:%M:%S"), elapsed_s=round(time.time() - trainer.started, 3))
         state.history.append(row)
         improved = cfg["train"]["monitor"] in row and row[cfg["train"]["monitor"]] > state.best_metric
         if improved:
@@ -691,7 +747,9 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
         if runtime.is_main:
             _save_epoch(trainer, improved)
             metrics_log.write(row)
-            shown = ("train_loss", "train_clips_per_s", "data_time_share", "val_clip_acc", "val_video_acc", "val_top5")
+            shown = ("train_loss", "train_clips_per_s", "data_time_share", "val_clip_acc", "val_video_acc")
+            # top-5 of 5 classes or fewer is always 1: not worth a column then
+            shown += ("val_top5",) if len(trainer.class_names) > 5 else ()
             log.info("epoch %d/%d: %s", state.epoch, max_epochs, "  ".join(
                 f"{k} {row[k]:.4f}" for k in shown if k in row))
     if trainer.bad_inputs is not None:
