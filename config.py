@@ -70,6 +70,9 @@ SCHEMA: dict[str, Any] = {
     },
     "data": {
         "data_dir": Key("data/synthetic", "str", "directory the manifests are resolved against"),
+        "val_fraction": _float(None, "split this share of the training videos off as validation (by a hash of each "
+                                     "video's path: the same split every run), instead of data.val_manifest",
+                               0.0, 1.0, nullable=True),
         "train_manifest": Key("train.jsonl", "str", "training manifest (JSONL, CSV or a root/<class>/ folder)"),
         "val_manifest": Key("val.jsonl", "str", "validation manifest", nullable=True),
         "test_manifest": Key("test.jsonl", "str", "test manifest", nullable=True),
@@ -252,10 +255,12 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def load_config(path: str | None, overrides: list[str] = (), use_amp: bool = False) -> dict:
-    """Defaults <- the preset's base chain <- the preset <- each --set; then validated."""
+def load_config(path: str | None, overrides: list[str] = (), use_amp: bool = False,
+                origins: dict | None = None) -> dict:
+    """Defaults <- the preset's base chain <- the preset <- each --set; then validated. ``origins``, if given, is
+    filled with where each key was set (a file, or "--set KEY=VALUE"; keys left at their defaults are absent)."""
     cfg = defaults()
-    origins: dict[str, str] = {}
+    origins = {} if origins is None else origins
     if path is not None:
         for file_path, data in _load_chain(path):
             _merge(cfg, data, origins, file_path)

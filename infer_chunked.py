@@ -27,7 +27,7 @@ import memory_estimate
 import memory_monitor
 from checkpoint import CheckpointError, load_trained_model
 from chunked_forward import AGGREGATIONS, LogitAggregator, clip_length, inference_windows, slice_time
-from config import ConfigError, exit_on_usage_error
+from config import ConfigError, exit_on_usage_error, load_config
 from datasets.video_dataset import BAD_INPUT_ERRORS, check_labels, manifest_path, segment_frames
 from datasets.keypoints import KeypointError, read_keypoints
 from datasets.manifest import VIDEO_EXTENSIONS, ManifestError, VideoRecord, read_manifest
@@ -40,7 +40,9 @@ log = setup_logging()
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", help="checkpoint (default: best.pt of the most recent run in --runs)")
+    parser.add_argument("--checkpoint", help="checkpoint (default: best.pt of the experiment of --config, else the "
+                                             "most recent best.pt in --runs)")
+    parser.add_argument("--config", help="a training preset: its experiment's latest run gives the checkpoint")
     parser.add_argument("--runs", default="runs", help="where to look for the most recent run")
     parser.add_argument("--input", help="a video file, a directory of videos, or a manifest (.jsonl/.csv)")
     parser.add_argument("--chunk", type=int, default=32, help="clip frames per inference chunk; -1 = whole video")
@@ -93,12 +95,24 @@ def fit_inference_batch(args, cfg: dict, runtime, num_classes: int, state: dict)
     return batch
 
 
-def find_latest_checkpoint(runs: str) -> str:
-    candidates = glob.glob(os.path.join(runs, "*", "*", "checkpoints", "best.pt"))
+def find_checkpoint(args) -> tuple[str, str]:
+    """(checkpoint, why it was chosen): --checkpoint; the latest run of --config's experiment; or the most recently
+    written best.pt of any experiment under --runs (the last one trained)."""
+    if args.checkpoint:
+        return args.checkpoint, "--checkpoint"
+    if args.config:
+        cfg = load_config(args.config)
+        path = os.path.join(cfg["trainer"]["output_dir"], cfg["experiment"], "latest", "checkpoints", "best.pt")
+        if not os.path.exists(path):
+            raise ConfigError(f"--config {args.config}: no {path} (experiment '{cfg['experiment']}' has no trained "
+                              f"run here); train it first or pass --checkpoint PATH")
+        return path, f"the latest run of experiment '{cfg['experiment']}' ({args.config})"
+    candidates = glob.glob(os.path.join(args.runs, "*", "*", "checkpoints", "best.pt"))
     if not candidates:
-        raise ConfigError(f"no --checkpoint given and no {runs}/<experiment>/<run>/checkpoints/best.pt found; "
+        raise ConfigError(f"no --checkpoint given and no {args.runs}/<experiment>/<run>/checkpoints/best.pt found; "
                           f"train first or pass --checkpoint PATH")
-    return max(candidates, key=os.path.getmtime)
+    return max(candidates, key=os.path.getmtime), (f"the most recently written best.pt under {args.runs}/ (--config "
+                                                  f"or --checkpoint to choose another)")
 
 
 def resolve_inputs(input_arg: str | None, cfg: dict) -> tuple[str, list[VideoRecord]]:
@@ -110,9 +124,12 @@ def resolve_inputs(input_arg: str | None, cfg: dict) -> tuple[str, list[VideoRec
         raise ConfigError("no --input given and the checkpoint's config has no test or val manifest on this machine")
     if os.path.isdir(input_arg):
         files = sorted(f for f in os.listdir(input_arg) if f.lower().endswith(VIDEO_EXTENSIONS))
-        if not files:
-            raise ConfigError(f"--input {input_arg}: no videos in this directory ({', '.join(VIDEO_EXTENSIONS)})")
-        return input_arg, [VideoRecord({"video": os.path.join(input_arg, f)}, where=input_arg) for f in files]
+        if files:
+            return input_arg, [VideoRecord({"video": os.path.join(input_arg, f)}, where=input_arg) for f in files]
+        if any(os.path.isdir(os.path.join(input_arg, d)) for d in os.listdir(input_arg)):
+            return input_arg, read_manifest(input_arg)  # root/<class>/<video>, as training reads it: labelled
+        raise ConfigError(f"--input {input_arg}: no videos in this directory nor in class folders under it "
+                          f"({', '.join(VIDEO_EXTENSIONS)})")
     if input_arg.endswith((".jsonl", ".json", ".csv")):
         return input_arg, read_manifest(input_arg)
     if not os.path.exists(input_arg):
@@ -311,7 +328,7 @@ def print_result(result: dict, show_timeline: bool) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    checkpoint_path = args.checkpoint or find_latest_checkpoint(args.runs)
+    checkpoint_path, why = find_checkpoint(args)
     device = resolve_device(args.device or "auto")
     model, cfg, class_names, state = load_trained_model(checkpoint_path, device)
     runtime = setup_runtime(cfg["trainer"], device=str(device), precision=args.precision)
@@ -320,7 +337,7 @@ def main(argv=None) -> int:
     source, records = resolve_inputs(args.input, cfg)
     if args.max_videos:
         records = records[:args.max_videos]
-    print(f"checkpoint: {checkpoint_path}\ninput: {source} ({len(records)} videos)\n"
+    print(f"checkpoint: {checkpoint_path} ({why})\ninput: {source} ({len(records)} videos)\n"
           f"chunk {args.chunk} overlap {args.overlap} agg {args.agg} batch {args.batch} on {runtime.device}")
     prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
     if runtime.device.type == "cuda":

@@ -1,4 +1,5 @@
-"""Plots, drawn once at the end (never every epoch). matplotlib is optional: without it, one note and no plots."""
+"""Plots, drawn once at the end (never every epoch): training curves with the best epoch marked, the confusion
+matrix, eval.py --watch's history. matplotlib is a requirement; where it is missing anyway, one note, no plots."""
 from __future__ import annotations
 
 import csv
@@ -25,39 +26,66 @@ def _save(figure, plt, path: str) -> str:
     return path
 
 
-def training_plots(run_dir: str, class_names: list[str], confusion: list | None) -> list[str]:
-    """training_curves.png from metrics.csv, and confusion_matrix.png of the last validation."""
+def training_plots(run_dir: str, class_names: list[str], confusion: list | None, monitor: str = "val_video_acc",
+                   epoch: int | None = None) -> list[str]:
+    """training_curves.png from metrics.csv (the best epoch of ``monitor`` marked), and confusion_matrix.png of
+    the last validation (``epoch``)."""
     plt = _pyplot("plotting the training curves")
     if plt is None:
         return []
     written = []
     with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
         rows = list(csv.DictReader(f))
+    name = os.path.basename(os.path.normpath(run_dir))
     if rows:
-        figure, (loss_axis, acc_axis) = plt.subplots(1, 2, figsize=(10, 4))
-        epochs = [int(r["epoch"]) for r in rows]
-        loss_axis.plot(epochs, [float(r["train_loss"]) for r in rows], marker="o", label="train loss")
-        loss_axis.set_xlabel("epoch")
-        loss_axis.legend()
-        for key in ("val_clip_acc", "val_video_acc", "val_top5"):
-            points = [(int(r["epoch"]), float(r[key])) for r in rows if r.get(key)]
-            if points:
-                acc_axis.plot(*zip(*points), marker="o", label=key)
-        acc_axis.set_xlabel("epoch")
-        acc_axis.legend()
-        written.append(_save(figure, plt, os.path.join(run_dir, "training_curves.png")))
+        written.append(_curves(plt, rows, monitor, f"training of run {name}", os.path.join(run_dir,
+                                                                                          "training_curves.png")))
     if confusion is not None:
-        figure, axis = plt.subplots(figsize=(1.0 + 0.6 * len(class_names), 0.8 + 0.6 * len(class_names)))
-        axis.imshow(confusion, cmap="Blues")
-        axis.set_xticks(range(len(class_names)), class_names, rotation=45, ha="right")
-        axis.set_yticks(range(len(class_names)), class_names)
-        axis.set_xlabel("predicted")
-        axis.set_ylabel("true")
-        for i, row in enumerate(confusion):
-            for j, value in enumerate(row):
-                axis.text(j, i, str(value), ha="center", va="center", fontsize=8)
-        written.append(_save(figure, plt, os.path.join(run_dir, "confusion_matrix.png")))
+        written.append(_confusion(plt, confusion, class_names, f"validation confusion matrix, epoch {epoch} "
+                                  f"(run {name})", os.path.join(run_dir, "confusion_matrix.png")))
     return written
+
+
+def _curves(plt, rows: list[dict], monitor: str, title: str, path: str) -> str:
+    figure, (loss_axis, acc_axis) = plt.subplots(1, 2, figsize=(11, 4.2))
+    figure.suptitle(title)
+    epochs = [int(r["epoch"]) for r in rows]
+    loss_axis.plot(epochs, [float(r["train_loss"]) for r in rows], marker="o", label="training loss (mean per clip)")
+    loss_axis.set(xlabel="epoch", ylabel="cross-entropy loss", title="training loss")
+    labels = {"val_clip_acc": "clip accuracy", "val_video_acc": "video accuracy", "val_top5": "top-5 clip accuracy"}
+    for key, label in labels.items():
+        points = [(int(r["epoch"]), float(r[key])) for r in rows if r.get(key)]
+        if points:
+            acc_axis.plot(*zip(*points), marker="o", label=label)
+    scored = [(float(r[monitor]), int(r["epoch"])) for r in rows if r.get(monitor)]
+    if scored:
+        best, best_epoch = max(scored, key=lambda p: (p[0], -p[1]))  # the first epoch with the best value
+        acc_axis.axvline(best_epoch, color="grey", linestyle="--", linewidth=1)
+        acc_axis.annotate(f"best {labels.get(monitor, monitor)} {best:.3f}\n(epoch {best_epoch}: best.pt)",
+                          (best_epoch, best), textcoords="offset points", xytext=(6, -28), fontsize=8)
+    acc_axis.set(xlabel="epoch", ylabel="accuracy (share of the validation set)", title="validation",
+                 ylim=(-0.02, 1.05))
+    for axis in (loss_axis, acc_axis):
+        axis.grid(alpha=0.3)
+        axis.xaxis.get_major_locator().set_params(integer=True)
+        axis.legend(fontsize=8)
+    return _save(figure, plt, path)
+
+
+def _confusion(plt, confusion: list, class_names: list[str], title: str, path: str) -> str:
+    size = len(class_names)
+    figure, axis = plt.subplots(figsize=(2.5 + 0.65 * size, 1.8 + 0.6 * size))
+    image = axis.imshow(confusion, cmap="Blues")
+    figure.colorbar(image, ax=axis, label="clips", fraction=0.046, pad=0.04)
+    axis.set_xticks(range(size), class_names, rotation=45, ha="right")
+    axis.set_yticks(range(size), class_names)
+    axis.set(xlabel="predicted class", ylabel="true class", title=title)
+    top = max((max(row) for row in confusion), default=0)
+    for i, row in enumerate(confusion):
+        for j, value in enumerate(row):  # white on dark cells, black on light ones
+            axis.text(j, i, str(value), ha="center", va="center", fontsize=8,
+                      color="white" if top and value > top / 2 else "black")
+    return _save(figure, plt, path)
 
 
 def eval_history_plot(entries: list[dict], path: str) -> str | None:
@@ -66,13 +94,15 @@ def eval_history_plot(entries: list[dict], path: str) -> str | None:
     if plt is None:
         return None
     entries = sorted((e for e in entries if e.get("status") == "ok"), key=lambda e: e.get("global_step") or 0)
-    figure, axis = plt.subplots(figsize=(7, 4))
-    for key in ("top1", "video_acc", "top5"):
+    figure, axis = plt.subplots(figsize=(7.5, 4.2))
+    labels = {"top1": "top-1 clip accuracy", "video_acc": "video accuracy", "top5": "top-5 clip accuracy"}
+    for key, label in labels.items():
         points = [(e["global_step"], e["metrics"][key]) for e in entries if key in e["metrics"]]
         if points:
-            axis.plot(*zip(*points), marker="o", label=key)
-    axis.set_xlabel("optimizer step")
-    axis.set_ylabel("accuracy")
-    axis.legend()
+            axis.plot(*zip(*points), marker="o", label=label)
+    splits = sorted({e.get("split", "?") for e in entries})
+    axis.set(xlabel="optimizer step of the checkpoint", ylabel="accuracy (share of the evaluated set)",
+             title=f"eval.py --watch: {len(entries)} checkpoints on {', '.join(splits)}", ylim=(-0.02, 1.05))
+    axis.legend(fontsize=8)
     axis.grid(alpha=0.3)
     return _save(figure, plt, path)

@@ -34,7 +34,9 @@ from chunked_forward import (ChunkedTrainingForward, ChunkSpec, aggregate_chunk_
                              clip_length, forward_chunked)
 from config import ConfigError, add_config_arguments, dump, exit_on_usage_error, load_config
 from datasets.video_dataset import (BAD_INPUT_ERRORS, build_dataset, index_cache_for, manifest_path,
-                                    BadInputReport, before_workers_fork, resolve_class_names, worker_init)
+                                    DATA_LAYOUTS, BadInputReport, before_workers_fork, resolve_class_names,
+                                    training_records,
+                                    worker_init)
 from datasets.manifest import read_manifest
 from datasets.transforms import InputPreparer
 from metrics import ClassificationMeter
@@ -586,6 +588,17 @@ def save_after_interrupt(trainer: Trainer, args) -> int:
     return 130
 
 
+def refuse_demo_data_for_gpu_preset(cfg: dict, origins: dict, config_path: str | None) -> None:
+    """A GPU preset names no data of its own: without data.data_dir set (in the user's preset or by --set) it
+    would train on the demo's synthetic clips without a word."""
+    origin = origins.get("data.data_dir", "defaults")
+    if cfg["trainer"]["memory_budget_gb"] and (origin == "defaults" or os.path.basename(origin) == "base.yaml"):
+        raise ConfigError(f"{config_path or 'the config'}: data.data_dir is not set, and a GPU preset does not fall "
+                          f"back to the demo's {cfg['data']['data_dir']}: set data.data_dir (and data.train_manifest, "
+                          f"data.val_manifest or data.val_fraction) to your data, e.g. --set data.data_dir=/data/clips; "
+                          f"a manifest may be {DATA_LAYOUTS}")
+
+
 def find_resume_checkpoint(resume: str, cfg: dict) -> str:
     if resume != "auto":
         if not os.path.exists(resume):
@@ -600,13 +613,15 @@ def find_resume_checkpoint(resume: str, cfg: dict) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cfg = load_config(args.config, args.overrides, args.use_amp)
+    origins: dict[str, str] = {}
+    cfg = load_config(args.config, args.overrides, args.use_amp, origins)
     if args.print_config:
         print(dump(cfg), end="")
         return 0
     if args.probe_memory:  # before the runtime: nothing of this machine's is used unless it has CUDA
         return probe_memory(cfg, args.device, args.probe_frames, args.probe_batches)
     refuse_gpu_preset_without_cuda(cfg, args.config, args.device)
+    refuse_demo_data_for_gpu_preset(cfg, origins, args.config)
     resume_path = find_resume_checkpoint(args.resume, cfg) if args.resume else None
     runtime = setup_runtime(cfg["trainer"], device=args.device)
     setup_logging(runtime.is_main)
@@ -634,10 +649,12 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None, s
     torch.manual_seed(cfg["train"]["seed"])
     np.random.seed(cfg["train"]["seed"])
     index_cache = index_cache_for(cfg)
-    class_names = resolve_class_names(cfg["data"], read_manifest(manifest_path(cfg["data"], "train")))
-    train_set = build_dataset(cfg, "train", class_names, training=True, index_cache=index_cache)
-    val_set = build_dataset(cfg, "val", class_names, training=False, index_cache=index_cache) \
-        if cfg["data"]["val_manifest"] else None
+    train_records, val_records = training_records(cfg["data"])
+    class_names = resolve_class_names(cfg["data"], train_records)
+    train_set = build_dataset(cfg, "train", class_names, training=True, index_cache=index_cache,
+                              records=train_records)
+    val_set = build_dataset(cfg, "val", class_names, training=False, index_cache=index_cache,
+                            records=val_records) if val_records is not None else None
     if cfg["model"]["model_class_num"] not in (None, len(class_names)):
         raise ConfigError(f"model.model_class_num={cfg['model']['model_class_num']} but the data has "
                           f"{len(class_names)} classes ({', '.join(class_names)}); set it to null or fix the data")
@@ -755,7 +772,9 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
     if trainer.bad_inputs is not None:
         trainer.bad_inputs.end_run()
     if runtime.is_main and state.history:
-        plots.training_plots(trainer.run_dir, trainer.class_names, trainer.last_confusion)
+        validated = [row["epoch"] for row in state.history if "val_clip_acc" in row]
+        plots.training_plots(trainer.run_dir, trainer.class_names, trainer.last_confusion, cfg["train"]["monitor"],
+                             validated[-1] if validated else None)
         log.info("done: best %s %.4f; checkpoints in %s", cfg["train"]["monitor"], state.best_metric,
                  os.path.join(trainer.run_dir, "checkpoints"))
 

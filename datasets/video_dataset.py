@@ -6,6 +6,7 @@ the same frames, the label of the part of the timeline it covers, and where it c
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections import Counter
@@ -305,10 +306,56 @@ def index_cache_for(cfg: dict) -> VideoIndexCache:
     return VideoIndexCache(path)
 
 
-def build_dataset(cfg: dict, split: str, class_names: list[str], training: bool,
-                  manifest: str | None = None, index_cache: VideoIndexCache | None = None) -> VideoWindowDataset:
-    path = manifest or manifest_path(cfg["data"], split)
+DATA_LAYOUTS = ('a JSONL manifest ({"video": "videos/a.mp4", "label": "left"} a line), a CSV with video,label '
+                'columns, or a folder root/<class>/<video>')
+
+
+def read_split(data_cfg: dict, split: str) -> list[VideoRecord]:
+    """The manifest of ``data.<split>_manifest``; a missing one names the key and the accepted forms."""
+    path = manifest_path(data_cfg, split)
     if path is None:
-        raise ManifestError(f"data.{split}_manifest is null; set it to a manifest file")
-    return VideoWindowDataset(read_manifest(path), class_names, cfg["data"], training=training,
-                              seed=cfg["train"]["seed"], index_cache=index_cache)
+        raise ManifestError(f"data.{split}_manifest is null; set it to {DATA_LAYOUTS}")
+    if not os.path.exists(path):
+        raise ManifestError(f"{path}: not found (data.{split}_manifest, resolved against data.data_dir="
+                            f"{data_cfg['data_dir']}); give {DATA_LAYOUTS}")
+    return read_manifest(path)
+
+
+def training_records(data_cfg: dict) -> tuple[list[VideoRecord], list[VideoRecord] | None]:
+    """(training, validation) records: the two manifests, or one split by ``data.val_fraction``."""
+    records = read_split(data_cfg, "train")
+    fraction = data_cfg["val_fraction"]
+    if fraction:
+        chosen = [_in_validation(r, data_cfg["data_dir"], fraction) for r in records]
+        train = [r for r, v in zip(records, chosen) if not v]
+        val = [r for r, v in zip(records, chosen) if v]
+        if not train or not val:
+            raise ManifestError(f"data.val_fraction={fraction:g} leaves {len(train)} training and {len(val)} "
+                                f"validation videos of {len(records)}; choose a fraction that leaves both")
+        log.info("data.val_fraction=%g: %d videos for training, %d for validation (split by path, the same every "
+                 "run)", fraction, len(train), len(val))
+        return train, val
+    if data_cfg["val_manifest"] is None:
+        return records, None
+    train_path, val_path = manifest_path(data_cfg, "train"), manifest_path(data_cfg, "val")
+    if os.path.realpath(train_path) == os.path.realpath(val_path):
+        log.warning("data.val_manifest and data.train_manifest are the same data (%s): validation measures the "
+                    "training set; set data.val_fraction: 0.1 (a split by video) or give a separate manifest",
+                    train_path)
+    return records, read_split(data_cfg, "val")
+
+
+def _in_validation(record: VideoRecord, data_dir: str, fraction: float) -> bool:
+    """Whether a video goes to validation: a hash of its path relative to data.data_dir, so the split is the
+    same on every run and machine, and a video's windows never land on both sides."""
+    relative = os.path.relpath(record.first_path, data_dir)
+    return int(hashlib.sha1(relative.encode()).hexdigest()[:8], 16) / 2 ** 32 < fraction
+
+
+def build_dataset(cfg: dict, split: str, class_names: list[str], training: bool, manifest: str | None = None,
+                  index_cache: VideoIndexCache | None = None,
+                  records: list[VideoRecord] | None = None) -> VideoWindowDataset:
+    if records is None:
+        records = read_manifest(manifest) if manifest else read_split(cfg["data"], split)
+    return VideoWindowDataset(records, class_names, cfg["data"], training=training, seed=cfg["train"]["seed"],
+                              index_cache=index_cache)

@@ -110,3 +110,61 @@ def test_eval_jsonl_lines_name_the_evaluated_split(trained_run, tmp_path):
     assert result.returncode == 0, result.stderr
     lines = [json.loads(t) for t in (copy / "eval.jsonl").read_text().splitlines()]
     assert lines and all(line["split"] == "test" for line in lines)
+
+
+def test_a_gpu_preset_does_not_fall_back_to_the_demo_data(monkeypatch):
+    monkeypatch.setattr(train.torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ConfigError) as info:
+        train.main(["--config", "configs/rtx5080.yaml"])
+    assert str(info.value).startswith("configs/rtx5080.yaml: data.data_dir is not set, and a GPU preset does not "
+                                      "fall back to the demo's data/synthetic: set data.data_dir (and ")
+    assert "root/<class>/<video>" in str(info.value)
+    origins = {}
+    cfg = load_config("configs/rtx5080.yaml", ["data.data_dir=/data/clips"], origins=origins)
+    train.refuse_demo_data_for_gpu_preset(cfg, origins, "configs/rtx5080.yaml")  # set: accepted
+
+
+def test_a_missing_manifest_names_its_key_and_the_accepted_forms(tmp_path):
+    from datasets.manifest import ManifestError
+    from datasets.video_dataset import training_records
+    data = load_config(None, [f"data.data_dir={tmp_path}"])["data"]
+    with pytest.raises(ManifestError) as info:
+        training_records(data)
+    assert str(info.value) == (f"{tmp_path}/train.jsonl: not found (data.train_manifest, resolved against "
+                               f"data.data_dir={tmp_path}); give a JSONL manifest ({{\"video\": \"videos/a.mp4\", "
+                               f"\"label\": \"left\"}} a line), a CSV with video,label columns, or a folder "
+                               f"root/<class>/<video>")
+
+
+def test_val_fraction_splits_the_videos_the_same_way_every_run(synthetic_root, caplog):
+    from datasets.video_dataset import training_records
+    data = load_config(None, [f"data.data_dir={synthetic_root}", "data.val_fraction=0.3"])["data"]
+    train_a, val_a = training_records(data)
+    train_b, val_b = training_records(data)
+    assert [r.first_path for r in val_a] == [r.first_path for r in val_b] and val_a and train_a
+    assert not {r.first_path for r in train_a} & {r.first_path for r in val_a}
+    assert len(train_a) + len(val_a) == 18
+    same = load_config(None, [f"data.data_dir={synthetic_root}", "data.val_manifest=train.jsonl"])["data"]
+    with caplog.at_level("WARNING", logger="longvideo"):
+        training_records(same)
+    assert "data.val_manifest and data.train_manifest are the same data" in caplog.text
+
+
+def test_infer_reads_the_class_folder_layout_and_says_which_checkpoint_and_why(trained_run, synthetic_root, tmp_path):
+    import shutil
+    run_dir, runs = trained_run
+    videos = os.path.join(synthetic_root, "videos")
+    records = [json.loads(t) for t in open(os.path.join(synthetic_root, "test.jsonl")).read().splitlines()][:4]
+    for record in records:  # root/<class>/<video>, the layout training accepts
+        os.makedirs(tmp_path / "clips" / record["label"], exist_ok=True)
+        shutil.copy(os.path.join(synthetic_root, record["video"]), tmp_path / "clips" / record["label"])
+    (tmp_path / "preset.yaml").write_text(f"base: {os.path.join(ROOT, 'configs', 'base.yaml')}\nexperiment: e2e\n"
+                                          f"trainer:\n  output_dir: {runs}\n")
+    result = subprocess.run([sys.executable, "infer_chunked.py", "--config", str(tmp_path / "preset.yaml"),
+                             "--input", str(tmp_path / "clips"), "--chunk", "8", "--overlap", "0"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"checkpoint: {runs}/e2e/latest/checkpoints/best.pt (the latest run of "
+                                    f"experiment 'e2e' ({tmp_path / 'preset.yaml'}))")
+    assert "(true: " in result.stdout and "accuracy: " in result.stdout  # labels from the folders
+    assert os.path.isdir(videos)

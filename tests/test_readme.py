@@ -1,0 +1,72 @@
+"""The README's commands, run as written, in order, in a fresh workspace: after the demo's steps (the Makefile's
+demo recipe), the everyday commands and the memory planner's. So the README cannot drift from the code."""
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOOPS = "--interval"  # the README's eval.py loop never ends by design: not run
+
+
+def bash_blocks(section: str) -> list[str]:
+    """The command lines of the ```bash blocks under a README heading (comments and blank lines dropped)."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    body = text.split(section, 1)[1]
+    body = re.split(r"\n#{2,3} ", body, maxsplit=1)[0]
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", body, flags=re.S):
+        for line in block.splitlines():
+            command = line.split("  #")[0].strip()
+            if command and not command.startswith("#"):
+                lines.append(command)
+    return lines
+
+
+def demo_recipe() -> list[str]:
+    """The Makefile's demo recipe, its variables filled in."""
+    text = open(os.path.join(ROOT, "Makefile")).read().replace("\\\n", " ")
+    recipe = re.search(r"^demo:.*?\n((?:\t.*\n)+)", text, flags=re.M).group(1)
+    return [line.strip().replace("$(PY)", "python").replace("$(DATA)", "data/synthetic")
+            for line in recipe.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A fresh checkout's view: the project's files linked into an empty folder (runs/ and data/ are its own)."""
+    folder = tmp_path_factory.mktemp("workspace")
+    for name in os.listdir(ROOT):
+        if name not in (".venv", "runs", "data", ".git") and not name.startswith("."):
+            os.symlink(os.path.join(ROOT, name), folder / name)
+    return folder
+
+
+def run(command: str, cwd) -> subprocess.CompletedProcess:
+    """A README command as a user's shell runs it, with this interpreter as `python` / `.venv/bin/python`."""
+    command = re.sub(r"^\*/10 \* \* \* \* ", "", command)  # a crontab line: its command
+    command = command.replace("cd /path/to/repo && ", "").replace(".venv/bin/python", "python")
+    command = re.sub(r"(^|&& )python ", lambda m: f"{m.group(1)}{shlex.quote(sys.executable)} ", command)
+    return subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def test_the_readme_commands_work_as_written(workspace):
+    for command in demo_recipe():
+        result = run(command, workspace)
+        assert result.returncode == 0, (command, result.stderr[-2000:])
+    everyday = bash_blocks("## Everyday use")
+    planner = bash_blocks("### Memory planner")
+    assert len(everyday) == 3 and len(planner) == 4  # the blocks were found
+    for command in everyday + planner:
+        result = run(command, workspace)
+        if "configs/rtx5080.yaml" in command and "--probe-memory" not in command:
+            # a GPU preset stops at once: on a CPU for want of CUDA, on a GPU for want of the user's data
+            reason = "data.data_dir is not set" if torch.cuda.is_available() else "this machine has no CUDA device"
+            assert result.returncode == 2 and reason in result.stderr, (command, result.stderr[-2000:])
+            continue
+        assert result.returncode == 0, (command, result.stderr[-2000:])
+    log = (workspace / "runs" / "rtx5080" / "eval.log").read_text()
+    assert "nothing to evaluate yet" in log  # the crontab line on its first run
