@@ -7,12 +7,16 @@ must never run code that a file in a shared directory brings).
 """
 from __future__ import annotations
 
+import logging
+import math
 import os
 import pickle
 import random
 import re
+import shutil
 import time
 import zipfile
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -20,10 +24,85 @@ import torch
 from atomic_files import atomic_open
 
 CHECKPOINT_FORMAT = 1  # bumped when the layout of the checkpoint dict changes
+log = logging.getLogger("longvideo")
 
 
 class CheckpointError(Exception):
     """A checkpoint that cannot be used: missing, torn, unsafe, or from an incompatible config."""
+
+
+@dataclass
+class TrainState:
+    epoch: int = 0  # the epoch being trained (0-based)
+    batches_done: int = 0  # micro-batches of this epoch already trained (for a mid-epoch resume)
+    global_step: int = 0  # optimizer steps so far
+    best_metric: float = -math.inf
+    skipped_steps: int = 0
+    nonfinite_streak: int = 0
+    micro_splits: int = 1  # forward passes per loader batch: doubled after each out-of-memory error
+    history: list = field(default_factory=list)
+    chunk_train_size: int | None = None  # training chunk length set by the OOM back-off; None = the config's
+    epoch_loss_sum: float = 0.0  # summed clip losses of this epoch so far: a resumed epoch reports the whole
+    epoch_clips: int = 0  # epoch's train_loss, not only the part after the resume
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: dict) -> "TrainState":
+        """By field name, so adding a field cannot shift the others; fields an older checkpoint lacks keep
+        their defaults. The non-finite streak starts again at 0."""
+        names = {f.name for f in fields(cls)} - {"nonfinite_streak"}
+        return cls(**{name: ckpt[name] for name in names if name in ckpt})
+
+
+def training_checkpoint(model, optimizer, scheduler, scaler, state: TrainState, cfg: dict, class_names: list,
+                        data_info: dict) -> dict:
+    """What a training checkpoint holds: the unwrapped model, optimizer, scheduler and scaler, the training state
+    by field name (``TrainState.from_checkpoint`` reads it back the same way), the config, the class names, the
+    RNG states and the data's shape (views, keypoints)."""
+    progress = {f.name: getattr(state, f.name) for f in fields(TrainState) if f.name != "nonfinite_streak"}
+    return {"format": CHECKPOINT_FORMAT, "model": unwrap_model(model).state_dict(),
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+            **progress, "config": cfg, "class_names": class_names, "rng": rng_state(), **data_info}
+
+
+def save_epoch_links(run_dir: str, epoch: int, improved: bool, keep_last_k: int) -> None:
+    """best.pt (when the monitored metric improved) and epoch_NNNN.pt as links to the last.pt just written: the
+    state is serialized once an epoch, not up to three times. The oldest epoch files beyond keep_last_k go."""
+    directory = os.path.join(run_dir, "checkpoints")
+    last = os.path.join(directory, "last.pt")
+    if improved:
+        _link_atomically(last, os.path.join(directory, "best.pt"))
+    if keep_last_k > 0:
+        _link_atomically(last, os.path.join(directory, f"epoch_{epoch:04d}.pt"))
+        epochs = sorted(n for n in os.listdir(directory) if n.startswith("epoch_") and n.endswith(".pt"))
+        for name in epochs[:-keep_last_k]:
+            os.unlink(os.path.join(directory, name))
+
+
+def _link_atomically(source: str, target: str) -> None:
+    """``target`` becomes the same file as ``source`` (a hard link; a copy where links fail), replaced at once.
+    last.pt is later replaced by a new file (atomic_files), so the link keeps this epoch's content."""
+    tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.{os.getpid()}.link.tmp")
+    try:
+        os.link(source, tmp)
+    except OSError:  # a filesystem without hard links
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+
+
+def restore_training(path: str, model, optimizer, scheduler, scaler) -> tuple[TrainState, dict, str | None]:
+    """The training state of a checkpoint, and its run directory (None when it lies outside one)."""
+    ckpt = load_checkpoint(path)
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    scaler.load_state_dict(ckpt["scaler"])
+    state = TrainState.from_checkpoint(ckpt)
+    folder = os.path.dirname(os.path.realpath(path))
+    run_dir = os.path.dirname(folder)
+    if os.path.basename(folder) != "checkpoints" or not os.path.isfile(os.path.join(run_dir, "config.yaml")):
+        run_dir = None
+    log.info("resumed from %s: epoch %d, step %d", path, state.epoch + 1, state.global_step)
+    return state, ckpt["rng"], run_dir
 
 
 def save_checkpoint(state: dict, path: str) -> None:
@@ -71,6 +150,9 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
                               f"checkpoint of the run (last.pt, best.pt, epoch_N.pt)")
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path}: not a checkpoint of this project (no 'model' entry)")
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {state.get('format')!r}, but this code reads format "
+                              f"{CHECKPOINT_FORMAT}; use the version of this project that wrote it")
     return state
 
 
@@ -127,7 +209,7 @@ def restore_rng_state(state: dict) -> None:
 def load_trained_model(path: str, device: torch.device):
     """(model in eval mode on ``device``, the checkpoint's config, class names, the checkpoint dict)."""
     from config import ConfigError, validate
-    from models import build_model
+    from models import ModelConfigError, build_model
 
     state = load_checkpoint(path)
     try:
@@ -140,7 +222,7 @@ def load_trained_model(path: str, device: torch.device):
     try:
         model = build_model(model_cfg, num_classes=len(class_names), num_views=state.get("num_views", 1),
                             kpt_shape=tuple(state["kpt_shape"]) if state.get("kpt_shape") else None)
-    except ValueError as e:
+    except ModelConfigError as e:
         raise CheckpointError(f"{path}: its model section cannot be built: {e}")
     try:
         model.load_state_dict(state["model"])

@@ -436,6 +436,19 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
                           f"known: {', '.join(registered_names())}")
 
 
+def apply_flags(cfg: dict, flags: dict) -> dict:
+    """A validated copy of ``cfg`` with command-line flags applied: ``{"train.chunk_overlap": ("--overlap", 8)}``
+    (a value of None leaves the key as it is). Errors name the flag, as --set's name --set."""
+    changed, origins = copy.deepcopy(cfg), {}
+    for dotted, (flag, value) in flags.items():
+        if value is None:
+            continue
+        section, key = dotted.split(".")
+        changed[section][key] = value
+        origins[dotted] = flag
+    return validate(changed, origins)
+
+
 def dump(cfg: dict) -> str:
     return yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None)
 

@@ -18,18 +18,19 @@ import csv
 import io
 import json
 import os
+from dataclasses import dataclass
 
 import torch
 
 from atomic_files import atomic_write_bytes
 from checkpoint import CheckpointError, load_trained_model
-from chunked_forward import AGGREGATIONS, forward_chunked
-from config import exit_on_usage_error, validate
-from datasets.video_dataset import (BAD_INPUT_ERRORS, BadInputReport, before_workers_fork, build_dataset,
-                                    index_cache_for, worker_init)
+from chunked_forward import AGGREGATIONS
+from config import apply_flags, exit_on_usage_error
+from datasets.video_dataset import BAD_INPUT_ERRORS, BadInputReport, build_dataset, index_cache_for
 from datasets.transforms import InputPreparer
 from metrics import ClassificationMeter
 from runtime import resolve_device, setup_logging, setup_runtime
+from train import evaluate, make_loader
 
 log = setup_logging()
 
@@ -49,7 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--agg", choices=AGGREGATIONS, help="chunk aggregation")
     parser.add_argument("--batch", type=int, help="inference chunks per forward call")
     parser.add_argument("--num-frames", type=int, help="frames per clip (-1 = the whole sample window)")
-    parser.add_argument("--device", help="cpu, cuda, cuda:N (default: the checkpoint config's trainer.device)")
+    parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda if available, else cpu)")
     parser.add_argument("--precision", help="32, 16, bf16 or amp (default: the checkpoint's)")
     parser.add_argument("--output", help="write OUTPUT.json (metrics), OUTPUT.csv (per-video predictions) and "
                                          "OUTPUT_clips.csv (per clip)")
@@ -67,50 +68,36 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def apply_overrides(cfg: dict, args: argparse.Namespace) -> dict:
-    train = cfg["train"]
-    for flag, key in (("chunk", "chunk_infer_size"), ("overlap", "chunk_overlap"), ("agg", "chunk_aggregation"),
-                      ("batch", "video_batch_size")):
-        if getattr(args, flag) is not None:
-            train[key] = getattr(args, flag)
-    if args.num_frames is not None:
-        cfg["data"]["num_frames"] = args.num_frames
+    cfg = apply_flags(cfg, {"train.chunk_infer_size": ("--chunk", args.chunk),
+                            "train.chunk_overlap": ("--overlap", args.overlap),
+                            "train.chunk_aggregation": ("--agg", args.agg),
+                            "train.video_batch_size": ("--batch", args.batch),
+                            "data.num_frames": ("--num-frames", args.num_frames)})
     cfg["data"]["num_workers"] = min(cfg["data"]["num_workers"], os.cpu_count() or 1)
-    origins = {"train.chunk_infer_size": "--chunk", "train.chunk_overlap": "--overlap",
-               "train.video_batch_size": "--batch", "data.num_frames": "--num-frames"}
-    return validate(cfg, origins)
+    return cfg
 
 
-@torch.inference_mode()
-@torch.inference_mode()
 def evaluate_dataset(model, dataset, cfg: dict, runtime, class_names: list[str]) -> tuple[dict, list, list]:
-    """(metrics, per-clip rows, per-video rows), one sample at a time (long clips vary in length).
-
-    Predictions go to the CPU as they are made; only the meter's bounded state is kept.
-    """
-    train = cfg["train"]
+    """(metrics, per-clip rows, per-video rows): train.py's evaluation loop with the rows eval.py writes.
+    One sample per forward (long clips vary in length); predictions go to the CPU as they are made."""
+    loader = make_loader(dataset, cfg, runtime, training=False)
     prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
-    before_workers_fork(cfg["data"]["num_workers"])
-    loader = torch.utils.data.DataLoader(dataset, batch_size=1, num_workers=cfg["data"]["num_workers"],
-                                         worker_init_fn=worker_init, pin_memory=runtime.device.type == "cuda")
-    meter = ClassificationMeter(len(class_names))
-    clip_rows = []
-    bad_inputs = BadInputReport(dataset)
-    for batch in loader:
-        bad_inputs.take(batch)
-        with runtime.autocast():
-            logits = forward_chunked(model, prepare(batch), train["chunk_infer_size"], train["chunk_overlap"],
-                                     train["chunk_aggregation"], train["video_batch_size"]).float().cpu()
-        meter.update(logits, batch["label"], batch["video_index"])
-        probs = logits.softmax(dim=1)
-        for p, label, video, window in zip(probs, batch["label"], batch["video_index"], batch["window"]):
+    meter, clip_rows, bad_inputs = ClassificationMeter(len(class_names)), [], BadInputReport(dataset)
+
+    def add_clip_rows(batch, logits):
+        for p, label, video, window in zip(logits.softmax(dim=1), batch["label"], batch["video_index"],
+                                           batch["window"]):
             clip_rows.append({"video": _video_name(dataset, int(video)), "window_start": int(window[0]),
                               "window_end": int(window[1]), "label": class_names[int(label)],
                               "predicted": class_names[int(p.argmax())], "probability": round(float(p.max()), 6)})
+
+    metrics = evaluate(model, loader, prepare, runtime, cfg["train"], len(class_names), bad_inputs, meter,
+                       add_clip_rows)
+    bad_inputs.end_run()
     video_rows = [{"video": _video_name(dataset, v["video_index"]), "label": class_names[v["label"]],
                    "predicted": class_names[v["predicted"]], "probability": round(v["probability"], 6),
                    "clips": v["clips"]} for v in meter.video_predictions()]
-    bad_inputs.end_run()
-    return meter.compute(), clip_rows, video_rows
+    return metrics, clip_rows, video_rows
 
 
 def _video_name(dataset, video_index: int) -> str:
@@ -143,8 +130,18 @@ def write_outputs(prefix: str, metrics: dict, clip_rows: list[dict], video_rows:
         atomic_write_bytes(path, text.getvalue().encode())
 
 
-def evaluate_checkpoint(path: str, args: argparse.Namespace):
-    """(metrics, config, class names, checkpoint dict, (clip rows, video rows)) of one checkpoint."""
+@dataclass
+class EvaluationResult:
+    """One checkpoint evaluated: its metrics, the config used, its class names and checkpoint dict, the rows."""
+    metrics: dict
+    cfg: dict
+    class_names: list
+    state: dict
+    clip_rows: list
+    video_rows: list
+
+
+def evaluate_checkpoint(path: str, args: argparse.Namespace) -> EvaluationResult:
     device = resolve_device(args.device or "auto")
     model, cfg, class_names, state = load_trained_model(path, device)
     cfg = apply_overrides(cfg, args)
@@ -155,15 +152,18 @@ def evaluate_checkpoint(path: str, args: argparse.Namespace):
     del model
     if runtime.device.type == "cuda":
         torch.cuda.empty_cache()  # the next checkpoint starts from a clean device
-    return metrics, cfg, class_names, state, (clip_rows, video_rows)
+    return EvaluationResult(metrics, cfg, class_names, state, clip_rows, video_rows)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.watch:
-        from checkpoint_watch import watch
-        return watch(args, evaluate_checkpoint)
-    metrics, cfg, class_names, state, (clip_rows, video_rows) = evaluate_checkpoint(args.checkpoint, args)
+        from eval_watch import WatchSpec, watch
+        spec = WatchSpec(args.watch, args.interval, args.settle, args.plot, args.verbose, args.data or args.split)
+        return watch(spec, lambda path: evaluate_checkpoint(path, args))
+    result = evaluate_checkpoint(args.checkpoint, args)
+    metrics, cfg, class_names, state = result.metrics, result.cfg, result.class_names, result.state
+    clip_rows, video_rows = result.clip_rows, result.video_rows
     train = cfg["train"]
     print(f"{args.checkpoint} (epoch {state.get('epoch')}, step {state.get('global_step')}) on "
           f"{args.data or args.split}: chunk {train['chunk_infer_size']} overlap {train['chunk_overlap']} "

@@ -18,6 +18,7 @@ import queue
 import sys
 import threading
 import time
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -27,7 +28,7 @@ import memory_estimate
 import memory_monitor
 from checkpoint import CheckpointError, load_trained_model
 from chunked_forward import AGGREGATIONS, LogitAggregator, clip_length, inference_windows, slice_time
-from config import ConfigError, exit_on_usage_error, load_config
+from config import ConfigError, apply_flags, exit_on_usage_error, load_config
 from datasets.video_dataset import BAD_INPUT_ERRORS, check_labels, manifest_path, segment_frames
 from datasets.keypoints import KeypointError, read_keypoints
 from datasets.manifest import VIDEO_EXTENSIONS, ManifestError, VideoRecord, read_manifest
@@ -45,12 +46,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--config", help="a training preset: its experiment's latest run gives the checkpoint")
     parser.add_argument("--runs", default="runs", help="where to look for the most recent run")
     parser.add_argument("--input", help="a video file, a directory of videos, or a manifest (.jsonl/.csv)")
-    parser.add_argument("--chunk", type=int, default=32, help="clip frames per inference chunk; -1 = whole video")
-    parser.add_argument("--overlap", type=int, default=8, help="clip frames shared by consecutive chunks")
-    parser.add_argument("--agg", choices=AGGREGATIONS, default="mean", help="how chunk logits are aggregated")
-    parser.add_argument("--batch", default="1", metavar="N|auto",
-                        help="inference chunks per forward call; auto = the most whose estimated device memory fits "
-                             "--memory-budget-gb (memory_estimate.py)")
+    parser.add_argument("--chunk", type=int, help="clip frames per inference chunk; -1 = whole video (default: the "
+                                                   "checkpoint config's train.chunk_infer_size)")
+    parser.add_argument("--overlap", type=int, help="clip frames shared by consecutive chunks (default: "
+                                                    "train.chunk_overlap)")
+    parser.add_argument("--agg", choices=AGGREGATIONS, help="how chunk logits are aggregated (default: "
+                                                            "train.chunk_aggregation)")
+    parser.add_argument("--batch", metavar="N|auto",
+                        help="inference chunks per forward call (default: train.video_batch_size); auto = the most "
+                             "whose estimated device memory fits --memory-budget-gb (memory_estimate.py)")
     parser.add_argument("--memory-budget-gb", type=float,
                         help="the memory --batch auto fits (default: the checkpoint's trainer.memory_budget_gb)")
     parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda if available)")
@@ -62,21 +66,44 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="FFmpeg decoder threads (0 = OpenCV's choice, all cores)")
     parser.add_argument("--max-videos", type=int, help="stop after this many videos")
     args = parser.parse_args(argv)
-    if args.chunk != -1 and args.chunk < 1:
-        raise ConfigError(f"--chunk {args.chunk}: must be >= 1, or -1 for the whole video")
-    if args.chunk != -1 and not 0 <= args.overlap < args.chunk:
-        raise ConfigError(f"--overlap {args.overlap}: must be >= 0 and smaller than --chunk {args.chunk}")
-    if args.batch != "auto":
+    if args.batch not in (None, "auto"):
         try:
             args.batch = int(args.batch)
         except ValueError:
             raise ConfigError(f"--batch {args.batch}: expected a number of chunks, or auto")
-    if (args.batch != "auto" and args.batch < 1) or args.topk < 1:
-        raise ConfigError("--batch and --topk must be >= 1")
+    if args.topk < 1:
+        raise ConfigError(f"--topk {args.topk}: must be >= 1")
     return args
 
 
-def fit_inference_batch(args, cfg: dict, runtime, num_classes: int, state: dict) -> int:
+@dataclass(frozen=True)
+class InferenceSpec:
+    """How a video goes through the model: its inference chunks, their aggregation, chunks per forward call,
+    and what is reported."""
+    chunk: int = 32  # clip frames per chunk; -1 = the whole video
+    overlap: int = 8
+    aggregation: str = "mean"
+    batch: int = 1  # chunks per forward call
+    topk: int = 3
+    timeline: bool = False
+    decode_threads: int | None = None  # None: FFmpeg's choice
+
+
+def inference_spec(args, cfg: dict, runtime, class_count: int, state: dict) -> InferenceSpec:
+    """The flags over the checkpoint config's defaults, validated by config.py (its messages name the flag)."""
+    train = apply_flags(cfg, {"train.chunk_infer_size": ("--chunk", args.chunk),
+                              "train.chunk_overlap": ("--overlap", args.overlap),
+                              "train.chunk_aggregation": ("--agg", args.agg),
+                              "train.video_batch_size": ("--batch", None if args.batch == "auto" else args.batch)}
+                        )["train"]
+    spec = InferenceSpec(train["chunk_infer_size"], train["chunk_overlap"], train["chunk_aggregation"],
+                         train["video_batch_size"], args.topk, args.timeline, args.decode_threads or None)
+    if args.batch == "auto":
+        spec = replace(spec, batch=fit_inference_batch(args, cfg, runtime, class_count, state, spec.chunk))
+    return spec
+
+
+def fit_inference_batch(args, cfg: dict, runtime, num_classes: int, state: dict, chunk: int) -> int:
     """--batch auto: the most chunks per forward whose estimated peak fits the budget."""
     budget = args.memory_budget_gb or cfg["trainer"]["memory_budget_gb"]
     if not budget:
@@ -84,7 +111,7 @@ def fit_inference_batch(args, cfg: dict, runtime, num_classes: int, state: dict)
                           "trainer.memory_budget_gb)")
     cuda = runtime.device.type == "cuda"
     usable = memory_estimate.usable_bytes(budget, cuda)
-    frames = args.chunk if args.chunk != -1 else memory_estimate.clip_frames(cfg)
+    frames = chunk if chunk != -1 else memory_estimate.clip_frames(cfg)
     shape = {"num_classes": num_classes, "num_views": state.get("num_views", 1),
              "kpt_shape": tuple(state["kpt_shape"]) if state.get("kpt_shape") else None}
     batch = memory_estimate.largest_inference_batch(cfg, frames, usable, precision=runtime.precision, **shape)
@@ -144,12 +171,11 @@ class ChunkStream:
     chunks. Window bounds are in clip frames; clip frame i is video frame i * stride.
     """
 
-    def __init__(self, record: VideoRecord, size, stride: int, chunk: int, overlap: int, aggregation: str,
-                 batch: int, load_rgb: bool, load_kpt: bool, threads: int | None, decoder: str = "opencv",
-                 prefetch: int = 2):
-        self.record, self.stride = record, stride
-        self.readers = {name: open_reader(path, size, threads=threads, decoder=decoder)
-                        for name, path in record.views.items()}
+    def __init__(self, record: VideoRecord, data_cfg: dict, spec: InferenceSpec, prefetch: int = 2):
+        """data_cfg: the frame size, stride, decoder and what to load (RGB, keypoints) of the config."""
+        self.record, self.stride = record, data_cfg["frame_stride"]
+        self.readers = {name: open_reader(path, data_cfg["img_size"], threads=spec.decode_threads,
+                                          decoder=data_cfg["decoder"]) for name, path in record.views.items()}
         first = next(iter(self.readers.values()))
         for reader in self.readers.values():
             note = several_streams_note(reader.info)
@@ -160,10 +186,10 @@ class ChunkStream:
             reader.read([reader.num_frames - 1])
         self.num_frames = min(r.num_frames for r in self.readers.values())
         self.fps = first.info.fps
-        clip_length = len(range(0, self.num_frames, stride))
-        self.windows = inference_windows(clip_length, chunk, overlap, aggregation)
-        self.batch, self.load_rgb, self.load_kpt = batch, load_rgb, load_kpt
-        if load_kpt and record.keypoints is None:
+        clip_length = len(range(0, self.num_frames, self.stride))
+        self.windows = inference_windows(clip_length, spec.chunk, spec.overlap, spec.aggregation)
+        self.batch, self.load_rgb, self.load_kpt = spec.batch, data_cfg["load_rgb"], data_cfg["load_kpt"]
+        if self.load_kpt and record.keypoints is None:
             raise KeypointError(f"{record.where}: the model needs keypoints but the input has none "
                                 f"(give a manifest line with 'keypoints')")
         self.queue: queue.Queue = queue.Queue(maxsize=prefetch)
@@ -235,17 +261,16 @@ class ChunkStream:
 
 
 @torch.inference_mode()
-def classify_video(model, record: VideoRecord, cfg: dict, args, runtime, prepare, class_names) -> dict:
-    data = cfg["data"]
+def classify_video(model, record: VideoRecord, cfg: dict, spec: InferenceSpec, runtime, prepare,
+                   class_names) -> dict:
     check_labels(record, class_names, unlabelled_ok=True)  # the checks and messages of train.py and eval.py
-    stream = ChunkStream(record, data["img_size"], data["frame_stride"], args.chunk, args.overlap, args.agg,
-                         args.batch, data["load_rgb"], data["load_kpt"], args.decode_threads or None, data["decoder"])
-    aggregator, timeline = LogitAggregator(args.agg), []
+    stream = ChunkStream(record, cfg["data"], spec)
+    aggregator, timeline = LogitAggregator(spec.aggregation), []
     compute_seconds = 0.0
     try:
         if record.segments is not None:
             segment_frames(record, stream.num_frames, stream.fps, class_names)
-        for windows, tensors in tqdm(stream, total=-(-len(stream.windows) // args.batch), leave=False,
+        for windows, tensors in tqdm(stream, total=-(-len(stream.windows) // spec.batch), leave=False,
                                      desc=os.path.basename(record.first_path), disable=not sys.stderr.isatty()):
             tick = time.perf_counter()
             inputs = prepare(tensors)
@@ -264,7 +289,7 @@ def classify_video(model, record: VideoRecord, cfg: dict, args, runtime, prepare
     finally:
         stream.close()
     probs = aggregator.result()[0].softmax(dim=0)
-    top = probs.topk(min(args.topk, len(class_names)))
+    top = probs.topk(min(spec.topk, len(class_names)))
     result = {"video": record.first_path if len(record.views) == 1 else record.views,
               "num_frames": stream.num_frames, "fps": stream.fps, "windows": len(timeline),
               "topk": [{"label": class_names[int(i)], "prob": round(float(v), 4)} for v, i in zip(top.values,
@@ -276,7 +301,7 @@ def classify_video(model, record: VideoRecord, cfg: dict, args, runtime, prepare
         result["correct"] = result["topk"][0]["label"] == record.label
     if record.segments is not None:
         result["timeline_agreement"] = timeline_agreement(segments, record, stream.fps, stream.num_frames)
-    if args.timeline:
+    if spec.timeline:
         result["timeline"] = timeline
         result["segments"] = segments
     return result
@@ -332,13 +357,12 @@ def main(argv=None) -> int:
     device = resolve_device(args.device or "auto")
     model, cfg, class_names, state = load_trained_model(checkpoint_path, device)
     runtime = setup_runtime(cfg["trainer"], device=str(device), precision=args.precision)
-    if args.batch == "auto":
-        args.batch = fit_inference_batch(args, cfg, runtime, len(class_names), state)
+    spec = inference_spec(args, cfg, runtime, len(class_names), state)
     source, records = resolve_inputs(args.input, cfg)
     if args.max_videos:
         records = records[:args.max_videos]
     print(f"checkpoint: {checkpoint_path} ({why})\ninput: {source} ({len(records)} videos)\n"
-          f"chunk {args.chunk} overlap {args.overlap} agg {args.agg} batch {args.batch} on {runtime.device}")
+          f"chunk {spec.chunk} overlap {spec.overlap} agg {spec.aggregation} batch {spec.batch} on {runtime.device}")
     prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
     if runtime.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(runtime.device)
@@ -347,7 +371,7 @@ def main(argv=None) -> int:
     try:
         for record in tqdm(records, desc="videos", disable=not sys.stderr.isatty() or len(records) == 1):
             try:
-                result = classify_video(model, record, cfg, args, runtime, prepare, class_names)
+                result = classify_video(model, record, cfg, spec, runtime, prepare, class_names)
             except (VideoReadError, KeypointError, ManifestError) as e:
                 if len(records) == 1:
                     raise
@@ -361,7 +385,7 @@ def main(argv=None) -> int:
                 out.write(json.dumps(result) + "\n")
                 out.flush()
             if "error" not in result:  # the console shows the summary with --output too
-                print_result(result, args.timeline)
+                print_result(result, spec.timeline)
     finally:
         if out is not None:
             out.close()

@@ -16,20 +16,21 @@ import os
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 import memory_estimate
 import memory_monitor
 import plots
 from atomic_files import atomic_write_bytes, remove_stale_temp_files
-from checkpoint import (CHECKPOINT_FORMAT, CheckpointError, load_checkpoint, make_run_dir, point_latest_to,
-                        restore_rng_state, rng_state, save_checkpoint, unwrap_model)
+from checkpoint import (CheckpointError, TrainState, make_run_dir, point_latest_to,
+                        restore_rng_state, restore_training, save_checkpoint, save_epoch_links, training_checkpoint,
+                        unwrap_model)
 from chunked_forward import (ChunkedTrainingForward, ChunkSpec, aggregate_chunk_logits, chunk_labels, chunk_windows,
                              clip_length, forward_chunked)
 from config import ConfigError, add_config_arguments, dump, exit_on_usage_error, load_config
@@ -38,44 +39,13 @@ from datasets.video_dataset import (BAD_INPUT_ERRORS, build_dataset, index_cache
                                     training_records,
                                     worker_init)
 from datasets.manifest import read_manifest
+from datasets.sampler import EpochSampler
 from datasets.transforms import InputPreparer
-from metrics import ClassificationMeter
-from models import build_model
+from metrics import ClassificationMeter, CsvLog
+from models import ModelConfigError, build_model
 from runtime import Runtime, setup_logging, setup_runtime
 
-log = setup_logging()
-
-
-class EpochSampler(Sampler):
-    """A permutation fixed by (seed, epoch), sharded by rank, that can start mid-epoch (exact resume)."""
-
-    def __init__(self, size: int, shuffle: bool, seed: int = 0, rank: int = 0, world_size: int = 1, pad: bool = True):
-        """pad: repeat samples so every rank gets as many (training, where DDP needs equal step counts);
-        validation shards are not padded, so no sample counts twice."""
-        self.size, self.shuffle, self.seed, self.pad = size, shuffle, seed, pad
-        self.rank, self.world_size = rank, world_size
-        self.epoch, self.start = 0, 0
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        self.epoch, self.start = epoch, start
-
-    def _indices(self) -> list[int]:
-        if self.shuffle:
-            order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 100003 + self.epoch))
-        else:
-            order = torch.arange(self.size)
-        if self.pad:
-            per_rank = math.ceil(self.size / self.world_size)
-            order = torch.cat([order, order[:per_rank * self.world_size - self.size]])  # equal shards
-        return order[self.rank::self.world_size].tolist()
-
-    def __iter__(self):
-        return iter(self._indices()[self.start:])
-
-    def __len__(self) -> int:
-        per_rank = math.ceil(self.size / self.world_size) if self.pad else len(range(self.rank, self.size,
-                                                                                      self.world_size))
-        return max(per_rank - self.start, 0)  # 0: a run stopped after the epoch's last batch, before its end
+log = logging.getLogger("longvideo")  # set up by main(): importing train (eval.py does) configures nothing
 
 
 def make_loader(dataset, cfg: dict, runtime: Runtime, training: bool) -> DataLoader:
@@ -128,28 +98,6 @@ def build_scheduler(optimizer, train_cfg: dict, steps_per_epoch: int, max_epochs
 
 
 @dataclass
-class TrainState:
-    epoch: int = 0  # the epoch being trained (0-based)
-    batches_done: int = 0  # micro-batches of this epoch already trained (for a mid-epoch resume)
-    global_step: int = 0  # optimizer steps so far
-    best_metric: float = -math.inf
-    skipped_steps: int = 0
-    nonfinite_streak: int = 0
-    micro_splits: int = 1  # forward passes per loader batch: doubled after each out-of-memory error
-    history: list = field(default_factory=list)
-    chunk_train_size: int | None = None  # training chunk length set by the OOM back-off; None = the config's
-    epoch_loss_sum: float = 0.0  # summed clip losses of this epoch so far: a resumed epoch reports the whole
-    epoch_clips: int = 0  # epoch's train_loss, not only the part after the resume
-
-    @classmethod
-    def from_checkpoint(cls, ckpt: dict) -> "TrainState":
-        """By field name, so adding a field cannot shift the others; fields an older checkpoint lacks keep
-        their defaults. The non-finite streak starts again at 0."""
-        names = {f.name for f in fields(cls)} - {"nonfinite_streak"}
-        return cls(**{name: ckpt[name] for name in names if name in ckpt})
-
-
-@dataclass
 class Trainer:
     """What every step needs, built once in main()."""
     model: torch.nn.Module  # a ChunkedTrainingForward (training_forward()), possibly DDP-wrapped
@@ -166,25 +114,15 @@ class Trainer:
     state: TrainState
     pending_rng: dict | None = None
     stop_after_steps: int | None = None
-    memory_log: memory_monitor.CsvLog | None = None
+    memory_log: CsvLog | None = None
     bad_inputs: BadInputReport | None = None  # skipped files and data warnings, reported once per run
     log_file: logging.Handler | None = None  # <run>/train.log: what the console shows, with timestamps
     started: float = field(default_factory=time.time)
     last_progress: float = field(default_factory=time.time)  # the last progress line's time
-    epoch_memory: dict | None = None
-    last_confusion: list | None = None  # of the last validation, for the plot at the end
 
     def checkpoint_dict(self) -> dict:
-        return {
-            "format": CHECKPOINT_FORMAT, "model": unwrap_model(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-            "epoch": self.state.epoch, "batches_done": self.state.batches_done,
-            "global_step": self.state.global_step, "best_metric": self.state.best_metric,
-            "skipped_steps": self.state.skipped_steps, "history": self.state.history,
-            "micro_splits": self.state.micro_splits, "chunk_train_size": self.state.chunk_train_size,
-            "epoch_loss_sum": self.state.epoch_loss_sum, "epoch_clips": self.state.epoch_clips,
-            "config": self.cfg, "class_names": self.class_names, "rng": rng_state(), **self.data_info,
-        }
+        return training_checkpoint(self.model, self.optimizer, self.scheduler, self.scaler, self.state, self.cfg,
+                                   self.class_names, self.data_info)
 
     def chunk_spec(self) -> ChunkSpec:
         """The training chunks now: the config's, or the shorter ones the OOM back-off chose."""
@@ -215,15 +153,7 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
     accumulate = trainer.cfg["train"]["accumulate_grad_batches"]
     trainer.model.train()
     num_batches = len(loader) + state.batches_done
-    # Exact resume: the RNG state saved at an epoch's end is the one the next epoch's iter(loader) drew its
-    # worker seed from, so it is restored before that draw; one saved mid-epoch was taken after it.
-    if trainer.pending_rng is not None and state.batches_done == 0:
-        restore_rng_state(trainer.pending_rng)
-        trainer.pending_rng = None
-    iterator = iter(loader)
-    if trainer.pending_rng is not None:
-        restore_rng_state(trainer.pending_rng)
-        trainer.pending_rng = None
+    iterator = _iterate_resumed(trainer, loader)
     totals = {"clips": 0, "data_time": 0.0}  # of this call (speed); the epoch's loss is kept in the state
     start = time.perf_counter()
     progress = tqdm(total=num_batches, initial=state.batches_done, desc=f"epoch {state.epoch + 1}",
@@ -231,6 +161,7 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
     trainer.optimizer.zero_grad(set_to_none=True)
     group_start = state.batches_done - state.batches_done % accumulate
     group: list[dict] = []  # the loader batches of this accumulation group, kept to replay it after an OOM
+    mid_epoch_memory = None  # for the leak check: returned, popped by fit()
     for batch_index in range(state.batches_done, num_batches):
         tick = time.perf_counter()
         batch = next(iterator)
@@ -242,24 +173,14 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
         group.append(batch)
         loss_sum, clips = _accumulate_with_oom_backoff(trainer, group, group_size, need_update)
         if batch_index == num_batches // 2:  # the same point of every epoch, workers alive: for the leak check
-            trainer.epoch_memory = memory_monitor.snapshot(runtime.device)
-        if not math.isfinite(loss_sum):
-            state.nonfinite_streak += 1
-        else:
-            state.nonfinite_streak = 0
-            state.epoch_loss_sum += loss_sum
-            state.epoch_clips += clips
-            totals["clips"] += clips
+            mid_epoch_memory = memory_monitor.snapshot(runtime.device)
+        totals["clips"] += _count_loss(trainer, loss_sum, clips)
         if need_update:
             _optimizer_step(trainer)
             group_start, group = batch_index + 1, []
         state.batches_done = batch_index + 1
         progress.update(1)
-        if state.nonfinite_streak >= trainer.cfg["trainer"]["max_nonfinite_steps"]:
-            path = trainer.save("last.pt")
-            raise NonFiniteLossError(
-                f"{state.nonfinite_streak} consecutive non-finite losses at step {state.global_step}; saved "
-                f"{path}. Lower train.lr, use trainer.precision: bf16 or 32 instead of 16, or set train.grad_clip")
+        _stop_after_nonfinite_losses(trainer)
         if need_update:
             _after_step(trainer, totals, start, progress)
             if trainer.stop_after_steps and state.global_step >= trainer.stop_after_steps:
@@ -271,7 +192,43 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
     return {"train_loss": state.epoch_loss_sum / max(state.epoch_clips, 1), "train_clips_per_s": totals["clips"] / elapsed,
             "data_time_share": totals["data_time"] / elapsed, "lr": trainer.scheduler.get_last_lr()[0],
             "skipped_steps": state.skipped_steps, "clips_per_forward": _clips_per_forward(trainer),
-            "chunk_train_size": trainer.chunk_spec().size}
+            "chunk_train_size": trainer.chunk_spec().size, "memory": mid_epoch_memory}
+
+
+def _iterate_resumed(trainer: Trainer, loader: DataLoader):
+    """iter(loader), with a resumed run's RNG state restored where the uninterrupted run had it: the state saved
+    at an epoch's end is the one the next epoch's iter(loader) drew its worker seed from, so it is restored
+    before that draw; one saved mid-epoch was taken after it."""
+    pending, trainer.pending_rng = trainer.pending_rng, None
+    if pending is not None and trainer.state.batches_done == 0:
+        restore_rng_state(pending)
+        pending = None
+    iterator = iter(loader)
+    if pending is not None:
+        restore_rng_state(pending)
+    return iterator
+
+
+def _count_loss(trainer: Trainer, loss_sum: float, clips: int) -> int:
+    """A batch's loss into the epoch's, non-finite ones counted in a row; returns the clips counted."""
+    state = trainer.state
+    if math.isfinite(loss_sum):
+        state.nonfinite_streak = 0
+        state.epoch_loss_sum += loss_sum
+        state.epoch_clips += clips
+        return clips
+    state.nonfinite_streak += 1
+    return 0
+
+
+def _stop_after_nonfinite_losses(trainer: Trainer) -> None:
+    """trainer.max_nonfinite_steps non-finite losses in a row stop the run, with last.pt saved."""
+    state = trainer.state
+    if state.nonfinite_streak >= trainer.cfg["trainer"]["max_nonfinite_steps"]:
+        path = trainer.save("last.pt")
+        raise NonFiniteLossError(
+            f"{state.nonfinite_streak} consecutive non-finite losses at step {state.global_step}; saved "
+            f"{path}. Lower train.lr, use trainer.precision: bf16 or 32 instead of 16, or set train.grad_clip")
 
 
 def _accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size: int, need_update: bool):
@@ -447,22 +404,28 @@ def _after_step(trainer: Trainer, totals: dict, start: float, progress) -> None:
 
 @torch.inference_mode()
 def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer, runtime: Runtime,
-             train_cfg: dict, num_classes: int, bad_inputs: BadInputReport | None = None) -> dict:
+             train_cfg: dict, num_classes: int, bad_inputs: BadInputReport | None = None,
+             meter: ClassificationMeter | None = None, on_clips=None) -> dict:
     """Clip- and video-level metrics with the shared chunked forward; predictions move to the CPU at once.
+    The one evaluation loop: training's validation and eval.py (which passes its own ``meter``, for the
+    per-video rows, and ``on_clips(batch, logits)`` for the per-clip ones).
 
     Under DDP each rank evaluates its shard and the CPU meters are gathered, so every rank gets the metrics
     of the whole validation set.
     """
     model = unwrap_model(model)  # no DDP collectives here: shards may differ in length
     model.eval()
-    meter = ClassificationMeter(num_classes)
+    meter = meter if meter is not None else ClassificationMeter(num_classes)
     for batch in loader:
         if bad_inputs is not None:
             bad_inputs.take(batch)
         with runtime.autocast():
             logits = forward_chunked(model, prepare(batch), train_cfg["chunk_infer_size"], train_cfg["chunk_overlap"],
                                      train_cfg["chunk_aggregation"], train_cfg["video_batch_size"])
-        meter.update(logits.float().cpu(), batch["label"], batch["video_index"])
+        logits = logits.float().cpu()
+        meter.update(logits, batch["label"], batch["video_index"])
+        if on_clips is not None:
+            on_clips(batch, logits)
     if runtime.distributed:
         meters = [None] * runtime.world_size
         torch.distributed.all_gather_object(meters, meter)
@@ -648,6 +611,43 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None, s
     """Data, model, optimizer, schedule and run directory (or the resumed ones), wired into a Trainer."""
     torch.manual_seed(cfg["train"]["seed"])
     np.random.seed(cfg["train"]["seed"])
+    train_set, val_set, class_names, data_info = build_data(cfg)
+    if fit_to_budget or cfg["data"]["batch_size"] == "auto":  # the same decision again on resume: deterministic
+        fit_budget(cfg, runtime, {"num_views": data_info["num_views"], "kpt_shape": data_info["kpt_shape"],
+                                  "num_classes": len(class_names)})
+    model, channels_last = _model_on_device(cfg, runtime, len(class_names), data_info)
+    cap_workers(cfg["data"])
+    train_loader = make_loader(train_set, cfg, runtime, training=True)
+    val_loader = make_loader(val_set, cfg, runtime, training=False) if val_set is not None else None
+    optimizer = build_optimizer(model, cfg["train"])
+    steps_per_epoch = math.ceil(len(train_loader) / cfg["train"]["accumulate_grad_batches"])
+    scheduler = build_scheduler(optimizer, cfg["train"], steps_per_epoch, cfg["trainer"]["max_epochs"])
+    scaler = runtime.grad_scaler()
+    state, pending_rng, run_dir = TrainState(), None, None
+    if resume_path:
+        state, pending_rng, run_dir = restore_training(resume_path, model, optimizer, scheduler, scaler)
+        if run_dir is None:  # a checkpoint from elsewhere: nothing is written beside the user's file
+            log.info("%s is not inside a run directory of this project (<run>/checkpoints/, with config.yaml): "
+                     "continuing in a new run directory", resume_path)
+    if run_dir is None:
+        run_dir = make_run_dir(cfg) if runtime.is_main else ""
+    prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"], channels_last)
+    wrapped = ChunkedTrainingForward(torch.compile(model) if cfg["trainer"]["compile"] else model, prepare.normalize)
+    if runtime.distributed:
+        wrapped = DistributedDataParallel(wrapped, device_ids=[runtime.device.index] if runtime.device.type == "cuda"
+                                          else None)
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg["train"]["label_smoothing"])
+    trainer = Trainer(model=wrapped, optimizer=optimizer, scheduler=scheduler, scaler=scaler, prepare=prepare,
+                      runtime=runtime, cfg=cfg, run_dir=run_dir, class_names=class_names, data_info=data_info,
+                      criterion=criterion, state=state, pending_rng=pending_rng, stop_after_steps=stop_after_steps,
+                      bad_inputs=BadInputReport(train_set, val_set))
+    if runtime.is_main:
+        _start_run_files(trainer, len(train_set))
+    return trainer, train_loader, val_loader
+
+
+def build_data(cfg: dict) -> tuple:
+    """(training set, validation set or None, class names, the data's shape: views and keypoints)."""
     index_cache = index_cache_for(cfg)
     train_records, val_records = training_records(cfg["data"])
     class_names = resolve_class_names(cfg["data"], train_records)
@@ -660,83 +660,51 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None, s
                           f"{len(class_names)} classes ({', '.join(class_names)}); set it to null or fix the data")
     data_info = {"num_views": len(train_set.view_names), "view_names": train_set.view_names,
                  "kpt_shape": train_set.keypoint_shape()}
-    if fit_to_budget or cfg["data"]["batch_size"] == "auto":  # the same decision again on resume: deterministic
-        fit_budget(cfg, runtime, {"num_views": data_info["num_views"], "kpt_shape": data_info["kpt_shape"],
-                                  "num_classes": len(class_names)})
+    return train_set, val_set, class_names, data_info
+
+
+def _model_on_device(cfg: dict, runtime: Runtime, num_classes: int, data_info: dict) -> tuple:
+    """(the classifier on the device, whether it is in channels_last_3d)."""
     try:
-        model = build_model(cfg["model"], len(class_names), data_info["num_views"], data_info["kpt_shape"])
-    except ValueError as e:  # a model section that does not fit the data or the backbone: a config error
+        model = build_model(cfg["model"], num_classes, data_info["num_views"], data_info["kpt_shape"])
+    except ModelConfigError as e:  # a model section that does not fit the data or the backbone
         raise ConfigError(str(e))
     model.to(runtime.device)
     channels_last = cfg["trainer"]["channels_last_3d"] and runtime.device.type == "cuda"
     if channels_last:
         model = model.to(memory_format=torch.channels_last_3d)
-    cap_workers(cfg["data"])
-    train_loader = make_loader(train_set, cfg, runtime, training=True)
-    val_loader = make_loader(val_set, cfg, runtime, training=False) if val_set is not None else None
-    optimizer = build_optimizer(model, cfg["train"])
-    steps_per_epoch = math.ceil(len(train_loader) / cfg["train"]["accumulate_grad_batches"])
-    scheduler = build_scheduler(optimizer, cfg["train"], steps_per_epoch, cfg["trainer"]["max_epochs"])
-    scaler = runtime.grad_scaler()
-    state, pending_rng = TrainState(), None
-    if resume_path:
-        state, pending_rng, run_dir = _restore(resume_path, model, optimizer, scheduler, scaler)
-        if run_dir is None:  # a checkpoint from elsewhere: nothing is written beside the user's file
-            run_dir = make_run_dir(cfg) if runtime.is_main else ""
-            log.info("%s is not inside a run directory of this project (<run>/checkpoints/, with config.yaml): "
-                     "continuing in a new run directory, %s", resume_path, run_dir)
-    else:
-        run_dir = make_run_dir(cfg) if runtime.is_main else ""
-    prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"], channels_last)
-    wrapped = ChunkedTrainingForward(torch.compile(model) if cfg["trainer"]["compile"] else model, prepare.normalize)
-    if runtime.distributed:
-        wrapped = DistributedDataParallel(wrapped, device_ids=[runtime.device.index] if runtime.device.type == "cuda"
-                                          else None)
-    criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg["train"]["label_smoothing"])
-    trainer = Trainer(wrapped, optimizer, scheduler, scaler, prepare, runtime, cfg, run_dir, class_names, data_info,
-                      criterion, state, pending_rng, stop_after_steps, bad_inputs=BadInputReport(train_set, val_set))
-    if runtime.is_main:
-        trainer.log_file = attach_run_log(run_dir)
-        removed = remove_stale_temp_files(run_dir, recursive=True)
-        if removed:
-            log.warning("removed %d temporary file(s) left by writers that were killed: %s", len(removed),
-                        ", ".join(removed))
-        atomic_write_bytes(os.path.join(run_dir, "config.yaml"),
-                           dump({**cfg, "trainer": {**cfg["trainer"], "precision": runtime.precision}}).encode())
-        trainer.memory_log = memory_monitor.CsvLog(os.path.join(run_dir, "memory.csv"))
-        global_batch = cfg["data"]["batch_size"] * cfg["train"]["accumulate_grad_batches"] * runtime.world_size
-        log.info("run %s | %s on %s, precision %s | %d training samples, %d classes | global batch %d = %d x %d "
-                 "accumulated x %d processes", run_dir, cfg["model"]["backbone"], runtime.device, runtime.precision,
-                 len(train_set), len(class_names), global_batch, cfg["data"]["batch_size"],
-                 cfg["train"]["accumulate_grad_batches"], runtime.world_size)
-    return trainer, train_loader, val_loader
+    return model, channels_last
 
 
-def _restore(path: str, model, optimizer, scheduler, scaler) -> tuple[TrainState, dict, str | None]:
-    """The training state of a checkpoint, and its run directory (None when it lies outside one)."""
-    ckpt = load_checkpoint(path)
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    scheduler.load_state_dict(ckpt["scheduler"])
-    scaler.load_state_dict(ckpt["scaler"])
-    state = TrainState.from_checkpoint(ckpt)
-    folder = os.path.dirname(os.path.realpath(path))
-    run_dir = os.path.dirname(folder)
-    if os.path.basename(folder) != "checkpoints" or not os.path.isfile(os.path.join(run_dir, "config.yaml")):
-        run_dir = None
-    log.info("resumed from %s: epoch %d, step %d", path, state.epoch + 1, state.global_step)
-    return state, ckpt["rng"], run_dir
+def _start_run_files(trainer: Trainer, num_samples: int) -> None:
+    """train.log, stale temporary files removed, the resolved config.yaml, memory.csv, the run's first line."""
+    run_dir, cfg, runtime = trainer.run_dir, trainer.cfg, trainer.runtime
+    trainer.log_file = attach_run_log(run_dir)
+    removed = remove_stale_temp_files(run_dir, recursive=True)
+    if removed:
+        log.warning("removed %d temporary file(s) left by writers that were killed: %s", len(removed),
+                    ", ".join(removed))
+    atomic_write_bytes(os.path.join(run_dir, "config.yaml"),
+                       dump({**cfg, "trainer": {**cfg["trainer"], "precision": runtime.precision}}).encode())
+    trainer.memory_log = CsvLog(os.path.join(run_dir, "memory.csv"))
+    global_batch = cfg["data"]["batch_size"] * cfg["train"]["accumulate_grad_batches"] * runtime.world_size
+    log.info("run %s | %s on %s, precision %s | %d training samples, %d classes | global batch %d = %d x %d "
+             "accumulated x %d processes", run_dir, cfg["model"]["backbone"], runtime.device, runtime.precision,
+             num_samples, len(trainer.class_names), global_batch, cfg["data"]["batch_size"],
+             cfg["train"]["accumulate_grad_batches"], runtime.world_size)
 
 
 def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | None) -> None:
     cfg, state, runtime = trainer.cfg, trainer.state, trainer.runtime
     max_epochs = cfg["trainer"]["max_epochs"]
-    metrics_log = memory_monitor.CsvLog(os.path.join(trainer.run_dir, "metrics.csv")) if runtime.is_main else None
+    metrics_log = CsvLog(os.path.join(trainer.run_dir, "metrics.csv")) if runtime.is_main else None
     leaks = memory_monitor.LeakDetector(cfg["trainer"]["leak_check_epochs"], cfg["trainer"]["leak_tolerance_mb"])
+    confusion = None  # of the last validation, for the plot at the end
     while state.epoch < max_epochs:
         train_loader.dataset.set_epoch(state.epoch)
         train_loader.sampler.set_epoch(state.epoch, start=state.batches_done * cfg["data"]["batch_size"])
         row = {"epoch": state.epoch + 1, **train_one_epoch(trainer, train_loader)}
+        mid_epoch_memory = row.pop("memory")
         if trainer.memory_log is not None:  # at least one memory row per epoch, whatever train.log_every is
             trainer.memory_log.write({"epoch": state.epoch + 1, "step": state.global_step,
                                       **memory_monitor.snapshot(runtime.device)})
@@ -744,52 +712,59 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
             trainer.save("last.pt")
             log.info("stopped after %d steps (--stop-after-steps); last.pt saved", state.global_step)
             return
-        last_epoch = state.epoch + 1 == max_epochs
-        if val_loader is not None and ((state.epoch + 1) % cfg["trainer"]["check_val_every_n_epoch"] == 0 or last_epoch):
+        if val_loader is not None and _validation_due(cfg, state.epoch):
             metrics = evaluate(trainer.model, val_loader, trainer.prepare, runtime, cfg["train"],
                                len(trainer.class_names), trainer.bad_inputs)
             row.update({f"val_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
-            trainer.last_confusion = metrics["confusion"]
-        state.epoch += 1
-        state.batches_done, state.epoch_loss_sum, state.epoch_clips = 0, 0.0, 0
-        row.update(time=time.strftime("%Y-%m-%dT%H:%M:%S"), elapsed_s=round(time.time() - trainer.started, 3))
-        state.history.append(row)
-        improved = cfg["train"]["monitor"] in row and row[cfg["train"]["monitor"]] > state.best_metric
-        if improved:
-            state.best_metric = row[cfg["train"]["monitor"]]
-        if trainer.epoch_memory is not None:
-            warning = leaks.observe(trainer.epoch_memory)
+            confusion = metrics["confusion"]
+        if mid_epoch_memory is not None:
+            warning = leaks.observe(mid_epoch_memory)
             if warning:
-                log.warning("epoch %d: %s", state.epoch, warning)
-        if runtime.is_main:
-            _save_epoch(trainer, improved)
-            metrics_log.write(row)
-            shown = ("train_loss", "train_clips_per_s", "data_time_share", "val_clip_acc", "val_video_acc")
-            # top-5 of 5 classes or fewer is always 1: not worth a column then
-            shown += ("val_top5",) if len(trainer.class_names) > 5 else ()
-            log.info("epoch %d/%d: %s", state.epoch, max_epochs, "  ".join(
-                f"{k} {row[k]:.4f}" for k in shown if k in row))
+                log.warning("epoch %d: %s", state.epoch + 1, warning)
+        _end_epoch(trainer, row, metrics_log)
+    _end_run(trainer, confusion)
+
+
+def _validation_due(cfg: dict, epoch: int) -> bool:
+    """Every trainer.check_val_every_n_epoch epochs, and after the last."""
+    return (epoch + 1) % cfg["trainer"]["check_val_every_n_epoch"] == 0 or epoch + 1 == cfg["trainer"]["max_epochs"]
+
+
+def _end_epoch(trainer: Trainer, row: dict, metrics_log) -> None:
+    """The epoch's row into the history and metrics.csv, best.pt if the monitored metric improved, the line."""
+    state, cfg = trainer.state, trainer.cfg
+    state.epoch += 1
+    state.batches_done, state.epoch_loss_sum, state.epoch_clips = 0, 0.0, 0
+    row.update(time=time.strftime("%Y-%m-%dT%H:%M:%S"), elapsed_s=round(time.time() - trainer.started, 3))
+    state.history.append(row)
+    improved = cfg["train"]["monitor"] in row and row[cfg["train"]["monitor"]] > state.best_metric
+    if improved:
+        state.best_metric = row[cfg["train"]["monitor"]]
+    if trainer.runtime.is_main:
+        _save_epoch(trainer, improved)
+        metrics_log.write(row)
+        shown = ("train_loss", "train_clips_per_s", "data_time_share", "val_clip_acc", "val_video_acc")
+        # top-5 of 5 classes or fewer is always 1: not worth a column then
+        shown += ("val_top5",) if len(trainer.class_names) > 5 else ()
+        log.info("epoch %d/%d: %s", state.epoch, cfg["trainer"]["max_epochs"], "  ".join(
+            f"{k} {row[k]:.4f}" for k in shown if k in row))
+
+
+def _end_run(trainer: Trainer, confusion: list | None) -> None:
+    state, cfg = trainer.state, trainer.cfg
     if trainer.bad_inputs is not None:
         trainer.bad_inputs.end_run()
-    if runtime.is_main and state.history:
+    if trainer.runtime.is_main and state.history:
         validated = [row["epoch"] for row in state.history if "val_clip_acc" in row]
-        plots.training_plots(trainer.run_dir, trainer.class_names, trainer.last_confusion, cfg["train"]["monitor"],
+        plots.training_plots(trainer.run_dir, trainer.class_names, confusion, cfg["train"]["monitor"],
                              validated[-1] if validated else None)
         log.info("done: best %s %.4f; checkpoints in %s", cfg["train"]["monitor"], state.best_metric,
                  os.path.join(trainer.run_dir, "checkpoints"))
 
 
 def _save_epoch(trainer: Trainer, improved: bool) -> None:
-    directory = os.path.join(trainer.run_dir, "checkpoints")
     trainer.save("last.pt")
-    if improved:
-        trainer.save("best.pt")
-    keep = trainer.cfg["train"]["keep_last_k"]
-    if keep > 0:
-        trainer.save(f"epoch_{trainer.state.epoch:04d}.pt")
-        epochs = sorted(n for n in os.listdir(directory) if n.startswith("epoch_") and n.endswith(".pt"))
-        for name in epochs[:-keep]:
-            os.unlink(os.path.join(directory, name))
+    save_epoch_links(trainer.run_dir, trainer.state.epoch, improved, trainer.cfg["train"]["keep_last_k"])
 
 
 if __name__ == "__main__":

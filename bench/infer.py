@@ -48,18 +48,17 @@ def measure(args) -> dict:
     runtime = setup_runtime(cfg["trainer"])
     model = build_model(cfg["model"], num_classes=6).to(runtime.device).eval()
     record = VideoRecord({"video": args.video}, where=args.video)
-    flags = infer_chunked.parse_args(["--chunk", str(args.chunk), "--overlap", str(args.overlap), "--agg",
-                                      "last" if args.mode == "last" else "mean", "--batch", str(args.batch),
-                                      "--decode-threads", str(args.decode_threads)])
+    spec = infer_chunked.InferenceSpec(args.chunk, args.overlap, "last" if args.mode == "last" else "mean",
+                                       args.batch, decode_threads=args.decode_threads or None)
     prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
     start = time.perf_counter()
     result: dict = {}
     if args.mode in ("full", "last"):
-        out = infer_chunked.classify_video(model, record, cfg, flags, runtime, prepare, [str(i) for i in range(6)])
+        out = infer_chunked.classify_video(model, record, cfg, spec, runtime, prepare, [str(i) for i in range(6)])
         result.update(decode_s=out["decode_s"], compute_s=out["compute_s"], windows=out["windows"])
     elif args.mode == "decode":
-        stream = infer_chunked.ChunkStream(record, cfg["data"]["img_size"], 1, args.chunk, args.overlap, "mean",
-                                           args.batch, True, False, args.decode_threads or None)
+        stream = infer_chunked.ChunkStream(record, {**cfg["data"], "frame_stride": 1, "load_rgb": True,
+                                                    "load_kpt": False, "decoder": "opencv"}, spec)
         result["windows"] = sum(len(windows) for windows, _ in stream)
         stream.close()
     else:  # compute alone: the same number of chunks, already decoded
@@ -124,7 +123,7 @@ def main() -> None:
     if args.worker:
         print(json.dumps(measure(args)))
         return
-    from loader import write_h264
+    from datasets.synthetic import write_h264
     os.makedirs(CACHE, exist_ok=True)
     width, height = map(int, args.size.split("x"))
     print(f"tiny3d width {args.width} at {args.img}x{args.img} on {args.device} ({args.torch_threads} torch threads); "

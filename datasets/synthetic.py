@@ -255,3 +255,31 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def write_h264(path: str, frames: int, width: int, height: int, fps: int = 25) -> str:
+    """A camera-like H.264 file (moving texture and shapes, GOP 250, 3 B-frames) for the benchmarks; kept if it
+    exists. Needs PyAV (OpenCV's wheel cannot encode H.264)."""
+    if os.path.exists(path):
+        return path
+    import av
+    rng = np.random.default_rng(0)
+    texture = cv2.resize(rng.integers(0, 255, (height // 8, width // 8, 3), dtype=np.uint8), (width, height))
+    tmp = path + ".tmp.mp4"
+    with av.open(tmp, "w") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.options = {"g": "250", "keyint_min": "250", "bf": "3", "sc_threshold": "0", "preset": "veryfast",
+                          "crf": "23"}
+        for t in range(frames):
+            frame = np.roll(texture, t * 2, axis=1).copy()
+            for k in range(4):
+                cx = int((np.sin(t / (20 + 7 * k)) * 0.4 + 0.5) * width)
+                cy = int((np.cos(t / (15 + 5 * k)) * 0.4 + 0.5) * height)
+                cv2.circle(frame, (cx, cy), height // 10, (40 * k, 255 - 50 * k, 128), -1)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    os.replace(tmp, path)
+    return path

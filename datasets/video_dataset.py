@@ -109,6 +109,7 @@ class VideoWindowDataset(Dataset):
         self.size = data_cfg["img_size"]
         self.skipped: dict[str, str] = {}  # file -> error, for samples dropped at index time
         self.video_info: dict = {}  # path -> VideoInfo from the index: readers in the workers do not probe again
+        self.fps: dict[str, float] = {}  # first view's path -> frame rate (segments given in seconds)
         cache = index_cache or VideoIndexCache(None)
         self.lengths = [self._record_length(r, cache) for r in records]
         cache.save()
@@ -138,7 +139,7 @@ class VideoWindowDataset(Dataset):
             lengths = {name: info.num_frames for name, info in infos.items()}
             if len(set(lengths.values())) > 1:
                 log.warning("%s: views have different lengths %s; using the shortest", record.where, lengths)
-            record.extra["fps"] = next(iter(infos.values())).fps
+            self.fps[record.first_path] = next(iter(infos.values())).fps
             return min(lengths.values())
         except BAD_INPUT_ERRORS as e:
             if self.cfg["on_bad_video"] == "raise":
@@ -158,7 +159,7 @@ class VideoWindowDataset(Dataset):
         length = self.lengths[record_index]
         timeline = None
         if record.segments is not None:
-            timeline = segment_frames(record, length, record.extra.get("fps", 25.0), self.class_names)
+            timeline = segment_frames(record, length, self.fps.get(record.first_path, 25.0), self.class_names)
         windows = []
         for start, end in split_into_windows(length, self.cfg["max_video_frames"], self.cfg["video_chunk_overlap"]):
             if timeline is None:

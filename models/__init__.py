@@ -10,6 +10,12 @@ from __future__ import annotations
 
 from typing import Callable
 
+
+class ModelConfigError(ValueError):
+    """A model section that does not fit the data or the backbone: the scripts print it as a config error.
+    Only this error is turned into one; any other ValueError keeps its traceback (a bug, not a config)."""
+
+
 _RGB_BACKBONES: dict[str, Callable] = {}
 
 
@@ -32,7 +38,7 @@ def _import_all() -> None:
 def build_rgb_backbone(name: str, width: int = 32, norm: str = "batch"):
     _import_all()
     if name not in _RGB_BACKBONES:
-        raise ValueError(f"unknown model '{name}'; known: {', '.join(sorted(_RGB_BACKBONES))}")
+        raise ModelConfigError(f"unknown model '{name}'; known: {', '.join(sorted(_RGB_BACKBONES))}")
     return _RGB_BACKBONES[name](width=width, norm=norm)
 
 
@@ -50,7 +56,7 @@ def build_model(model_cfg: dict, num_classes: int, num_views: int = 1, kpt_shape
     kpt = None
     if input_type in ("kpt", "rgb_kpt"):
         if kpt_shape is None:
-            raise ValueError(f"model.input_type={input_type} needs keypoints, but the data has none")
+            raise ModelConfigError(f"model.input_type={input_type} needs keypoints, but the data has none")
         kpt = KeypointTCN(num_joints=kpt_shape[0], channels=kpt_shape[1], width=model_cfg["width"] * 2,
                           norm=model_cfg["norm"])
     if rgb is not None and model_cfg["pretrained"] is not None:

@@ -8,6 +8,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from models import ModelConfigError
+
 
 def norm_layer(kind: str, channels: int, dims: int) -> nn.Module:
     """BatchNorm (statistics of the micro-batch) or GroupNorm (per sample: the same with any micro-batch size,
@@ -93,9 +95,9 @@ class VideoClassifier(nn.Module):
                  view_fusion: str = "none", num_views: int = 1, dropout: float = 0.0, fusion: str = "concat"):
         super().__init__()
         if rgb is None and kpt is None:
-            raise ValueError("a classifier needs an RGB backbone, a keypoint branch, or both")
+            raise ModelConfigError("a classifier needs an RGB backbone, a keypoint branch, or both")
         if view_fusion == "none" and num_views > 1:
-            raise ValueError(f"the data has {num_views} camera views but model.view_fusion is none; "
+            raise ModelConfigError(f"the data has {num_views} camera views but model.view_fusion is none; "
                              f"set model.view_fusion to mean, concat or late")
         self.rgb, self.kpt = rgb, kpt
         self.view_fusion, self.num_views = view_fusion, num_views

@@ -11,11 +11,13 @@ import os
 
 import torch
 
+from models import ModelConfigError
+
 log = logging.getLogger("longvideo.models")
 CLASSIFIER_PREFIXES = ("fc.", "head.", "classifier.")
 
 
-class PretrainedError(ValueError):
+class PretrainedError(ModelConfigError):
     pass
 
 

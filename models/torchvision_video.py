@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torchvision.models import video as tv_video
 
-from models import register_backbone
+from models import ModelConfigError, register_backbone
 from models.classifier import StagedBackbone, recompute_in_backward
 
 
@@ -110,7 +110,7 @@ class TorchvisionMViT(StagedBackbone):
 
 def _no_norm_choice(name: str, norm: str) -> None:
     if norm != "batch":
-        raise ValueError(f"model.norm: {norm} is not available for {name} (torchvision's own normalization); "
+        raise ModelConfigError(f"model.norm: {norm} is not available for {name} (torchvision's own normalization); "
                          f"use norm: batch, or backbone tiny3d")
 
 

@@ -103,8 +103,10 @@ def test_infer_chunked_bad_inputs(trained_run, tmp_path):
                               capture_output=True, text=True, timeout=300)
     result = run("--input", str(tmp_path / "nope.mp4"))
     assert (result.returncode, result.stderr) == (2, f"error: --input {tmp_path / 'nope.mp4'}: file not found\n")
-    result = run("--chunk", "8", "--overlap", "8")
-    assert (result.returncode, result.stderr) == (2, "error: --overlap 8: must be >= 0 and smaller than --chunk 8\n")
+    result = run("--chunk", "8", "--overlap", "8")  # checked by config.py, over the checkpoint config's defaults
+    assert (result.returncode, result.stderr) == (2, "error: --overlap: train.chunk_overlap=8 must be smaller than "
+                                                     "train.chunk_infer_size=8 (or set chunk_infer_size: -1 for no "
+                                                     "chunking)\n")
     (tmp_path / "videos").mkdir()
     (tmp_path / "videos" / "a_broken.mp4").write_bytes(b"not a video" * 100)
     from conftest import write_with_opencv

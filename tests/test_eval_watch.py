@@ -9,7 +9,7 @@ import time
 import pytest
 
 import checkpoint
-import checkpoint_watch
+import eval_watch
 import eval as eval_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -107,7 +107,7 @@ def test_corrupt_and_pickled_checkpoints_are_recorded_as_failed_once(experiment,
 HOLD_LOCK = """
 import sys, time
 sys.path.insert(0, {root!r})
-from checkpoint_watch import DirectoryLock
+from eval_watch import DirectoryLock
 lock = DirectoryLock({directory!r})
 assert lock.acquire()
 print("locked", flush=True)
@@ -150,7 +150,7 @@ def test_an_append_interrupted_at_any_point_leaves_the_ledger_valid(experiment, 
         raise KeyboardInterrupt  # as if the process died between writing the temp file and renaming it
     monkeypatch.setattr(checkpoint.os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
-        checkpoint_watch.append_ledger(str(experiment / "eval.jsonl"), {"checkpoint": "x", "sha256": "y"})
+        eval_watch.append_ledger(str(experiment / "eval.jsonl"), {"checkpoint": "x", "sha256": "y"})
     assert (experiment / "eval.jsonl").read_bytes() == before
     assert [json.loads(line) for line in before.decode().splitlines()]
     assert not [n for n in os.listdir(experiment) if n.endswith(".tmp")]

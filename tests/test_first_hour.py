@@ -45,9 +45,9 @@ def test_dataloader_workers_are_capped_to_the_cores(monkeypatch, caplog):
 
 
 def test_ctrl_c_saves_last_pt_says_how_to_resume_and_exits_130(synthetic_root, tmp_path):
-    args = overrides(synthetic_root, tmp_path, "trainer.max_epochs=200", "data.num_workers=2")
+    args = overrides(synthetic_root, tmp_path, "trainer.max_epochs=100000", "data.num_workers=2")
     process = subprocess.Popen([sys.executable, "train.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+                               stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines = []
     for line in process.stdout:  # wait until it trains
         lines.append(line)
@@ -57,7 +57,7 @@ def test_ctrl_c_saves_last_pt_says_how_to_resume_and_exits_130(synthetic_root, t
     process.send_signal(signal.SIGINT)
     rest, _ = process.communicate(timeout=60)
     assert process.returncode == 130
-    assert time.monotonic() - start < 20
+    assert time.monotonic() - start < 30
     output = "".join(lines) + rest
     assert "interrupted at epoch 1, step " in output and "--resume auto" in output
     last = os.path.join(tmp_path, "e2e", "latest", "checkpoints", "last.pt")

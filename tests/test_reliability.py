@@ -170,7 +170,7 @@ def test_metrics_csv_after_a_resume_equals_the_uninterrupted_run(trained_run, sy
 
 
 def test_a_column_that_appears_later_is_kept(tmp_path):
-    from memory_monitor import CsvLog
+    from metrics import CsvLog
     log = CsvLog(str(tmp_path / "metrics.csv"))
     log.write({"epoch": 1, "train_loss": 1.5})
     log.write({"epoch": 2, "train_loss": 1.2, "val_top1": 0.5})  # validation every second epoch

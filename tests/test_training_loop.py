@@ -137,7 +137,7 @@ def test_out_of_memory_at_one_clip_halves_the_chunk_and_resumes_with_it(tmp_path
     # kept in the checkpoint and restored on resume
     path = backed_off.save("last.pt")
     resumed, _ = make_trainer(NoBatchNorm(), 2, 1, tmp_path / "c")
-    state, _, _ = train._restore(path, resumed.model.module, resumed.optimizer, resumed.scheduler, resumed.scaler)
+    state, _, _ = train.restore_training(path, resumed.model.module, resumed.optimizer, resumed.scheduler, resumed.scaler)
     assert state.chunk_train_size == 2 and state.micro_splits == 2
 
 
@@ -190,7 +190,7 @@ KILLER = """
 import sys, torch
 sys.path.insert(0, {root!r})
 from checkpoint import save_checkpoint
-state = {{"model": {{"w": torch.randn(8_000_000)}}, "step": 0}}
+state = {{"format": 1, "model": {{"w": torch.randn(8_000_000)}}, "step": 0}}
 save_checkpoint(state, {path!r})
 print("first", flush=True)
 for step in range(1, 10_000):

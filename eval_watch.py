@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import time
+from dataclasses import dataclass
 
 from atomic_files import atomic_write_bytes, remove_stale_temp_files
 from checkpoint import CheckpointError
@@ -100,9 +101,20 @@ def find_checkpoints(run_dir: str) -> list[str]:
     return sorted(paths, key=lambda p: os.stat(p).st_mtime_ns)
 
 
-def watch_once(args, evaluate) -> tuple[int, int, int, int]:
+@dataclass(frozen=True)
+class WatchSpec:
+    """What eval.py --watch does: which folder, how often, what it records and draws."""
+    run_dir: str
+    interval: float | None = None  # seconds between passes; None: one pass (cron)
+    settle: float = 5.0  # checkpoints modified more recently are left for the next pass
+    plot: bool = False
+    verbose: bool = False
+    split: str = "val"  # what is evaluated, recorded in each eval.jsonl line
+
+
+def watch_once(spec: WatchSpec, evaluate) -> tuple[int, int, int, int]:
     """One pass: (evaluated, failed, already done, left for later)."""
-    run_dir = args.watch
+    run_dir = spec.run_dir
     ledger = os.path.join(run_dir, LEDGER)
     done = {entry.get("sha256") for entry in read_ledger(ledger)}
     evaluated = failed = skipped = waiting = 0
@@ -110,7 +122,7 @@ def watch_once(args, evaluate) -> tuple[int, int, int, int]:
         relative = os.path.relpath(path, run_dir)
         try:
             before = os.stat(path)
-            if time.time() - before.st_mtime < args.settle:
+            if time.time() - before.st_mtime < spec.settle:
                 log.info("%s: modified %.1f s ago; left for the next run", relative, time.time() - before.st_mtime)
                 waiting += 1
                 continue
@@ -126,9 +138,10 @@ def watch_once(args, evaluate) -> tuple[int, int, int, int]:
             skipped += 1
             continue
         start = time.perf_counter()
-        entry = {"checkpoint": relative, "sha256": digest, "size": after.st_size, "split": args.data or args.split}
+        entry = {"checkpoint": relative, "sha256": digest, "size": after.st_size, "split": spec.split}
         try:
-            metrics, _, class_names, state, _ = evaluate(path, args)
+            result = evaluate(path)
+            metrics, class_names, state = result.metrics, result.class_names, result.state
         except CheckpointError as e:  # a property of this file: recorded, not retried until it changes
             entry.update(status="failed", error=str(e))
             log.warning("%s: %s", relative, e)
@@ -150,34 +163,35 @@ def plot_history(run_dir: str) -> str | None:
     return eval_history_plot(read_ledger(os.path.join(run_dir, LEDGER)), os.path.join(run_dir, "eval_history.png"))
 
 
-def watch(args, evaluate) -> int:
+def watch(spec: WatchSpec, evaluate) -> int:
+    """Evaluate every new checkpoint under spec.run_dir once: ``evaluate(path)`` returns an EvaluationResult."""
     from config import ConfigError
-    if not os.path.isdir(args.watch):
-        raise ConfigError(f"--watch {args.watch}: not a directory (expected runs/<experiment> or one run)")
-    log.setLevel(logging.INFO if args.verbose else logging.WARNING)
+    if not os.path.isdir(spec.run_dir):
+        raise ConfigError(f"--watch {spec.run_dir}: not a directory (expected runs/<experiment> or one run)")
+    log.setLevel(logging.INFO if spec.verbose else logging.WARNING)
     while True:
-        lock = DirectoryLock(args.watch)
+        lock = DirectoryLock(spec.run_dir)
         if not lock.acquire():
-            print(f"eval.py --watch {args.watch}: another evaluation holds {lock.path} ({lock.previous_holder}); "
+            print(f"eval.py --watch {spec.run_dir}: another evaluation holds {lock.path} ({lock.previous_holder}); "
                   f"exiting")
             return 0
         try:
             if lock.previous_holder:
                 log.info("took over the lock left by %s", lock.previous_holder)
-            removed = remove_stale_temp_files(args.watch, recursive=True)
+            removed = remove_stale_temp_files(spec.run_dir, recursive=True)
             if removed:
                 log.warning("removed %d temporary file(s) left by writers that were killed: %s", len(removed),
                             ", ".join(removed))
-            evaluated, failed, skipped, waiting = watch_once(args, evaluate)
-            if args.plot:
-                plot_history(args.watch)
+            evaluated, failed, skipped, waiting = watch_once(spec, evaluate)
+            if spec.plot:
+                plot_history(spec.run_dir)
         finally:
             lock.release()
         if evaluated + failed + skipped + waiting == 0:
-            print(f"eval.py --watch {args.watch}: nothing to evaluate yet (no checkpoint under it)")
+            print(f"eval.py --watch {spec.run_dir}: nothing to evaluate yet (no checkpoint under it)")
         else:
-            print(f"eval.py --watch {args.watch}: {evaluated} evaluated, {failed} failed, {skipped} already done, "
+            print(f"eval.py --watch {spec.run_dir}: {evaluated} evaluated, {failed} failed, {skipped} already done, "
                   f"{waiting} left for the next run")
-        if not args.interval:
+        if not spec.interval:
             return 1 if failed else 0
-        time.sleep(args.interval)
+        time.sleep(spec.interval)
