@@ -80,7 +80,7 @@ def apply_overrides(cfg: dict, args: argparse.Namespace) -> dict:
 def evaluate_dataset(model, dataset, cfg: dict, runtime, class_names: list[str]) -> tuple[dict, list, list]:
     """(metrics, per-clip rows, per-video rows): train.py's evaluation loop with the rows eval.py writes.
     One sample per forward (long clips vary in length); predictions go to the CPU as they are made."""
-    loader = make_loader(dataset, cfg, runtime, training=False)
+    loader = make_loader(dataset, cfg, runtime, 1, shuffle=False, pad=False)
     prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
     meter, clip_rows, bad_inputs = ClassificationMeter(len(class_names)), [], BadInputReport(dataset)
 

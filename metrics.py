@@ -64,7 +64,6 @@ class ClassificationMeter:
             "top1": float(correct.sum() / max(self.count, 1)),
             "top5": self.top5_hits / max(self.count, 1),
             "mean_class_acc": float(recall[present].mean()) if present.any() else 0.0,
-            "per_class_acc": [float(v) for v in recall],
             "precision": [float(v) for v in precision],
             "recall": [float(v) for v in recall],
             "f1": [float(v) for v in f1],

@@ -48,12 +48,14 @@ from runtime import Runtime, setup_logging, setup_runtime
 log = logging.getLogger("longvideo")  # set up by main(): importing train (eval.py does) configures nothing
 
 
-def make_loader(dataset, cfg: dict, runtime: Runtime, training: bool) -> DataLoader:
+def make_loader(dataset, cfg: dict, runtime: Runtime, batch_size: int, shuffle: bool, pad: bool) -> DataLoader:
+    """shuffle: a new permutation every epoch (training); pad: equal shards for every rank (training, where DDP
+    needs equal step counts; evaluation shards are not padded, so no sample counts twice)."""
     data = cfg["data"]
-    sampler = EpochSampler(len(dataset), shuffle=training, seed=cfg["train"]["seed"], rank=runtime.rank,
-                           world_size=runtime.world_size, pad=training)
+    sampler = EpochSampler(len(dataset), shuffle=shuffle, seed=cfg["train"]["seed"], rank=runtime.rank,
+                           world_size=runtime.world_size, pad=pad)
     before_workers_fork(data["num_workers"])
-    return DataLoader(dataset, batch_size=data["batch_size"] if training else 1, sampler=sampler,
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler,
                       num_workers=data["num_workers"], worker_init_fn=worker_init,
                       pin_memory=data["pin_memory"] and runtime.device.type == "cuda",
                       drop_last=False, persistent_workers=False)
@@ -617,8 +619,9 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None, s
                                   "num_classes": len(class_names)})
     model, channels_last = _model_on_device(cfg, runtime, len(class_names), data_info)
     cap_workers(cfg["data"])
-    train_loader = make_loader(train_set, cfg, runtime, training=True)
-    val_loader = make_loader(val_set, cfg, runtime, training=False) if val_set is not None else None
+    train_loader = make_loader(train_set, cfg, runtime, cfg["data"]["batch_size"], shuffle=True, pad=True)
+    val_loader = (make_loader(val_set, cfg, runtime, 1, shuffle=False, pad=False)  # clips vary in length
+                  if val_set is not None else None)
     optimizer = build_optimizer(model, cfg["train"])
     steps_per_epoch = math.ceil(len(train_loader) / cfg["train"]["accumulate_grad_batches"])
     scheduler = build_scheduler(optimizer, cfg["train"], steps_per_epoch, cfg["trainer"]["max_epochs"])
