@@ -13,7 +13,9 @@ import contextlib
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -166,7 +168,7 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
     mid_epoch_memory = None  # for the leak check: returned, popped by fit()
     for batch_index in range(state.batches_done, num_batches):
         tick = time.perf_counter()
-        batch = next(iterator)
+        batch = _next_batch(iterator)
         totals["data_time"] += time.perf_counter() - tick
         if trainer.bad_inputs is not None:
             trainer.bad_inputs.take(batch)
@@ -195,6 +197,47 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
             "data_time_share": totals["data_time"] / elapsed, "lr": trainer.scheduler.get_last_lr()[0],
             "skipped_steps": state.skipped_steps, "clips_per_forward": _clips_per_forward(trainer),
             "chunk_train_size": trainer.chunk_spec().size, "memory": mid_epoch_memory}
+
+
+STOP_REQUESTED = threading.Event()  # set by the first Ctrl-C (see stop_on_ctrl_c)
+
+
+@contextlib.contextmanager
+def stop_on_ctrl_c():
+    """Ctrl-C during training: the first one asks the loop to stop after the current batch (checked between
+    batches and epochs, where raising cannot be lost: a KeyboardInterrupt raised inside a finalizer, such as the
+    previous epoch's DataLoader iterator shutting its workers down, is printed and dropped by Python), a second
+    one stops at once."""
+    def request_stop(signum, frame):
+        if STOP_REQUESTED.is_set():
+            raise KeyboardInterrupt
+        STOP_REQUESTED.set()
+        log.warning("Ctrl-C: stopping after this batch and saving last.pt (Ctrl-C again to stop at once)")
+
+    STOP_REQUESTED.clear()
+    if threading.current_thread() is not threading.main_thread():  # signals reach only the main thread
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, request_stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop_if_asked() -> None:
+    if STOP_REQUESTED.is_set():
+        raise KeyboardInterrupt
+
+
+def _next_batch(iterator):
+    """The next loader batch; after a Ctrl-C the workers (which got it too) may be gone: stop, do not crash."""
+    _stop_if_asked()
+    try:
+        return next(iterator)
+    except RuntimeError:
+        _stop_if_asked()
+        raise
 
 
 def _iterate_resumed(trainer: Trainer, loader: DataLoader):
@@ -593,7 +636,8 @@ def main(argv=None) -> int:
     trainer, train_loader, val_loader = build_trainer(cfg, runtime, resume_path, args.stop_after_steps,
                                                       args.fit_budget)
     try:
-        fit(trainer, train_loader, val_loader)
+        with stop_on_ctrl_c():
+            fit(trainer, train_loader, val_loader)
     except (NonFiniteLossError, OutOfMemoryAdvice) as e:
         log.error("error: %s", e)
         return 1
@@ -715,6 +759,7 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
             trainer.save("last.pt")
             log.info("stopped after %d steps (--stop-after-steps); last.pt saved", state.global_step)
             return
+        _stop_if_asked()
         if val_loader is not None and _validation_due(cfg, state.epoch):
             metrics = evaluate(trainer.model, val_loader, trainer.prepare, runtime, cfg["train"],
                                len(trainer.class_names), trainer.bad_inputs)

@@ -45,17 +45,24 @@ def test_dataloader_workers_are_capped_to_the_cores(monkeypatch, caplog):
 
 
 def test_ctrl_c_saves_last_pt_says_how_to_resume_and_exits_130(synthetic_root, tmp_path):
+    # a terminal's Ctrl-C: SIGINT to the whole process group, the DataLoader workers included; epochs of 0.1 s,
+    # so it often lands while an epoch's workers shut down (where a plain KeyboardInterrupt used to be lost)
     args = overrides(synthetic_root, tmp_path, "trainer.max_epochs=100000", "data.num_workers=2")
     process = subprocess.Popen([sys.executable, "train.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    lines = []
-    for line in process.stdout:  # wait until it trains
-        lines.append(line)
-        if " step 3 " in line:
-            break
-    start = time.monotonic()
-    process.send_signal(signal.SIGINT)
-    rest, _ = process.communicate(timeout=60)
+                               stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                               start_new_session=True)
+    try:
+        lines = []
+        for line in process.stdout:  # wait until it trains
+            lines.append(line)
+            if " step 3 " in line:
+                break
+        start = time.monotonic()
+        os.killpg(process.pid, signal.SIGINT)
+        rest, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:  # never leave a training run behind
+            os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 130
     assert time.monotonic() - start < 30
     output = "".join(lines) + rest
