@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import tempfile
 
 _TEMP_NAME = re.compile(r"^\..+\.(\d+)\.[^.]+\.tmp$")
@@ -22,12 +23,17 @@ def _umask() -> int:
     return mask
 
 
+def _temp_prefix(path: str) -> str:
+    """The start of a temporary file's name for ``path``: hidden, then the writer's pid (``_TEMP_NAME``)."""
+    return f".{os.path.basename(path)}.{os.getpid()}."
+
+
 @contextlib.contextmanager
 def atomic_open(path: str):
     """A binary file object whose content replaces ``path`` when the block ends without an error."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.{os.getpid()}.", suffix=".tmp", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=directory)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
@@ -52,6 +58,17 @@ def atomic_open(path: str):
 def atomic_write_bytes(path: str, data: bytes) -> None:
     with atomic_open(path) as f:
         f.write(data)
+
+
+def atomic_link(source: str, target: str) -> None:
+    """``target`` becomes the same file as ``source`` (a hard link; a copy where links fail), replaced at once.
+    A later atomic write of ``source`` makes a new file, so ``target`` keeps the content it was linked to."""
+    tmp = os.path.join(os.path.dirname(os.path.abspath(target)), _temp_prefix(target) + "link.tmp")
+    try:
+        os.link(source, tmp)
+    except OSError:  # a filesystem without hard links
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
 
 
 def _process_alive(pid: int) -> bool:

@@ -13,7 +13,6 @@ import os
 import pickle
 import random
 import re
-import shutil
 import time
 import zipfile
 from dataclasses import dataclass, field, fields
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 import torch
 
-from atomic_files import atomic_open
+from atomic_files import atomic_link, atomic_open
 
 CHECKPOINT_FORMAT = 1  # bumped when the layout of the checkpoint dict changes
 log = logging.getLogger("longvideo")
@@ -70,23 +69,12 @@ def save_epoch_links(run_dir: str, epoch: int, improved: bool, keep_last_k: int)
     directory = os.path.join(run_dir, "checkpoints")
     last = os.path.join(directory, "last.pt")
     if improved:
-        _link_atomically(last, os.path.join(directory, "best.pt"))
+        atomic_link(last, os.path.join(directory, "best.pt"))
     if keep_last_k > 0:
-        _link_atomically(last, os.path.join(directory, f"epoch_{epoch:04d}.pt"))
+        atomic_link(last, os.path.join(directory, f"epoch_{epoch:04d}.pt"))
         epochs = sorted(n for n in os.listdir(directory) if n.startswith("epoch_") and n.endswith(".pt"))
         for name in epochs[:-keep_last_k]:
             os.unlink(os.path.join(directory, name))
-
-
-def _link_atomically(source: str, target: str) -> None:
-    """``target`` becomes the same file as ``source`` (a hard link; a copy where links fail), replaced at once.
-    last.pt is later replaced by a new file (atomic_files), so the link keeps this epoch's content."""
-    tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.{os.getpid()}.link.tmp")
-    try:
-        os.link(source, tmp)
-    except OSError:  # a filesystem without hard links
-        shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
 
 
 def restore_training(path: str, model, optimizer, scheduler, scaler) -> tuple[TrainState, dict, str | None]:

@@ -14,13 +14,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from checkpoint import unwrap_model
 from datasets.windows import split_into_windows
 
 AGGREGATIONS = ("mean", "max", "last", "prob")
 TIME_AXIS = {"video": -3, "kpt": 1}  # video [B, (V,) C, T, H, W]; kpt [B, T, J, C]
-
-
-TRAINING_AGGREGATIONS = ("mean", "max", "prob")  # "last" would train only the last chunk
 
 
 def chunk_windows(length: int, chunk_size: int, overlap: int = 0) -> list[tuple[int, int]]:
@@ -155,7 +153,7 @@ class ChunkedTrainingForward(nn.Module):
         if len(windows) == 1:
             return self.module(self.normalize(inputs)).unsqueeze(0)
         from models.classifier import recompute_in_backward  # late: models import torchvision
-        min_frames = getattr(_innermost(self.module), "min_frames", 1)
+        min_frames = getattr(unwrap_model(self.module), "min_frames", 1)
         logits = []
         for start, end in windows:
             chunk = slice_time(inputs, start, end, min_frames)
@@ -167,10 +165,6 @@ class ChunkedTrainingForward(nn.Module):
 
     def _chunk_logits(self, chunk: dict) -> torch.Tensor:
         return self.module(self.normalize(chunk))
-
-
-def _innermost(module: nn.Module) -> nn.Module:
-    return getattr(module, "_orig_mod", module)  # under torch.compile
 
 
 def aggregate_chunk_logits(chunk_logits: torch.Tensor, aggregation: str) -> torch.Tensor:

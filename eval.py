@@ -17,7 +17,6 @@ import argparse
 import csv
 import io
 import json
-import os
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +29,7 @@ from datasets.video_dataset import BAD_INPUT_ERRORS, BadInputReport, build_datas
 from datasets.transforms import InputPreparer
 from metrics import ClassificationMeter
 from runtime import resolve_device, setup_logging, setup_runtime
-from train import evaluate, make_loader
+from train import cap_workers, evaluate, make_loader
 
 log = setup_logging()
 
@@ -73,7 +72,7 @@ def apply_overrides(cfg: dict, args: argparse.Namespace) -> dict:
                             "train.chunk_aggregation": ("--agg", args.agg),
                             "train.video_batch_size": ("--batch", args.batch),
                             "data.num_frames": ("--num-frames", args.num_frames)})
-    cfg["data"]["num_workers"] = min(cfg["data"]["num_workers"], os.cpu_count() or 1)
+    cap_workers(cfg["data"])
     return cfg
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Callable
@@ -31,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 BLOCK = 512  # the CUDA caching allocator rounds every allocation up to 512 bytes
-GiB = 2 ** 30
+MiB, GiB = 2 ** 20, 2 ** 30
 CUDA_CONTEXT_BYTES = GiB // 2  # the CUDA context and cuBLAS/cuDNN handles: outside the allocator's figures
 SAFETY_MARGIN = 0.10  # of what is left: cuDNN workspaces and the allocator's fragmentation, not modelled
 OPTIMIZER_STATES = {"adamw": 2, "sgd": 1}  # state tensors per parameter (SGD: momentum buffer)
@@ -310,42 +311,53 @@ def estimate_inference(build_model: Callable[[], nn.Module], make_inputs: Callab
 
 # ------------------------------------------------------------------------------------ the project's step
 
+class ProjectStep:
+    """train.py's training step for a config, as the estimate and the CUDA measurement both run it: the
+    classifier of ``build_model``, the chunked training forward (``train.chunk_train_size``) and the loss.
+    ``train.chunk_loss: dense`` is run as ``clip`` (the loss sees [chunks, batch, classes] logits either way: no
+    memory to speak of)."""
+
+    def __init__(self, cfg: dict, num_classes: int = 10, num_views: int = 1, kpt_shape: tuple | None = None):
+        from chunked_forward import ChunkSpec
+        train_cfg = cfg["train"]
+        self.cfg, self.num_classes, self.num_views, self.kpt_shape = cfg, num_classes, num_views, kpt_shape
+        self.spec = ChunkSpec(train_cfg["chunk_train_size"], train_cfg["chunk_train_overlap"])
+        self.loss_cfg = {**train_cfg, "chunk_loss": "clip"}
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=train_cfg["label_smoothing"])
+
+    def classifier(self) -> nn.Module:
+        from models import build_model
+        return build_model({**self.cfg["model"], "pretrained": None}, self.num_classes, self.num_views,
+                           self.kpt_shape)
+
+    def inputs(self, frames: int, batch: int, device) -> dict:
+        return _step_inputs(self.cfg, frames, batch, self.num_views, self.kpt_shape, device)
+
+    def loss(self, classifier: nn.Module, inputs: dict, device) -> torch.Tensor:
+        """The forward and loss of train.py's step; frames normalized on ``device`` per chunk."""
+        from chunked_forward import ChunkedTrainingForward
+        from datasets.transforms import InputPreparer
+        from train import training_loss
+        data = self.cfg["data"]
+        forward = ChunkedTrainingForward(classifier, InputPreparer(device, data["mean"], data["std"]).normalize)
+        model_inputs = {k: v for k, v in inputs.items() if k in ("video", "kpt")}
+        return training_loss(forward(model_inputs, self.spec), inputs, self.spec, self.loss_cfg, self.criterion)
+
+
 def config_training_estimate(cfg: dict, num_frames: int | None = None, batch_size: int | None = None,
                              num_classes: int = 10, num_views: int = 1, kpt_shape: tuple | None = None,
                              precision: str | None = None, fake: bool = True) -> StepEstimate:
-    """One training step of a config as train.py runs it: ``build_model``, the chunked training forward
-    (``train.chunk_train_size``), the loss, the preset's precision and checkpointing, AdamW/SGD state,
-    accumulation, the uint8 clip (views, keypoints) on the device. ``train.chunk_loss: dense`` is estimated as
-    ``clip`` (the loss sees [chunks, batch, classes] logits either way: no memory to speak of)."""
-    from chunked_forward import ChunkedTrainingForward, ChunkSpec
-    from datasets.transforms import InputPreparer
-    from models import build_model
-    from train import training_loss
-
-    data, train_cfg = cfg["data"], cfg["train"]
-    frames = num_frames or data["num_frames"]
+    """One training step of a config as train.py runs it (``ProjectStep``), with the preset's precision,
+    checkpointing, AdamW/SGD state and accumulation, the uint8 clip (views, keypoints) on the device."""
+    frames = num_frames or cfg["data"]["num_frames"]
     if frames < 1:
         raise ValueError("num_frames -1 (every frame of the window): give the clip length to estimate")
-    batch = batch_size or data["batch_size"]
-    spec = ChunkSpec(train_cfg["chunk_train_size"], train_cfg["chunk_train_overlap"])
-    loss_cfg = {**train_cfg, "chunk_loss": "clip"}
-    device = torch.device("cpu")
-    criterion = nn.CrossEntropyLoss(label_smoothing=train_cfg["label_smoothing"])
-
-    def build():
-        model = build_model({**cfg["model"], "pretrained": None}, num_classes, num_views, kpt_shape).train()
-        return ChunkedTrainingForward(model, normalize=None)  # normalize needs tensors: set in make_inputs
-
-    def make_inputs():
-        return _step_inputs(cfg, frames, batch, num_views, kpt_shape, device)
-
-    def step_loss(model, inputs):
-        model.normalize = model.normalize or InputPreparer(device, data["mean"], data["std"]).normalize
-        model_inputs = {k: v for k, v in inputs.items() if k in ("video", "kpt")}
-        return training_loss(model(model_inputs, spec), inputs, spec, loss_cfg, criterion)
-
-    return estimate_training_step(build, make_inputs, step_loss, precision or cfg["trainer"]["precision"],
-                                  train_cfg["optimizer"], train_cfg["accumulate_grad_batches"], fake=fake)
+    batch = batch_size or cfg["data"]["batch_size"]
+    step, device = ProjectStep(cfg, num_classes, num_views, kpt_shape), torch.device("cpu")
+    return estimate_training_step(lambda: step.classifier().train(), lambda: step.inputs(frames, batch, device),
+                                  lambda model, inputs: step.loss(model, inputs, device),
+                                  precision or cfg["trainer"]["precision"], cfg["train"]["optimizer"],
+                                  cfg["train"]["accumulate_grad_batches"], fake=fake)
 
 
 def measure_training_step_cuda(cfg: dict, num_frames: int, batch_size: int, num_classes: int = 10,
@@ -354,30 +366,22 @@ def measure_training_step_cuda(cfg: dict, num_frames: int, batch_size: int, num_
     """The same step on the GPU, really allocated: a warm-up step first (cuDNN's algorithm search with
     ``cudnn.benchmark``, the optimizer state), then the measured one. {"allocated", "reserved"} peak bytes of
     the measured step, or None if it ran out of memory."""
-    from chunked_forward import ChunkedTrainingForward, ChunkSpec
-    from datasets.transforms import InputPreparer
-    from models import build_model
     from runtime import Runtime
-    from train import build_optimizer, training_loss
+    from train import build_optimizer
 
     device = torch.device("cuda")
     runtime = Runtime(device, precision or cfg["trainer"]["precision"])
-    data, train_cfg = cfg["data"], cfg["train"]
-    spec = ChunkSpec(train_cfg["chunk_train_size"], train_cfg["chunk_train_overlap"])
-    model = optimizer = inputs = None
+    step = ProjectStep(cfg, num_classes, num_views, kpt_shape)
+    classifier = optimizer = inputs = None
     try:
-        classifier = build_model({**cfg["model"], "pretrained": None}, num_classes, num_views, kpt_shape).to(device)
-        model = ChunkedTrainingForward(classifier.train(), InputPreparer(device, data["mean"], data["std"]).normalize)
-        optimizer = build_optimizer(classifier, train_cfg)
+        classifier = step.classifier().to(device).train()
+        optimizer = build_optimizer(classifier, cfg["train"])
         scaler = runtime.grad_scaler()
-        inputs = _step_inputs(cfg, num_frames, batch_size, num_views, kpt_shape, device)
-        criterion = nn.CrossEntropyLoss(label_smoothing=train_cfg["label_smoothing"])
-        loss_cfg = {**train_cfg, "chunk_loss": "clip"}
+        inputs = step.inputs(num_frames, batch_size, device)
 
         def forward_backward():
             with runtime.autocast():
-                loss = training_loss(model({k: v for k, v in inputs.items() if k != "label"}, spec), inputs, spec,
-                                     loss_cfg, criterion)
+                loss = step.loss(classifier, inputs, device)
             scaler.scale(loss).backward()
 
         def optimizer_step():
@@ -387,7 +391,7 @@ def measure_training_step_cuda(cfg: dict, num_frames: int, batch_size: int, num_
 
         forward_backward()
         optimizer_step()
-        if train_cfg["accumulate_grad_batches"] > 1:
+        if cfg["train"]["accumulate_grad_batches"] > 1:
             forward_backward()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -398,7 +402,7 @@ def measure_training_step_cuda(cfg: dict, num_frames: int, batch_size: int, num_
     except torch.cuda.OutOfMemoryError:
         return None
     finally:
-        del model, optimizer, inputs
+        del classifier, optimizer, inputs
         torch.cuda.empty_cache()
 
 
@@ -450,7 +454,6 @@ def probe(cfg: dict, cuda: bool, frames_grid: list[int] | None = None, batch_gri
     checkpointing off and on (with CUDA: measured beside the estimate for the preset's setting), then the
     largest batch within the budget at the preset's clip (``for_gpu``: the CUDA context set aside from it).
     Rows are printed as they are computed."""
-    import time
     data, model_cfg = cfg["data"], cfg["model"]
     frames = clip_frames(cfg)
     batch = data["batch_size"] if isinstance(data["batch_size"], int) else 8
@@ -494,9 +497,6 @@ def probe(cfg: dict, cuda: bool, frames_grid: list[int] | None = None, batch_gri
     return 0
 
 
-MiB = 2 ** 20
-
-
 def clip_frames(cfg: dict) -> int:
     """The clip length to estimate: data.num_frames, or for -1 (every frame of the window) the sample window."""
     frames = cfg["data"]["num_frames"]
@@ -506,11 +506,9 @@ def clip_frames(cfg: dict) -> int:
 
 
 def _with(cfg: dict, dotted: str, value) -> dict:
-    import copy
-    changed = copy.deepcopy(cfg)
-    section, key = dotted.split(".")
-    changed[section][key] = value
-    return changed
+    """A validated copy of ``cfg`` with one key changed (config.apply_flags)."""
+    from config import apply_flags
+    return apply_flags(cfg, {dotted: (f"{dotted}: {value}", value)})
 
 
 def nothing_fits(cfg: dict, frames: int, one_clip: int, usable: int, budget: float, cuda: bool, shape: dict) -> str:
@@ -545,23 +543,18 @@ def config_inference_estimate(cfg: dict, chunk_frames: int, windows: int, num_cl
     """Peak device bytes of one inference forward of ``windows`` chunks of ``chunk_frames`` frames, as
     infer_chunked.py runs it: the uint8 chunks on the device, normalized, through the model in eval mode."""
     from datasets.transforms import InputPreparer
-    from models import build_model
 
     data, device = cfg["data"], torch.device("cpu")
-    frames = max(chunk_frames, 1)
-
-    def build():
-        return build_model({**cfg["model"], "pretrained": None}, num_classes, num_views, kpt_shape)
+    frames, step = max(chunk_frames, 1), ProjectStep(cfg, num_classes, num_views, kpt_shape)
 
     def make_inputs():
-        return {k: v for k, v in _step_inputs(cfg, frames, windows, num_views, kpt_shape, device).items()
-                if k != "label"}
+        return {k: v for k, v in step.inputs(frames, windows, device).items() if k != "label"}
 
     def forward(model, inputs):
         prepare = InputPreparer(device, data["mean"], data["std"])
         return model(prepare(inputs))
 
-    return estimate_inference(build, make_inputs, forward, precision, fake=fake)
+    return estimate_inference(step.classifier, make_inputs, forward, precision, fake=fake)
 
 
 def largest_inference_batch(cfg: dict, chunk_frames: int, usable: int, limit: int = 256, **shape) -> int:

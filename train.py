@@ -36,11 +36,9 @@ from checkpoint import (CheckpointError, TrainState, make_run_dir, point_latest_
 from chunked_forward import (ChunkedTrainingForward, ChunkSpec, aggregate_chunk_logits, chunk_labels, chunk_windows,
                              clip_length, forward_chunked)
 from config import ConfigError, add_config_arguments, dump, exit_on_usage_error, load_config
-from datasets.video_dataset import (BAD_INPUT_ERRORS, build_dataset, index_cache_for, manifest_path,
-                                    DATA_LAYOUTS, BadInputReport, before_workers_fork, resolve_class_names,
-                                    training_records,
-                                    worker_init)
-from datasets.manifest import read_manifest
+from datasets.video_dataset import (BAD_INPUT_ERRORS, DATA_LAYOUTS, BadInputReport, before_workers_fork,
+                                    build_dataset, index_cache_for, read_split, resolve_class_names,
+                                    training_records, worker_init)
 from datasets.sampler import EpochSampler
 from datasets.transforms import InputPreparer
 from metrics import ClassificationMeter, CsvLog
@@ -104,7 +102,7 @@ def build_scheduler(optimizer, train_cfg: dict, steps_per_epoch: int, max_epochs
 @dataclass
 class Trainer:
     """What every step needs, built once in main()."""
-    model: torch.nn.Module  # a ChunkedTrainingForward (training_forward()), possibly DDP-wrapped
+    model: torch.nn.Module  # a ChunkedTrainingForward around the classifier, possibly DDP-wrapped
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
@@ -362,9 +360,9 @@ def _back_off_after_oom(trainer: Trainer, batch_size: int, length: int) -> None:
             return
         path = trainer.save("last.pt")
         data, model = cfg["data"], cfg["model"]
-        frames = min(length, trainer.chunk_spec().size if trainer.chunk_spec().size != -1 else length)
         raise OutOfMemoryAdvice(
-            f"out of memory with 1 clip per forward pass in chunks of {_frames(frames)} (the model's shortest); "
+            f"out of memory with 1 clip per forward pass in chunks of {_frames(_chunk_frames(trainer, length))} "
+            f"(the model's shortest); "
             f"saved {path}. To fit, in this order: "
             f"1) smaller frames (data.img_size={data['img_size']}), "
             f"2) model.grad_checkpointing: true (now {str(model['grad_checkpointing']).lower()}), "
@@ -381,8 +379,7 @@ def _shorten_chunks(trainer: Trainer, length: int) -> bool:
     """At 1 clip per forward: chunks of half the length (from whole clips: the largest power of two below the
     clip length), not below the model's ``min_frames``. False when they cannot get shorter."""
     min_frames = getattr(unwrap_model(trainer.model), "min_frames", 1)
-    size = trainer.chunk_spec().size
-    current = length if size == -1 else min(size, length)
+    current = _chunk_frames(trainer, length)
     shorter = 2 ** math.floor(math.log2(current - 1)) if current == length and current > 1 else current // 2
     shorter = max(shorter, min_frames)
     if shorter >= current:
@@ -392,6 +389,12 @@ def _shorten_chunks(trainer: Trainer, length: int) -> bool:
                 "recomputed in backward; kept for the rest of the run and saved in the checkpoint; the step is "
                 "retried", _frames(current), _frames(shorter), trainer.chunk_spec().overlap)
     return True
+
+
+def _chunk_frames(trainer: Trainer, length: int) -> int:
+    """Frames per training chunk now, for a clip of ``length`` frames."""
+    size = trainer.chunk_spec().size
+    return length if size == -1 else min(size, length)
 
 
 def _frames(count: int) -> str:
@@ -522,12 +525,12 @@ def data_shapes(cfg: dict) -> dict:
     the memory estimate needs to build the model and its inputs. The model's defaults where it cannot be read."""
     from datasets.keypoints import read_keypoints
     try:
-        records = read_manifest(manifest_path(cfg["data"], "train"))
+        records = read_split(cfg["data"], "train")
         kpt = (tuple(read_keypoints(records[0].keypoints, [0]).shape[1:]) if cfg["data"]["load_kpt"]
                and records[0].keypoints else None)
         return {"num_views": len(records[0].views), "kpt_shape": kpt,
                 "num_classes": len(resolve_class_names(cfg["data"], records))}
-    except BAD_INPUT_ERRORS + (OSError, IndexError, TypeError) as e:
+    except BAD_INPUT_ERRORS + (OSError, IndexError) as e:
         views = 1 if cfg["model"]["view_fusion"] == "none" else 3
         log.warning("the training manifest cannot be read (%s): estimating for %d view(s), keypoints [17, 3], "
                     "10 classes", str(e).splitlines()[0], views)

@@ -45,27 +45,21 @@ def real_step(overrides: list[str], frames: int, batch: int) -> dict:
     import torch
 
     import memory_estimate
-    from chunked_forward import ChunkedTrainingForward, ChunkSpec
     from config import load_config
-    from datasets.transforms import InputPreparer
-    from models import build_model
-    from train import build_optimizer, training_loss
+    from train import build_optimizer
 
     torch.manual_seed(0)
     cfg = load_config(None, overrides)
     device = torch.device("cpu")
-    classifier = build_model(cfg["model"], 10).train()
-    model = ChunkedTrainingForward(classifier, InputPreparer(device, cfg["data"]["mean"], cfg["data"]["std"]).normalize)
+    project = memory_estimate.ProjectStep(cfg)  # the step the estimate runs, here on real tensors
+    classifier = project.classifier().train()
     optimizer = build_optimizer(classifier, cfg["train"])
     for group in optimizer.param_groups:
         group["foreach"] = True  # as on CUDA, where torch picks it: the step the estimate models
-    inputs = memory_estimate._step_inputs(cfg, frames, batch, 1, None, device)
-    spec = ChunkSpec(cfg["train"]["chunk_train_size"], cfg["train"]["chunk_train_overlap"])
-    criterion = torch.nn.CrossEntropyLoss()
+    inputs = project.inputs(frames, batch, device)
 
     def step():
-        loss = training_loss(model({"video": inputs["video"]}, spec), inputs, spec, cfg["train"], criterion)
-        loss.backward()
+        project.loss(classifier, inputs, device).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 

@@ -67,9 +67,13 @@ def _video_streams(path: str) -> list:
         return []
     try:
         with av.open(path) as container:
-            return [[s.codec_context.width, s.codec_context.height, int(s.frames)] for s in container.streams.video]
+            return _stream_list(container)
     except Exception:  # PyAV cannot read what OpenCV could: the stream list stays unknown
         return []
+
+
+def _stream_list(container) -> list:
+    return [[s.codec_context.width, s.codec_context.height, int(s.frames)] for s in container.streams.video]
 
 
 def _fourcc(cap: cv2.VideoCapture) -> str:
@@ -122,6 +126,7 @@ def _probe_with_pyav(path: str, codec: str) -> VideoInfo:
     import av
     try:
         with av.open(path) as container:
+            streams = _stream_list(container)
             stream = container.streams.video[0]
             frame = next(container.decode(stream), None)
             rate = stream.guessed_rate or stream.average_rate
@@ -135,7 +140,7 @@ def _probe_with_pyav(path: str, codec: str) -> VideoInfo:
         raise VideoReadError(f"{path}: PyAV finds no decodable frame, frame rate or frame count in its '{codec}' "
                              f"video; {REENCODE_HINT}")
     return VideoInfo(path, count, float(rate), frame.width, frame.height, codec, _regular_timestamps(path),
-                     _video_streams(path), opencv_decodes=False)
+                     streams, opencv_decodes=False)
 
 
 def _regular_timestamps(path: str) -> bool:
@@ -582,7 +587,7 @@ class ReaderCache:
         self._pid = os.getpid()
 
     def get(self, path: str, size, info: VideoInfo | None = None, decoder: str = "opencv") -> VideoReader:
-        if os.getpid() != self._pid:  # a forked DataLoader worker: the parent's readers are not ours (see below)
+        if os.getpid() != self._pid:  # a forked DataLoader worker: the parent's readers are not ours (_FORKED_READERS)
             _FORKED_READERS.extend(self._readers.values())
             self._readers.clear()
             self._pid = os.getpid()

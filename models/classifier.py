@@ -98,7 +98,7 @@ class VideoClassifier(nn.Module):
             raise ModelConfigError("a classifier needs an RGB backbone, a keypoint branch, or both")
         if view_fusion == "none" and num_views > 1:
             raise ModelConfigError(f"the data has {num_views} camera views but model.view_fusion is none; "
-                             f"set model.view_fusion to mean, concat or late")
+                                   f"set model.view_fusion to mean, concat or late")
         self.rgb, self.kpt = rgb, kpt
         self.view_fusion, self.num_views = view_fusion, num_views
         rgb_dim = 0 if rgb is None else rgb.feature_dim * (num_views if view_fusion == "concat" else 1)

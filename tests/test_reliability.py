@@ -279,3 +279,52 @@ def test_infer_refuses_the_manifest_lines_that_train_and_eval_refuse(trained_run
                       f"error: {tmp_path / 'm.jsonl'}:2: label 'zebra' is not a known class (down, grow, left, "
                       f"right, shrink, up)"]
     assert "(true: up)" in result.stdout  # the good line ran
+
+
+# ------------------------------------------------------------- the other new failure paths, one line each
+
+def test_a_checkpoint_of_another_format_is_refused_with_the_way_out(tmp_path):
+    save_checkpoint({"format": 99, "model": {}}, str(tmp_path / "new.pt"))
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(str(tmp_path / "new.pt"))
+    assert str(info.value) == (f"{tmp_path / 'new.pt'}: checkpoint format 99, but this code reads format 1; use "
+                               f"the version of this project that wrote it")
+
+
+def test_a_val_fraction_that_empties_a_side_is_refused(synthetic_root):
+    from datasets.manifest import ManifestError
+    from datasets.video_dataset import training_records
+    data = load_config(None, [f"data.data_dir={synthetic_root}", "data.val_fraction=0.0001"])["data"]
+    with pytest.raises(ManifestError) as info:
+        training_records(data)
+    assert str(info.value) == ("data.val_fraction=0.0001 leaves 18 training and 0 validation videos of 18; choose a "
+                               "fraction that leaves both")
+
+
+def test_a_global_batch_that_the_processes_cannot_share_is_refused():
+    from runtime import Runtime
+    cfg = load_config(os.path.join(ROOT, "configs", "quickstart.yaml"),
+                      ["trainer.memory_budget_gb=1", "data.batch_size=auto", "train.global_batch_size=15"])
+    with pytest.raises(ConfigError) as info:
+        train.fit_budget(cfg, Runtime(torch.device("cpu"), "32", 0, 2), {"num_views": 1, "kpt_shape": None,
+                                                                          "num_classes": 6})
+    assert str(info.value) == "train.global_batch_size=15 must be a multiple of the 2 processes"
+
+
+def test_infer_flag_and_checkpoint_choice_errors(trained_run, tmp_path):
+    best = os.path.join(trained_run[0], "checkpoints", "best.pt")
+    result = run(["infer_chunked.py", "--checkpoint", best, "--batch", "many"])
+    assert (result.returncode, result.stderr) == (2, "error: --batch many: expected a number of chunks, or auto\n")
+    result = run(["infer_chunked.py", "--checkpoint", best, "--topk", "0"])
+    assert (result.returncode, result.stderr) == (2, "error: --topk 0: must be >= 1\n")
+    (tmp_path / "p.yaml").write_text(f"base: {os.path.join(ROOT, 'configs', 'base.yaml')}\nexperiment: nothing\n"
+                                     f"trainer:\n  output_dir: {tmp_path}\n")
+    result = run(["infer_chunked.py", "--config", str(tmp_path / "p.yaml")])
+    assert (result.returncode, result.stderr) == (
+        2, f"error: --config {tmp_path / 'p.yaml'}: no {tmp_path}/nothing/latest/checkpoints/best.pt (experiment "
+           f"'nothing' has no trained run here); train it first or pass --checkpoint PATH\n")
+    result = run(["infer_chunked.py", "--checkpoint", best, "--chunk", "16", "--batch", "auto",
+                  "--memory-budget-gb", "0.000001", "--device", "cpu"])
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: --batch auto: even 1 chunk of 16 frames does not fit the ")
+    assert result.stderr.endswith("; use a shorter --chunk\n")
