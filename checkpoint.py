@@ -196,12 +196,12 @@ def restore_rng_state(state: dict) -> None:
 
 def load_trained_model(path: str, device: torch.device):
     """(model in eval mode on ``device``, the checkpoint's config, class names, the checkpoint dict)."""
-    from config import ConfigError, validate
+    from config import ConfigError, saved_config
     from models import ModelConfigError, build_model
 
     state = load_checkpoint(path)
     try:
-        cfg = validate(state["config"])
+        cfg = saved_config(state["config"])
     except (ConfigError, KeyError) as e:
         raise CheckpointError(f"{path}: its config does not fit this version of the code: {e}")
     class_names = list(state["class_names"])

@@ -9,12 +9,10 @@ fix it. The scripts print it and exit with code 2.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import difflib
 import importlib.util
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -82,7 +80,28 @@ SCHEMA: dict[str, Any] = {
                               "trainer.memory_budget_gb (train.py --probe-memory shows the estimates)", minimum=1,
                            also=("auto",)),
         "num_workers": _int(2, "DataLoader worker processes", minimum=0),
-        "img_size": Key(112, "size", "frame size after decoding: N (square) or [height, width]"),
+        "img_size": Key(112, "size", "the model's frame size, after resize and crop: N (square) or [height, width]"),
+        "resize": _choice("short_side", "short_side: keep the aspect ratio (short side to data.short_side), then crop "
+                                        "to img_size; stretch: decode straight to img_size", "short_side", "stretch"),
+        "short_side": _int(None, "decoded short side (resize: short_side); null = the least that holds the img_size "
+                                 "crop", minimum=1, nullable=True),
+        "test_crops": Key(1, "int", "spatial crops per clip at evaluation: 1 (centre) or 3 (along the long side)",
+                          1, 3, refused=((2, "use 1 (the centre) or 3 (start, centre, end of the long side)"),)),
+        "augment": Key(False, "bool", "training augmentation: random resized crop, flip, colour jitter (never at "
+                                      "evaluation)"),
+        "crop_scale": Key([0.35, 1.0], "list", "augment: area share of the decoded frame a random crop covers "
+                                                "[min, max]"),
+        "crop_ratio": Key([0.75, 1.3333], "list", "augment: aspect ratio of a random crop, relative to img_size's "
+                                                   "[min, max]"),
+        "flip": Key(True, "bool", "augment: horizontal flip with probability 0.5"),
+        "color_jitter": _float(0.0, "augment: brightness, contrast and saturation factors in [1-s, 1+s]; 0 = off",
+                               0.0, 1.0),
+        "flip_label_pairs": Key(None, "list", "augment: classes that swap when a clip is flipped, [[swipe_left, "
+                                              "swipe_right], ...]", nullable=True),
+        "kpt_coords": _choice("normalized", "keypoint x, y: normalized (0..1 of the frame) or pixels (of the "
+                                            "stored frame)", "normalized", "pixels"),
+        "kpt_flip_pairs": Key(None, "list", "augment + flip + keypoints: joint indices that swap in a flip, "
+                                            "[[5, 6], ...]; [] if no joint has a side", nullable=True),
         "num_frames": _int(16, "frames per clip; -1 = every frame of the sample window", minimum=1, also=(-1,)),
         "frame_stride": _int(1, "distance between the decoded frames of a clip", minimum=1),
         "load_rgb": Key(True, "bool", "decode video frames"),
@@ -90,8 +109,9 @@ SCHEMA: dict[str, Any] = {
         "max_video_frames": _int(None, "split videos into sample windows of at most this many frames; "
                                        "null = whole videos", minimum=1, nullable=True),
         "video_chunk_overlap": _int(0, "frames shared by consecutive sample windows", minimum=0),
-        "decoder": _choice("opencv", "video decoder: opencv, or pyav (same frames and pixels; random clips "
-                                     "1.7x faster in bench/loader.py; also reads AV1)", "opencv", "pyav"),
+        "decoder": _choice("auto", "video decoder: auto (the faster exact one for each codec and access pattern, "
+                                   "measured by bench/loader.py), opencv, or pyav (same frames and pixels; also reads "
+                                   "AV1)", "auto", "opencv", "pyav"),
         "on_bad_video": _choice("raise", "a video that cannot be read: stop, or log it and use another sample",
                                 "raise", "skip"),
         "index_cache": Key(None, "str", "JSON cache of video metadata; null = <trainer.output_dir>/.video_index.json",
@@ -139,7 +159,7 @@ SCHEMA: dict[str, Any] = {
                                        minimum=0),
         "keep_last_k": _int(2, "epoch checkpoints kept besides last.pt and best.pt", minimum=0),
         "monitor": _choice("val_video_acc", "metric that picks best.pt (higher is better)",
-                           "val_video_acc", "val_clip_acc", "val_top1"),
+                           "val_video_acc", "val_clip_acc"),
     },
     "trainer": {
         "precision": Key("32", "precision", "32 | 16 | bf16 (also 16-mixed, bf16-mixed); amp = 16 on CUDA, "
@@ -171,6 +191,27 @@ def defaults() -> dict:
     def build(node):
         return {k: build(v) if isinstance(v, dict) else copy.deepcopy(v.default) for k, v in node.items()}
     return build(SCHEMA)
+
+
+# keys added since a saved config may have been written, with the value that reproduces what the code did then
+# (before data.resize, every frame was stretched to data.img_size)
+_BEFORE_THE_KEY = {"data.resize": "stretch"}
+
+
+def saved_config(cfg: dict) -> dict:
+    """A config saved with a checkpoint, validated; keys it predates get the behaviour it was trained with (or
+    the default), so an older checkpoint evaluates as it was trained."""
+    full = defaults()
+    for dotted, value in _BEFORE_THE_KEY.items():
+        section, key = dotted.split(".")
+        if key not in cfg.get(section, {}):
+            full[section][key] = value
+    for section, values in cfg.items():
+        if isinstance(values, dict) and isinstance(full.get(section), dict):
+            full[section].update(values)
+        else:
+            full[section] = values
+    return validate(full)
 
 
 def _flat_keys(node: dict, prefix: str = "") -> list[str]:
@@ -289,6 +330,8 @@ def _check_value(spec: Key, value: Any, where: str) -> Any:
         if spec.nullable or spec.kind == "any":
             return None
         fail(_describe(spec))
+    if isinstance(value, (str, int, float)) and value in dict(spec.refused):
+        raise ConfigError(f"{where}: {dict(spec.refused)[value]}")
     kind = spec.kind
     if kind == "bool":
         if not isinstance(value, bool):
@@ -310,8 +353,6 @@ def _check_value(spec: Key, value: Any, where: str) -> Any:
         if not isinstance(value, str) or not value:
             fail("a non-empty string")
     elif kind == "choice":
-        if value in dict(spec.refused):
-            raise ConfigError(f"{where}: {dict(spec.refused)[value]}")
         if value not in spec.choices:
             raise ConfigError(f"{where}: {value!r} is not one of {', '.join(spec.choices)}")
     elif kind == "list":
@@ -382,6 +423,38 @@ def validate(cfg: dict, origins: dict | None = None) -> dict:
     return cfg
 
 
+def _number_pair(data: dict, key: str, origin: Callable[[str], str], low: float, high: float) -> None:
+    value = data[key]
+    if not (len(value) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+            and low < value[0] <= value[1] <= high):
+        raise ConfigError(f"{origin('data.' + key)}: data.{key} must be [min, max] with {low:g} < min <= max <= "
+                          f"{high:g}, got {value!r}")
+
+
+def _augmentation_checks(data: dict, origin: Callable[[str], str]) -> None:
+    _number_pair(data, "crop_scale", origin, 0.0, 1.0)
+    _number_pair(data, "crop_ratio", origin, 0.0, float("inf"))
+    for key in ("flip_label_pairs", "kpt_flip_pairs"):
+        pairs = data[key]
+        if pairs is not None and not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+            raise ConfigError(f"{origin('data.' + key)}: data.{key} must be a list of pairs such as [[a, b], [c, d]], "
+                              f"got {pairs!r}")
+    pairs = data["kpt_flip_pairs"] or []
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for p in pairs for v in p):
+        raise ConfigError(f"{origin('data.kpt_flip_pairs')}: data.kpt_flip_pairs holds joint indices (integers from "
+                          f"0), got {data['kpt_flip_pairs']!r}")
+    names = data["class_names"]
+    for pair in data["flip_label_pairs"] or []:
+        unknown = [str(v) for v in pair if names is not None and str(v) not in map(str, names)]
+        if unknown:
+            raise ConfigError(f"{origin('data.flip_label_pairs')}: data.flip_label_pairs names {', '.join(unknown)}, "
+                              f"not in data.class_names")
+    if data["augment"] and data["flip"] and data["load_kpt"] and data["kpt_flip_pairs"] is None:
+        raise ConfigError(f"{origin('data.augment')}: a horizontal flip must swap left and right joints of the "
+                          f"keypoints: set data.kpt_flip_pairs (joint index pairs, e.g. [[1, 2], [3, 4]]; [] if no "
+                          f"joint has a side), or data.flip: false")
+
+
 def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     data, train, model = cfg["data"], cfg["train"], cfg["model"]
     chunk, overlap = train["chunk_infer_size"], train["chunk_overlap"]
@@ -410,6 +483,7 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     if needs_kpt and not data["load_kpt"]:
         raise ConfigError(f"{origin('model.input_type')}: model.input_type={model['input_type']} needs keypoints; "
                           f"set data.load_kpt: true")
+    _augmentation_checks(data, origin)
     for name in ("mean", "std"):
         values = data[name]
         if len(values) != 3 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
@@ -451,35 +525,3 @@ def apply_flags(cfg: dict, flags: dict) -> dict:
 
 def dump(cfg: dict) -> str:
     return yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None)
-
-
-# --------------------------------------------------------------------------------------- command line
-
-def add_config_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
-    parser.add_argument("--config", required=required, help="YAML preset, e.g. configs/rtx5080.yaml")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a key, typed by YAML rules (repeatable): --set data.batch_size=8")
-    parser.add_argument("--use_amp", "--use-amp", action="store_true",
-                        help="mixed precision: fp16 + GradScaler on CUDA, bf16 on CPU")
-    parser.add_argument("--print-config", action="store_true",
-                        help="print the resolved, validated config and exit")
-
-
-def exit_on_usage_error(main: Callable[[], int | None], input_errors: tuple = ()) -> None:
-    """Run a script's main(); a ConfigError or one of ``input_errors`` (a bad file the user gave) becomes
-    one line on stderr and exit code 2, never a traceback."""
-    try:
-        code = main()
-    except (ConfigError, *input_errors) as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(code or 0)
-
-
-def one_line(error: Exception) -> str:
-    """The error's own message. One raised in a DataLoader worker comes back as "Caught X in DataLoader worker
-    process 0." plus the worker's traceback, whose last line ends with the original message."""
-    text = str(error)
-    if text.startswith("Caught ") and "Original Traceback" in text:
-        text = text.rstrip().splitlines()[-1].split(": ", 1)[-1]
-    return text

@@ -24,7 +24,8 @@ import torch
 from atomic_files import atomic_write_bytes
 from checkpoint import CheckpointError, load_trained_model
 from chunked_forward import AGGREGATIONS
-from config import apply_flags, exit_on_usage_error
+from cli import exit_on_usage_error
+from config import apply_flags
 from datasets.video_dataset import BAD_INPUT_ERRORS, BadInputReport, build_dataset, index_cache_for
 from datasets.transforms import InputPreparer
 from metrics import ClassificationMeter
@@ -105,7 +106,7 @@ def _video_name(dataset, video_index: int) -> str:
 
 def format_report(metrics: dict, class_names: list[str]) -> str:
     top5 = f"top-5 {metrics['top5']:.4f}" if len(class_names) > 5 else "top-5 n/a (5 classes or fewer)"
-    lines = [f"top-1 {metrics['top1']:.4f}  {top5}  clip-level acc {metrics['clip_acc']:.4f}  "
+    lines = [f"top-1 clip acc {metrics['clip_acc']:.4f}  {top5}  "
              f"video-level acc {metrics.get('video_acc', float('nan')):.4f}  mean class acc "
              f"{metrics['mean_class_acc']:.4f}  ({metrics['num_clips']} clips, {metrics.get('num_videos', 0)} videos)",
              f"{'class':>16s} {'precision':>9s} {'recall':>9s} {'f1':>9s}"]

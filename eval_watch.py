@@ -150,7 +150,7 @@ def watch_once(spec: WatchSpec, evaluate) -> tuple[int, int, int, int]:
             entry.update(status="ok", epoch=state.get("epoch"), global_step=state.get("global_step"),
                          metrics=metrics, class_names=class_names)
             log.info("%s: epoch %s step %s top-1 %.4f video acc %.4f", relative, state.get("epoch"),
-                     state.get("global_step"), metrics["top1"], metrics.get("video_acc", float("nan")))
+                     state.get("global_step"), metrics["clip_acc"], metrics.get("video_acc", float("nan")))
             evaluated += 1
         entry.update(seconds=round(time.perf_counter() - start, 3), time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         append_ledger(ledger, entry)

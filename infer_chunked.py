@@ -28,12 +28,14 @@ import memory_estimate
 import memory_monitor
 from checkpoint import CheckpointError, load_trained_model
 from chunked_forward import AGGREGATIONS, LogitAggregator, clip_length, inference_windows, slice_time
-from config import ConfigError, apply_flags, exit_on_usage_error, load_config
+from cli import exit_on_usage_error
+from config import ConfigError, apply_flags, load_config
 from datasets.video_dataset import BAD_INPUT_ERRORS, check_labels, manifest_path, segment_frames
+from datasets.clip_transform import ClipTransform, transform_keypoints
 from datasets.keypoints import KeypointError, read_keypoints
 from datasets.manifest import VIDEO_EXTENSIONS, ManifestError, VideoRecord, read_manifest
 from datasets.transforms import InputPreparer
-from datasets.video_reader import VideoReadError, open_reader, several_streams_note
+from datasets.video_reader import VideoReadError, open_reader, probe, several_streams_note
 from runtime import resolve_device, setup_logging, setup_runtime
 
 log = setup_logging()
@@ -174,8 +176,14 @@ class ChunkStream:
     def __init__(self, record: VideoRecord, data_cfg: dict, spec: InferenceSpec, prefetch: int = 2):
         """data_cfg: the frame size, stride, decoder and what to load (RGB, keypoints) of the config."""
         self.record, self.stride = record, data_cfg["frame_stride"]
-        self.readers = {name: open_reader(path, data_cfg["img_size"], threads=spec.decode_threads,
-                                          decoder=data_cfg["decoder"]) for name, path in record.views.items()}
+        # evaluation's geometry: aspect-true decode size and the centre crop (data.test_crops is eval.py's)
+        transform = ClipTransform({**data_cfg, "test_crops": 1}, training=False)
+        infos = {name: probe(path, data_cfg["decoder"]) for name, path in record.views.items()}
+        self.geometry = {name: transform.plan([(info.height, info.width)], None)[0] for name, info in infos.items()}
+        self.readers = {name: open_reader(path, self.geometry[name].decoded, threads=spec.decode_threads,
+                                          info=infos[name], decoder=data_cfg["decoder"], access="sequential")
+                        for name, path in record.views.items()}
+        self.kpt_coords = data_cfg["kpt_coords"]
         first = next(iter(self.readers.values()))
         for reader in self.readers.values():
             note = several_streams_note(reader.info)
@@ -209,8 +217,10 @@ class ChunkStream:
                 new = sorted({i for s, e in group for i in range(s, e)} - cache.keys())
                 if self.load_rgb and new:
                     for name, reader in self.readers.items():
+                        box = self.geometry[name].box
                         for i, frame in zip(new, reader.read([i * self.stride for i in new])):
-                            cache.setdefault(i, {})[name] = frame
+                            cache.setdefault(i, {})[name] = frame[box.top:box.top + box.height,
+                                                                  box.left:box.left + box.width]
                 tensors = {}
                 if self.load_rgb:
                     first_frame = cache[group[0][0]][next(iter(self.readers))]
@@ -223,8 +233,7 @@ class ChunkStream:
                     video = torch.from_numpy(video).permute(0, 1, 5, 2, 3, 4)  # [n, V, C, L, H, W], no copy
                     tensors["video"] = video[:, 0] if len(self.readers) == 1 else video
                 if self.load_kpt:
-                    tensors["kpt"] = torch.stack([torch.from_numpy(read_keypoints(
-                        self.record.keypoints, [i * self.stride for i in range(s, e)])) for s, e in group])
+                    tensors["kpt"] = torch.stack([torch.from_numpy(self._keypoints(s, e)) for s, e in group])
                 following = first + self.batch
                 keep_from = self.windows[following][0] if following < len(self.windows) else float("inf")
                 for i in [i for i in cache if i < keep_from]:
@@ -234,6 +243,13 @@ class ChunkStream:
             self._put(None)
         except BaseException as e:  # hand the error to the consumer
             self._put(e)
+
+    def _keypoints(self, start: int, end: int) -> np.ndarray:
+        """The keypoints of clip frames [start, end), following the first view's crop (as in training)."""
+        kpt = read_keypoints(self.record.keypoints, [i * self.stride for i in range(start, end)])
+        if not self.load_rgb:  # no frames, no geometry to follow (the dataset does the same)
+            return kpt
+        return transform_keypoints(kpt, next(iter(self.geometry.values())), self.kpt_coords)
 
     def _put(self, item) -> None:
         while not self.stopping.is_set():

@@ -61,7 +61,6 @@ class ClassificationMeter:
         present = support > 0
         result = {
             "clip_acc": float(correct.sum() / max(self.count, 1)),
-            "top1": float(correct.sum() / max(self.count, 1)),
             "top5": self.top5_hits / max(self.count, 1),
             "mean_class_acc": float(recall[present].mean()) if present.any() else 0.0,
             "precision": [float(v) for v in precision],

@@ -95,9 +95,11 @@ def eval_history_plot(entries: list[dict], path: str) -> str | None:
         return None
     entries = sorted((e for e in entries if e.get("status") == "ok"), key=lambda e: e.get("global_step") or 0)
     figure, axis = plt.subplots(figsize=(7.5, 4.2))
-    labels = {"top1": "top-1 clip accuracy", "video_acc": "video accuracy", "top5": "top-5 clip accuracy"}
+    labels = {"clip_acc": "top-1 clip accuracy", "video_acc": "video accuracy", "top5": "top-5 clip accuracy"}
+    # "top1": clip_acc's name in eval.jsonl entries written before 2026-11
+    metrics = [{"clip_acc": e["metrics"].get("top1"), **e["metrics"]} for e in entries]
     for key, label in labels.items():
-        points = [(e["global_step"], e["metrics"][key]) for e in entries if key in e["metrics"]]
+        points = [(e["global_step"], m[key]) for e, m in zip(entries, metrics) if m.get(key) is not None]
         if points:
             axis.plot(*zip(*points), marker="o", label=label)
     splits = sorted({e.get("split", "?") for e in entries})

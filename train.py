@@ -35,9 +35,10 @@ from checkpoint import (CheckpointError, TrainState, make_run_dir, point_latest_
                         unwrap_model)
 from chunked_forward import (ChunkedTrainingForward, ChunkSpec, aggregate_chunk_logits, chunk_labels, chunk_windows,
                              clip_length, forward_chunked)
-from config import ConfigError, add_config_arguments, dump, exit_on_usage_error, load_config
+from cli import add_config_arguments, exit_on_usage_error
+from config import ConfigError, dump, load_config
 from datasets.video_dataset import (BAD_INPUT_ERRORS, DATA_LAYOUTS, BadInputReport, before_workers_fork,
-                                    build_dataset, index_cache_for, read_split, resolve_class_names,
+                                    build_dataset, collate_samples, index_cache_for, read_split, resolve_class_names,
                                     training_records, worker_init)
 from datasets.sampler import EpochSampler
 from datasets.transforms import InputPreparer
@@ -56,7 +57,7 @@ def make_loader(dataset, cfg: dict, runtime: Runtime, batch_size: int, shuffle: 
                            world_size=runtime.world_size, pad=pad)
     before_workers_fork(data["num_workers"])
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler,
-                      num_workers=data["num_workers"], worker_init_fn=worker_init,
+                      num_workers=data["num_workers"], worker_init_fn=worker_init, collate_fn=collate_samples,
                       pin_memory=data["pin_memory"] and runtime.device.type == "cuda",
                       drop_last=False, persistent_workers=False)
 
@@ -100,6 +101,16 @@ def build_scheduler(optimizer, train_cfg: dict, steps_per_epoch: int, max_epochs
 
 
 @dataclass
+class RunReport:
+    """What a run tells besides its checkpoints and metrics: the log file, memory.csv, the skipped files, the clock."""
+    log_file: logging.Handler | None = None  # <run>/train.log: what the console shows, with timestamps
+    memory_log: CsvLog | None = None  # memory.csv
+    bad_inputs: BadInputReport | None = None  # skipped files and data warnings, reported once per run
+    started: float = field(default_factory=time.time)
+    last_progress: float = field(default_factory=time.time)  # the last progress line's time
+
+
+@dataclass
 class Trainer:
     """What every step needs, built once in main()."""
     model: torch.nn.Module  # a ChunkedTrainingForward around the classifier, possibly DDP-wrapped
@@ -116,11 +127,7 @@ class Trainer:
     state: TrainState
     pending_rng: dict | None = None
     stop_after_steps: int | None = None
-    memory_log: CsvLog | None = None
-    bad_inputs: BadInputReport | None = None  # skipped files and data warnings, reported once per run
-    log_file: logging.Handler | None = None  # <run>/train.log: what the console shows, with timestamps
-    started: float = field(default_factory=time.time)
-    last_progress: float = field(default_factory=time.time)  # the last progress line's time
+    report: RunReport = field(default_factory=RunReport)
 
     def checkpoint_dict(self) -> dict:
         return training_checkpoint(self.model, self.optimizer, self.scheduler, self.scaler, self.state, self.cfg,
@@ -168,8 +175,8 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
         tick = time.perf_counter()
         batch = _next_batch(iterator)
         totals["data_time"] += time.perf_counter() - tick
-        if trainer.bad_inputs is not None:
-            trainer.bad_inputs.take(batch)
+        if trainer.report.bad_inputs is not None:
+            trainer.report.bad_inputs.take(batch)
         group_size = min(accumulate, num_batches - group_start)
         need_update = batch_index + 1 == group_start + group_size
         group.append(batch)
@@ -189,8 +196,8 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
                 break
     progress.close()
     elapsed = time.perf_counter() - start
-    if trainer.bad_inputs is not None:
-        trainer.bad_inputs.end_epoch(state.epoch + 1)
+    if trainer.report.bad_inputs is not None:
+        trainer.report.bad_inputs.end_epoch(state.epoch + 1)
     return {"train_loss": state.epoch_loss_sum / max(state.epoch_clips, 1), "train_clips_per_s": totals["clips"] / elapsed,
             "data_time_share": totals["data_time"] / elapsed, "lr": trainer.scheduler.get_last_lr()[0],
             "skipped_steps": state.skipped_steps, "clips_per_forward": _clips_per_forward(trainer),
@@ -436,9 +443,9 @@ def _after_step(trainer: Trainer, totals: dict, start: float, progress) -> None:
     if every and state.global_step % every == 0:
         trainer.save("last.pt")
     due = (state.global_step % train_cfg["log_every"] == 0
-           or time.time() - trainer.last_progress >= PROGRESS_EVERY_S)  # a line a minute at least: nohup/cron logs
+           or time.time() - trainer.report.last_progress >= PROGRESS_EVERY_S)  # a line a minute at least: nohup/cron logs
     if due and runtime.is_main:
-        trainer.last_progress = time.time()
+        trainer.report.last_progress = time.time()
         snap = memory_monitor.snapshot(runtime.device)
         elapsed = time.perf_counter() - start
         loss = state.epoch_loss_sum / max(state.epoch_clips, 1)
@@ -446,8 +453,8 @@ def _after_step(trainer: Trainer, totals: dict, start: float, progress) -> None:
         log.info("epoch %d step %d (%d/%d) loss %.4f lr %.2e clips/s %.1f data %.0f%% %s", state.epoch + 1,
                  state.global_step, state.batches_done, progress.total, loss, trainer.scheduler.get_last_lr()[0],
                  totals["clips"] / elapsed, 100 * totals["data_time"] / elapsed, memory_monitor.compact(snap))
-        if trainer.memory_log is not None:
-            trainer.memory_log.write({"epoch": state.epoch + 1, "step": state.global_step, **snap})
+        if trainer.report.memory_log is not None:
+            trainer.report.memory_log.write({"epoch": state.epoch + 1, "step": state.global_step, **snap})
 
 
 @torch.inference_mode()
@@ -647,9 +654,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         return save_after_interrupt(trainer, args)
     finally:
-        if trainer.log_file is not None:
-            log.removeHandler(trainer.log_file)
-            trainer.log_file.close()
+        if trainer.report.log_file is not None:
+            log.removeHandler(trainer.report.log_file)
+            trainer.report.log_file.close()
         if runtime.distributed:
             torch.distributed.destroy_process_group()
     return 0
@@ -690,7 +697,7 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None, s
     trainer = Trainer(model=wrapped, optimizer=optimizer, scheduler=scheduler, scaler=scaler, prepare=prepare,
                       runtime=runtime, cfg=cfg, run_dir=run_dir, class_names=class_names, data_info=data_info,
                       criterion=criterion, state=state, pending_rng=pending_rng, stop_after_steps=stop_after_steps,
-                      bad_inputs=BadInputReport(train_set, val_set))
+                      report=RunReport(bad_inputs=BadInputReport(train_set, val_set)))
     if runtime.is_main:
         _start_run_files(trainer, len(train_set))
     return trainer, train_loader, val_loader
@@ -729,14 +736,14 @@ def _model_on_device(cfg: dict, runtime: Runtime, num_classes: int, data_info: d
 def _start_run_files(trainer: Trainer, num_samples: int) -> None:
     """train.log, stale temporary files removed, the resolved config.yaml, memory.csv, the run's first line."""
     run_dir, cfg, runtime = trainer.run_dir, trainer.cfg, trainer.runtime
-    trainer.log_file = attach_run_log(run_dir)
+    trainer.report.log_file = attach_run_log(run_dir)
     removed = remove_stale_temp_files(run_dir, recursive=True)
     if removed:
         log.warning("removed %d temporary file(s) left by writers that were killed: %s", len(removed),
                     ", ".join(removed))
     atomic_write_bytes(os.path.join(run_dir, "config.yaml"),
                        dump({**cfg, "trainer": {**cfg["trainer"], "precision": runtime.precision}}).encode())
-    trainer.memory_log = CsvLog(os.path.join(run_dir, "memory.csv"))
+    trainer.report.memory_log = CsvLog(os.path.join(run_dir, "memory.csv"))
     global_batch = cfg["data"]["batch_size"] * cfg["train"]["accumulate_grad_batches"] * runtime.world_size
     log.info("run %s | %s on %s, precision %s | %d training samples, %d classes | global batch %d = %d x %d "
              "accumulated x %d processes", run_dir, cfg["model"]["backbone"], runtime.device, runtime.precision,
@@ -755,8 +762,8 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
         train_loader.sampler.set_epoch(state.epoch, start=state.batches_done * cfg["data"]["batch_size"])
         row = {"epoch": state.epoch + 1, **train_one_epoch(trainer, train_loader)}
         mid_epoch_memory = row.pop("memory")
-        if trainer.memory_log is not None:  # at least one memory row per epoch, whatever train.log_every is
-            trainer.memory_log.write({"epoch": state.epoch + 1, "step": state.global_step,
+        if trainer.report.memory_log is not None:  # at least one memory row per epoch, whatever train.log_every is
+            trainer.report.memory_log.write({"epoch": state.epoch + 1, "step": state.global_step,
                                       **memory_monitor.snapshot(runtime.device)})
         if trainer.stop_after_steps and state.global_step >= trainer.stop_after_steps:
             trainer.save("last.pt")
@@ -765,7 +772,7 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
         _stop_if_asked()
         if val_loader is not None and _validation_due(cfg, state.epoch):
             metrics = evaluate(trainer.model, val_loader, trainer.prepare, runtime, cfg["train"],
-                               len(trainer.class_names), trainer.bad_inputs)
+                               len(trainer.class_names), trainer.report.bad_inputs)
             row.update({f"val_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
             confusion = metrics["confusion"]
         if mid_epoch_memory is not None:
@@ -786,7 +793,7 @@ def _end_epoch(trainer: Trainer, row: dict, metrics_log) -> None:
     state, cfg = trainer.state, trainer.cfg
     state.epoch += 1
     state.batches_done, state.epoch_loss_sum, state.epoch_clips = 0, 0.0, 0
-    row.update(time=time.strftime("%Y-%m-%dT%H:%M:%S"), elapsed_s=round(time.time() - trainer.started, 3))
+    row.update(time=time.strftime("%Y-%m-%dT%H:%M:%S"), elapsed_s=round(time.time() - trainer.report.started, 3))
     state.history.append(row)
     improved = cfg["train"]["monitor"] in row and row[cfg["train"]["monitor"]] > state.best_metric
     if improved:
@@ -803,8 +810,8 @@ def _end_epoch(trainer: Trainer, row: dict, metrics_log) -> None:
 
 def _end_run(trainer: Trainer, confusion: list | None) -> None:
     state, cfg = trainer.state, trainer.cfg
-    if trainer.bad_inputs is not None:
-        trainer.bad_inputs.end_run()
+    if trainer.report.bad_inputs is not None:
+        trainer.report.bad_inputs.end_run()
     if trainer.runtime.is_main and state.history:
         validated = [row["epoch"] for row in state.history if "val_clip_acc" in row]
         plots.training_plots(trainer.run_dir, trainer.class_names, confusion, cfg["train"]["monitor"],

@@ -25,6 +25,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+from worker import parse_or_measure  # noqa: E402  (bench/, the script's folder)
 
 CACHE = os.path.join(ROOT, "bench", ".cache")
 
@@ -116,12 +117,8 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="CPU threads of the model: on a CPU-only machine, decode and compute overlap only if "
                              "they do not both want every core")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--video", help=argparse.SUPPRESS)
-    parser.add_argument("--mode", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(measure(args)))
+    args = parse_or_measure(parser, measure, video=str, mode=str)
+    if args is None:
         return
     from datasets.synthetic import write_h264
     os.makedirs(CACHE, exist_ok=True)

@@ -1,7 +1,10 @@
 """Loader benchmark: this project's reader (both decoders) against plain OpenCV and PyAV seek-and-decode.
 
-    python bench/loader.py                 # 640x360 and 1280x720, 3,000 frames each (written once to bench/.cache)
-    python bench/loader.py --frames 1500 --sizes 640x360
+    python bench/loader.py                 # everything below (videos written once to bench/.cache)
+    python bench/loader.py --part codecs --frames 1500   # H.264 360p/720p, H.265, MPEG-4 AVI, VP9: random clips,
+                                                         # windows, sequential passes; opencv, pyav and auto
+    python bench/loader.py --part samples  # the training sample end to end: decode + geometry + augmentation
+    python bench/loader.py --part h264 --frames 1500 --sizes 640x360
 
 Videos: H.264, GOP 250, 3 B-frames, moving shapes over a textured background. Every reader decodes with one
 thread (the DataLoader worker setting). Printed per size, in frames per second and as ratios, modes interleaved
@@ -23,6 +26,7 @@ import time
 
 import cv2
 import numpy as np
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -73,9 +77,9 @@ def plain_window_floor(path: str, windows) -> int:
     return count
 
 
-def reader_reads(decoder: str, size=None):
+def reader_reads(decoder: str, size=None, access: str = "random"):
     def run(path: str, reads) -> int:
-        with open_reader(path, size, threads=1, decoder=decoder) as reader:
+        with open_reader(path, size, threads=1, decoder=decoder, access=access) as reader:
             return sum(len(reader.read(frames)) for frames in reads)
     return run
 
@@ -135,6 +139,75 @@ def print_table(title: str, fps: dict, baseline: str) -> None:
         print(f"    {name:<42} {value:8.1f}  {value / fps[baseline]:5.2f}x")
 
 
+# the loader benchmark's codecs: (write_h264 codec, extension, width, height)
+CODEC_VIDEOS = {"H.264 640x360": ("h264", "mp4", 640, 360), "H.264 1280x720": ("h264", "mp4", 1280, 720),
+                "H.265 640x360": ("hevc", "mp4", 640, 360), "MPEG-4 AVI 640x360": ("mpeg4", "avi", 640, 360), "VP9 640x360": ("vp9", "webm", 640, 360)}
+
+
+def codec_rows(frames: int, count: int, repeat: int, rng) -> None:
+    """Every codec, every access pattern: the project's decoders (auto included) against the plain recipe."""
+    for title, (codec, ext, width, height) in CODEC_VIDEOS.items():
+        path = write_h264(os.path.join(CACHE, f"{codec}_{width}x{height}_{frames}.{ext}"), frames, width, height,
+                          codec=codec)
+        clips = [int(rng.integers(0, frames - 32)) + np.arange(0, 32, 2) for _ in range(count)]
+        dense = [range(s, s + 64) for s in rng.integers(0, frames - 64, size=count // 2)]
+        passes = [range(s, min(s + 64, frames)) for s in range(0, frames, 64)]
+        print(f"\n{title}, {frames} frames; fastest of {repeat} interleaved rounds")
+        for pattern, reads, access in (("random 16-frame clips at stride 2", clips, "random"),
+                                       ("random 64-frame windows", dense, "random"),
+                                       ("sequential pass in 64-frame windows", passes, "sequential")):
+            modes = {"PyAV seek+decode": (pyav_clips, reads)} if access == "random" else \
+                {"plain cv2 read(), every frame dropped": (plain_sequential, reads)}
+            modes.update({f"reader, {decoder}": (reader_reads(decoder, access=access), reads)
+                          for decoder in ("opencv", "pyav", "auto")})
+            print_table(pattern, fastest(modes, path, repeat), next(iter(modes)))
+
+
+def sample_path(frames: int, count: int, repeat: int, rng) -> None:
+    """The training sample end to end, one worker: decode + aspect-true resize + random resized crop + flip + colour
+    jitter, for the rtx5080 clip (40 frames at stride 2, 160x210) from a long 640x360 H.264 video."""
+    from config import load_config
+    from datasets.manifest import VideoRecord
+    from datasets.video_dataset import VideoWindowDataset
+    from datasets.clip_transform import ClipTransform
+    path = write_h264(os.path.join(CACHE, f"h264_640x360_{frames}.mp4"), frames, 640, 360)
+    data = load_config(os.path.join(ROOT, "configs", "rtx5080.yaml"),
+                       ["data.augment=true", "data.color_jitter=0.2", "data.index_cache=null",
+                        "data.max_video_frames=200"])["data"]
+    samples = {decoder: VideoWindowDataset([VideoRecord({"video": path}, label="a", where="bench")], ["a"],
+                                           {**data, "decoder": decoder}, training=True)
+               for decoder in ("opencv", "pyav", "auto")}
+    order = rng.permutation(len(samples["auto"]))[:count]
+    placed = [samples["auto"][int(i)]["frame_indices"].numpy() for i in order]  # the same clips for the recipe
+
+    def dataset_reads(decoder):
+        def run(_, indices) -> int:
+            return sum(samples[decoder][int(i)]["video"].shape[1] for i in indices)
+        return run
+    modes = {"PyAV seek+decode (full size, no transform)": (pyav_clips, placed)}
+    modes.update({f"dataset sample, {decoder}": (dataset_reads(decoder), order) for decoder in samples})
+    print(f"\ntraining samples: {data['num_frames']} frames at stride {data['frame_stride']} -> "
+          f"{data['img_size'][0]}x{data['img_size'][1]} from 640x360 H.264 ({frames} frames, {len(order)} samples), "
+          f"augment on (random resized crop, flip, colour jitter 0.2), one process")
+    print_table("decode + geometry + augmentation", fastest(modes, path, repeat), next(iter(modes)))
+    # the transform's own cost per clip, beside the decode's
+    transform = ClipTransform(data, training=True)
+    with open_reader(path, transform.decode_size(360, 640), threads=1, decoder="auto") as reader:
+        start = time.perf_counter()
+        decoded = [reader.read(indices) for indices in placed]
+        decode_ms = (time.perf_counter() - start) * 1000 / len(placed)
+    for colour in (False, True):
+        start = time.perf_counter()
+        for k, frames_ in enumerate(decoded):
+            clip_rng = np.random.default_rng(k)
+            [plan] = transform.plan([(360, 640)], clip_rng)
+            transform.frames(torch.from_numpy(frames_).permute(0, 3, 1, 2), plan,
+                             transform.colour_factors(clip_rng) if colour else None)
+        ms = (time.perf_counter() - start) * 1000 / len(decoded)
+        print(f"    augmentation {'with' if colour else 'without'} colour jitter: {ms:6.2f} ms a clip "
+              f"(decode at {transform.decode_size(360, 640)}: {decode_ms:6.2f} ms a clip)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frames", type=int, default=3000, help="frames per benchmark video")
@@ -143,6 +216,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="interleaved rounds; the fastest counts")
     parser.add_argument("--train-size", default="160x210", help="HEIGHTxWIDTH of the resized full-pass row "
                                                                   "(the rtx5080 preset's img_size)")
+    parser.add_argument("--part", choices=("all", "h264", "codecs", "samples"), default="all",
+                        help="h264: the H.264 table and memory; codecs: every codec and access pattern; samples: the "
+                             "training sample path")
     args = parser.parse_args()
     os.makedirs(CACHE, exist_ok=True)
     try:
@@ -154,6 +230,12 @@ def main() -> None:
     train_size = tuple(map(int, args.train_size.split("x")))
     rng = np.random.default_rng(0)
     print(f"opencv {cv2.__version__}, {versions}, {os.cpu_count()} CPUs, one decoder thread everywhere")
+    if args.part in ("all", "codecs"):
+        codec_rows(args.frames, args.clips, args.repeat, rng)
+    if args.part in ("all", "samples"):
+        sample_path(6000, args.clips, args.repeat, rng)
+    if args.part not in ("all", "h264"):
+        return
     for size in args.sizes.split(","):
         width, height = map(int, size.split("x"))
         path = write_h264(os.path.join(CACHE, f"h264_{width}x{height}_{args.frames}.mp4"), args.frames, width, height)

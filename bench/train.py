@@ -20,6 +20,8 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from worker import parse_or_measure  # noqa: E402  (bench/, the script's folder)
+
 
 def measure(args) -> dict:
     import torch
@@ -54,12 +56,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12, help="optimizer steps per variant")
     parser.add_argument("--repeat", type=int, default=2, help="runs per variant; the fastest is kept")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--precision", help=argparse.SUPPRESS)
-    parser.add_argument("--checkpointing", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(measure(args)))
+    args = parse_or_measure(parser, measure, precision=str, checkpointing=str)
+    if args is None:
         return
     import torch
     cuda = torch.cuda.is_available()

@@ -26,6 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 MB = 2 ** 20
 
+from worker import parse_or_measure  # noqa: E402  (bench/, the script's folder)
+
 
 def _status_kb(field: str) -> int:
     with open("/proc/self/status") as f:
@@ -94,12 +96,8 @@ def main() -> None:
     parser.add_argument("--overlap", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=3, help="timed steps after the measured one; the fastest kept")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--chunk", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(measure(args)))
+    args = parse_or_measure(parser, measure, length=int, chunk=int)
+    if args is None:
         return
     if args.device is None:
         import torch

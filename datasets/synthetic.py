@@ -257,20 +257,31 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-def write_h264(path: str, frames: int, width: int, height: int, fps: int = 25) -> str:
-    """A camera-like H.264 file (moving texture and shapes, GOP 250, 3 B-frames) for the benchmarks; kept if it
-    exists. Needs PyAV (OpenCV's wheel cannot encode H.264)."""
+# the benchmarks' codecs: (PyAV encoder, options). GOPs as cameras and downloads have them: H.264 and VP9 long
+# (250 frames) with B-frames / alt-ref frames, MPEG-4 Part 2 in AVI short (12), as older tools write it
+CAMERA_CODECS = {
+    "h264": ("libx264", {"g": "250", "keyint_min": "250", "bf": "3", "sc_threshold": "0", "preset": "veryfast",
+                         "crf": "23"}),
+    "hevc": ("libx265", {"g": "250", "bf": "3", "preset": "veryfast", "crf": "28", "x265-params": "log-level=error"}),
+    "mpeg4": ("mpeg4", {"g": "12", "bf": "2", "qscale": "4"}),
+    "vp9": ("libvpx-vp9", {"g": "250", "deadline": "realtime", "cpu-used": "8", "crf": "32", "b": "0"}),
+}
+
+
+def write_h264(path: str, frames: int, width: int, height: int, fps: int = 25, codec: str = "h264") -> str:
+    """A camera-like video (moving texture and shapes) for the benchmarks, in ``codec`` (CAMERA_CODECS; the
+    container follows the path's extension); kept if it exists. Needs PyAV (OpenCV's wheel cannot encode H.264)."""
     if os.path.exists(path):
         return path
     import av
     rng = np.random.default_rng(0)
     texture = cv2.resize(rng.integers(0, 255, (height // 8, width // 8, 3), dtype=np.uint8), (width, height))
-    tmp = path + ".tmp.mp4"
+    tmp = path + ".tmp" + os.path.splitext(path)[1]
+    encoder, options = CAMERA_CODECS[codec]
     with av.open(tmp, "w") as container:
-        stream = container.add_stream("libx264", rate=fps)
+        stream = container.add_stream(encoder, rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.options = {"g": "250", "keyint_min": "250", "bf": "3", "sc_threshold": "0", "preset": "veryfast",
-                          "crf": "23"}
+        stream.options = dict(options)
         for t in range(frames):
             frame = np.roll(texture, t * 2, axis=1).copy()
             for k in range(4):

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
+from datasets.clip_transform import ClipTransform, flip_label
 from datasets.keypoints import KeypointError, keypoint_length, read_keypoints
 from datasets.manifest import ManifestError, VideoRecord, read_manifest
 from datasets.video_reader import ReaderCache, VideoIndexCache, VideoReadError, several_streams_note
@@ -52,18 +53,15 @@ class BadInputReport:
         self.seen: set[str] = set()
 
     def take(self, batch: dict) -> None:
-        for text in batch.pop("notes", []):
-            for note in filter(None, text.split("\n")):
-                if note not in self.seen:
-                    self.seen.add(note)
-                    log.warning("%s", note)
-        for text in batch.pop("skipped", []):
-            for line in filter(None, text.split("\n")):
-                path, reason = line.split("\t", 1)
-                if path not in self.skipped:
-                    log.warning("skipping %s", reason)
-                self.skipped.setdefault(path, reason)
-                self.epoch.setdefault(path, reason)
+        for note in batch.pop("notes", []):
+            if note not in self.seen:
+                self.seen.add(note)
+                log.warning("%s", note)
+        for path, reason in batch.pop("skipped", {}).items():
+            if path not in self.skipped:
+                log.warning("skipping %s", reason)
+            self.skipped.setdefault(path, reason)
+            self.epoch.setdefault(path, reason)
 
     def end_epoch(self, epoch: int) -> None:
         listed = {**self.indexed, **self.epoch}
@@ -79,6 +77,18 @@ class BadInputReport:
     @staticmethod
     def _text(files: dict) -> str:
         return "; ".join(f"{path} ({reason})" for path, reason in sorted(files.items()))
+
+
+def collate_samples(samples: list[dict]) -> dict:
+    """default_collate for the tensors; the samples' reports (``skipped``: file -> reason, ``notes``: warnings)
+    merged as they are, for BadInputReport (default_collate would transpose them, or fail on unequal lengths)."""
+    reports = [(s.pop("skipped", {}), s.pop("notes", [])) for s in samples]
+    batch = default_collate(samples)
+    batch["skipped"] = {path: reason for skipped, _ in reports for path, reason in skipped.items()}
+    batch["notes"] = [note for _, notes in reports for note in notes]
+    return batch
+
+
 _READERS = ReaderCache(capacity=4, threads=1)  # per process: each DataLoader worker has its own
 
 
@@ -106,7 +116,8 @@ class VideoWindowDataset(Dataset):
         self.records, self.class_names = records, list(class_names)
         self.class_index = {name: i for i, name in enumerate(self.class_names)}
         self.cfg, self.training, self.seed, self.epoch = data_cfg, training, seed, 0
-        self.size = data_cfg["img_size"]
+        self.transform = ClipTransform(data_cfg, training)  # decode size, crops, augmentation
+        self.crops = self.transform.crops  # evaluation crops per sample window (data.test_crops), each a sample
         self.skipped: dict[str, str] = {}  # file -> error, for samples dropped at index time
         self.video_info: dict = {}  # path -> VideoInfo from the index: readers in the workers do not probe again
         self.fps: dict[str, float] = {}  # first view's path -> frame rate (segments given in seconds)
@@ -114,6 +125,11 @@ class VideoWindowDataset(Dataset):
         self.lengths = [self._record_length(r, cache) for r in records]
         cache.save()
         self.view_names = self._check_views()
+        for pair in data_cfg["flip_label_pairs"] or []:
+            unknown = [str(name) for name in pair if str(name) not in self.class_index]
+            if unknown:
+                raise ManifestError(f"data.flip_label_pairs names {', '.join(unknown)}, not a class of the data "
+                                    f"({', '.join(self.class_names)})")
         self.windows = [w for i, r in enumerate(records) if self.lengths[i] > 0 for w in self._windows_of(i, r)]
         if not self.windows:
             raise ManifestError(f"{records[0].where.rsplit(':', 1)[0]}: no usable samples")
@@ -181,7 +197,7 @@ class VideoWindowDataset(Dataset):
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return len(self.windows)
+        return len(self.windows) * self.crops
 
     def __getitem__(self, index: int) -> dict:
         skipped: dict[str, str] = {}
@@ -191,7 +207,7 @@ class VideoWindowDataset(Dataset):
                 sample = self._load(candidate)
                 break
             except BAD_INPUT_ERRORS as e:
-                record = self.records[self.windows[candidate].record]
+                record = self.records[self.windows[candidate // self.crops].record]
                 if self.cfg["on_bad_video"] == "raise":
                     raise type(e)(f"{e} (sample at {record.where})") from None
                 skipped[record.first_path] = f"{e} (sample at {record.where})"
@@ -199,13 +215,12 @@ class VideoWindowDataset(Dataset):
             raise VideoReadError(f"{len(skipped)} consecutive samples failed to load (data.on_bad_video: skip), the "
                                  f"last: {list(skipped.values())[-1]}; check the data")
         # reported by the main process (BadInputReport): once per run, whichever worker met it
-        sample["skipped"] = "\n".join(f"{path}\t{reason}" for path, reason in skipped.items())
-        sample["notes"] = "\n".join(_WORKER_NOTES)
+        sample["skipped"], sample["notes"] = skipped, list(_WORKER_NOTES)
         _WORKER_NOTES.clear()
         return sample
 
     def _load(self, index: int) -> dict:
-        window = self.windows[index]
+        window = self.windows[index // self.crops]
         record = self.records[window.record]
 
         def place_clip(end: int) -> np.ndarray:
@@ -214,32 +229,53 @@ class VideoWindowDataset(Dataset):
 
         indices, frames = place_clip(window.end), []
         if self.cfg["load_rgb"]:
-            readers = [_READERS.get(path, self.size, self.video_info.get(path), self.cfg["decoder"])
-                       for path in record.views.values()]
-            end = min([window.end] + [r.num_frames for r in readers])
-            while True:  # at most twice: a read can find the video shorter than its container says
-                if end <= window.start:
-                    raise VideoReadError(f"{record.first_path}: the video ends at frame {end}, before this "
-                                         f"sample window [{window.start}, {window.end})")
-                indices = place_clip(end)
-                frames = [r.read(indices) for r in readers]
-                real_end = min(r.num_frames for r in readers)
-                if real_end >= end:
-                    break
-                end = real_end  # shrink the window to the frames that exist
+            indices, frames = self._read_frames(record, window, place_clip)
+        # augmentation draws its own stream: the clip's placement stays what it was without augmentation
+        rng = np.random.default_rng([self.seed, self.epoch, index, 1]) if self.training else None
+        plans = self.transform.plan(self._sources(record), rng, index % self.crops) if frames else []
+        flipped = bool(plans and plans[0].flipped)
+        pairs = self.cfg["flip_label_pairs"]
+        frame_labels = self._frame_labels(window, indices)
+        if flipped and pairs:
+            frame_labels = np.array([flip_label(int(c), True, self.class_names, pairs) for c in frame_labels])
         sample = {
-            "label": window.label,
+            "label": flip_label(window.label, flipped, self.class_names, pairs),
             "video_index": window.record,
             "window": torch.tensor([window.start, window.end]),
             "frame_indices": torch.from_numpy(indices),
-            "frame_labels": torch.from_numpy(self._frame_labels(window, indices)),
+            "frame_labels": torch.from_numpy(frame_labels),
         }
         if frames:
-            views = [torch.from_numpy(f).permute(3, 0, 1, 2) for f in frames]  # each [C, T, H, W] uint8
+            colour = self.transform.colour_factors(rng)
+            views = [self.transform.frames(torch.from_numpy(f).permute(0, 3, 1, 2), plan, colour).permute(1, 0, 2, 3)
+                     for f, plan in zip(frames, plans)]  # each [C, T, H, W] uint8
             sample["video"] = views[0] if len(views) == 1 else torch.stack(views)
         if self.cfg["load_kpt"]:
-            sample["kpt"] = torch.from_numpy(_keypoints_of(record, indices))
+            kpt = _keypoints_of(record, indices)
+            # keypoints follow the first view's geometry; without frames there is none to follow
+            sample["kpt"] = torch.from_numpy(self.transform.keypoints(kpt, plans[0]) if plans else kpt)
         return sample
+
+    def _sources(self, record: VideoRecord) -> list[tuple[int, int]]:
+        """Each view's stored (height, width)."""
+        return [(self.video_info[path].height, self.video_info[path].width) for path in record.views.values()]
+
+    def _read_frames(self, record: VideoRecord, window: SampleWindow, place_clip) -> tuple[np.ndarray, list]:
+        """(frame indices, each view's frames [T, H, W, 3] at its decode size)."""
+        readers = [_READERS.get(path, self.transform.decode_size(*source), self.video_info.get(path),
+                                self.cfg["decoder"]) for path, source in zip(record.views.values(),
+                                                                             self._sources(record))]
+        end = min([window.end] + [r.num_frames for r in readers])
+        while True:  # at most twice: a read can find the video shorter than its container says
+            if end <= window.start:
+                raise VideoReadError(f"{record.first_path}: the video ends at frame {end}, before this "
+                                     f"sample window [{window.start}, {window.end})")
+            indices = place_clip(end)
+            frames = [r.read(indices) for r in readers]
+            real_end = min(r.num_frames for r in readers)
+            if real_end >= end:
+                return indices, frames
+            end = real_end  # shrink the window to the frames that exist
 
     @staticmethod
     def _frame_labels(window: SampleWindow, indices: np.ndarray) -> np.ndarray:

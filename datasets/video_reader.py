@@ -10,6 +10,7 @@ sequentially from then on (logged once): never a wrong frame in silence.
 """
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import logging
@@ -109,7 +110,7 @@ def probe(path: str, decoder: str = "opencv") -> VideoInfo:
             raise VideoReadError(f"{path}: the container reports no frames ({codec}); {REENCODE_HINT}")
         ok, frame = cap.read()
         if not ok or frame is None:
-            if decoder == "pyav":
+            if decoder in ("pyav", "auto"):
                 return _probe_with_pyav(path, codec)
             raise VideoReadError(f"{path}: OpenCV opens this file but cannot decode its '{codec}' video "
                                  f"(its FFmpeg build lacks a decoder); {REENCODE_HINT}, or set data.decoder: "
@@ -195,7 +196,7 @@ class VideoIndexCache:
         entry = self.entries.get(key)
         if entry and entry.get("stamp") == stamp and entry["info"].keys() == VideoInfo.__dataclass_fields__.keys():
             info = VideoInfo(**entry["info"])
-            if info.opencv_decodes or decoder == "pyav":
+            if info.opencv_decodes or decoder in ("pyav", "auto"):
                 return info
         info = probe(path, decoder)
         self.entries[key] = {"stamp": stamp, "info": asdict(info)}
@@ -377,7 +378,8 @@ class VideoReader:
 
 
 _PYAV_UNRELIABLE: set[str] = set()  # PyAV timestamps found not to number frames one by one: OpenCV reads it
-DECODERS = ("opencv", "pyav")
+DECODERS = ("opencv", "pyav")  # the two exact decoders; data.decoder may also say auto (choose_decoder)
+ACCESS_PATTERNS = ("random", "sequential")  # a dataset's clips and windows; a pass over the whole file (inference)
 
 
 class _TimestampsUnreliable(Exception):
@@ -539,11 +541,43 @@ class PyAVReader(VideoReader):
         context.skip_frame = "DEFAULT"
 
 
+# Codec families by the FourCC OpenCV reports (the probe's VideoInfo.codec)
+_CODEC_FAMILIES = {"h264": ("h264", "avc1", "avc3", "x264", "davc"), "hevc": ("hevc", "hev1", "hvc1", "h265"),
+                   "mpeg4": ("fmp4", "xvid", "divx", "dx50", "mp4v"), "vp9": ("vp90", "vp09"), "vp8": ("vp80",)}
+# data.decoder: auto, from bench/loader.py --part codecs (2-core CPU, one decoder thread, 2026-11-22; pyav's
+# frames/s over opencv's): random 16-frame clips and 64-frame windows go to PyAV, whose seek to the right keyframe
+# and skipped non-reference frames win on H.264 (360p 1.63x / 1.21x, 720p 1.54x / 1.55x), H.265 (1.58x / 1.28x)
+# and VP9 (1.02x / 1.10x); MPEG-4 Part 2 in AVI stays with OpenCV (PyAV's timestamps there failed the exactness
+# check: the pyav reader fell back to OpenCV, 1.0x, after a warning). A sequential pass goes to OpenCV: the two
+# were within 7% either way (0.93-1.07x) on every codec.
+AUTO_DECODER = {"random": {"h264": "pyav", "hevc": "pyav", "vp9": "pyav"}, "sequential": {}}
+
+
+def codec_family(info: VideoInfo) -> str:
+    code = info.codec.lower()
+    return next((family for family, codes in _CODEC_FAMILIES.items() if code in codes), code)
+
+
+def choose_decoder(decoder: str, info: VideoInfo, access: str = "random") -> str:
+    """``data.decoder`` for this file: auto picks the faster exact decoder for its codec and the access pattern
+    (AUTO_DECODER); a codec only PyAV decodes (AV1 in OpenCV's wheel) goes to PyAV whatever was asked."""
+    if decoder != "auto":
+        return decoder
+    if not info.opencv_decodes:
+        return "pyav"
+    choice = AUTO_DECODER[access].get(codec_family(info), "opencv")
+    return choice if choice == "opencv" or importlib.util.find_spec("av") is not None else "opencv"
+
+
 def open_reader(path: str, size: Sequence[int] | None = None, threads: int | None = None,
-                info: VideoInfo | None = None, decoder: str = "opencv") -> VideoReader:
-    """The reader of ``data.decoder``: ``opencv`` (VideoReader) or ``pyav`` (PyAVReader)."""
-    if decoder not in DECODERS:
-        raise ValueError(f"unknown decoder {decoder!r}; choose one of {', '.join(DECODERS)}")
+                info: VideoInfo | None = None, decoder: str = "opencv", access: str = "random") -> VideoReader:
+    """The reader of ``data.decoder``: ``opencv`` (VideoReader), ``pyav`` (PyAVReader), or ``auto`` (the faster
+    of the two for the file's codec and ``access``: random clips or a sequential pass)."""
+    if decoder not in ("auto", *DECODERS):
+        raise ValueError(f"unknown decoder {decoder!r}; choose one of auto, {', '.join(DECODERS)}")
+    if decoder == "auto":
+        info = info or probe(path, "auto")
+        decoder = choose_decoder(decoder, info, access)
     return (PyAVReader if decoder == "pyav" else VideoReader)(path, size, threads=threads, info=info)
 
 

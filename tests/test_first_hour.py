@@ -96,7 +96,7 @@ def test_a_run_without_a_checkpoint_never_becomes_latest(synthetic_root, tmp_pat
     trainer, _, _ = train.build_trainer(cfg, runtime)  # made its run directory, then "killed": no checkpoint
     assert os.path.isdir(trainer.run_dir) and trainer.run_dir != first
     assert os.path.realpath(os.path.join(tmp_path, "e2e", "latest")) == first
-    train.log.removeHandler(trainer.log_file)
+    train.log.removeHandler(trainer.report.log_file)
 
 
 def test_the_crontab_line_works_before_the_experiment_exists(tmp_path):

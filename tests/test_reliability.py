@@ -185,7 +185,7 @@ FORK_SCRIPT = textwrap.dedent("""
     import sys, numpy as np, cv2, torch
     sys.path.insert(0, {root!r})
     from datasets.manifest import VideoRecord
-    from datasets.video_dataset import VideoWindowDataset, before_workers_fork
+    from datasets.video_dataset import VideoWindowDataset, before_workers_fork, collate_samples
     from config import load_config
     cfg = load_config(None, ["data.img_size=64", "data.num_frames=8", "data.frame_stride=3",
                              "data.max_video_frames=80", "data.decoder={decoder}", "data.index_cache=null"])["data"]
@@ -194,7 +194,8 @@ FORK_SCRIPT = textwrap.dedent("""
                                  training=False)
     alone = [dataset[i]["video"] for i in range(len(dataset))]  # the main process opens a reader first
     before_workers_fork(2)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=1, num_workers=2, timeout=60)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=1, num_workers=2, timeout=60,
+                                         collate_fn=collate_samples)
     forked = [batch["video"][0] for batch in loader]
     assert len(forked) == len(alone) == len(dataset) > 3
     assert all(torch.equal(a, b) for a, b in zip(alone, forked)), "workers read other frames"

@@ -338,3 +338,32 @@ def test_a_file_removed_after_indexing_is_a_clear_error(barcode_videos, tmp_path
     with pytest.raises(VideoReadError) as info:
         reader.read([5])
     assert str(info.value).startswith(f"{path}: {name} can no longer open this file (moved or truncated?)")
+
+
+@pytest.mark.parametrize("codec, ext, random_choice", [("h264", "mp4", "pyav"), ("hevc", "mp4", "pyav"),
+                                                        ("vp9", "webm", "pyav"), ("mpeg4", "avi", "opencv")])
+def test_auto_picks_the_measured_decoder_for_each_access_pattern(tmp_path, codec, ext, random_choice):
+    """data.decoder: auto (the default): PyAV for random clips where bench/loader.py measured it faster, OpenCV
+    for MPEG-4 AVI and for every sequential pass; the frames are the same either way."""
+    from config import load_config
+    from datasets.synthetic import write_h264
+    from datasets.video_reader import PyAVReader, choose_decoder
+    assert load_config(None, [])["data"]["decoder"] == "auto"
+    path = write_h264(str(tmp_path / f"v.{ext}"), 40, 160, 96, codec=codec)
+    info = probe(path, "auto")
+    assert choose_decoder("auto", info, "random") == random_choice
+    assert choose_decoder("auto", info, "sequential") == "opencv"
+    assert choose_decoder("opencv", info, "random") == "opencv"  # a forced decoder stays
+    random_reader = open_reader(path, decoder="auto", access="random")
+    sequential_reader = open_reader(path, decoder="auto", access="sequential")
+    assert isinstance(random_reader, PyAVReader) == (random_choice == "pyav")
+    assert not isinstance(sequential_reader, PyAVReader)
+    indices = [30, 3, 17, 17, 39]
+    np.testing.assert_array_equal(random_reader.read(indices), sequential_reader.read(indices))
+    np.testing.assert_array_equal(random_reader.read(indices), open_reader(path, decoder="opencv").read(indices))
+
+
+def test_auto_reads_a_codec_only_pyav_decodes_with_pyav():
+    from datasets.video_reader import VideoInfo, choose_decoder
+    only_pyav = VideoInfo("a.mkv", 10, 25.0, 64, 64, "av01", opencv_decodes=False)
+    assert choose_decoder("auto", only_pyav, "sequential") == "pyav" == choose_decoder("auto", only_pyav, "random")

@@ -211,5 +211,5 @@ def test_a_sample_that_fails_while_loading_is_replaced_when_skipping(tmp_path, l
     monkeypatch.setattr(dataset, "_load", flaky)
     sample = dataset[0]
     # the file and its reason, for the main process to report once per run
-    assert sample["label"] == 1 and sample["skipped"] == (f"{long_video / 'long.avi'}\tlong.avi: decoding failed "
-                                                          f"half-way (sample at {manifest}:1)")
+    assert sample["label"] == 1 and sample["skipped"] == {str(long_video / "long.avi"): f"long.avi: decoding failed "
+                                                                                f"half-way (sample at {manifest}:1)"}

@@ -1,0 +1,42 @@
+"""What the three scripts share at their edge: the config flags, and one line plus exit code 2 for a usage error.
+
+``config.py`` knows what a valid config is; this module knows how a command line reaches it and how its errors
+reach the user.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from config import ConfigError
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    parser.add_argument("--config", required=required, help="YAML preset, e.g. configs/rtx5080.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key, typed by YAML rules (repeatable): --set data.batch_size=8")
+    parser.add_argument("--use_amp", "--use-amp", action="store_true",
+                        help="mixed precision: fp16 + GradScaler on CUDA, bf16 on CPU")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved, validated config and exit")
+
+
+def exit_on_usage_error(main: Callable[[], int | None], input_errors: tuple = ()) -> None:
+    """Run a script's main(); a ConfigError or one of ``input_errors`` (a bad file the user gave) becomes
+    one line on stderr and exit code 2, never a traceback."""
+    try:
+        code = main()
+    except (ConfigError, *input_errors) as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(code or 0)
+
+
+def one_line(error: Exception) -> str:
+    """The error's own message. One raised in a DataLoader worker comes back as "Caught X in DataLoader worker
+    process 0." plus the worker's traceback, whose last line ends with the original message."""
+    text = str(error)
+    if text.startswith("Caught ") and "Original Traceback" in text:
+        text = text.rstrip().splitlines()[-1].split(": ", 1)[-1]
+    return text
