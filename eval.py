@@ -50,6 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--agg", choices=AGGREGATIONS, help="chunk aggregation")
     parser.add_argument("--batch", type=int, help="inference chunks per forward call")
     parser.add_argument("--num-frames", type=int, help="frames per clip (-1 = the whole sample window)")
+    parser.add_argument("--crops", type=int, help="spatial crops per clip: 1 (the centre) or 3 (along the long side, "
+                                                  "each an evaluated clip; video accuracy averages them all)")
     parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda if available, else cpu)")
     parser.add_argument("--precision", help="32, 16, bf16 or amp (default: the checkpoint's)")
     parser.add_argument("--output", help="write OUTPUT.json (metrics), OUTPUT.csv (per-video predictions) and "
@@ -72,7 +74,8 @@ def apply_overrides(cfg: dict, args: argparse.Namespace) -> dict:
                             "train.chunk_overlap": ("--overlap", args.overlap),
                             "train.chunk_aggregation": ("--agg", args.agg),
                             "train.video_batch_size": ("--batch", args.batch),
-                            "data.num_frames": ("--num-frames", args.num_frames)})
+                            "data.num_frames": ("--num-frames", args.num_frames),
+                            "data.test_crops": ("--crops", args.crops)})
     cap_workers(cfg["data"])
     return cfg
 

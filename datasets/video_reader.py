@@ -382,6 +382,9 @@ DECODERS = ("opencv", "pyav")  # the two exact decoders; data.decoder may also s
 ACCESS_PATTERNS = ("random", "sequential")  # a dataset's clips and windows; a pass over the whole file (inference)
 
 
+SEEK_MARGINS = (4, 32, 256)  # frames: where a seek landed after its frame, the next tries seek this much earlier
+
+
 class _TimestampsUnreliable(Exception):
     """PyAV's timestamps of this file do not identify frames exactly; the OpenCV path takes over."""
 
@@ -453,6 +456,20 @@ class PyAVReader(VideoReader):
             self._open()
         if index < self._next or index - self._next > self.seek_threshold:
             self._seek(index)
+        for margin in SEEK_MARGINS:
+            found = self._decode_until(index, dst)
+            if found is not None:
+                return found
+            # The seek found a keyframe after the frame: a container indexed by decode time (AVI) gives a keyframe
+            # the decode time of the B-frames shown before it. Seek earlier, as OpenCV does (16 frames), but only
+            # when needed.
+            self._seek(index, margin)
+        raise _TimestampsUnreliable(f"seeking to frame {index} landed after it, even from {SEEK_MARGINS[-1]} frames "
+                                    f"earlier")
+
+    def _decode_until(self, index: int, dst: np.ndarray) -> bool | None:
+        """Decode up to frame ``index`` into ``dst``: True, False if the stream ended first, None if the first
+        frame after a seek lies past it."""
         for frame in self._frames:
             got = self._frame_number(frame.pts)
             if got <= self._last_out:
@@ -465,7 +482,7 @@ class PyAVReader(VideoReader):
                 self.stats["grabbed"] += 1
                 continue
             if got > index:  # only right after a seek: the keyframe found lies after the frame
-                raise _TimestampsUnreliable(f"seeking to frame {index} landed on frame {got}")
+                return None
             # what OpenCV's FFmpeg backend does, so both decoders give the same pixels: swscale to BGR with bicubic
             # chroma, then BGR -> RGB. Converting straight to RGB (bilinear) differed by up to 23 on 10-bit
             # H.264 (bicubic to RGB: 4); 8-bit 4:2:0 takes swscale's unscaled path either way.
@@ -507,8 +524,9 @@ class PyAVReader(VideoReader):
         self._next, self._last_out = 0, -1
         self._maybe_skipped.clear()
 
-    def _seek(self, index: int) -> None:
-        target = self._origin + round(index / self._frames_per_tick)
+    def _seek(self, index: int, margin: int = 0) -> None:
+        """To the keyframe before frame ``index - margin``."""
+        target = self._origin + round(max(0, index - margin) / self._frames_per_tick)
         self._container.seek(target, stream=self._stream, backward=True, any_frame=False)  # flushes the decoder
         self._frames = self._decode()
         self._next, self._last_out = index, -1
@@ -545,12 +563,12 @@ class PyAVReader(VideoReader):
 _CODEC_FAMILIES = {"h264": ("h264", "avc1", "avc3", "x264", "davc"), "hevc": ("hevc", "hev1", "hvc1", "h265"),
                    "mpeg4": ("fmp4", "xvid", "divx", "dx50", "mp4v"), "vp9": ("vp90", "vp09"), "vp8": ("vp80",)}
 # data.decoder: auto, from bench/loader.py --part codecs (2-core CPU, one decoder thread, 2026-11-22; pyav's
-# frames/s over opencv's): random 16-frame clips and 64-frame windows go to PyAV, whose seek to the right keyframe
-# and skipped non-reference frames win on H.264 (360p 1.63x / 1.21x, 720p 1.54x / 1.55x), H.265 (1.58x / 1.28x)
-# and VP9 (1.02x / 1.10x); MPEG-4 Part 2 in AVI stays with OpenCV (PyAV's timestamps there failed the exactness
-# check: the pyav reader fell back to OpenCV, 1.0x, after a warning). A sequential pass goes to OpenCV: the two
-# were within 7% either way (0.93-1.07x) on every codec.
-AUTO_DECODER = {"random": {"h264": "pyav", "hevc": "pyav", "vp9": "pyav"}, "sequential": {}}
+# frames/s over opencv's, random 16-frame clips / 64-frame windows): random reads go to PyAV, whose seek to the
+# right keyframe and skipped non-reference frames win on H.264 (360p 1.59x / 1.30x, 720p 1.51x / 1.48x), H.265
+# (1.43x / 1.27x), MPEG-4 Part 2 in AVI with its 12-frame GOPs (2.36x / 1.38x: OpenCV's seek goes a whole GOP
+# back) and VP9 (1.02x / 1.05x). A sequential pass goes to OpenCV: pyav was 0.89-1.16x of it, and faster in both
+# runs only on 720p H.264 (1.07x, 1.16x), slower on MPEG-4 (0.94x, 0.89x). Codecs not measured keep OpenCV.
+AUTO_DECODER = {"random": {"h264": "pyav", "hevc": "pyav", "mpeg4": "pyav", "vp9": "pyav"}, "sequential": {}}
 
 
 def codec_family(info: VideoInfo) -> str:

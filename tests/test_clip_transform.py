@@ -202,3 +202,14 @@ def test_real_footage_is_decoded_aspect_true_and_centre_cropped(decoder):
     reader = open_reader(SHARED_CLIP, (72, 128), decoder=decoder)
     np.testing.assert_array_equal(reader.read(indices)[:, 4:68, 32:96],
                                   sample["video"].permute(1, 2, 3, 0).numpy())
+
+
+def test_a_config_saved_before_data_resize_evaluates_with_stretch():
+    """A checkpoint trained before aspect-true geometry existed stretched its frames: it keeps doing so."""
+    from config import defaults, saved_config
+    old = defaults()
+    for key in ("resize", "short_side", "test_crops", "augment", "kpt_coords"):
+        del old["data"][key]
+    cfg = saved_config(old)
+    assert cfg["data"]["resize"] == "stretch" and cfg["data"]["test_crops"] == 1 and cfg["data"]["augment"] is False
+    assert saved_config(defaults())["data"]["resize"] == "short_side"  # a new checkpoint keeps its own

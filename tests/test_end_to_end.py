@@ -68,6 +68,11 @@ def test_eval_reports_and_writes_metrics_and_predictions(trained_run, tmp_path):
     videos = list(csv.DictReader(open(tmp_path / "ev.csv")))
     assert len(videos) == metrics["num_videos"] == 6 and all(v["clips"] == "1" for v in videos)
     assert metrics["video_acc"] == pytest.approx(sum(v["label"] == v["predicted"] for v in videos) / len(videos))
+    three = subprocess.run([sys.executable, "eval.py", "--checkpoint", best, "--split", "val", "--crops", "3",
+                            "--output", str(tmp_path / "three")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert three.returncode == 0, three.stderr
+    assert json.load(open(tmp_path / "three.json"))["metrics"]["num_clips"] == 18  # 3 spatial crops of each clip
+    assert all(v["clips"] == "3" for v in csv.DictReader(open(tmp_path / "three.csv")))
     bad = subprocess.run([sys.executable, "eval.py", "--checkpoint", best, "--chunk", "4", "--overlap", "4"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2

@@ -341,10 +341,10 @@ def test_a_file_removed_after_indexing_is_a_clear_error(barcode_videos, tmp_path
 
 
 @pytest.mark.parametrize("codec, ext, random_choice", [("h264", "mp4", "pyav"), ("hevc", "mp4", "pyav"),
-                                                        ("vp9", "webm", "pyav"), ("mpeg4", "avi", "opencv")])
+                                                        ("vp9", "webm", "pyav"), ("mpeg4", "avi", "pyav")])
 def test_auto_picks_the_measured_decoder_for_each_access_pattern(tmp_path, codec, ext, random_choice):
     """data.decoder: auto (the default): PyAV for random clips where bench/loader.py measured it faster, OpenCV
-    for MPEG-4 AVI and for every sequential pass; the frames are the same either way."""
+    for every sequential pass; the frames are the same either way."""
     from config import load_config
     from datasets.synthetic import write_h264
     from datasets.video_reader import PyAVReader, choose_decoder
@@ -367,3 +367,24 @@ def test_auto_reads_a_codec_only_pyav_decodes_with_pyav():
     from datasets.video_reader import VideoInfo, choose_decoder
     only_pyav = VideoInfo("a.mkv", 10, 25.0, 64, 64, "av01", opencv_decodes=False)
     assert choose_decoder("auto", only_pyav, "sequential") == "pyav" == choose_decoder("auto", only_pyav, "random")
+
+
+def test_pyav_reads_an_avi_with_b_frames_exactly_by_seeking_earlier(tmp_path):
+    """AVI indexes packets by decode time: with B-frames a keyframe carries the decode time of the frames shown
+    before it, so a seek to frame i can land on the keyframe after i. The reader seeks again from earlier (it
+    used to give the file up to OpenCV, whose seek goes a whole 12-frame GOP back before every clip)."""
+    from datasets.synthetic import write_h264
+    path = write_h264(str(tmp_path / "b_frames.avi"), 120, 160, 96, codec="mpeg4")  # GOP 12, 2 B-frames
+    cap, sequential = cv2.VideoCapture(path), []
+    while True:
+        ok, frame = cap.read()
+        if not ok:
+            break
+        sequential.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+    reader = open_reader(path, decoder="pyav")
+    order = np.random.default_rng(0).permutation(120)
+    for start in range(0, 120, 8):
+        indices = sorted(order[start:start + 8])
+        for got, index in zip(reader.read(indices), indices):
+            np.testing.assert_array_equal(got, sequential[index])
+    assert path not in video_reader._PYAV_UNRELIABLE  # read by PyAV throughout, no fall-back
