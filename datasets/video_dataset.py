@@ -125,14 +125,10 @@ class VideoWindowDataset(Dataset):
         self.lengths = [self._record_length(r, cache) for r in records]
         cache.save()
         self.view_names = self._check_views()
-        for pair in data_cfg["flip_label_pairs"] or []:
-            unknown = [str(name) for name in pair if str(name) not in self.class_index]
-            if unknown:
-                raise ManifestError(f"data.flip_label_pairs names {', '.join(unknown)}, not a class of the data "
-                                    f"({', '.join(self.class_names)})")
         self.windows = [w for i, r in enumerate(records) if self.lengths[i] > 0 for w in self._windows_of(i, r)]
         if not self.windows:
             raise ManifestError(f"{records[0].where.rsplit(':', 1)[0]}: no usable samples")
+        self._check_flip_pairs()
         window = data_cfg["max_video_frames"]
         if window is not None:
             usable = sum(1 for n in self.lengths if n > 0)
@@ -163,6 +159,19 @@ class VideoWindowDataset(Dataset):
             log.warning("skipping %s: %s", record.where, e)
             self.skipped[record.first_path] = f"{e} (sample at {record.where})"
             return 0
+
+    def _check_flip_pairs(self) -> None:
+        """The classes and joints data.flip_label_pairs / kpt_flip_pairs name exist in this data."""
+        for pair in self.cfg["flip_label_pairs"] or []:
+            unknown = [str(name) for name in pair if str(name) not in self.class_index]
+            if unknown:
+                raise ManifestError(f"data.flip_label_pairs names {', '.join(unknown)}, not a class of the data "
+                                    f"({', '.join(self.class_names)})")
+        joints = max((j for pair in self.cfg["kpt_flip_pairs"] or [] for j in pair), default=-1)
+        shape = self.keypoint_shape() if joints >= 0 else None
+        if shape is not None and joints >= shape[0]:
+            raise ManifestError(f"data.kpt_flip_pairs names joint {joints}, but the keypoints have {shape[0]} "
+                                f"joints (0 to {shape[0] - 1})")
 
     def _check_views(self) -> list[str]:
         names = {tuple(r.views) for r, n in zip(self.records, self.lengths) if n > 0}

@@ -213,3 +213,17 @@ def test_a_config_saved_before_data_resize_evaluates_with_stretch():
     cfg = saved_config(old)
     assert cfg["data"]["resize"] == "stretch" and cfg["data"]["test_crops"] == 1 and cfg["data"]["augment"] is False
     assert saved_config(defaults())["data"]["resize"] == "short_side"  # a new checkpoint keeps its own
+
+
+def test_flip_pairs_must_name_classes_and_joints_of_the_data(synthetic_root):
+    from datasets.manifest import ManifestError, read_manifest
+    records = read_manifest(os.path.join(synthetic_root, "train.jsonl"))
+    names = ["down", "grow", "left", "right", "shrink", "up"]
+    cfg = load_config(None, [f"data.data_dir={synthetic_root}", "data.augment=true", "data.load_kpt=true",
+                             "data.kpt_flip_pairs=[[0, 9]]"])["data"]
+    with pytest.raises(ManifestError, match=r"^data.kpt_flip_pairs names joint 9, but the keypoints have 5 joints "
+                                            r"\(0 to 4\)$"):
+        VideoWindowDataset(records, names, cfg, training=True)
+    with pytest.raises(ManifestError, match=r"^data.flip_label_pairs names sideways, not a class of the data"):
+        VideoWindowDataset(records, names, {**cfg, "kpt_flip_pairs": [], "flip_label_pairs": [["left", "sideways"]]},
+                           training=True)
