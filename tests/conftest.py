@@ -15,6 +15,18 @@ BLOCK = 10  # pixels per bit: wide blocks survive lossy codecs
 WIDTH, HEIGHT = BITS * BLOCK, 48
 
 
+def decode_sequentially(path: str, rgb: bool = True) -> list[np.ndarray]:
+    """Every frame of ``path`` by a plain cv2 read() loop (the reference of frame-exactness), RGB or as stored."""
+    cap, frames = cv2.VideoCapture(path), []
+    while True:
+        ok, frame = cap.read()
+        if not ok:
+            break
+        frames.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB) if rgb else frame)
+    cap.release()
+    return frames
+
+
 def barcode_frame(index: int) -> np.ndarray:
     """An RGB frame whose bits (white/black blocks) spell ``index``."""
     frame = np.zeros((HEIGHT, WIDTH, 3), np.uint8)

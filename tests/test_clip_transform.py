@@ -10,7 +10,7 @@ import torch
 import train
 from checkpoint import load_checkpoint
 from config import ConfigError, load_config
-from conftest import overrides
+from conftest import decode_sequentially, overrides
 from datasets.clip_transform import (Box, ClipTransform, ViewGeometry, decode_size, evaluation_boxes,
                                      random_resized_box, transform_keypoints)
 from datasets.manifest import VideoRecord
@@ -190,11 +190,7 @@ def test_real_footage_is_decoded_aspect_true_and_centre_cropped(decoder):
                                  training=False)
     sample = dataset[0]
     indices = sample["frame_indices"].tolist()
-    cap, sequential = cv2.VideoCapture(SHARED_CLIP), []
-    while len(sequential) <= max(indices):
-        ok, frame = cap.read()
-        assert ok
-        sequential.append(frame)
+    sequential = decode_sequentially(SHARED_CLIP, rgb=False)
     assert decode_size(180, 320, cfg) == (72, 128)
     for t, index in enumerate(indices):
         expected = cv2.cvtColor(resize_frame(sequential[index], 72, 128), cv2.COLOR_BGR2RGB)[4:68, 32:96]

@@ -6,7 +6,8 @@ import cv2
 import numpy as np
 import pytest
 
-from conftest import HEIGHT, WIDTH, barcode_frame, read_barcode, write_with_opencv, write_with_pyav
+from conftest import (HEIGHT, WIDTH, barcode_frame, decode_sequentially, read_barcode, write_with_opencv,
+                      write_with_pyav)
 from datasets import video_reader
 from datasets.video_reader import (DECODERS, PyAVReader, VideoIndexCache, VideoReader, VideoReadError, open_reader,
                                    probe)
@@ -276,12 +277,7 @@ def test_a_file_with_two_video_streams_is_read_from_its_first_by_both_decoders(d
     assert info.video_streams == [[320, 180, 325], [480, 270, 390]]
     frames = open_reader(SHARED_CLIP, decoder=decoder).read([0, 100, 324])
     assert frames.shape == (3, 180, 320, 3)
-    cap, sequential = cv2.VideoCapture(SHARED_CLIP), []
-    while True:
-        ok, frame = cap.read()
-        if not ok:
-            break
-        sequential.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+    sequential = decode_sequentially(SHARED_CLIP)
     assert len(sequential) == 325
     for got, index in zip(frames, [0, 100, 324]):
         np.testing.assert_array_equal(got, sequential[index])
@@ -375,12 +371,7 @@ def test_pyav_reads_an_avi_with_b_frames_exactly_by_seeking_earlier(tmp_path):
     used to give the file up to OpenCV, whose seek goes a whole 12-frame GOP back before every clip)."""
     from datasets.synthetic import write_h264
     path = write_h264(str(tmp_path / "b_frames.avi"), 120, 160, 96, codec="mpeg4")  # GOP 12, 2 B-frames
-    cap, sequential = cv2.VideoCapture(path), []
-    while True:
-        ok, frame = cap.read()
-        if not ok:
-            break
-        sequential.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+    sequential = decode_sequentially(path)
     reader = open_reader(path, decoder="pyav")
     order = np.random.default_rng(0).permutation(120)
     for start in range(0, 120, 8):
