@@ -17,6 +17,7 @@ import argparse
 import csv
 import io
 import json
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +33,7 @@ from metrics import ClassificationMeter
 from runtime import resolve_device, setup_logging, setup_runtime
 from train import cap_workers, evaluate, make_loader
 
-log = setup_logging()
+log = logging.getLogger("longvideo")  # set up by main(): importing this module configures nothing
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -160,6 +161,7 @@ def evaluate_checkpoint(path: str, args: argparse.Namespace) -> EvaluationResult
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    setup_logging()
     if args.watch:
         from eval_watch import WatchSpec, watch
         spec = WatchSpec(args.watch, args.interval, args.settle, args.plot, args.verbose, args.data or args.split)

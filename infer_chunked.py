@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import logging
 import os
 import queue
 import sys
@@ -38,7 +39,7 @@ from datasets.transforms import InputPreparer
 from datasets.video_reader import VideoReadError, open_reader, probe, several_streams_note
 from runtime import resolve_device, setup_logging, setup_runtime
 
-log = setup_logging()
+log = logging.getLogger("longvideo")  # set up by main(): importing this module configures nothing
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -369,6 +370,7 @@ def print_result(result: dict, show_timeline: bool) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    setup_logging()
     checkpoint_path, why = find_checkpoint(args)
     device = resolve_device(args.device or "auto")
     model, cfg, class_names, state = load_trained_model(checkpoint_path, device)
