@@ -17,8 +17,9 @@ same parameters). The parameters are drawn here from a generator seeded by (seed
 placement, so a run repeats exactly whichever worker loads a sample, and resumes exactly.
 
 Views: each camera gets its own crop (different cameras, different framing: nothing ties their pixel positions)
-but one flip for the sample: a flip mirrors the scene, so the label's sides (``flip_label_pairs``) and the
-keypoints' joints (``kpt_flip_pairs``) swap once. Keypoints follow the first view's geometry.
+but one flip (and one set of colour factors) for the sample: a flip mirrors the scene, so the label's sides
+(``flip_label_pairs``) and the keypoints' joints (``kpt_flip_pairs``) swap once. Keypoints follow the first
+view's geometry.
 
 Keypoint coordinates (``kpt_coords``): ``normalized`` (x / width, y / height of the frame: 0 and 1 are its edges)
 or ``pixels`` (pixel indices of the stored frame, pixel (i, j)'s centre at (i, j), what ``frame[j, i]`` reads).

@@ -223,3 +223,15 @@ def test_flip_pairs_must_name_classes_and_joints_of_the_data(synthetic_root):
     with pytest.raises(ManifestError, match=r"^data.flip_label_pairs names sideways, not a class of the data"):
         VideoWindowDataset(records, names, {**cfg, "kpt_flip_pairs": [], "flip_label_pairs": [["left", "sideways"]]},
                            training=True)
+
+
+def test_each_view_gets_its_own_crop_but_the_sample_one_flip():
+    transform = ClipTransform(data_cfg("data.img_size=64", "data.augment=true"), training=True)
+    flips = set()
+    for seed in range(20):
+        plans = transform.plan([(360, 640), (360, 640), (480, 640)], np.random.default_rng(seed))
+        assert len({p.flipped for p in plans}) == 1  # one flip for the sample
+        assert len({p.box for p in plans}) == 3  # three cameras, three crops
+        assert plans[2].decoded == decode_size(480, 640, transform.cfg)  # each view at its own aspect ratio
+        flips.add(plans[0].flipped)
+    assert flips == {True, False}
