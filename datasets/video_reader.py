@@ -379,9 +379,6 @@ class VideoReader:
 
 _PYAV_UNRELIABLE: set[str] = set()  # PyAV timestamps found not to number frames one by one: OpenCV reads it
 DECODERS = ("opencv", "pyav")  # the two exact decoders; data.decoder may also say auto (choose_decoder)
-ACCESS_PATTERNS = ("random", "sequential")  # a dataset's clips and windows; a pass over the whole file (inference)
-
-
 SEEK_MARGINS = (4, 32, 256)  # frames: where a seek landed after its frame, the next tries seek this much earlier
 
 
@@ -456,10 +453,12 @@ class PyAVReader(VideoReader):
             self._open()
         if index < self._next or index - self._next > self.seek_threshold:
             self._seek(index)
-        for margin in SEEK_MARGINS:
+        for margin in (*SEEK_MARGINS, None):
             found = self._decode_until(index, dst)
             if found is not None:
                 return found
+            if margin is None:
+                break
             # The seek found a keyframe after the frame: a container indexed by decode time (AVI) gives a keyframe
             # the decode time of the B-frames shown before it. Seek earlier, as OpenCV does (16 frames), but only
             # when needed.

@@ -379,3 +379,24 @@ def test_pyav_reads_an_avi_with_b_frames_exactly_by_seeking_earlier(tmp_path):
         for got, index in zip(reader.read(indices), indices):
             np.testing.assert_array_equal(got, sequential[index])
     assert path not in video_reader._PYAV_UNRELIABLE  # read by PyAV throughout, no fall-back
+
+
+def test_pyav_tries_every_seek_margin_before_giving_a_file_up(barcode_videos, monkeypatch):
+    """A read whose seeks keep landing after the frame is retried from each of SEEK_MARGINS earlier, the last
+    included, before the file goes to OpenCV."""
+    path = barcode_videos["h264_bframes_mp4"][0]
+    reader = open_reader(path, decoder="pyav")
+    margins, real_until = [], PyAVReader._decode_until
+    real_seek = PyAVReader._seek
+
+    def seek(self, index, margin=0):
+        margins.append(margin)
+        return real_seek(self, index, margin)
+
+    def until(self, index, dst):  # lands "after" the frame until seeked from the last margin
+        return real_until(self, index, dst) if margins[-1] == video_reader.SEEK_MARGINS[-1] else None
+    monkeypatch.setattr(PyAVReader, "_seek", seek)
+    monkeypatch.setattr(PyAVReader, "_decode_until", until)
+    frame = reader.read([200])
+    assert margins == [0, *video_reader.SEEK_MARGINS] and read_barcode(frame[0]) == 200
+    assert path not in video_reader._PYAV_UNRELIABLE
