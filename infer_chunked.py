@@ -34,9 +34,9 @@ from config import ConfigError, apply_flags, load_config
 from datasets.video_dataset import BAD_INPUT_ERRORS, check_labels, manifest_path, segment_frames
 from datasets.clip_transform import ClipTransform, transform_keypoints
 from datasets.keypoints import KeypointError, read_keypoints
-from datasets.manifest import VIDEO_EXTENSIONS, ManifestError, VideoRecord, read_manifest
+from datasets.manifest import VIDEO_EXTENSIONS, VideoRecord, read_manifest
 from datasets.transforms import InputPreparer
-from datasets.video_reader import VideoReadError, open_reader, probe, several_streams_note
+from datasets.video_reader import open_reader, probe, several_streams_note
 from runtime import resolve_device, setup_logging, setup_runtime
 
 log = logging.getLogger("longvideo")  # set up by main(): importing this module configures nothing
@@ -180,7 +180,7 @@ class ChunkStream:
         # evaluation's geometry: aspect-true decode size and the centre crop (data.test_crops is eval.py's)
         transform = ClipTransform({**data_cfg, "test_crops": 1}, training=False)
         infos = {name: probe(path, data_cfg["decoder"]) for name, path in record.views.items()}
-        self.geometry = {name: transform.plan([(info.height, info.width)], None)[0] for name, info in infos.items()}
+        self.geometry = dict(zip(infos, transform.plan([(info.height, info.width) for info in infos.values()], None)))
         self.readers = {name: open_reader(path, self.geometry[name].decoded, threads=spec.decode_threads,
                                           info=infos[name], decoder=data_cfg["decoder"], access="sequential")
                         for name, path in record.views.items()}
@@ -390,7 +390,7 @@ def main(argv=None) -> int:
         for record in tqdm(records, desc="videos", disable=not sys.stderr.isatty() or len(records) == 1):
             try:
                 result = classify_video(model, record, cfg, spec, runtime, prepare, class_names)
-            except (VideoReadError, KeypointError, ManifestError) as e:
+            except BAD_INPUT_ERRORS as e:
                 if len(records) == 1:
                     raise
                 failures += 1

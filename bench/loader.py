@@ -169,7 +169,7 @@ def sample_path(frames: int, count: int, repeat: int, rng) -> None:
     from config import load_config
     from datasets.manifest import VideoRecord
     from datasets.video_dataset import VideoWindowDataset
-    from datasets.clip_transform import ClipTransform
+    from datasets.clip_transform import ClipTransform, decode_size
     path = write_h264(os.path.join(CACHE, f"h264_640x360_{frames}.mp4"), frames, 640, 360)
     data = load_config(os.path.join(ROOT, "configs", "rtx5080.yaml"),
                        ["data.augment=true", "data.color_jitter=0.2", "data.index_cache=null",
@@ -192,7 +192,7 @@ def sample_path(frames: int, count: int, repeat: int, rng) -> None:
     print_table("decode + geometry + augmentation", fastest(modes, path, repeat), next(iter(modes)))
     # the transform's own cost per clip, beside the decode's
     transform = ClipTransform(data, training=True)
-    with open_reader(path, transform.decode_size(360, 640), threads=1, decoder="auto") as reader:
+    with open_reader(path, decode_size(360, 640, data), threads=1, decoder="auto") as reader:
         start = time.perf_counter()
         decoded = [reader.read(indices) for indices in placed]
         decode_ms = (time.perf_counter() - start) * 1000 / len(placed)
@@ -205,7 +205,7 @@ def sample_path(frames: int, count: int, repeat: int, rng) -> None:
                              transform.colour_factors(clip_rng) if colour else None)
         ms = (time.perf_counter() - start) * 1000 / len(decoded)
         print(f"    augmentation {'with' if colour else 'without'} colour jitter: {ms:6.2f} ms a clip "
-              f"(decode at {transform.decode_size(360, 640)}: {decode_ms:6.2f} ms a clip)")
+              f"(decode at {decode_size(360, 640, data)}: {decode_ms:6.2f} ms a clip)")
 
 
 def main() -> None:

@@ -122,16 +122,13 @@ class ClipTransform:
         pairs = data_cfg["kpt_flip_pairs"] or []
         self.joint_swap = [(int(a), int(b)) for a, b in pairs]
 
-    def decode_size(self, height: int, width: int) -> tuple[int, int]:
-        return decode_size(height, width, self.cfg)
-
     def plan(self, sources: list[tuple], rng: np.random.Generator | None, crop: int = 0) -> list[ViewGeometry]:
         """The geometry of each view (``sources``: each view's stored (h, w)); ``rng`` for training's draws,
         ``crop``: which of the evaluation crops."""
         flipped = bool(self.augment and self.cfg["flip"] and rng.random() < 0.5)
         plans = []
         for source in sources:
-            decoded = self.decode_size(*source)
+            decoded = decode_size(*source, self.cfg)
             if not self.training:
                 box = evaluation_boxes(decoded, self.out, self.crops)[crop]
             elif self.augment:
@@ -195,15 +192,3 @@ def transform_keypoints(kpt: np.ndarray, geometry: ViewGeometry, coords: str, jo
             kpt[:, [a, b]] = kpt[:, [b, a]]
     return kpt
 
-
-def flip_label(label: int, flipped: bool, class_names: list[str], label_pairs) -> int:
-    """A class with a side ("swipe left") becomes its mirror ("swipe right") when the clip is flipped."""
-    if not flipped or label < 0 or not label_pairs:
-        return label
-    name = class_names[label]
-    for a, b in label_pairs:
-        if name == a:
-            return class_names.index(b)
-        if name == b:
-            return class_names.index(a)
-    return label

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from datasets.clip_transform import ClipTransform, flip_label
+from datasets.clip_transform import ClipTransform
 from datasets.keypoints import KeypointError, keypoint_length, read_keypoints
 from datasets.manifest import ManifestError, VideoRecord, read_manifest
 from datasets.video_reader import ReaderCache, VideoIndexCache, VideoReadError, several_streams_note
@@ -128,7 +128,8 @@ class VideoWindowDataset(Dataset):
         self.windows = [w for i, r in enumerate(records) if self.lengths[i] > 0 for w in self._windows_of(i, r)]
         if not self.windows:
             raise ManifestError(f"{records[0].where.rsplit(':', 1)[0]}: no usable samples")
-        self._check_flip_pairs()
+        self.mirror = self._class_mirror()  # class index -> the class a flip turns it into (flip_label_pairs)
+        self._check_joint_pairs()
         window = data_cfg["max_video_frames"]
         if window is not None:
             usable = sum(1 for n in self.lengths if n > 0)
@@ -160,13 +161,20 @@ class VideoWindowDataset(Dataset):
             self.skipped[record.first_path] = f"{e} (sample at {record.where})"
             return 0
 
-    def _check_flip_pairs(self) -> None:
-        """The classes and joints data.flip_label_pairs / kpt_flip_pairs name exist in this data."""
+    def _class_mirror(self) -> np.ndarray:
+        """data.flip_label_pairs as an index array: each class, or the one a flip swaps it with."""
+        mirror = np.arange(len(self.class_names))
         for pair in self.cfg["flip_label_pairs"] or []:
             unknown = [str(name) for name in pair if str(name) not in self.class_index]
             if unknown:
                 raise ManifestError(f"data.flip_label_pairs names {', '.join(unknown)}, not a class of the data "
                                     f"({', '.join(self.class_names)})")
+            a, b = (self.class_index[str(name)] for name in pair)
+            mirror[a], mirror[b] = b, a
+        return mirror
+
+    def _check_joint_pairs(self) -> None:
+        """The joints data.kpt_flip_pairs names exist in this data's keypoints."""
         joints = max((j for pair in self.cfg["kpt_flip_pairs"] or [] for j in pair), default=-1)
         shape = self.keypoint_shape() if joints >= 0 else None
         if shape is not None and joints >= shape[0]:
@@ -236,19 +244,17 @@ class VideoWindowDataset(Dataset):
             rng = np.random.default_rng([self.seed, self.epoch, index]) if self.training else None
             return clip_indices(window.start, end, self.cfg["num_frames"], self.cfg["frame_stride"], rng)
 
-        indices, frames = place_clip(window.end), []
-        if self.cfg["load_rgb"]:
-            indices, frames = self._read_frames(record, window, place_clip)
         # augmentation draws its own stream: the clip's placement stays what it was without augmentation
         rng = np.random.default_rng([self.seed, self.epoch, index, 1]) if self.training else None
-        plans = self.transform.plan(self._sources(record), rng, index % self.crops) if frames else []
-        flipped = bool(plans and plans[0].flipped)
-        pairs = self.cfg["flip_label_pairs"]
-        frame_labels = self._frame_labels(window, indices)
-        if flipped and pairs:
-            frame_labels = np.array([flip_label(int(c), True, self.class_names, pairs) for c in frame_labels])
+        plans = self.transform.plan(self._sources(record), rng, index % self.crops) if self.cfg["load_rgb"] else []
+        indices, frames = place_clip(window.end), []
+        if plans:
+            indices, frames = self._read_frames(record, window, place_clip, [plan.decoded for plan in plans])
+        label, frame_labels = window.label, self._frame_labels(window, indices)
+        if plans and plans[0].flipped:  # a mirrored clip of a class with a side is one of its mirror class
+            label, frame_labels = int(self.mirror[label]), np.where(frame_labels >= 0, self.mirror[frame_labels], -1)
         sample = {
-            "label": flip_label(window.label, flipped, self.class_names, pairs),
+            "label": label,
             "video_index": window.record,
             "window": torch.tensor([window.start, window.end]),
             "frame_indices": torch.from_numpy(indices),
@@ -269,11 +275,11 @@ class VideoWindowDataset(Dataset):
         """Each view's stored (height, width)."""
         return [(self.video_info[path].height, self.video_info[path].width) for path in record.views.values()]
 
-    def _read_frames(self, record: VideoRecord, window: SampleWindow, place_clip) -> tuple[np.ndarray, list]:
-        """(frame indices, each view's frames [T, H, W, 3] at its decode size)."""
-        readers = [_READERS.get(path, self.transform.decode_size(*source), self.video_info.get(path),
-                                self.cfg["decoder"]) for path, source in zip(record.views.values(),
-                                                                             self._sources(record))]
+    def _read_frames(self, record: VideoRecord, window: SampleWindow, place_clip,
+                     sizes: list[tuple[int, int]]) -> tuple[np.ndarray, list]:
+        """(frame indices, each view's frames [T, H, W, 3] at its decode size, ``sizes``)."""
+        readers = [_READERS.get(path, size, self.video_info.get(path), self.cfg["decoder"])
+                   for path, size in zip(record.views.values(), sizes)]
         end = min([window.end] + [r.num_frames for r in readers])
         while True:  # at most twice: a read can find the video shorter than its container says
             if end <= window.start:
