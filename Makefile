@@ -24,7 +24,8 @@ demo: $(VENV)/.runtime-installed
 		--input $(DATA)/long.jsonl --chunk 16 --overlap 4 --timeline --max-videos 1
 
 test: $(VENV)/.dev-installed
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q tests
 
 clean:
-	rm -rf runs $(DATA)
+	rm -rf runs $(DATA) data/long_range

@@ -1,7 +1,7 @@
 """Streaming chunked inference benchmark: memory and time against video length.
 
-    python bench/infer.py                                # 600, 6,000 and 30,000 frames (written once to bench/.cache)
-    python bench/infer.py --lengths 600,6000 --size 320x180
+    python -m bench.infer                                # 600, 6,000 and 30,000 frames (written once to bench/.cache)
+    python -m bench.infer --lengths 600,6000 --size 320x180
 
 Each measurement runs in a fresh process (peak RSS is per process), --repeat times, the modes interleaved; the
 fastest run of each is reported. For every video length it prints the peak
@@ -22,10 +22,9 @@ import subprocess
 import sys
 import time
 
+from bench.worker import parse_or_measure
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-from worker import parse_or_measure  # noqa: E402  (bench/, the script's folder)
 
 CACHE = os.path.join(ROOT, "bench", ".cache")
 
@@ -36,12 +35,12 @@ def measure(args) -> dict:
 
     import torch
 
-    import infer_chunked
     from config import load_config
+    from core.runtime import setup_runtime
     from datasets.manifest import VideoRecord
     from datasets.transforms import InputPreparer
+    from engine import inference as infer_chunked
     from models import build_model
-    from runtime import setup_runtime
 
     torch.set_num_threads(args.torch_threads)
     cfg = load_config(None, ["model.backbone=tiny3d", f"model.width={args.width}", f"data.img_size={args.img}",
@@ -63,15 +62,15 @@ def measure(args) -> dict:
         result["windows"] = sum(len(windows) for windows, _ in stream)
         stream.close()
     else:  # compute alone: the same number of chunks, already decoded
-        from chunked_forward import inference_windows
         from datasets.video_reader import probe
+        from engine.chunking import inference_windows
         windows = inference_windows(probe(args.video).num_frames, args.chunk, args.overlap, "mean")
         size = cfg["data"]["img_size"]
         # the layout the stream hands over: decoded [n, L, H, W, 3] frames, permuted (not copied) to [n, C, L, H, W]
         frames = torch.randint(0, 256, (args.batch, args.chunk, size[0], size[1], 3), dtype=torch.uint8)
         dummy = {"video": frames.permute(0, 4, 1, 2, 3)}
         with torch.inference_mode():
-            for first in range(0, len(windows), args.batch):
+            for _ in range(0, len(windows), args.batch):
                 model(prepare(dummy))
         result["windows"] = len(windows)
     result["wall_s"] = time.perf_counter() - start
@@ -92,11 +91,11 @@ def run_interleaved(video: str, modes: tuple, args) -> list[dict]:
 
 
 def run(video: str, mode: str, args, decode_threads: int | None = None, repeat: int | None = None) -> dict:
-    command = [sys.executable, __file__, "--worker", "--video", video, "--mode", mode, "--chunk", str(args.chunk),
+    command = [sys.executable, "-m", "bench.infer", "--worker", "--video", video, "--mode", mode, "--chunk", str(args.chunk),
                "--overlap", str(args.overlap), "--batch", str(args.batch), "--img", str(args.img), "--width",
                str(args.width), "--device", args.device, "--torch-threads", str(args.torch_threads), "--decode-threads",
                str(args.decode_threads if decode_threads is None else decode_threads)]
-    runs = [json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+    runs = [json.loads(subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
                        .splitlines()[-1]) for _ in range(repeat or args.repeat)]
     return min(runs, key=lambda r: r["wall_s"])  # the least disturbed run: the machine is shared
 

@@ -1,10 +1,10 @@
 """Loader benchmark: this project's reader (both decoders) against plain OpenCV and PyAV seek-and-decode.
 
-    python bench/loader.py                 # everything below (videos written once to bench/.cache)
-    python bench/loader.py --part codecs --frames 1500   # H.264 360p/720p, H.265, MPEG-4 AVI, VP9: random clips,
+    python -m bench.loader                 # everything below (videos written once to bench/.cache)
+    python -m bench.loader --part codecs --frames 1500   # H.264 360p/720p, H.265, MPEG-4 AVI, VP9: random clips,
                                                          # windows, sequential passes; opencv, pyav and auto
-    python bench/loader.py --part samples  # the training sample end to end: decode + geometry + augmentation
-    python bench/loader.py --part h264 --frames 1500 --sizes 640x360
+    python -m bench.loader --part samples  # the training sample end to end: decode + geometry + augmentation
+    python -m bench.loader --part h264 --frames 1500 --sizes 640x360
 
 Videos: H.264, GOP 250, 3 B-frames, moving shapes over a textured background. Every reader decodes with one
 thread (the DataLoader worker setting). Printed per size, in frames per second and as ratios, modes interleaved
@@ -28,11 +28,11 @@ import cv2
 import numpy as np
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from datasets.synthetic import write_h264
+from datasets.video_reader import open_reader
 
-from datasets.synthetic import write_h264  # noqa: E402
-from datasets.video_reader import open_reader  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 CACHE = os.path.join(ROOT, "bench", ".cache")
 
@@ -126,11 +126,12 @@ def peak_rss_of_one_clip(path: str, decoder: str) -> float:
     Read from VmHWM: getrusage's ru_maxrss survives exec, so a child started from this (large) process would
     report this process's peak, not its own.
     """
-    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from datasets.video_reader import open_reader; "
+    code = ("from datasets.video_reader import open_reader; "
             f"r = open_reader({path!r}, threads=1, decoder={decoder!r}); n = r.num_frames; "
             f"r.read(range(n // 2, n // 2 + 32, 2)); "
             f"print(next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')) / 1024)")
-    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    return float(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout)
 
 
 def print_table(title: str, fps: dict, baseline: str) -> None:
@@ -167,9 +168,9 @@ def sample_path(frames: int, count: int, repeat: int, rng) -> None:
     """The training sample end to end, one worker: decode + aspect-true resize + random resized crop + flip + colour
     jitter, for the rtx5080 clip (40 frames at stride 2, 160x210) from a long 640x360 H.264 video."""
     from config import load_config
+    from datasets.clip_transform import ClipTransform, decode_size
     from datasets.manifest import VideoRecord
     from datasets.video_dataset import VideoWindowDataset
-    from datasets.clip_transform import ClipTransform, decode_size
     path = write_h264(os.path.join(CACHE, f"h264_640x360_{frames}.mp4"), frames, 640, 360)
     data = load_config(os.path.join(ROOT, "configs", "rtx5080.yaml"),
                        ["data.augment=true", "data.color_jitter=0.2", "data.index_cache=null",

@@ -1,6 +1,6 @@
 """Memory estimator benchmark: the estimate against a real step's memory on the CPU, and the estimator's speed.
 
-    python bench/memory_estimate.py
+    python -m bench.memory_estimate
 
 (a) For small models on the CPU, one real training step (forward, backward, the real AdamW step in torch's
 foreach implementation, which CUDA uses by default; the optimizer state made by a warm-up step first) runs in a fresh process, and the growth of its resident memory during that
@@ -22,7 +22,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 MiB = 2 ** 20
 
 CASES = [  # (name, --set overrides, num_frames, batch)
@@ -44,9 +43,9 @@ def real_step(overrides: list[str], frames: int, batch: int) -> dict:
     """Resident memory growth of one real training step on the CPU (fp32)."""
     import torch
 
-    import memory_estimate
     from config import load_config
-    from train import build_optimizer
+    from engine.step import build_optimizer
+    from planner import project as memory_estimate
 
     torch.manual_seed(0)
     cfg = load_config(None, overrides)
@@ -81,17 +80,18 @@ def main() -> None:
         return
     import torch
 
-    import memory_estimate
     from config import load_config
+    from planner import probe as memory_estimate
+    from planner import project
     print(f"(a) one fp32 training step on the CPU (torch {torch.__version__}, {os.cpu_count()} CPUs): resident "
           f"memory growth of the real step vs the estimate's growth")
     print(f"{'case':30s} {'T':>4s} {'batch':>5s} {'real MiB':>9s} {'estimated MiB':>13s} {'est/real':>8s}")
     for name, overrides, frames, batch in CASES:
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-        done = subprocess.run([sys.executable, __file__, "--worker", json.dumps([overrides, frames, batch])],
+        done = subprocess.run([sys.executable, "-m", "bench.memory_estimate", "--worker", json.dumps([overrides, frames, batch])],
                               cwd=ROOT, capture_output=True, text=True, env=env, check=True)
         real = json.loads(done.stdout.strip().splitlines()[-1])["rss_growth"]
-        estimate = memory_estimate.config_training_estimate(load_config(None, overrides), frames, batch,
+        estimate = project.config_training_estimate(load_config(None, overrides), frames, batch,
                                                             precision="32")
         growth = estimate.peak - estimate.before_step
         print(f"{name:30s} {frames:>4d} {batch:>5d} {real / MiB:>9.1f} {growth / MiB:>13.1f} {growth / real:>7.2f}x",

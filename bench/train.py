@@ -1,7 +1,7 @@
 """Training benchmark: throughput and peak memory for fp32 vs mixed precision, with and without checkpointing.
 
-    python bench/train.py                     # CPU: configs/quickstart.yaml; CUDA: configs/rtx5080.yaml
-    python bench/train.py --config configs/cpu.yaml --steps 20
+    python -m bench.train                     # CPU: configs/quickstart.yaml; CUDA: configs/rtx5080.yaml
+    python -m bench.train --config configs/cpu.yaml --steps 20
 
 Each variant trains the same steps on the synthetic data (generated into data/synthetic if missing) in a fresh
 process, --repeat times (the fastest run is kept). Printed: clips/s, the data-loading share of the step time
@@ -17,19 +17,20 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from bench.worker import parse_or_measure
 
-from worker import parse_or_measure  # noqa: E402  (bench/, the script's folder)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 
 def measure(args) -> dict:
     import torch
 
-    import memory_monitor
-    import train
     from config import load_config
-    from runtime import setup_logging, setup_runtime
+    from core import memory_monitor
+    from core.logs import setup_logging
+    from core.runtime import setup_runtime
+    from engine import loop
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(args.config, [f"trainer.precision={args.precision}",
@@ -37,11 +38,11 @@ def measure(args) -> dict:
                                         "train.log_every=1000000", *args.set])
         runtime = setup_runtime(cfg["trainer"])
         setup_logging(is_main=False)  # errors only: the table is the output
-        trainer, loader, _ = train.build_trainer(cfg, runtime, stop_after_steps=args.steps)
+        trainer, loader, _ = loop.build_trainer(cfg, runtime, stop_after_steps=args.steps)
         if runtime.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         with memory_monitor.PeakRssSampler() as sampler:
-            metrics = train.train_one_epoch(trainer, loader)
+            metrics = loop.train_one_epoch(trainer, loader)
         result = {"clips_per_s": metrics["train_clips_per_s"], "data_share": metrics["data_time_share"],
                   "steps": trainer.state.global_step, "precision": runtime.precision,
                   "peak_mb": sampler.peak_mb, "memory": "host RSS"}
@@ -75,7 +76,7 @@ def main() -> None:
     rows = []
     for precision in ("32", mixed):
         for checkpointing in ("false", "true"):
-            command = [sys.executable, __file__, "--worker", "--config", args.config, "--steps", str(args.steps),
+            command = [sys.executable, "-m", "bench.train", "--worker", "--config", args.config, "--steps", str(args.steps),
                        "--precision", precision, "--checkpointing", checkpointing]
             for item in args.set:
                 command += ["--set", item]

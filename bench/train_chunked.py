@@ -1,7 +1,8 @@
 """Chunked training benchmark: the memory and time of one training step as the clip grows, whole clip vs chunks.
 
-    python bench/train_chunked.py                                 # tiny3d width 32, 64x64, T = 64 ... 1,024
-    python bench/train_chunked.py --backbone r3d_18 --size 112 --frames 64,128 --chunks 16
+    python -m bench.train_chunked                                 # tiny3d width 32, 64x64, T = 64 ... 1,024
+    python -m bench.train_chunked --backbone r3d_18 --size 112 --frames 64,128 --chunks 16
+    python -m bench.train_chunked --temporal-head transformer      # with the temporal head over the chunks
 
 One training step (forward, backward, AdamW step) of the project's training forward (``ChunkedTrainingForward``,
 the one train.py uses) on a clip of T frames, batch 1, fp32, each cell in a fresh process. Memory: on the CPU
@@ -22,11 +23,11 @@ import subprocess
 import sys
 import time
 
+from bench.worker import parse_or_measure
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 MB = 2 ** 20
 
-from worker import parse_or_measure  # noqa: E402  (bench/, the script's folder)
 
 
 def _status_kb(field: str) -> int:
@@ -37,14 +38,15 @@ def _status_kb(field: str) -> int:
 def measure(args) -> dict:
     import torch
 
-    from chunked_forward import ChunkedTrainingForward, ChunkSpec, aggregate_chunk_logits
     from config import load_config
     from datasets.transforms import InputPreparer
+    from engine.chunking import ChunkedTrainingForward, ChunkSpec, aggregate_chunk_logits
     from models import build_model
 
     torch.manual_seed(0)
     device = torch.device(args.device)
-    cfg = load_config(None, [f"model.backbone={args.backbone}", f"model.width={args.width}"])
+    cfg = load_config(None, [f"model.backbone={args.backbone}", f"model.width={args.width}",
+                             f"model.temporal_head={args.temporal_head}", f"model.temporal_width={args.temporal_width}"])
     model = build_model(cfg["model"], num_classes=10).to(device).train()
     prepare = InputPreparer(device, cfg["data"]["mean"], cfg["data"]["std"])
     forward = ChunkedTrainingForward(model, prepare.normalize)
@@ -55,7 +57,9 @@ def measure(args) -> dict:
     spec = ChunkSpec(args.chunk, args.overlap)
 
     def step():
-        loss = torch.nn.functional.cross_entropy(aggregate_chunk_logits(forward(inputs, spec), "mean"), labels)
+        outputs = forward(inputs, spec)  # a temporal head's {"clip", "chunks"}, else chunk logits
+        logits = outputs["clip"] if isinstance(outputs, dict) else aggregate_chunk_logits(outputs, "mean")
+        loss = torch.nn.functional.cross_entropy(logits, labels)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -86,6 +90,25 @@ def measure(args) -> dict:
     return {"peak_mb": peak / MB, "step_s": min(times), "input_mb": clip["video"].numel() / MB}
 
 
+def step_cell(backbone: str, width: int, size: int, length: int, chunk: int, overlap: int = 0, repeat: int = 3,
+              device: str = "cpu", temporal_head: str = "none", temporal_width: int = 128) -> dict | str:
+    """One cell of the table: {"peak_mb", "step_s", "input_mb"} of one training step, or the error's last line.
+    Memory: every allocation above 64 KB its own mapping, returned when freed, so resident memory follows the
+    live tensors (glibc would keep freed blocks of the warm-up step resident and hide the measured one); time: a
+    second process with the usual allocator (mapping every block costs page faults)."""
+    command = [sys.executable, "-m", "bench.train_chunked", "--worker", "--backbone", backbone, "--width", str(width),
+               "--size", str(size), "--length", str(length), "--chunk", str(chunk), "--overlap", str(overlap),
+               "--repeat", str(repeat), "--device", device, "--temporal-head", temporal_head,
+               "--temporal-width", str(temporal_width)]
+    runs = [subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+            for env in ({**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}, os.environ)]
+    failed = next((r for r in runs if r.returncode != 0), None)
+    if failed is not None:
+        return failed.stderr.strip().splitlines()[-1]
+    memory_run, time_run = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
+    return {**memory_run, "step_s": time_run["step_s"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backbone", default="tiny3d")
@@ -94,6 +117,8 @@ def main() -> None:
     parser.add_argument("--frames", default="64,128,256,512,1024", help="clip lengths T")
     parser.add_argument("--chunks", default="16,32", help="chunk_train_size values beside the whole clip")
     parser.add_argument("--overlap", type=int, default=0)
+    parser.add_argument("--temporal-head", default="none", help="model.temporal_head: none, attention, transformer")
+    parser.add_argument("--temporal-width", type=int, default=128, help="model.temporal_width")
     parser.add_argument("--repeat", type=int, default=3, help="timed steps after the measured one; the fastest kept")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     args = parse_or_measure(parser, measure, length=int, chunk=int)
@@ -105,26 +130,19 @@ def main() -> None:
     frames = [int(v) for v in args.frames.split(",")]
     modes = [-1] + [int(v) for v in args.chunks.split(",")]
     memory = "device allocated" if args.device == "cuda" else "host RSS growth"
-    print(f"{args.backbone} (width {args.width}) at {args.size}x{args.size}, batch 1, fp32, AdamW, on {args.device}, "
+    head = "" if args.temporal_head == "none" else f", temporal head {args.temporal_head} (width {args.temporal_width})"
+    print(f"{args.backbone} (width {args.width}){head} at {args.size}x{args.size}, batch 1, fp32, AdamW, on {args.device}, "
           f"{os.cpu_count()} CPUs; memory: {memory} during one step")
     results = {}
     for length in frames:  # modes interleaved per length: the shared machine's speed drifts between minutes
         for chunk in modes:
-            command = [sys.executable, __file__, "--worker", "--backbone", args.backbone, "--width", str(args.width),
-                       "--size", str(args.size), "--length", str(length), "--chunk", str(chunk), "--overlap",
-                       str(args.overlap), "--repeat", str(args.repeat), "--device", args.device]
-            # memory: every allocation above 64 KB its own mapping, returned when freed, so resident memory follows
-            # the live tensors (glibc would keep freed blocks of the warm-up step resident and hide the measured
-            # one); time: a second process with the usual allocator (mapping every block costs page faults)
-            runs = [subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
-                    for env in ({**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}, os.environ)]
-            failed = next((r for r in runs if r.returncode != 0), None)
-            if failed is not None:
+            result = step_cell(args.backbone, args.width, args.size, length, chunk, args.overlap, args.repeat,
+                               args.device, args.temporal_head, args.temporal_width)
+            if isinstance(result, str):
                 results[length, chunk] = None
-                print(f"T={length} chunk={chunk}: failed: {failed.stderr.strip().splitlines()[-1]}", flush=True)
-                continue
-            memory_run, time_run = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
-            results[length, chunk] = {**memory_run, "step_s": time_run["step_s"]}
+                print(f"T={length} chunk={chunk}: failed: {result}", flush=True)
+            else:
+                results[length, chunk] = result
     header = f"{'T':>5s} {'uint8 clip MB':>13s}"
     for chunk in modes:
         name = "whole clip" if chunk == -1 else f"chunk {chunk}"

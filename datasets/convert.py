@@ -3,9 +3,11 @@
     python -m datasets.convert ucf101 ucfTrainTestlist --videos UCF-101 --split 1 --subset train --out ucf_train.jsonl
     python -m datasets.convert hmdb51 testTrainMulti_7030_splits --videos hmdb51 --subset test --out hmdb_test.jsonl
     python -m datasets.convert kinetics kinetics400/train.csv --videos kinetics400/train --out k400_train.jsonl
-    python -m datasets.convert activitynet activity_net.v1-3.min.json --videos anet --subset validation --out anet_val.jsonl
+    python -m datasets.convert activitynet activity_net.v1-3.min.json --videos anet --subset validation \
+        --out anet_val.jsonl
     python -m datasets.convert thumos thumos14.json --videos thumos --subset test --out thumos_test.jsonl
-    python -m datasets.convert mmaction train_list_videos.txt --videos data/videos --classes classes.txt --out train.jsonl
+    python -m datasets.convert mmaction train_list_videos.txt --videos data/videos --classes classes.txt \
+        --out train.jsonl
 
 Every line of the source is mapped or reported: videos not on disk, labels not in the class list, lines that do not
 parse. Anything unmapped stops the import (exit 2, nothing written) with one summary; ``--skip-missing`` writes the
@@ -23,7 +25,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from atomic_files import atomic_open
+from core.files import atomic_open
 from datasets.manifest import VIDEO_EXTENSIONS
 
 FORMATS = ("ucf101", "hmdb51", "kinetics", "activitynet", "thumos", "mmaction")
@@ -70,7 +72,7 @@ def _ucf101(src: str, videos: str, split: int, subset: str, classes: str | None)
     if not os.path.isdir(src):
         raise ConvertError(f"{src}: expected the folder with classInd.txt and trainlist0{split}.txt")
     names = {}
-    for number, line in _text_lines(os.path.join(src, "classInd.txt")):
+    for _number, line in _text_lines(os.path.join(src, "classInd.txt")):
         index, _, name = line.partition(" ")
         names[index] = name.strip()
     listing = os.path.join(src, f"{'trainlist' if subset == 'train' else 'testlist'}{split:02d}.txt")
@@ -182,7 +184,8 @@ def _untrimmed(src: str, videos: str, split: int, subset: str | None, classes: s
         if not segments:
             result.problem("videos without segments", where)
             continue
-        candidates = [os.path.join(videos, prefix + video_id + ext) for prefix in ("", "v_") for ext in VIDEO_EXTENSIONS]
+        candidates = [os.path.join(videos, prefix + video_id + ext) for prefix in ("", "v_")
+                      for ext in VIDEO_EXTENSIONS]
         path = next((c for c in candidates if os.path.isfile(c)), None)
         if path is None:
             result.problem("missing video files", f"{where}: {os.path.join(videos, video_id)}.mp4 (or v_{video_id}, "

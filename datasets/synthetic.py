@@ -16,6 +16,20 @@ Written (paths relative to --out):
   differently (colours, noise, zoom); ``multiview_train.jsonl``, ``multiview_val.jsonl``;
 - ``classes.txt``.
 
+With ``--long-range`` (``generate_long_range``) it writes instead the long-range order task, where a label depends
+on what happens across chunks (``bench/long_range.py`` trains on it):
+
+- ``videos/order_{split}_NNNN.mp4`` of ``--long-frames`` frames (default 1,024): grey, with fresh noise in every
+  frame (no frame tells its time), and two brief, distinct events: A (the frame tinted red) and B (tinted green),
+  ``--event-frames`` long, at least ``--min-gap`` frames apart. The label is their order: ``A_then_B`` or
+  ``B_then_A``. ``order_train.jsonl``, ``order_val.jsonl``.
+- Why no short view can solve it: the two event times are drawn once (first < second, the same distribution for
+  both labels) and the label only decides which event comes first. A clip or chunk shorter than the gap holds at
+  most one event, and sees the same A (or B) whatever the label, at no time it can read: any single chunk is at
+  chance. Any order-blind pooling of chunks (mean, max, a sum of per-chunk scores) sees the same multiset of chunks
+  (one with A, one with B, the rest empty) under both labels: at chance too, by construction. Only a model that
+  knows which chunk came first can tell.
+
 The output directory is built under a temporary name and renamed when complete, so an interrupted run
 never leaves a half-written dataset; a complete one with the same arguments is left as it is.
 """
@@ -30,6 +44,8 @@ import tempfile
 
 import cv2
 import numpy as np
+
+from core.files import atomic_path
 
 CLASSES = ("down", "grow", "left", "right", "shrink", "up")
 SHAPES = ("square", "disc", "triangle")
@@ -117,12 +133,77 @@ def write_video(path: str, frames_iter, size: int, fps: float) -> None:
         writer.release()
 
 
+ORDER_CLASSES = ("A_then_B", "B_then_A")
+EVENT_TINTS = {"A": (0, 0, 255), "B": (0, 255, 0)}  # BGR: A red, B green
+
+
+def order_video(rng: np.random.Generator, label: str, frames: int, size: int, event_frames: int,
+                min_gap: int) -> tuple[list[np.ndarray], dict]:
+    """The frames (BGR) of one long-range order video and where its events are: the two event times are drawn
+    the same way for both labels (first < second); ``label`` only decides which event is first."""
+    first = int(rng.integers(0, frames - 2 * event_frames - min_gap + 1))
+    second = int(rng.integers(first + event_frames + min_gap, frames - event_frames + 1))
+    names = ("A", "B") if label == "A_then_B" else ("B", "A")
+    events = {names[0]: first, names[1]: second}
+    video = []
+    for t in range(frames):
+        frame = rng.integers(90, 166, size=(size, size, 3), dtype=np.uint8)  # fresh noise: no frame tells its time
+        for name, start in events.items():
+            if start <= t < start + event_frames:
+                frame = (0.4 * frame + 0.6 * np.array(EVENT_TINTS[name])).astype(np.uint8)
+        video.append(frame)
+    return video, events
+
+
+def generate_long_range(out: str, seed: int = 0, size: int = 32, fps: float = 25.0, num_train: int = 96,
+                        num_val: int = 48, frames: int = 1024, event_frames: int = 12, min_gap: int = 320,
+                        quiet: bool = False) -> str:
+    """Write the long-range order task (module docstring) to ``out``; skipped when a complete one with the same
+    arguments is there."""
+    if frames < 2 * event_frames + min_gap:
+        raise SystemExit(f"error: --long-frames {frames} cannot hold two events of {event_frames} frames "
+                         f"{min_gap} apart; give at least {2 * event_frames + min_gap}")
+    args = dict(kind="long_range", seed=seed, size=size, fps=fps, num_train=num_train, num_val=num_val,
+                frames=frames, event_frames=event_frames, min_gap=min_gap)
+
+    def write(root: str) -> None:
+        rng = np.random.default_rng(seed)
+        os.makedirs(os.path.join(root, "videos"))
+        with open(os.path.join(root, "classes.txt"), "w") as f:
+            f.write("\n".join(ORDER_CLASSES) + "\n")
+        for split, count in (("train", num_train), ("val", num_val)):
+            lines = []
+            for i in range(count):
+                label = ORDER_CLASSES[i % 2]
+                video, events = order_video(rng, label, frames, size, event_frames, min_gap)
+                path = f"videos/order_{split}_{i:04d}.mp4"
+                write_video(os.path.join(root, path), video, size, fps)
+                lines.append({"video": path, "label": label, "events": events})
+            _write_jsonl(os.path.join(root, f"order_{split}.jsonl"), lines)
+            if not quiet:
+                print(f"  {split}: {count} videos of {frames} frames, events of {event_frames} frames at least "
+                      f"{min_gap} apart")
+
+    return _build_once(out, args, write, quiet)
+
+
 def generate(out: str, seed: int = 0, size: int = 64, fps: float = 25.0, num_train: int = 192, num_val: int = 48,
              num_test: int = 48, short_frames: int = 40, num_long: int = 2, long_frames: int = 3000,
              num_multiview: int = 48, quiet: bool = False) -> str:
     """Write the dataset to ``out`` (skipped when a complete one with the same arguments is there)."""
     args = dict(seed=seed, size=size, fps=fps, num_train=num_train, num_val=num_val, num_test=num_test,
                 short_frames=short_frames, num_long=num_long, long_frames=long_frames, num_multiview=num_multiview)
+
+    def write(root: str) -> None:
+        _generate_into(root, np.random.default_rng(seed), quiet=quiet,
+                       **{k: v for k, v in args.items() if k != "seed"})
+
+    return _build_once(out, args, write, quiet)
+
+
+def _build_once(out: str, args: dict, write, quiet: bool) -> str:
+    """``write(directory)`` into a temporary directory renamed to ``out`` when complete; nothing when ``out``
+    already holds a complete dataset made with ``args``."""
     marker = os.path.join(out, MARKER)
     if os.path.exists(marker):
         with open(marker) as f:
@@ -139,7 +220,7 @@ def generate(out: str, seed: int = 0, size: int = 64, fps: float = 25.0, num_tra
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".synthetic-", dir=parent)
     try:
-        _generate_into(tmp, np.random.default_rng(seed), quiet=quiet, **{k: v for k, v in args.items() if k != "seed"})
+        write(tmp)
         with open(os.path.join(tmp, MARKER), "w") as f:
             json.dump(args, f)
         if os.path.exists(out):
@@ -192,7 +273,7 @@ def _generate_into(root: str, rng: np.random.Generator, size: int, fps: float, n
             start = end
         keypoints = np.zeros((long_frames, NUM_JOINTS, 3), np.float32)
 
-        def frames():
+        def frames(segments=segments, keypoints=keypoints):  # consumed in this iteration, by write_video
             for seg in segments:
                 scene = Scene(rng, seg["label"], seg["end"] - seg["start"], size)
                 for t in range(seg["end"] - seg["start"]):
@@ -234,22 +315,32 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="output directory (created)")
     parser.add_argument("--seed", type=int, default=0, help="random seed: the same seed writes the same dataset")
-    parser.add_argument("--size", type=int, default=64, help="frame width and height in pixels")
+    parser.add_argument("--size", type=int, help="frame width and height in pixels (default 64)")
     parser.add_argument("--fps", type=float, default=25.0, help="frames per second written in the files")
-    parser.add_argument("--num-train", type=int, default=192, help="short training videos")
-    parser.add_argument("--num-val", type=int, default=48, help="short validation videos")
+    parser.add_argument("--num-train", type=int, help="short training videos (default 192)")
+    parser.add_argument("--num-val", type=int, help="short validation videos (default 48)")
     parser.add_argument("--num-test", type=int, default=48, help="short test videos")
     parser.add_argument("--short-frames", type=int, default=40, help="frames per short video")
     parser.add_argument("--num-long", type=int, default=2, help="long videos with a timeline")
-    parser.add_argument("--long-frames", type=int, default=3000, help="frames per long video")
+    parser.add_argument("--long-frames", type=int, help="frames per long video (default 3000)")
     parser.add_argument("--num-multiview", type=int, default=48, help="multi-view training scenes (val: half)")
     parser.add_argument("--quiet", action="store_true", help="print nothing")
+    parser.add_argument("--long-range", action="store_true",
+                        help="write the long-range order task instead (order_train/val.jsonl; see above): "
+                             "--long-frames (default 1024), --num-train (96), --num-val (48), --size (32)")
+    parser.add_argument("--event-frames", type=int, default=12, help="--long-range: frames per event")
+    parser.add_argument("--min-gap", type=int, default=320, help="--long-range: frames between the two events")
     args = parser.parse_args(argv)
     for name in ("size", "short_frames", "long_frames"):
-        if getattr(args, name) < 8:
+        if getattr(args, name) is not None and getattr(args, name) < 8:
             parser.error(f"--{name.replace('_', '-')} must be at least 8")
-    generate(args.out, args.seed, args.size, args.fps, args.num_train, args.num_val, args.num_test,
-             args.short_frames, args.num_long, args.long_frames, args.num_multiview, args.quiet)
+    if args.long_range:
+        generate_long_range(args.out, args.seed, args.size or 32, args.fps, args.num_train or 96, args.num_val or 48,
+                            args.long_frames or 1024, args.event_frames, args.min_gap, args.quiet)
+        return 0
+    generate(args.out, args.seed, args.size or 64, args.fps, args.num_train or 192, args.num_val or 48,
+             args.num_test, args.short_frames, args.num_long, args.long_frames or 3000, args.num_multiview,
+             args.quiet)
     return 0
 
 
@@ -273,12 +364,11 @@ def write_h264(path: str, frames: int, width: int, height: int, fps: int = 25, c
     container follows the path's extension); kept if it exists. Needs PyAV (OpenCV's wheel cannot encode H.264)."""
     if os.path.exists(path):
         return path
-    import av
+    import av  # lazy: PyAV is optional at run time; only the benchmarks' camera-like videos need it here
     rng = np.random.default_rng(0)
     texture = cv2.resize(rng.integers(0, 255, (height // 8, width // 8, 3), dtype=np.uint8), (width, height))
-    tmp = path + ".tmp" + os.path.splitext(path)[1]
     encoder, options = CAMERA_CODECS[codec]
-    with av.open(tmp, "w") as container:
+    with atomic_path(path) as tmp, av.open(tmp, "w") as container:  # the temp name keeps the extension
         stream = container.add_stream(encoder, rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.options = dict(options)
@@ -292,5 +382,4 @@ def write_h264(path: str, frames: int, width: int, height: int, fps: int = 25, c
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
-    os.replace(tmp, path)
     return path

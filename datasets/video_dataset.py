@@ -3,6 +3,19 @@
 The index is built from metadata only (frame counts from the containers, cached). A sample returns a
 dict of uint8 frames (converted to float on the device, see ``datasets.transforms``), the keypoints of
 the same frames, the label of the part of the timeline it covers, and where it came from.
+
+A sample (``VideoWindowDataset[i]``), T = the clip's frames (``data.num_frames``, or the window's with -1):
+
+    "label"          int                      the class of the window (of its mirror class after a flip)
+    "video_index"    int                      which manifest line (video-level metrics sum its clips)
+    "window"         int64 [2]                the sample window [start, end) in video frames
+    "frame_indices"  int64 [T]                the video frames decoded
+    "frame_labels"   int64 [T]                each frame's class from the timeline's segments, -1 where none
+    "video"          uint8 [C, T, H, W]       with data.load_rgb; [V, C, T, H, W] with V camera views
+    "kpt"            float32 [T, J, C]        with data.load_kpt (x, y first; NaN: missing joint)
+    "skipped", "notes"                        files skipped (on_bad_video: skip) and warnings, for the main process
+
+``collate_samples`` stacks them into a batch with a leading B axis.
 """
 from __future__ import annotations
 
@@ -18,7 +31,8 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from datasets.clip_transform import ClipTransform
-from datasets.keypoints import KeypointError, keypoint_length, read_keypoints
+from datasets.decode import read_clip, read_clip_keypoints
+from datasets.keypoints import KeypointError, keypoint_length
 from datasets.manifest import ManifestError, VideoRecord, read_manifest
 from datasets.video_reader import ReaderCache, VideoIndexCache, VideoReadError, several_streams_note
 from datasets.windows import clip_indices, split_into_windows
@@ -247,9 +261,10 @@ class VideoWindowDataset(Dataset):
         # augmentation draws its own stream: the clip's placement stays what it was without augmentation
         rng = np.random.default_rng([self.seed, self.epoch, index, 1]) if self.training else None
         plans = self.transform.plan(self._sources(record), rng, index % self.crops) if self.cfg["load_rgb"] else []
-        indices, frames = place_clip(window.end), []
+        colour = self.transform.colour_factors(rng)  # drawn after the geometry, as ever: samples stay the same
+        indices, views = place_clip(window.end), []
         if plans:
-            indices, frames = self._read_frames(record, window, place_clip, [plan.decoded for plan in plans])
+            indices, views = self._read_frames(record, window, place_clip, plans, colour)
         label, frame_labels = window.label, self._frame_labels(window, indices)
         if plans and plans[0].flipped:  # a mirrored clip of a class with a side is one of its mirror class
             label, frame_labels = int(self.mirror[label]), np.where(frame_labels >= 0, self.mirror[frame_labels], -1)
@@ -260,36 +275,31 @@ class VideoWindowDataset(Dataset):
             "frame_indices": torch.from_numpy(indices),
             "frame_labels": torch.from_numpy(frame_labels),
         }
-        if frames:
-            colour = self.transform.colour_factors(rng)
-            views = [self.transform.frames(torch.from_numpy(f).permute(0, 3, 1, 2), plan, colour).permute(1, 0, 2, 3)
-                     for f, plan in zip(frames, plans)]  # each [C, T, H, W] uint8
+        if views:
             sample["video"] = views[0] if len(views) == 1 else torch.stack(views)
         if self.cfg["load_kpt"]:
-            kpt = _keypoints_of(record, indices)
-            # keypoints follow the first view's geometry; without frames there is none to follow
-            sample["kpt"] = torch.from_numpy(self.transform.keypoints(kpt, plans[0]) if plans else kpt)
+            sample["kpt"] = torch.from_numpy(read_clip_keypoints(record, indices, plans, self.transform))
         return sample
 
     def _sources(self, record: VideoRecord) -> list[tuple[int, int]]:
         """Each view's stored (height, width)."""
         return [(self.video_info[path].height, self.video_info[path].width) for path in record.views.values()]
 
-    def _read_frames(self, record: VideoRecord, window: SampleWindow, place_clip,
-                     sizes: list[tuple[int, int]]) -> tuple[np.ndarray, list]:
-        """(frame indices, each view's frames [T, H, W, 3] at its decode size, ``sizes``)."""
-        readers = [_READERS.get(path, size, self.video_info.get(path), self.cfg["decoder"])
-                   for path, size in zip(record.views.values(), sizes)]
+    def _read_frames(self, record: VideoRecord, window: SampleWindow, place_clip, plans: list,
+                     colour: tuple | None) -> tuple[np.ndarray, list]:
+        """(frame indices, each view's uint8 [C, T, H, W] clip: ``datasets.decode.read_clip``)."""
+        readers = [_READERS.get(path, plan.decoded, self.video_info.get(path), self.cfg["decoder"])
+                   for path, plan in zip(record.views.values(), plans)]
         end = min([window.end] + [r.num_frames for r in readers])
         while True:  # at most twice: a read can find the video shorter than its container says
             if end <= window.start:
                 raise VideoReadError(f"{record.first_path}: the video ends at frame {end}, before this "
                                      f"sample window [{window.start}, {window.end})")
             indices = place_clip(end)
-            frames = [r.read(indices) for r in readers]
+            views = read_clip(readers, indices, plans, self.transform, colour)
             real_end = min(r.num_frames for r in readers)
             if real_end >= end:
-                return indices, frames
+                return indices, views
             end = real_end  # shrink the window to the frames that exist
 
     @staticmethod
@@ -306,14 +316,8 @@ class VideoWindowDataset(Dataset):
         if not self.cfg["load_kpt"]:
             return None
         window = self.windows[0]
-        kpt = _keypoints_of(self.records[window.record], [window.start])  # keypoints only: no video decoded
+        kpt = read_clip_keypoints(self.records[window.record], [window.start], [], self.transform)  # no decoding
         return int(kpt.shape[1]), int(kpt.shape[2])
-
-
-def _keypoints_of(record: VideoRecord, indices) -> np.ndarray:
-    if record.keypoints is None:
-        raise KeypointError(f"{record.where}: data.load_kpt is true but the sample has no 'keypoints'")
-    return read_keypoints(record.keypoints, indices)
 
 
 def check_labels(record: VideoRecord, class_names: list[str], unlabelled_ok: bool = False) -> None:

@@ -22,9 +22,25 @@ from typing import Sequence
 import cv2
 import numpy as np
 
+from core.files import atomic_write_bytes
+
 log = logging.getLogger("longvideo." + __name__)  # printed through the project logger
 
 REENCODE_HINT = "re-encode it, e.g. ffmpeg -i in.mkv -c:v libx264 -pix_fmt yuv420p out.mp4"
+
+
+def quiet_decoder_logs(verbose: bool = False) -> None:
+    """FFmpeg's and OpenCV's own log lines ("[mov,mp4,...] moov atom not found", "[ WARN:0@...] cap.cpp") would
+    surround the one-line error the scripts print for a bad file: each script's main() quiets them, unless
+    ``verbose`` or the user set OPENCV_FFMPEG_LOGLEVEL / OPENCV_LOG_LEVEL. OpenCV reads the FFmpeg level when it
+    first opens a video and its own level at import, so the latter is also set here; DataLoader workers inherit
+    both."""
+    if verbose:
+        return
+    os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
+    if "OPENCV_LOG_LEVEL" not in os.environ:
+        os.environ["OPENCV_LOG_LEVEL"] = "ERROR"
+        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
 
 
 class VideoReadError(Exception):
@@ -63,7 +79,7 @@ def several_streams_note(info: VideoInfo) -> str | None:
 def _video_streams(path: str) -> list:
     """[width, height, frames] of each video stream, from the container's header (PyAV; nothing is decoded)."""
     try:
-        import av
+        import av  # lazy: PyAV is optional at run time (the opencv decoder works without it)
     except ImportError:
         return []
     try:
@@ -124,7 +140,7 @@ def probe(path: str, decoder: str = "opencv") -> VideoInfo:
 
 def _probe_with_pyav(path: str, codec: str) -> VideoInfo:
     """The probe of a file only PyAV decodes: its first video stream's header, and one decoded frame."""
-    import av
+    import av  # lazy: PyAV is optional at run time (the opencv decoder works without it)
     try:
         with av.open(path) as container:
             streams = _stream_list(container)
@@ -206,7 +222,6 @@ class VideoIndexCache:
     def save(self) -> None:
         if not (self.path and self.dirty):
             return
-        from atomic_files import atomic_write_bytes
         atomic_write_bytes(self.path, json.dumps(self.entries).encode())
         self.dirty = False
 
@@ -406,7 +421,8 @@ class PyAVReader(VideoReader):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        import av  # noqa: F401  (fails here, at open, with a clear ImportError, not in the middle of a read)
+        # lazy: PyAV is optional at run time; without it this fails here, at open, with a clear ImportError
+        import av  # noqa: F401
         self._container = None
         self._frames = None  # iterator over the decoded frames from the current position
         self._wanted: frozenset[int] = frozenset()  # frames of the current read()
@@ -495,8 +511,8 @@ class PyAVReader(VideoReader):
         return self._ended_at(index)
 
     def _open(self) -> None:
-        import av
-        from av.video.reformatter import VideoReformatter
+        import av  # lazy: PyAV is optional at run time (the opencv decoder works without it)
+        from av.video.reformatter import VideoReformatter  # (the same)
         try:
             self._container = av.open(self.path)
         except (av.FFmpegError, OSError) as e:

@@ -8,38 +8,13 @@ float, "kpt": [B, T, J, C] float}``.
 """
 from __future__ import annotations
 
-from typing import Callable
+from models import tiny3d, torchvision_video, vgg3d  # noqa: F401  (importing them registers the backbones)
+from models.classifier import VideoClassifier
+from models.keypoint import KeypointTCN
+from models.pretrained import load_pretrained
+from models.registry import ModelConfigError, build_rgb_backbone, registered_names
 
-
-class ModelConfigError(ValueError):
-    """A model section that does not fit the data or the backbone: the scripts print it as a config error.
-    Only this error is turned into one; any other ValueError keeps its traceback (a bug, not a config)."""
-
-
-_RGB_BACKBONES: dict[str, Callable] = {}
-
-
-def register_backbone(name: str):
-    def wrap(factory):
-        _RGB_BACKBONES[name] = factory
-        return factory
-    return wrap
-
-
-def registered_names() -> list[str]:
-    _import_all()
-    return sorted(_RGB_BACKBONES)
-
-
-def _import_all() -> None:
-    from models import tiny3d, torchvision_video, vgg3d  # noqa: F401  (their decorators fill the registry)
-
-
-def build_rgb_backbone(name: str, width: int = 32, norm: str = "batch"):
-    _import_all()
-    if name not in _RGB_BACKBONES:
-        raise ModelConfigError(f"unknown model '{name}'; known: {', '.join(sorted(_RGB_BACKBONES))}")
-    return _RGB_BACKBONES[name](width=width, norm=norm)
+__all__ = ["ModelConfigError", "build_model", "build_rgb_backbone", "registered_names"]
 
 
 def build_model(model_cfg: dict, num_classes: int, num_views: int = 1, kpt_shape: tuple[int, int] | None = None):
@@ -47,9 +22,6 @@ def build_model(model_cfg: dict, num_classes: int, num_views: int = 1, kpt_shape
 
     num_views: camera views per sample (from the data); kpt_shape: (joints, channels) of the keypoints.
     """
-    from models.classifier import VideoClassifier
-    from models.keypoint import KeypointTCN
-
     input_type = model_cfg["input_type"]
     rgb = (build_rgb_backbone(model_cfg["backbone"], model_cfg["width"], model_cfg["norm"])
            if input_type in ("rgb", "rgb_kpt") else None)
@@ -60,9 +32,14 @@ def build_model(model_cfg: dict, num_classes: int, num_views: int = 1, kpt_shape
         kpt = KeypointTCN(num_joints=kpt_shape[0], channels=kpt_shape[1], width=model_cfg["width"] * 2,
                           norm=model_cfg["norm"])
     if rgb is not None and model_cfg["pretrained"] is not None:
-        from models.pretrained import load_pretrained
         load_pretrained(rgb, model_cfg["pretrained"], model_cfg["backbone"])
+    temporal = None
+    if model_cfg["temporal_head"] != "none":
+        temporal = {"kind": model_cfg["temporal_head"], "width": model_cfg["temporal_width"],
+                    "layers": model_cfg["temporal_layers"], "heads": model_cfg["temporal_heads"],
+                    "dropout": model_cfg["temporal_dropout"]}
     model = VideoClassifier(rgb=rgb, kpt=kpt, num_classes=num_classes, view_fusion=model_cfg["view_fusion"],
-                            num_views=num_views, dropout=model_cfg["dropout"], fusion=model_cfg["fusion"])
+                            num_views=num_views, dropout=model_cfg["dropout"], fusion=model_cfg["fusion"],
+                            temporal=temporal)
     model.set_grad_checkpointing(model_cfg["grad_checkpointing"])
     return model

@@ -4,14 +4,18 @@
 --profile: for each backbone at a preset's clip shape (default configs/rtx5080.yaml: 40 frames at 160x210,
 batch 1): parameters, forward GFLOPs (torch.utils.flop_counter, counted on the meta device, so no compute), and
 the peak training memory (forward + backward + AdamW step) for fp32 and fp16, without and with gradient
-checkpointing: estimated on any machine (memory_estimate.py), and with CUDA measured beside it.
+checkpointing: estimated on any machine (the memory planner), and with CUDA measured beside it.
 """
 import argparse
+import copy
 import os
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
+from config import load_config
 from models import build_model, build_rgb_backbone, registered_names
+from planner import project  # python -m models is an entry point, like the scripts: it may use the planner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,7 +29,6 @@ def clip_shape_for(name: str, frames: int, size: list) -> tuple[int, int, int]:
 
 
 def forward_gflops(model_cfg: dict, shape) -> float:
-    from torch.utils.flop_counter import FlopCounterMode
     with torch.device("meta"):
         model = build_model(model_cfg, num_classes=10).eval()
         clip = {"video": torch.empty(1, 3, *shape)}
@@ -36,10 +39,7 @@ def forward_gflops(model_cfg: dict, shape) -> float:
 
 def training_memory_mb(cfg: dict, name: str, shape, cuda: bool) -> list[str]:
     """Estimated (and with CUDA measured) peak MiB of one training step at batch 1, for fp32 / fp16 x gradient
-    checkpointing off / on: memory_estimate.py, the estimator train.py --probe-memory uses."""
-    import copy
-
-    import memory_estimate
+    checkpointing off / on: the planner's estimate, the one train.py --probe-memory uses."""
     cells = []
     for precision, ckpt in (("32", False), ("32", True), ("16", False), ("16", True)):
         changed = copy.deepcopy(cfg)
@@ -47,10 +47,10 @@ def training_memory_mb(cfg: dict, name: str, shape, cuda: bool) -> list[str]:
                                 view_fusion="none")
         changed["data"]["img_size"] = list(shape[1:])
         changed["train"]["accumulate_grad_batches"] = 1
-        estimate = memory_estimate.config_training_estimate(changed, shape[0], 1, precision=precision)
+        estimate = project.config_training_estimate(changed, shape[0], 1, precision=precision)
         cells.append(f"{estimate.peak / 2 ** 20:.0f}")
         if cuda:
-            measured = memory_estimate.measure_training_step_cuda(changed, shape[0], 1, precision=precision)
+            measured = project.measure_training_step_cuda(changed, shape[0], 1, precision=precision)
             cells[-1] += "/" + ("OOM" if measured is None else f"{measured['allocated'] / 2 ** 20:.0f}")
     return cells
 
@@ -68,7 +68,6 @@ def main() -> None:
             params = sum(p.numel() for p in build_rgb_backbone(name).parameters())
             print(f"{name:14s} {params / 1e6:8.2f} M parameters (backbone, without the head)")
         return
-    from config import load_config
     cfg = load_config(args.config)
     cuda = torch.cuda.is_available()
     print(f"clip shape of {os.path.relpath(args.config, ROOT)}: {cfg['data']['num_frames']} frames at "
@@ -82,7 +81,8 @@ def main() -> None:
                      "input_type": "rgb", "view_fusion": "none"}
         shape = clip_shape_for(name, cfg["data"]["num_frames"], cfg["data"]["img_size"])
         params = sum(p.numel() for p in build_model(model_cfg, num_classes=10).parameters())
-        line = f"{name:12s} {params / 1e6:9.2f} {forward_gflops(model_cfg, shape):8.1f} {'x'.join(map(str, shape)):>13s}"
+        line = (f"{name:12s} {params / 1e6:9.2f} {forward_gflops(model_cfg, shape):8.1f} "
+                f"{'x'.join(map(str, shape)):>13s}")
         line += "".join(f" {cell:>14s}" for cell in training_memory_mb(cfg, name, shape, cuda))
         print(line, flush=True)
 

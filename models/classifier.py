@@ -8,7 +8,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from models import ModelConfigError
+from models.registry import ModelConfigError
+from models.temporal import TemporalHead
 
 
 def norm_layer(kind: str, channels: int, dims: int) -> nn.Module:
@@ -89,10 +90,14 @@ class VideoClassifier(nn.Module):
 
     view_fusion: none (a single view), mean (features averaged over views), concat (features
     concatenated; the view count is fixed at build time), late (one prediction per view, logits averaged).
+    temporal: the temporal head's settings ({"kind", "width", "layers", "heads", "dropout"}, models/temporal.py)
+    or None; with a head, a clip's chunk features go through ``self.temporal`` (the chunked forwards of
+    engine/chunking.py do that) and ``forward`` treats its input as one chunk.
     """
 
     def __init__(self, rgb: StagedBackbone | None, kpt: StagedBackbone | None, num_classes: int,
-                 view_fusion: str = "none", num_views: int = 1, dropout: float = 0.0, fusion: str = "concat"):
+                 view_fusion: str = "none", num_views: int = 1, dropout: float = 0.0, fusion: str = "concat",
+                 temporal: dict | None = None):
         super().__init__()
         if rgb is None and kpt is None:
             raise ModelConfigError("a classifier needs an RGB backbone, a keypoint branch, or both")
@@ -110,8 +115,17 @@ class VideoClassifier(nn.Module):
             self.feature_dim = rgb_dim
         else:  # concatenated
             self.feature_dim = rgb_dim + kpt_dim
-        self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(self.feature_dim, num_classes))
+        # with a temporal head, the head's own classifier replaces this one (an unused one would stall DDP)
+        self.classifier = (nn.Sequential(nn.Dropout(dropout), nn.Linear(self.feature_dim, num_classes))
+                           if temporal is None else None)
         self.min_frames = max(b.min_frames for b in (rgb, kpt) if b is not None)
+        self.temporal = None
+        if temporal is not None:
+            if view_fusion == "late":
+                raise ModelConfigError("model.temporal_head needs one feature vector per chunk, but view_fusion late "
+                                       "keeps one per view; use view_fusion mean or concat")
+            self.temporal = TemporalHead(temporal["kind"], self.feature_dim, num_classes, temporal["width"],
+                                         temporal["layers"], temporal["heads"], temporal["dropout"])
 
     def set_grad_checkpointing(self, enabled: bool = True) -> None:
         for branch in (self.rgb, self.kpt):
@@ -150,4 +164,9 @@ class VideoClassifier(nn.Module):
         return logits.mean(dim=1) if logits.dim() == 3 else logits
 
     def forward(self, inputs: dict) -> torch.Tensor:
-        return self.head(self.features(inputs))
+        """Clip logits [B, K]; with a temporal head, of the clip as one chunk of stride 1."""
+        features = self.features(inputs)
+        if self.temporal is None:
+            return self.head(features)
+        length = next(v.shape[-3] if k == "video" else v.shape[1] for k, v in inputs.items())
+        return self.temporal(features.unsqueeze(1), torch.tensor([[0, length]]))[0]

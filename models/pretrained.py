@@ -10,8 +10,10 @@ import logging
 import os
 
 import torch
+from torchvision.models import get_model_weights
 
-from models import ModelConfigError
+from core.errors import error_summary
+from models.registry import ModelConfigError
 
 log = logging.getLogger("longvideo.models")
 CLASSIFIER_PREFIXES = ("fc.", "head.", "classifier.")
@@ -22,7 +24,6 @@ class PretrainedError(ModelConfigError):
 
 
 def _download(name: str) -> dict:
-    from torchvision.models import get_model_weights
     try:
         weights = get_model_weights(name).DEFAULT
     except (ValueError, KeyError):
@@ -36,11 +37,6 @@ def _download(name: str) -> dict:
                               f"/path/to/{os.path.basename(weights.url)}")
 
 
-def _first_line(error: Exception) -> str:
-    from checkpoint import error_summary
-    return error_summary(error)
-
-
 def _read(path: str) -> dict:
     if not os.path.exists(path):
         raise PretrainedError(f"model.pretrained: {path}: file not found; give a weights file that exists, true for "
@@ -49,7 +45,7 @@ def _read(path: str) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise PretrainedError(f"model.pretrained: {path}: not a weights file that loads with weights_only=True "
-                              f"({_first_line(e)}); give a state dict of tensors (torchvision's .pth files or a "
+                              f"({error_summary(e)}); give a state dict of tensors (torchvision's .pth files or a "
                               f"checkpoint of this project), or null")
     if isinstance(state, dict) and isinstance(state.get("model"), dict):  # a checkpoint of this project
         state = {k[len("rgb."):]: v for k, v in state["model"].items() if k.startswith("rgb.")}

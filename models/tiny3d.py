@@ -1,8 +1,8 @@
 """A tiny 3D CNN: fast enough to train on a 2-core CPU (the demo and the tests)."""
 from torch import nn
 
-from models import register_backbone
 from models.classifier import StagedBackbone, norm_layer
+from models.registry import register_backbone
 
 
 def conv_norm_relu(cin: int, cout: int, stride: tuple, norm: str) -> nn.Sequential:

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torchvision.models import video as tv_video
 
-from models import ModelConfigError, register_backbone
 from models.classifier import StagedBackbone, recompute_in_backward
+from models.registry import ModelConfigError, register_backbone
 
 
 class TorchvisionVideoResNet(StagedBackbone):

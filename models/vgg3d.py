@@ -1,8 +1,8 @@
 """A small VGG-style 3D CNN: four stages of two 3x3x3 convolutions and a pooling, widths w, 2w, 4w, 8w."""
 from torch import nn
 
-from models import register_backbone
 from models.classifier import StagedBackbone, norm_layer
+from models.registry import register_backbone
 
 
 def vgg_stage(cin: int, cout: int, pool: tuple, norm: str) -> nn.Sequential:

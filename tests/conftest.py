@@ -2,13 +2,10 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import cv2
 import numpy as np
 import pytest
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BITS = 12
 BLOCK = 10  # pixels per bit: wide blocks survive lossy codecs

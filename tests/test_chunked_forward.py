@@ -2,9 +2,9 @@ import pytest
 import torch
 from torch import nn
 
-from chunked_forward import LogitAggregator, forward_chunked, inference_windows
-from models import build_model
 from config import load_config
+from engine.chunking import LogitAggregator, forward_chunked, inference_windows
+from models import build_model
 
 
 class WindowProbe(nn.Module):

@@ -4,14 +4,15 @@ import shutil
 
 import pytest
 import torch
+from conftest import overrides
 from torch import nn
 
 import train
-from checkpoint import load_checkpoint
-from chunked_forward import ChunkedTrainingForward, ChunkSpec, aggregate_chunk_logits, chunk_labels, chunk_windows
+from artifacts.checkpoint import load_checkpoint
 from config import ConfigError, load_config
-from conftest import overrides
 from datasets.transforms import InputPreparer
+from engine.chunking import ChunkedTrainingForward, ChunkSpec, aggregate_chunk_logits, chunk_labels, chunk_windows
+from engine.step import training_loss
 from models import build_model
 
 MEAN, STD = [0.45] * 3, [0.225] * 3
@@ -148,7 +149,7 @@ def test_dense_loss_is_the_mean_over_counted_chunks(tmp_path):
     piece = {"video": torch.zeros(2, 3, 12, 1, 1), "label": torch.tensor([0, 0]),
              "frame_labels": torch.tensor([[2, 2, 2, 1, 1, 1, 1, -1, -1, -1, -1, -1],
                                            [0, 0, 0, 0, 0, 0, 3, 3, 3, 3, 3, 0]])}
-    loss = train.training_loss(chunk_logits, piece, ChunkSpec(4, 1), cfg["train"], nn.CrossEntropyLoss())
+    loss = training_loss(chunk_logits, piece, ChunkSpec(4, 1), cfg["train"], nn.CrossEntropyLoss())
     rows = [(0, 0, 2), (0, 1, 0), (1, 0, 1), (1, 1, 0), (2, 0, 1), (2, 1, 3), (3, 1, 3)]  # (chunk, clip, label)
     by_hand = sum(-chunk_logits[c, b].log_softmax(-1)[k] for c, b, k in rows) / len(rows)
     torch.testing.assert_close(loss, by_hand)
@@ -164,12 +165,15 @@ def test_chunk_train_aggregation_last_is_refused_with_its_reason():
         load_config(None, ["train.chunk_train_size=8", "train.chunk_train_overlap=8"])
 
 
-@pytest.mark.parametrize("dense", [False, True])
-def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(synthetic_root, tmp_path, dense):
-    """From epoch_0001.pt of a 2-epoch run, put as last.pt of a fresh run: the same final weights."""
+@pytest.mark.parametrize("dense, head", [(False, "none"), (True, "none"), (True, "transformer")])
+def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(synthetic_root, tmp_path, dense, head):
+    """From epoch_0001.pt of a 2-epoch run, put as last.pt of a fresh run: the same final weights (with a temporal
+    head too: its dropout and the recomputed chunks' draw from the restored RNG)."""
     extra = ["model.dropout=0.5", "train.chunk_train_size=4", "train.chunk_train_overlap=1", "train.keep_last_k=2",
              "train.chunk_infer_size=4"] + (["train.chunk_loss=dense", "data.train_manifest=long.jsonl", "data.val_manifest=long.jsonl",
                                               "data.max_video_frames=40"] if dense else [])
+    if head != "none":
+        extra += [f"model.temporal_head={head}", "model.temporal_dropout=0.3", "model.temporal_width=16"]
     reference_dir = tmp_path / "reference"
     assert train.main(overrides(synthetic_root, reference_dir, *extra)) == 0
     checkpoints = os.path.join(reference_dir, "e2e", "latest", "checkpoints")
@@ -183,5 +187,6 @@ def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(synthetic_root,
     assert train.main(overrides(synthetic_root, tmp_path / "resumed", *extra) + ["--resume", "auto"]) == 0
     resumed = load_checkpoint(str(resumed_dir / "checkpoints" / "last.pt"))
     assert resumed["global_step"] == reference["global_step"]
+    assert any(key.startswith("temporal.") for key in reference["model"]) == (head != "none")
     for key, value in reference["model"].items():
         torch.testing.assert_close(resumed["model"][key], value, rtol=0, atol=0, msg=key)

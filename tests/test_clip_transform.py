@@ -6,13 +6,20 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from conftest import decode_sequentially, overrides
 
 import train
-from checkpoint import load_checkpoint
+from artifacts.checkpoint import load_checkpoint
 from config import ConfigError, load_config
-from conftest import decode_sequentially, overrides
-from datasets.clip_transform import (Box, ClipTransform, ViewGeometry, decode_size, evaluation_boxes,
-                                     random_resized_box, transform_keypoints)
+from datasets.clip_transform import (
+    Box,
+    ClipTransform,
+    ViewGeometry,
+    decode_size,
+    evaluation_boxes,
+    random_resized_box,
+    transform_keypoints,
+)
 from datasets.manifest import VideoRecord
 from datasets.video_dataset import VideoWindowDataset
 from datasets.video_reader import open_reader, resize_frame

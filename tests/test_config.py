@@ -5,7 +5,7 @@ import sys
 import pytest
 import yaml
 
-from config import ConfigError, SCHEMA, defaults, load_config
+from config import SCHEMA, ConfigError, defaults, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = sorted(f for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".yaml"))

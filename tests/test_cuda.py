@@ -5,7 +5,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import overrides
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -14,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_fp16_training_with_grad_scaler_on_cuda(synthetic_root, tmp_path):
     import train
-    from checkpoint import load_checkpoint
+    from artifacts.checkpoint import load_checkpoint
     args = overrides(synthetic_root, tmp_path, "trainer.device=cuda", "trainer.max_epochs=1") + ["--use_amp"]
     assert train.main(args) == 0
     state = load_checkpoint(os.path.join(tmp_path, "e2e", "latest", "checkpoints", "last.pt"))
@@ -36,30 +35,30 @@ def test_probe_memory_on_cuda_prints_measured_beside_estimated():
 @pytest.mark.parametrize("precision", ["32", "16"])
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_the_estimate_is_within_10_percent_of_the_measured_peak(backbone, precision, checkpointing):
-    import memory_estimate
     from config import load_config
+    from planner import project
     cfg = load_config(None, [f"model.backbone={backbone}", "model.width=32", "data.img_size=112",
                              f"model.grad_checkpointing={str(checkpointing).lower()}", f"trainer.precision={precision}"])
-    estimate = memory_estimate.config_training_estimate(cfg, 16, 4)
-    measured = memory_estimate.measure_training_step_cuda(cfg, 16, 4)
+    estimated = project.config_training_estimate(cfg, 16, 4)
+    measured = project.measure_training_step_cuda(cfg, 16, 4)
     assert measured is not None
-    assert abs(estimate.peak / measured["allocated"] - 1) <= 0.10, (estimate.peak, measured)
+    assert abs(estimated.peak / measured["allocated"] - 1) <= 0.10, (estimated.peak, measured)
 
 
 def test_the_budget_decision_never_exceeds_the_budget():
-    import memory_estimate
     from config import load_config
+    from planner import estimate, project
     cfg = load_config(None, ["model.backbone=r3d_18", "data.img_size=112", "trainer.precision=16"])
     budget_gb = 4
-    batch, _ = memory_estimate.largest_batch(cfg, 16, memory_estimate.usable_bytes(budget_gb))
+    batch, _ = project.largest_batch(cfg, 16, estimate.usable_bytes(budget_gb))
     assert batch >= 1
-    measured = memory_estimate.measure_training_step_cuda(cfg, 16, batch)
+    measured = project.measure_training_step_cuda(cfg, 16, batch)
     assert measured is not None and measured["reserved"] <= budget_gb * 2 ** 30
 
 
 def test_chunked_inference_device_memory_does_not_grow_with_clip_length():
-    from chunked_forward import forward_chunked
     from config import load_config
+    from engine.chunking import forward_chunked
     from models import build_model
     model = build_model(load_config(None, ["model.width=8"])["model"], 5).cuda().eval()
     peaks = []

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 import torch
+from conftest import overrides
 
 import train
-from checkpoint import CheckpointError, load_checkpoint
-from conftest import overrides
+from artifacts.checkpoint import CheckpointError, load_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -124,7 +124,7 @@ def test_infer_chunked_bad_inputs(trained_run, tmp_path):
 
 
 def test_a_checkpoint_from_an_incompatible_config_is_a_clear_error(trained_run, tmp_path):
-    from checkpoint import save_checkpoint
+    from artifacts.checkpoint import save_checkpoint
     run_dir, _ = trained_run
     state = load_checkpoint(os.path.join(run_dir, "checkpoints", "best.pt"))
     state["config"]["model"]["backbone"] = "r3d_18"
@@ -153,7 +153,8 @@ def test_a_torn_checkpoint_is_a_clear_error(trained_run, tmp_path):
 
 
 def test_plots_are_drawn_once_at_the_end_or_one_note_without_matplotlib(trained_run, monkeypatch, capsys):
-    import plots
+    from artifacts import plots
+    from artifacts.run_dir import RunDirectory
     run_dir, _ = trained_run
     try:
         import matplotlib  # noqa: F401
@@ -162,6 +163,6 @@ def test_plots_are_drawn_once_at_the_end_or_one_note_without_matplotlib(trained_
     except ImportError:
         assert not [n for n in os.listdir(run_dir) if n.endswith(".png")]
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
-    assert plots.training_plots(run_dir, ["a"], [[1]]) == []
+    assert plots.training_plots(RunDirectory(run_dir), ["a"], [[1]]) == []
     assert capsys.readouterr().out == ("note: plotting the training curves needs matplotlib (pip install "
                                        "matplotlib); no plots written\n")

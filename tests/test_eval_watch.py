@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-import checkpoint
-import eval_watch
+import core.files
 import eval as eval_script
+from artifacts.ledger import append_ledger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -66,7 +66,7 @@ def test_a_rewritten_checkpoint_is_evaluated_again(experiment):
     assert watch(experiment) == 0
     # epoch_0001.pt now holds epoch 2's bytes, already evaluated; last.pt likewise: no new evaluation
     assert len(ledger(experiment)) == 2
-    from checkpoint import load_checkpoint, save_checkpoint
+    from artifacts.checkpoint import load_checkpoint, save_checkpoint
     state = load_checkpoint(str(target))
     state["global_step"] = 999  # new content under an old name
     save_checkpoint(state, str(target))
@@ -91,6 +91,7 @@ def test_corrupt_and_pickled_checkpoints_are_recorded_as_failed_once(experiment,
     data = (checkpoints / "epoch_0002.pt").read_bytes()
     (checkpoints / "torn.pt").write_bytes(data[:len(data) // 2])
     import argparse
+
     import torch
     torch.save({"model": {}, "payload": argparse.Namespace(x=1)}, checkpoints / "evil.pt")
     for name in ("torn.pt", "evil.pt"):
@@ -106,9 +107,8 @@ def test_corrupt_and_pickled_checkpoints_are_recorded_as_failed_once(experiment,
 
 HOLD_LOCK = """
 import sys, time
-sys.path.insert(0, {root!r})
-from eval_watch import DirectoryLock
-lock = DirectoryLock({directory!r})
+from artifacts.ledger import DirectoryLock
+lock = DirectoryLock({directory!r} + "/.eval.lock")
 assert lock.acquire()
 print("locked", flush=True)
 time.sleep(60)
@@ -116,7 +116,7 @@ time.sleep(60)
 
 
 def test_a_second_concurrent_run_exits_at_once_with_code_0(experiment):
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK.format(root=ROOT, directory=str(experiment))],
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK.format(directory=str(experiment))], cwd=ROOT,
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
@@ -148,9 +148,9 @@ def test_an_append_interrupted_at_any_point_leaves_the_ledger_valid(experiment, 
 
     def killed(*args):
         raise KeyboardInterrupt  # as if the process died between writing the temp file and renaming it
-    monkeypatch.setattr(checkpoint.os, "replace", killed)
+    monkeypatch.setattr(core.files.os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
-        eval_watch.append_ledger(str(experiment / "eval.jsonl"), {"checkpoint": "x", "sha256": "y"})
+        append_ledger(str(experiment / "eval.jsonl"), {"checkpoint": "x", "sha256": "y"})
     assert (experiment / "eval.jsonl").read_bytes() == before
     assert [json.loads(line) for line in before.decode().splitlines()]
     assert not [n for n in os.listdir(experiment) if n.endswith(".tmp")]

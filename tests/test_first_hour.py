@@ -9,10 +9,14 @@ import sys
 import time
 
 import pytest
+from conftest import overrides
 
+import engine.data
 import train
 from config import ConfigError, load_config
-from conftest import overrides
+from core.logs import detach_log_file
+from core.runtime import setup_runtime
+from engine.loop import build_trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,18 +33,18 @@ def test_a_gpu_preset_without_cuda_stops_at_once_with_the_way_out(monkeypatch):
 
 
 def test_use_amp_without_cuda_says_what_it_does(caplog):
-    from runtime import resolve_precision
+    from core.runtime import resolve_precision
     with caplog.at_level("WARNING", logger="longvideo"):
         assert resolve_precision("amp", train.torch.device("cpu")) == "bf16"
     assert "precision amp (--use_amp) without CUDA: bf16 autocast on the CPU" in caplog.text
 
 
 def test_dataloader_workers_are_capped_to_the_cores(monkeypatch, caplog):
-    monkeypatch.setattr(train, "available_cores", lambda: 2)
-    data = {"num_workers": 8}
+    monkeypatch.setattr(engine.data, "available_cores", lambda: 2)
+    cfg = load_config(None, ["data.num_workers=8"])
     with caplog.at_level("INFO", logger="longvideo"):
-        train.cap_workers(data)
-    assert data["num_workers"] == 2
+        capped = engine.data.cap_workers(cfg)
+    assert capped["data"]["num_workers"] == 2 and cfg["data"]["num_workers"] == 8  # a new config, not an edit
     assert "data.num_workers=8 but this machine has 2 CPU cores: using 2 DataLoader workers" in caplog.text
 
 
@@ -92,11 +96,11 @@ def test_a_run_without_a_checkpoint_never_becomes_latest(synthetic_root, tmp_pat
     assert train.main(overrides(synthetic_root, tmp_path) + ["--stop-after-steps", "1"]) == 0
     first = os.path.realpath(os.path.join(tmp_path, "e2e", "latest"))
     cfg = load_config(None, overrides(synthetic_root, tmp_path)[3::2])
-    runtime = train.setup_runtime(cfg["trainer"])
-    trainer, _, _ = train.build_trainer(cfg, runtime)  # made its run directory, then "killed": no checkpoint
-    assert os.path.isdir(trainer.run_dir) and trainer.run_dir != first
+    runtime = setup_runtime(cfg["trainer"])
+    trainer, _, _ = build_trainer(cfg, runtime)  # made its run directory, then "killed": no checkpoint
+    assert os.path.isdir(trainer.run.path) and trainer.run.path != first
     assert os.path.realpath(os.path.join(tmp_path, "e2e", "latest")) == first
-    train.log.removeHandler(trainer.report.log_file)
+    detach_log_file(trainer.report.log_file)
 
 
 def test_the_crontab_line_works_before_the_experiment_exists(tmp_path):

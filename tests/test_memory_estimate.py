@@ -8,10 +8,14 @@ import pytest
 import torch
 from torch import nn
 
-import memory_estimate as me
 import train
 from config import ConfigError, load_config
-from runtime import Runtime
+from core.runtime import Runtime
+from datasets.shape import DataShape
+from planner import estimate as me
+from planner import project
+from planner.fit import fit_budget
+from planner.project import with_value
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KiB = 1024
@@ -47,8 +51,8 @@ def test_the_fake_step_equals_the_real_cpu_step_under_the_same_tracker(changes):
     cfg = quickstart(*changes)
     views = 2 if "model.view_fusion=mean" in changes else 1
     shape = {"num_views": views, "kpt_shape": (5, 2) if "data.load_kpt=true" in changes else None}
-    fake = me.config_training_estimate(cfg, 16, 4, fake=True, **shape)
-    real = me.config_training_estimate(cfg, 16, 4, fake=False, **shape)
+    fake = project.config_training_estimate(cfg, 16, 4, fake=True, **shape)
+    real = project.config_training_estimate(cfg, 16, 4, fake=False, **shape)
     assert fake.peak == real.peak > 0
     # what was alive at the peak: the same, but gradients and activations may trade a few blocks (autograd
     # copies a gradient where a reference to it is still held, and steals it where none is)
@@ -58,9 +62,9 @@ def test_the_fake_step_equals_the_real_cpu_step_under_the_same_tracker(changes):
 
 def test_checkpointing_per_block_and_half_precision_shrink_the_activations():
     cfg = load_config(None, ["model.backbone=r3d_18", "data.img_size=112", "data.num_frames=16"])
-    plain = me.config_training_estimate(cfg, 16, 4, precision="32")
-    ckpt = me.config_training_estimate(me._with(cfg, "model.grad_checkpointing", True), 16, 4, precision="32")
-    half = me.config_training_estimate(cfg, 16, 4, precision="16")
+    plain = project.config_training_estimate(cfg, 16, 4, precision="32")
+    ckpt = project.config_training_estimate(with_value(cfg, "model.grad_checkpointing", True), 16, 4, precision="32")
+    half = project.config_training_estimate(cfg, 16, 4, precision="16")
     # the same parameters, gradients and optimizer state: only what the step keeps changes
     assert plain.parameters == ckpt.parameters == half.parameters and plain.optimizer_state == half.optimizer_state
     assert 0.4 < ckpt.activations / plain.activations < 0.75
@@ -69,10 +73,10 @@ def test_checkpointing_per_block_and_half_precision_shrink_the_activations():
 
 def test_chunked_training_estimate_does_not_grow_with_the_clip():
     cfg = quickstart("train.chunk_train_size=16")
-    short, long = (me.config_training_estimate(cfg, frames, 1) for frames in (64, 512))
+    short, long = (project.config_training_estimate(cfg, frames, 1) for frames in (64, 512))
     assert long.inputs == 8 * short.inputs - 7 * 512  # the uint8 clip itself grows (each rounded to 512 B)
     assert long.peak - long.inputs < 1.05 * (short.peak - short.inputs)  # and nothing else
-    whole = me.config_training_estimate(quickstart(), 512, 1)
+    whole = project.config_training_estimate(quickstart(), 512, 1)
     assert whole.peak - whole.inputs > 5 * (long.peak - long.inputs)
 
 
@@ -89,14 +93,13 @@ def test_cuda_autocast_policy_is_emulated_on_cpu_tensors():
 
 def fit(cfg, budget_bytes, world_size=1):
     cfg["trainer"]["memory_budget_gb"] = budget_bytes / (1 - me.SAFETY_MARGIN) / me.GiB
-    train.fit_budget(cfg, Runtime(torch.device("cpu"), "32", 0, world_size), {"num_views": 1, "kpt_shape": None,
-                                                                              "num_classes": 6})
-    return cfg["data"]["batch_size"], cfg["train"]["accumulate_grad_batches"]
+    fitted = fit_budget(cfg, Runtime(torch.device("cpu"), "32", 0, world_size), DataShape(6))
+    return fitted["data"]["batch_size"], fitted["train"]["accumulate_grad_batches"]
 
 
 def test_auto_batch_takes_the_largest_that_fits_and_keeps_the_global_batch():
     cfg = quickstart()
-    peaks = {b: me.config_training_estimate(cfg, 16, b).peak for b in (4, 5)}
+    peaks = {b: project.config_training_estimate(cfg, 16, b).peak for b in (4, 5)}
     between = (peaks[4] + peaks[5]) // 2  # 4 clips fit, 5 do not
     assert fit(quickstart("data.batch_size=auto"), between) == (4, 1)  # no global batch: accumulation as written
     assert fit(quickstart("data.batch_size=auto", "train.global_batch_size=16"), between) == (4, 4)
@@ -108,7 +111,7 @@ def test_auto_batch_takes_the_largest_that_fits_and_keeps_the_global_batch():
 
 def test_when_nothing_fits_the_error_names_each_switch_with_its_estimate():
     cfg = quickstart("data.batch_size=auto", "data.num_frames=64")
-    one_clip = me.config_training_estimate(cfg, 64, 1).peak
+    one_clip = project.config_training_estimate(cfg, 64, 1).peak
     with pytest.raises(ConfigError) as info:
         fit(cfg, one_clip - 64 * KiB)
     message = str(info.value)
@@ -148,18 +151,18 @@ def test_probe_memory_prints_the_estimated_grid_without_a_gpu():
     rows = [line.split() for line in result.stdout.splitlines() if line.strip() and line.split()[0].isdigit()]
     assert [(int(r[0]), int(r[1])) for r in rows] == [(8, 1), (8, 4), (16, 1), (16, 4)]
     cfg = quickstart()
-    expected = me.config_training_estimate(cfg, 16, 4).peak / me.MiB
+    expected = project.config_training_estimate(cfg, 16, 4).peak / me.MiB
     assert float(rows[-1][2]) == pytest.approx(expected, abs=0.6)  # ckpt off column, rounded to MiB
-    best, _ = me.largest_batch(cfg, 16, me.usable_bytes(0.5, cuda=False))
+    best, _ = project.largest_batch(cfg, 16, me.usable_bytes(0.5, cuda=False))
     assert f"that fits: {best}" in result.stdout
 
 
 def test_infer_batch_auto_picks_the_most_chunks_that_fit(trained_run, synthetic_root):
-    from checkpoint import load_checkpoint
+    from artifacts.checkpoint import load_checkpoint
     from config import validate
     checkpoint = os.path.join(trained_run[0], "checkpoints", "best.pt")
     cfg = validate(load_checkpoint(checkpoint)["config"])
-    peaks = {n: me.config_inference_estimate(cfg, 16, n, num_classes=6) for n in (5, 6)}
+    peaks = {n: project.config_inference_estimate(cfg, 16, n, num_classes=6) for n in (5, 6)}
     assert peaks[6] > peaks[5]
     budget_gb = (peaks[5] + peaks[6]) / 2 / (1 - me.SAFETY_MARGIN) / me.GiB  # on the CPU: no CUDA context
     command = [sys.executable, "infer_chunked.py", "--checkpoint", checkpoint, "--input",

@@ -9,11 +9,11 @@ import textwrap
 
 import pytest
 import torch
+from conftest import BASE_CONFIG, overrides
 
 import train
-from checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from artifacts.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from config import ConfigError, load_config
-from conftest import BASE_CONFIG, overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_CLIP = os.path.join(ROOT, "..", "shared", "data", "nasa_13013.mp4")
@@ -143,7 +143,7 @@ def test_stale_temporary_files_of_killed_writers_are_removed_on_start(trained_ru
 
 @pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
 def test_written_files_get_the_mode_of_the_users_umask(tmp_path, umask, mode):
-    from atomic_files import atomic_write_bytes
+    from core.files import atomic_write_bytes
     previous = os.umask(umask)
     try:
         save_checkpoint({"model": {}}, str(tmp_path / "c.pt"))
@@ -170,7 +170,7 @@ def test_metrics_csv_after_a_resume_equals_the_uninterrupted_run(trained_run, sy
 
 
 def test_a_column_that_appears_later_is_kept(tmp_path):
-    from metrics import CsvLog
+    from artifacts.csv_log import CsvLog
     log = CsvLog(str(tmp_path / "metrics.csv"))
     log.write({"epoch": 1, "train_loss": 1.5})
     log.write({"epoch": 2, "train_loss": 1.2, "val_top1": 0.5})  # validation every second epoch
@@ -183,7 +183,6 @@ def test_a_column_that_appears_later_is_kept(tmp_path):
 
 FORK_SCRIPT = textwrap.dedent("""
     import sys, numpy as np, cv2, torch
-    sys.path.insert(0, {root!r})
     from datasets.manifest import VideoRecord
     from datasets.video_dataset import VideoWindowDataset, before_workers_fork, collate_samples
     from config import load_config
@@ -206,7 +205,7 @@ FORK_SCRIPT = textwrap.dedent("""
 @pytest.mark.skipif(not os.path.exists(SHARED_CLIP), reason="../shared/data/nasa_13013.mp4 is not there")
 @pytest.mark.parametrize("decoder", ["opencv", "pyav"])
 def test_workers_forked_after_the_main_process_read_get_the_same_frames_and_do_not_hang(decoder):
-    script = FORK_SCRIPT.format(root=ROOT, decoder=decoder, clip=os.path.realpath(SHARED_CLIP))
+    script = FORK_SCRIPT.format(decoder=decoder, clip=os.path.realpath(SHARED_CLIP))
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("ok ")
@@ -242,8 +241,8 @@ def test_skipped_files_and_data_warnings_are_reported_once_per_run(synthetic_roo
 # ------------------------------------------------------------------------- 4, 5. infer_chunked.py input
 
 def test_infer_counts_only_the_frames_that_exist(trained_run, tmp_path):
-    from conftest import write_with_opencv
     import cv2
+    from conftest import write_with_opencv
     cut = write_with_opencv(str(tmp_path / "cut.avi"), 200, "MJPG")
     content = open(cut, "rb").read()
     open(cut, "wb").write(content[:len(content) // 2])
@@ -303,12 +302,13 @@ def test_a_val_fraction_that_empties_a_side_is_refused(synthetic_root):
 
 
 def test_a_global_batch_that_the_processes_cannot_share_is_refused():
-    from runtime import Runtime
+    from core.runtime import Runtime
+    from datasets.shape import DataShape
+    from planner.fit import fit_budget
     cfg = load_config(os.path.join(ROOT, "configs", "quickstart.yaml"),
                       ["trainer.memory_budget_gb=1", "data.batch_size=auto", "train.global_batch_size=15"])
     with pytest.raises(ConfigError) as info:
-        train.fit_budget(cfg, Runtime(torch.device("cpu"), "32", 0, 2), {"num_views": 1, "kpt_shape": None,
-                                                                          "num_classes": 6})
+        fit_budget(cfg, Runtime(torch.device("cpu"), "32", 0, 2), DataShape(6))
     assert str(info.value) == "train.global_batch_size=15 must be a multiple of the 2 processes"
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from datasets.synthetic import CLASSES, generate
-from metrics import ClassificationMeter
+from engine.metrics import ClassificationMeter
 
 
 def small(root, seed):

@@ -1,6 +1,5 @@
 """The training loop's memory and safety mechanics, on the CPU with small models."""
 import logging
-import math
 import os
 import signal
 import subprocess
@@ -9,16 +8,21 @@ import time
 
 import pytest
 import torch
+from conftest import overrides
 from torch import nn
 from torch.utils.data import DataLoader
 
-import memory_monitor
 import train
-from checkpoint import load_checkpoint
+from artifacts.checkpoint import TrainState, load_checkpoint, restore_training
+from artifacts.run_dir import RunDirectory
 from config import load_config
-from conftest import overrides
+from core import memory_monitor
+from core.runtime import Runtime
+from datasets.shape import DataShape
 from datasets.transforms import InputPreparer
-from runtime import Runtime
+from engine import loop
+from engine.chunking import ChunkedTrainingForward
+from engine.step import NonFiniteLossError, OutOfMemoryAdvice, OutOfMemoryError, Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,9 +43,9 @@ class NoBatchNorm(nn.Module):
         self.batch_sizes.append(len(video))
         self.chunk_lengths.append(video.shape[2])
         if self.oom_above is not None and len(video) > self.oom_above:
-            raise train.OutOfMemoryError("CUDA out of memory (simulated)")
+            raise OutOfMemoryError("CUDA out of memory (simulated)")
         if self.oom_frames_above is not None and video.shape[2] > self.oom_frames_above:
-            raise train.OutOfMemoryError("CUDA out of memory (simulated)")
+            raise OutOfMemoryError("CUDA out of memory (simulated)")
         logits = self.fc(torch.relu(self.conv(video)).mean(dim=(2, 3, 4)))
         return logits * float("nan") if self.nan else logits
 
@@ -60,9 +64,9 @@ def make_trainer(model, batch_size, accumulate, tmp_path, count=8, **cfg_changes
     runtime = Runtime(torch.device("cpu"), "32")
     os.makedirs(tmp_path / "checkpoints", exist_ok=True)
     prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
-    trainer = train.Trainer(train.ChunkedTrainingForward(model, prepare.normalize), optimizer, scheduler,
-                            runtime.grad_scaler(), prepare, runtime, cfg, str(tmp_path), ["a", "b", "c"], {},
-                            nn.CrossEntropyLoss(), train.TrainState())
+    trainer = Trainer(ChunkedTrainingForward(model, prepare.normalize), optimizer, scheduler,
+                      runtime.grad_scaler(), prepare, runtime, cfg, RunDirectory(str(tmp_path)), ["a", "b", "c"],
+                      DataShape(3), nn.CrossEntropyLoss(), TrainState())
     loader = DataLoader(samples(count), batch_size=batch_size, shuffle=False)
     return trainer, loader
 
@@ -73,9 +77,9 @@ def weights(model):
 
 def test_accumulating_4_micro_batches_of_2_equals_one_batch_of_8(tmp_path):
     accumulated, loader = make_trainer(NoBatchNorm(), 2, 4, tmp_path / "a")
-    train.train_one_epoch(accumulated, loader)
+    loop.train_one_epoch(accumulated, loader)
     whole, loader = make_trainer(NoBatchNorm(), 8, 1, tmp_path / "b")
-    train.train_one_epoch(whole, loader)
+    loop.train_one_epoch(whole, loader)
     assert accumulated.state.global_step == whole.state.global_step == 1
     for a, b in zip(weights(accumulated.model), weights(whole.model)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -83,9 +87,9 @@ def test_accumulating_4_micro_batches_of_2_equals_one_batch_of_8(tmp_path):
 
 def test_the_last_short_group_of_an_epoch_is_stepped(tmp_path):
     accumulated, loader = make_trainer(NoBatchNorm(), 2, 4, tmp_path / "a", count=10)  # groups of 8 and 2 clips
-    train.train_one_epoch(accumulated, loader)
+    loop.train_one_epoch(accumulated, loader)
     plain, loader = make_trainer(NoBatchNorm(), 8, 1, tmp_path / "b", count=10)  # batches of 8 and 2
-    train.train_one_epoch(plain, loader)
+    loop.train_one_epoch(plain, loader)
     assert accumulated.state.global_step == plain.state.global_step == 2
     for a, b in zip(weights(accumulated.model), weights(plain.model)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -95,13 +99,13 @@ def test_out_of_memory_halves_the_micro_batch_and_keeps_the_effective_batch(tmp_
     model = NoBatchNorm(oom_above=2)
     backed_off, loader = make_trainer(model, 8, 1, tmp_path / "a", count=16)
     with caplog.at_level(logging.WARNING, logger="longvideo"):
-        metrics = train.train_one_epoch(backed_off, loader)
+        metrics = loop.train_one_epoch(backed_off, loader)
     assert backed_off.state.micro_splits == 4 and metrics["clips_per_forward"] == 2
     assert "out of memory at 8 clips per forward: now 4 per forward" in caplog.text
     assert "out of memory at 4 clips per forward: now 2 per forward" in caplog.text
     assert model.batch_sizes[-4:] == [2, 2, 2, 2]  # the second batch went straight to the kept micro-batch
     reference, loader = make_trainer(NoBatchNorm(), 8, 1, tmp_path / "b", count=16)
-    train.train_one_epoch(reference, loader)
+    loop.train_one_epoch(reference, loader)
     assert backed_off.state.global_step == reference.state.global_step == 2
     for a, b in zip(weights(backed_off.model), weights(reference.model)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -109,8 +113,8 @@ def test_out_of_memory_halves_the_micro_batch_and_keeps_the_effective_batch(tmp_
 
 def test_out_of_memory_at_one_clip_saves_and_gives_the_ordered_advice(tmp_path):
     trainer, loader = make_trainer(NoBatchNorm(oom_above=0), 4, 1, tmp_path)
-    with pytest.raises(train.OutOfMemoryAdvice) as info:
-        train.train_one_epoch(trainer, loader)
+    with pytest.raises(OutOfMemoryAdvice) as info:
+        loop.train_one_epoch(trainer, loader)
     message = str(info.value)
     # the back-off went 4 -> 2 -> 1 clips per forward, then chunks of 4 -> 2 -> 1 frames, before giving up
     assert message.startswith(f"out of memory with 1 clip per forward pass in chunks of 1 frame (the model's "
@@ -125,26 +129,26 @@ def test_out_of_memory_at_one_clip_halves_the_chunk_and_resumes_with_it(tmp_path
     model = NoBatchNorm(oom_frames_above=2)  # clips of 4 frames: only chunks of 2 fit
     backed_off, loader = make_trainer(model, 2, 1, tmp_path / "a", count=8)
     with caplog.at_level(logging.WARNING, logger="longvideo"):
-        metrics = train.train_one_epoch(backed_off, loader)
+        metrics = loop.train_one_epoch(backed_off, loader)
     assert "out of memory at 1 clip per forward in chunks of 4 frames: now chunks of 2 frames" in caplog.text
     assert backed_off.state.micro_splits == 2 and backed_off.state.chunk_train_size == 2
     assert metrics["chunk_train_size"] == 2 and set(model.chunk_lengths[-4:]) == {2}
     # the same training, configured with chunks of 2 from the start: the same weights
     reference, loader = make_trainer(NoBatchNorm(), 2, 1, tmp_path / "b", count=8, **{"train.chunk_train_size": 2})
-    train.train_one_epoch(reference, loader)
+    loop.train_one_epoch(reference, loader)
     for a, b in zip(weights(backed_off.model), weights(reference.model)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     # kept in the checkpoint and restored on resume
     path = backed_off.save("last.pt")
     resumed, _ = make_trainer(NoBatchNorm(), 2, 1, tmp_path / "c")
-    state, _, _ = train.restore_training(path, resumed.model.module, resumed.optimizer, resumed.scheduler, resumed.scaler)
+    state, _ = restore_training(path, resumed.model.module, resumed.optimizer, resumed.scheduler, resumed.scaler)
     assert state.chunk_train_size == 2 and state.micro_splits == 2
 
 
 def test_consecutive_non_finite_losses_stop_the_run_with_a_checkpoint(tmp_path):
     trainer, loader = make_trainer(NoBatchNorm(nan=True), 2, 1, tmp_path, **{"trainer.max_nonfinite_steps": 3})
-    with pytest.raises(train.NonFiniteLossError) as info:
-        train.train_one_epoch(trainer, loader)
+    with pytest.raises(NonFiniteLossError) as info:
+        loop.train_one_epoch(trainer, loader)
     assert str(info.value).startswith("3 consecutive non-finite losses at step 3; saved ")
     assert trainer.state.skipped_steps == 3  # the steps with NaN gradients were not applied
     assert os.path.exists(tmp_path / "checkpoints" / "last.pt")
@@ -167,7 +171,7 @@ def test_leak_detector_fires_on_steady_growth_only():
 
 def test_leak_detector_on_a_real_leaking_validation(synthetic_root, tmp_path, monkeypatch, caplog):
     kept = []
-    real_evaluate = train.evaluate
+    real_evaluate = loop.evaluate
 
     def leaking_evaluate(*args, **kwargs):
         kept.append(torch.ones(40 * 2 ** 20 // 4))  # 40 MB kept per validation, like outputs kept with history
@@ -178,7 +182,7 @@ def test_leak_detector_on_a_real_leaking_validation(synthetic_root, tmp_path, mo
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         assert train.main(args) == 0
     assert "possible memory leak" not in caplog.text  # a clean run stays silent
-    monkeypatch.setattr(train, "evaluate", leaking_evaluate)
+    monkeypatch.setattr(loop, "evaluate", leaking_evaluate)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         assert train.main(args) == 0
@@ -188,8 +192,7 @@ def test_leak_detector_on_a_real_leaking_validation(synthetic_root, tmp_path, mo
 
 KILLER = """
 import sys, torch
-sys.path.insert(0, {root!r})
-from checkpoint import save_checkpoint
+from artifacts.checkpoint import save_checkpoint
 state = {{"format": 1, "model": {{"w": torch.randn(8_000_000)}}, "step": 0}}
 save_checkpoint(state, {path!r})
 print("first", flush=True)
@@ -203,7 +206,7 @@ for step in range(1, 10_000):
 @pytest.mark.parametrize("delay", [0.05, 0.2, 0.45])
 def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
     path = str(tmp_path / "last.pt")
-    process = subprocess.Popen([sys.executable, "-c", KILLER.format(root=ROOT, path=path)], stdout=subprocess.PIPE,
+    process = subprocess.Popen([sys.executable, "-c", KILLER.format(path=path)], cwd=ROOT, stdout=subprocess.PIPE,
                                text=True)
     assert process.stdout.readline().strip() == "first"
     time.sleep(delay)
@@ -215,8 +218,11 @@ def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
                                - state["step"], rtol=0, atol=10)  # a consistent state, not a torn one
 
 
-@pytest.mark.parametrize("chunks", [[], ["train.chunk_train_size=4", "train.chunk_train_overlap=1"]],
-                         ids=["whole-clips", "chunked-training"])
+@pytest.mark.parametrize("chunks", [[], ["train.chunk_train_size=4", "train.chunk_train_overlap=1"],
+                                    ["train.chunk_train_size=4", "train.chunk_train_overlap=1",
+                                     "model.temporal_head=transformer", "model.temporal_width=16",
+                                     "model.temporal_dropout=0"]],
+                         ids=["whole-clips", "chunked-training", "temporal-head"])
 def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
     # GroupNorm and SGD: the per-sample model and the linear optimizer make one process and two comparable
     # to float rounding (BatchNorm would see 2 clips per process instead of 4). With chunked training, one DDP

@@ -5,12 +5,10 @@ import shutil
 import cv2
 import numpy as np
 import pytest
+from conftest import HEIGHT, WIDTH, barcode_frame, decode_sequentially, read_barcode, write_with_opencv, write_with_pyav
 
-from conftest import (HEIGHT, WIDTH, barcode_frame, decode_sequentially, read_barcode, write_with_opencv,
-                      write_with_pyav)
 from datasets import video_reader
-from datasets.video_reader import (DECODERS, PyAVReader, VideoIndexCache, VideoReader, VideoReadError, open_reader,
-                                   probe)
+from datasets.video_reader import DECODERS, PyAVReader, VideoIndexCache, VideoReader, VideoReadError, open_reader, probe
 
 CONTAINERS = ["h264_bframes_mp4", "mpeg4_avi", "h264_mkv", "vp9_webm"]
 
@@ -73,8 +71,9 @@ def test_pyav_falls_back_to_opencv_when_timestamps_do_not_number_frames(barcode_
 
 def write_with_dropped_frames(path: str, num_frames: int, dropped_at: int) -> str:
     """H.264 whose timestamps skip 5 frame durations at ``dropped_at`` (a camera that dropped frames)."""
-    import av
     from fractions import Fraction
+
+    import av
     with av.open(path, "w") as container:
         stream = container.add_stream("libx264", rate=25)
         stream.width, stream.height, stream.pix_fmt = WIDTH, HEIGHT, "yuv420p"

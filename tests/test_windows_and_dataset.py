@@ -5,15 +5,14 @@ import os
 import numpy as np
 import pytest
 import torch
+from conftest import read_barcode, write_with_opencv
 
 from config import load_config
-from datasets.video_dataset import build_dataset
 from datasets.keypoints import KeypointError, read_keypoints
 from datasets.manifest import ManifestError, read_manifest
+from datasets.video_dataset import VideoWindowDataset, build_dataset
 from datasets.video_reader import VideoReadError
-from datasets.video_dataset import VideoWindowDataset
 from datasets.windows import clip_indices, split_into_windows
-from conftest import read_barcode, write_with_opencv
 
 
 def test_sample_windows_keep_the_stride_and_the_last_one_shrinks():

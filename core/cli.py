@@ -1,6 +1,6 @@
 """What the three scripts share at their edge: the config flags, and one line plus exit code 2 for a usage error.
 
-``config.py`` knows what a valid config is; this module knows how a command line reaches it and how its errors
+``config`` knows what a valid config is; this module knows how a command line reaches it and how its errors
 reach the user.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import Callable
 
-from config import ConfigError
+from core.errors import ConfigError, one_line
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -31,12 +31,3 @@ def exit_on_usage_error(main: Callable[[], int | None], input_errors: tuple = ()
         print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(2)
     sys.exit(code or 0)
-
-
-def one_line(error: Exception) -> str:
-    """The error's own message. One raised in a DataLoader worker comes back as "Caught X in DataLoader worker
-    process 0." plus the worker's traceback, whose last line ends with the original message."""
-    text = str(error)
-    if text.startswith("Caught ") and "Original Traceback" in text:
-        text = text.rstrip().splitlines()[-1].split(": ", 1)[-1]
-    return text

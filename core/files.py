@@ -1,5 +1,7 @@
 """Writes that a kill at any moment cannot tear: a temporary file beside the target, flushed and fsynced, then
-renamed over it. Readers see the old file or the new one, never a part. Torch-free (the video index cache uses it).
+renamed over it. Readers see the old file or the new one, never a part. Every write that matters in the project
+goes through this module (checkpoints, CSV logs, plots, the cron ledger, the video index cache, the synthetic
+videos, the ``latest`` link). Torch-free (the video index cache uses it).
 
 Temporary files are named ``.<target>.<writer pid>.<random>.tmp``, so a later run can tell one whose writer was
 killed (its process is gone) from one being written now, and remove it (``remove_stale_temp_files``). Files get
@@ -9,12 +11,13 @@ hide checkpoints and results from colleagues sharing a runs folder).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
 import tempfile
 
-_TEMP_NAME = re.compile(r"^\..+\.(\d+)\.[^.]+\.tmp$")
+_TEMP_NAME = re.compile(r"^\..+\.(\d+)\.[^.]+\.tmp(\.[^.]+)?$")  # atomic_path keeps the extension after .tmp
 
 
 def _umask() -> int:
@@ -29,17 +32,16 @@ def _temp_prefix(path: str) -> str:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str):
-    """A binary file object whose content replaces ``path`` when the block ends without an error."""
+def _replacing(path: str, suffix: str):
+    """A new temporary path beside ``path`` (``_TEMP_NAME``, ending in ``suffix``), renamed over ``path`` when the
+    block ends without an error (with the umask's mode, the rename itself made durable), removed otherwise."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=suffix, dir=directory)
+    os.close(fd)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -55,9 +57,46 @@ def atomic_open(path: str):
         pass
 
 
+@contextlib.contextmanager
+def atomic_open(path: str):
+    """A binary file object whose content replaces ``path`` when the block ends without an error."""
+    with _replacing(path, ".tmp") as tmp, open(tmp, "wb") as f:
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def atomic_write_bytes(path: str, data: bytes) -> None:
     with atomic_open(path) as f:
         f.write(data)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str):
+    """A temporary path (same directory, same extension) for writers that take a file name, not a file object
+    (matplotlib's savefig, PyAV's container): renamed over ``path`` when the block ends without an error."""
+    with _replacing(path, ".tmp" + os.path.splitext(path)[1]) as tmp:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+
+
+def atomic_symlink(target: str, link: str) -> None:
+    """``link`` -> ``target`` (a relative target stays relative), replaced at once: readers see the old or the
+    new target."""
+    if os.path.islink(link) and os.readlink(link) == target:
+        return
+    tmp = os.path.join(os.path.dirname(os.path.abspath(link)), _temp_prefix(link) + "symlink.tmp")
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def atomic_link(source: str, target: str) -> None:

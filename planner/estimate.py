@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 import weakref
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from core.runtime import DTYPES
 
 BLOCK = 512  # the CUDA caching allocator rounds every allocation up to 512 bytes
 MiB, GiB = 2 ** 20, 2 ** 30
@@ -180,7 +182,6 @@ class StepEstimate:
 
 
 def _fake_mode():
-    from torch._subclasses.fake_tensor import FakeTensorMode
     return FakeTensorMode(allow_non_fake_inputs=False)
 
 
@@ -223,7 +224,7 @@ def _with_storage(model: nn.Module | None, build_model: Callable[[], nn.Module])
 
 
 def _precision_context(precision: str):
-    dtype = {"16": torch.float16, "bf16": torch.bfloat16}.get(precision)
+    dtype = DTYPES[precision]
     return CudaAutocast(dtype) if dtype is not None else _FullPrecision()
 
 
@@ -307,259 +308,3 @@ def estimate_inference(build_model: Callable[[], nn.Module], make_inputs: Callab
                 out = forward(model, inputs)
             del out
             return tracker.peak
-
-
-# ------------------------------------------------------------------------------------ the project's step
-
-class ProjectStep:
-    """train.py's training step for a config, as the estimate and the CUDA measurement both run it: the
-    classifier of ``build_model``, the chunked training forward (``train.chunk_train_size``) and the loss.
-    ``train.chunk_loss: dense`` is run as ``clip`` (the loss sees [chunks, batch, classes] logits either way: no
-    memory to speak of)."""
-
-    def __init__(self, cfg: dict, num_classes: int = 10, num_views: int = 1, kpt_shape: tuple | None = None):
-        from chunked_forward import ChunkSpec
-        train_cfg = cfg["train"]
-        self.cfg, self.num_classes, self.num_views, self.kpt_shape = cfg, num_classes, num_views, kpt_shape
-        self.spec = ChunkSpec(train_cfg["chunk_train_size"], train_cfg["chunk_train_overlap"])
-        self.loss_cfg = {**train_cfg, "chunk_loss": "clip"}
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=train_cfg["label_smoothing"])
-
-    def classifier(self) -> nn.Module:
-        from models import build_model
-        return build_model({**self.cfg["model"], "pretrained": None}, self.num_classes, self.num_views,
-                           self.kpt_shape)
-
-    def inputs(self, frames: int, batch: int, device) -> dict:
-        return _step_inputs(self.cfg, frames, batch, self.num_views, self.kpt_shape, device)
-
-    def loss(self, classifier: nn.Module, inputs: dict, device) -> torch.Tensor:
-        """The forward and loss of train.py's step; frames normalized on ``device`` per chunk."""
-        from chunked_forward import ChunkedTrainingForward
-        from datasets.transforms import InputPreparer
-        from train import training_loss
-        data = self.cfg["data"]
-        forward = ChunkedTrainingForward(classifier, InputPreparer(device, data["mean"], data["std"]).normalize)
-        model_inputs = {k: v for k, v in inputs.items() if k in ("video", "kpt")}
-        return training_loss(forward(model_inputs, self.spec), inputs, self.spec, self.loss_cfg, self.criterion)
-
-
-def config_training_estimate(cfg: dict, num_frames: int | None = None, batch_size: int | None = None,
-                             num_classes: int = 10, num_views: int = 1, kpt_shape: tuple | None = None,
-                             precision: str | None = None, fake: bool = True) -> StepEstimate:
-    """One training step of a config as train.py runs it (``ProjectStep``), with the preset's precision,
-    checkpointing, AdamW/SGD state and accumulation, the uint8 clip (views, keypoints) on the device."""
-    frames = num_frames or cfg["data"]["num_frames"]
-    if frames < 1:
-        raise ValueError("num_frames -1 (every frame of the window): give the clip length to estimate")
-    batch = batch_size or cfg["data"]["batch_size"]
-    step, device = ProjectStep(cfg, num_classes, num_views, kpt_shape), torch.device("cpu")
-    return estimate_training_step(lambda: step.classifier().train(), lambda: step.inputs(frames, batch, device),
-                                  lambda model, inputs: step.loss(model, inputs, device),
-                                  precision or cfg["trainer"]["precision"], cfg["train"]["optimizer"],
-                                  cfg["train"]["accumulate_grad_batches"], fake=fake)
-
-
-def measure_training_step_cuda(cfg: dict, num_frames: int, batch_size: int, num_classes: int = 10,
-                               num_views: int = 1, kpt_shape: tuple | None = None,
-                               precision: str | None = None) -> dict | None:
-    """The same step on the GPU, really allocated: a warm-up step first (cuDNN's algorithm search with
-    ``cudnn.benchmark``, the optimizer state), then the measured one. {"allocated", "reserved"} peak bytes of
-    the measured step, or None if it ran out of memory."""
-    from runtime import Runtime
-    from train import build_optimizer
-
-    device = torch.device("cuda")
-    runtime = Runtime(device, precision or cfg["trainer"]["precision"])
-    step = ProjectStep(cfg, num_classes, num_views, kpt_shape)
-    classifier = optimizer = inputs = None
-    try:
-        classifier = step.classifier().to(device).train()
-        optimizer = build_optimizer(classifier, cfg["train"])
-        scaler = runtime.grad_scaler()
-        inputs = step.inputs(num_frames, batch_size, device)
-
-        def forward_backward():
-            with runtime.autocast():
-                loss = step.loss(classifier, inputs, device)
-            scaler.scale(loss).backward()
-
-        def optimizer_step():
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-
-        forward_backward()
-        optimizer_step()
-        if cfg["train"]["accumulate_grad_batches"] > 1:
-            forward_backward()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        forward_backward()
-        optimizer_step()
-        torch.cuda.synchronize()
-        return {"allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved()}
-    except torch.cuda.OutOfMemoryError:
-        return None
-    finally:
-        del classifier, optimizer, inputs
-        torch.cuda.empty_cache()
-
-
-def _step_inputs(cfg: dict, frames: int, batch: int, num_views: int, kpt_shape, device) -> dict:
-    """A batch as it sits on the device: uint8 frames ([B, (V,) C, T, H, W]), float keypoints, labels."""
-    height, width = cfg["data"]["img_size"]
-    inputs = {"label": torch.zeros(batch, dtype=torch.long, device=device)}
-    if cfg["model"]["input_type"] in ("rgb", "rgb_kpt"):
-        shape = (batch, 3, frames, height, width) if num_views == 1 else (batch, num_views, 3, frames, height, width)
-        inputs["video"] = torch.zeros(shape, dtype=torch.uint8, device=device)
-    if cfg["model"]["input_type"] in ("kpt", "rgb_kpt"):
-        inputs["kpt"] = torch.zeros(batch, frames, *(kpt_shape or (17, 3)), device=device)
-    return inputs
-
-
-def largest_batch(cfg: dict, num_frames: int, usable: int, limit: int = 1024, **shape) -> tuple[int, list]:
-    """The largest micro-batch whose estimate fits ``usable`` bytes (0 if not even 1), by doubling then
-    bisection (the estimate grows with the batch), and the (batch, estimate) pairs tried."""
-    tried = []
-
-    def fits(batch: int) -> bool:
-        estimate = config_training_estimate(cfg, num_frames, batch, **shape)
-        tried.append((batch, estimate))
-        return estimate.peak <= usable
-
-    return _largest(fits, limit), tried
-
-
-def _largest(fits, limit: int) -> int:
-    """The largest n in [1, limit] with fits(n) (0 if none), for a fits() that stays false once false: doubling,
-    then bisection."""
-    if not fits(1):
-        return 0
-    low, high = 1, 2
-    while high <= limit and fits(high):
-        low, high = high, high * 2
-    high = min(high, limit + 1)
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle)
-    return low
-
-
-# ------------------------------------------------------------------------------ train.py --probe-memory
-
-def probe(cfg: dict, cuda: bool, frames_grid: list[int] | None = None, batch_grid: list[int] | None = None,
-          out=print, for_gpu: bool = True, **shape) -> int:
-    """The table of ``train.py --probe-memory``: estimated peak per num_frames x batch_size, gradient
-    checkpointing off and on (with CUDA: measured beside the estimate for the preset's setting), then the
-    largest batch within the budget at the preset's clip (``for_gpu``: the CUDA context set aside from it).
-    Rows are printed as they are computed."""
-    data, model_cfg = cfg["data"], cfg["model"]
-    frames = clip_frames(cfg)
-    batch = data["batch_size"] if isinstance(data["batch_size"], int) else 8
-    frames_grid = frames_grid or sorted({max(1, round(frames * f)) for f in (0.5, 0.75, 1, 1.25, 1.5)})
-    batch_grid = batch_grid or sorted({max(1, round(batch * f)) for f in (2 / 3, 1, 4 / 3)})
-    precision = cfg["trainer"]["precision"]
-    out(f"peak device memory of one training step: {model_cfg['backbone']} at {data['img_size'][0]}x"
-        f"{data['img_size'][1]}, precision {precision}, {cfg['train']['optimizer']}, chunk_train_size "
-        f"{cfg['train']['chunk_train_size']}, accumulate_grad_batches {cfg['train']['accumulate_grad_batches']}")
-    out(f"estimated{'' if cuda else ', no GPU'} (torch {torch.__version__.split('+')[0]}, fake tensors, CUDA's "
-        f"autocast policy): peak allocated memory, without the CUDA context, cuDNN workspaces and fragmentation")
-    preset_ckpt = model_cfg["grad_checkpointing"]
-    header = f"{'num_frames':>10s} {'batch':>5s} {'ckpt off MiB':>12s} {'ckpt on MiB':>11s}"
-    if cuda:
-        header += f" | measured (ckpt {'on' if preset_ckpt else 'off'}): {'allocated':>9s} {'reserved':>9s} {'est/alloc':>9s}"
-    out(header)
-    start = time.perf_counter()
-    for num_frames in frames_grid:
-        for batch_size in batch_grid:
-            estimates = {ckpt: config_training_estimate(_with(cfg, "model.grad_checkpointing", ckpt), num_frames,
-                                                        batch_size, **shape).peak for ckpt in (False, True)}
-            line = f"{num_frames:>10d} {batch_size:>5d} {estimates[False] / MiB:>12.0f} {estimates[True] / MiB:>11.0f}"
-            if cuda:
-                measured = measure_training_step_cuda(cfg, num_frames, batch_size, **shape)
-                if measured is None:
-                    line += f" | {'':>25s} {'OOM':>9s}"
-                else:
-                    line += (f" | {'':>25s} {measured['allocated'] / MiB:>9.0f} {measured['reserved'] / MiB:>9.0f} "
-                             f"{estimates[preset_ckpt] / measured['allocated']:>8.2f}x")
-            out(line)
-    out(f"({len(frames_grid) * len(batch_grid) * 2} estimates in {time.perf_counter() - start:.0f} s)")
-    budget = cfg["trainer"]["memory_budget_gb"]
-    if not budget:
-        out("trainer.memory_budget_gb is not set: no largest batch computed")
-        return 0
-    usable = usable_bytes(budget, cuda=for_gpu)
-    best, _ = largest_batch(cfg, frames, usable, **shape)
-    out(margin_text(budget, cuda=for_gpu))
-    out(f"largest batch at num_frames={frames} (checkpointing {'on' if preset_ckpt else 'off'}, as in the preset) "
-        f"that fits: {best if best else 'none: even 1 clip does not fit'}")
-    return 0
-
-
-def clip_frames(cfg: dict) -> int:
-    """The clip length to estimate: data.num_frames, or for -1 (every frame of the window) the sample window."""
-    frames = cfg["data"]["num_frames"]
-    if frames > 0:
-        return frames
-    return cfg["data"]["max_video_frames"] or 32
-
-
-def _with(cfg: dict, dotted: str, value) -> dict:
-    """A validated copy of ``cfg`` with one key changed (config.apply_flags)."""
-    from config import apply_flags
-    return apply_flags(cfg, {dotted: (f"{dotted}: {value}", value)})
-
-
-def nothing_fits(cfg: dict, frames: int, one_clip: int, usable: int, budget: float, cuda: bool, shape: dict) -> str:
-    """The one-line error when even 1 clip does not fit: which switch would, each with its estimate."""
-    data, model_cfg, train_cfg = cfg["data"], cfg["model"], cfg["train"]
-    height, width = data["img_size"]
-    options = []
-    if not model_cfg["grad_checkpointing"]:
-        options.append(("model.grad_checkpointing: true", _with(cfg, "model.grad_checkpointing", True), frames))
-    chunk = 16 if frames > 16 else None
-    if chunk and (train_cfg["chunk_train_size"] == -1 or train_cfg["chunk_train_size"] > chunk):
-        chunked = _with(_with(cfg, "train.chunk_train_size", chunk), "train.chunk_train_overlap", 0)
-        options.append((f"train.chunk_train_size: {chunk}", chunked, frames))
-    if frames > 1:
-        options.append((f"data.num_frames: {frames // 2}", cfg, frames // 2))
-    smaller = [max(1, height * 3 // 4), max(1, width * 3 // 4)]
-    options.append((f"data.img_size: {smaller}", _with(cfg, "data.img_size", smaller), frames))
-    parts = []
-    for name, changed, clip in options:
-        peak = config_training_estimate(changed, clip, 1, **shape).peak
-        parts.append(f"{name} {peak / GiB:.2f} GiB{' (fits)' if peak <= usable else ''}")
-    return (f"data.batch_size: even 1 clip of {frames} frames at {height}x{width} is estimated at "
-            f"{one_clip / GiB:.2f} GiB, over the {margin_text(budget, cuda)}. Estimated for 1 clip with one change: "
-            + "; ".join(parts))
-
-
-# ------------------------------------------------------------------------------- inference: --batch auto
-
-def config_inference_estimate(cfg: dict, chunk_frames: int, windows: int, num_classes: int = 10,
-                              num_views: int = 1, kpt_shape: tuple | None = None, precision: str = "32",
-                              fake: bool = True) -> int:
-    """Peak device bytes of one inference forward of ``windows`` chunks of ``chunk_frames`` frames, as
-    infer_chunked.py runs it: the uint8 chunks on the device, normalized, through the model in eval mode."""
-    from datasets.transforms import InputPreparer
-
-    data, device = cfg["data"], torch.device("cpu")
-    frames, step = max(chunk_frames, 1), ProjectStep(cfg, num_classes, num_views, kpt_shape)
-
-    def make_inputs():
-        return {k: v for k, v in step.inputs(frames, windows, device).items() if k != "label"}
-
-    def forward(model, inputs):
-        prepare = InputPreparer(device, data["mean"], data["std"])
-        return model(prepare(inputs))
-
-    return estimate_inference(step.classifier, make_inputs, forward, precision, fake=fake)
-
-
-def largest_inference_batch(cfg: dict, chunk_frames: int, usable: int, limit: int = 256, **shape) -> int:
-    """The most chunks per forward whose estimate fits ``usable`` bytes (0 if not even 1)."""
-    def fits(windows: int) -> bool:
-        return config_inference_estimate(cfg, chunk_frames, windows, **shape) <= usable
-
-    return _largest(fits, limit)

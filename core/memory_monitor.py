@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import resource
 import sys
+import threading
 
 import torch
 
@@ -56,7 +58,6 @@ def host_heap_in_use_mb() -> float | None:
 
 def host_peak_rss_mb() -> float:
     """Peak resident memory of this process so far."""
-    import resource
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1024 * 1024 if sys.platform == "darwin" else 1024)
 
@@ -95,8 +96,10 @@ class LeakDetector:
     ``tolerance_mb``, separately for the main process, the DataLoader workers and the device.
     """
 
-    PLACES = (("host_heap_mb", "the main process (allocated host heap)"), ("host_rss_mb", "the main process (host RSS)"),
-              ("workers_rss_mb", "the DataLoader workers (host RSS)"), ("device_allocated_mb", "the device (allocated)"))
+    PLACES = (("host_heap_mb", "the main process (allocated host heap)"),
+              ("host_rss_mb", "the main process (host RSS)"),
+              ("workers_rss_mb", "the DataLoader workers (host RSS)"),
+              ("device_allocated_mb", "the device (allocated)"))
 
     def __init__(self, epochs: int = 3, tolerance_mb: float = 256.0):
         self.epochs, self.tolerance_mb = epochs, tolerance_mb
@@ -131,7 +134,6 @@ class PeakRssSampler:
         self.peak_mb = 0.0
 
     def __enter__(self):
-        import threading
         self.baseline_mb = host_rss_mb()
         self.peak_mb = self.baseline_mb
         self._stop = threading.Event()

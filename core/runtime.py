@@ -13,11 +13,18 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from config import PRECISION_ALIASES, ConfigError
+from core.errors import ConfigError
 
 log = logging.getLogger("longvideo")
 
-DTYPES = {"16": torch.float16, "bf16": torch.bfloat16}
+# The one precision table: the names a config or flag may use, and the autocast dtype of each precision.
+PRECISION_ALIASES = {
+    "32": "32", "32-true": "32", "fp32": "32",
+    "16": "16", "16-mixed": "16", "fp16": "16",
+    "bf16": "bf16", "bf16-mixed": "bf16",
+    "amp": "amp",  # resolved per device: fp16 + GradScaler on CUDA, bf16 on the CPU (resolve_precision)
+}
+DTYPES = {"32": None, "16": torch.float16, "bf16": torch.bfloat16}  # None: no autocast
 
 
 @dataclass
@@ -36,7 +43,7 @@ class Runtime:
         return self.world_size > 1
 
     def autocast(self):
-        if self.precision == "32":
+        if DTYPES[self.precision] is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=DTYPES[self.precision])
 
@@ -94,13 +101,17 @@ def setup_runtime(trainer_cfg: dict, device: str | None = None, precision: str |
     return Runtime(dev, resolve_precision(normal, dev), rank, world_size)
 
 
-def setup_logging(is_main: bool = True, verbose: bool = False) -> logging.Logger:
-    """The project's one logger ("longvideo", its children in datasets/), one line format, printed by rank 0
-    only (other ranks print errors). Its own handler: the root logger and other libraries are left alone."""
-    if not any(getattr(h, "longvideo", False) for h in log.handlers):
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        handler.longvideo = True
-        log.addHandler(handler)
-    log.setLevel((logging.DEBUG if verbose else logging.INFO) if is_main else logging.ERROR)
-    return log
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain model under DDP, torch.compile and the training forward's wrapper (each keeps the wrapped
+    model as ``module`` or ``_orig_mod``), so state dicts have no module./_orig_mod. prefixes."""
+    while True:
+        if hasattr(model, "module"):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def available_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -13,92 +13,19 @@
 """
 from __future__ import annotations
 
-import fcntl
-import glob
-import hashlib
-import json
 import logging
 import os
-import socket
 import time
 from dataclasses import dataclass
 
-from atomic_files import atomic_write_bytes, remove_stale_temp_files
-from checkpoint import CheckpointError
+from artifacts.checkpoint import CheckpointError
+from artifacts.ledger import DirectoryLock, append_ledger, read_ledger
+from artifacts.plots import eval_history_plot
+from artifacts.run_dir import WatchedDirectory
+from core.errors import ConfigError
+from core.files import file_sha256, remove_stale_temp_files
 
 log = logging.getLogger("longvideo")
-
-LEDGER = "eval.jsonl"
-LOCK = ".eval.lock"
-
-
-class DirectoryLock:
-    """An exclusive, non-blocking lock on RUN_DIR/.eval.lock that dies with its process."""
-
-    def __init__(self, directory: str):
-        self.path = os.path.join(directory, LOCK)
-        self.fd: int | None = None
-        self.previous_holder = ""
-
-    def acquire(self) -> bool:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self.previous_holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
-            os.close(fd)
-            return False
-        self.previous_holder = os.pread(fd, 200, 0).decode(errors="replace").strip()  # a stale one: taken over
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-        self.fd = fd
-        return True
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.ftruncate(self.fd, 0)  # an empty file: released cleanly; text left in it: its holder was killed
-            os.close(self.fd)
-            self.fd = None
-
-
-def read_ledger(path: str) -> list[dict]:
-    """The entries of eval.jsonl; a line that does not parse (written by hand?) is skipped with a warning."""
-    if not os.path.exists(path):
-        return []
-    entries = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError:
-                log.warning("%s:%d: not a JSON line; ignored", path, number)
-    return entries
-
-
-def append_ledger(path: str, entry: dict) -> None:
-    existing = open(path, "rb").read() if os.path.exists(path) else b""
-    if existing and not existing.endswith(b"\n"):
-        existing += b"\n"
-    atomic_write_bytes(path, existing + (json.dumps(entry) + "\n").encode())
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def find_checkpoints(run_dir: str) -> list[str]:
-    """Checkpoints of one run or of every run of an experiment, oldest first (the ``latest`` link not twice)."""
-    paths = {}
-    for pattern in ("checkpoints/*.pt", "*/checkpoints/*.pt"):
-        for path in glob.glob(os.path.join(run_dir, pattern)):  # glob skips dot-files: no .tmp files
-            paths.setdefault(os.path.realpath(path), path)
-    return sorted(paths, key=lambda p: os.stat(p).st_mtime_ns)
 
 
 @dataclass(frozen=True)
@@ -114,11 +41,11 @@ class WatchSpec:
 
 def watch_once(spec: WatchSpec, evaluate) -> tuple[int, int, int, int]:
     """One pass: (evaluated, failed, already done, left for later)."""
-    run_dir = spec.run_dir
-    ledger = os.path.join(run_dir, LEDGER)
+    run_dir, watched = spec.run_dir, WatchedDirectory(spec.run_dir)
+    ledger = watched.ledger
     done = {entry.get("sha256") for entry in read_ledger(ledger)}
     evaluated = failed = skipped = waiting = 0
-    for path in find_checkpoints(run_dir):
+    for path in watched.checkpoints():
         relative = os.path.relpath(path, run_dir)
         try:
             before = os.stat(path)
@@ -159,18 +86,17 @@ def watch_once(spec: WatchSpec, evaluate) -> tuple[int, int, int, int]:
 
 
 def plot_history(run_dir: str) -> str | None:
-    from plots import eval_history_plot
-    return eval_history_plot(read_ledger(os.path.join(run_dir, LEDGER)), os.path.join(run_dir, "eval_history.png"))
+    watched = WatchedDirectory(run_dir)
+    return eval_history_plot(read_ledger(watched.ledger), watched.history_png)
 
 
 def watch(spec: WatchSpec, evaluate) -> int:
     """Evaluate every new checkpoint under spec.run_dir once: ``evaluate(path)`` returns an EvaluationResult."""
-    from config import ConfigError
     if not os.path.isdir(spec.run_dir):
         raise ConfigError(f"--watch {spec.run_dir}: not a directory (expected runs/<experiment> or one run)")
     log.setLevel(logging.INFO if spec.verbose else logging.WARNING)
     while True:
-        lock = DirectoryLock(spec.run_dir)
+        lock = DirectoryLock(WatchedDirectory(spec.run_dir).lock)
         if not lock.acquire():
             print(f"eval.py --watch {spec.run_dir}: another evaluation holds {lock.path} ({lock.previous_holder}); "
                   f"exiting")

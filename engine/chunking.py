@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from checkpoint import unwrap_model
+from core.runtime import unwrap_model
 from datasets.windows import split_into_windows
+from models.classifier import recompute_in_backward
 
 AGGREGATIONS = ("mean", "max", "last", "prob")
 TIME_AXIS = {"video": -3, "kpt": 1}  # video [B, (V,) C, T, H, W]; kpt [B, T, J, C]
@@ -89,15 +90,37 @@ class LogitAggregator:
         return self.state
 
 
+def chunk_positions(windows: list[tuple[int, int]], frame_stride: int = 1) -> torch.Tensor:
+    """[n, 2] each chunk's [start, end) in video frames from the clip's first frame (clip frame i is video frame
+    i * frame_stride): the positions the temporal head encodes."""
+    return torch.tensor([[start * frame_stride, (end - 1) * frame_stride + 1] for start, end in windows],
+                        dtype=torch.float32)
+
+
+def temporal_head_of(model) -> nn.Module | None:
+    return getattr(unwrap_model(model), "temporal", None)
+
+
 def forward_chunked(model, inputs: dict, chunk_size: int, overlap: int = 0, aggregation: str = "mean",
-                    video_batch_size: int = 1, window_logits: list | None = None) -> torch.Tensor:
+                    video_batch_size: int = 1, window_logits: list | None = None,
+                    frame_stride: int = 1) -> torch.Tensor:
     """Logits [B, K] for clips longer than the model's memory allows in one pass.
 
     ``video_batch_size`` chunks go through one forward call (throughput versus memory). If
-    ``window_logits`` is a list, each chunk's (start, end, logits on the CPU) is appended to it.
+    ``window_logits`` is a list, each chunk's (start, end, logits on the CPU) is appended to it. A model with a
+    temporal head (``model.temporal``) runs its backbone chunk by chunk and the head once over all chunk features
+    (``aggregation`` is the head's then; ``frame_stride`` places the chunks in video frames).
     """
     length = clip_length(inputs)
     min_frames = getattr(model, "min_frames", 1)
+    if temporal_head_of(model) is not None:
+        windows = chunk_windows(length, chunk_size, overlap)
+        features = chunk_features(model, inputs, windows, video_batch_size, min_frames)  # [B, n, D]
+        logits, per_chunk = model.temporal(features, chunk_positions(windows, frame_stride))
+        if window_logits is not None:
+            for (s, e), chunk_logits in zip(windows, per_chunk.detach().float().cpu().transpose(0, 1)):
+                window_logits.append((s, e, chunk_logits))
+        return logits
     if chunk_size == -1 or chunk_size >= length:
         logits = model(slice_time(inputs, 0, length, min_frames))
         if window_logits is not None:
@@ -118,6 +141,20 @@ def forward_chunked(model, inputs: dict, chunk_size: int, overlap: int = 0, aggr
     return aggregator.result()
 
 
+def chunk_features(model, inputs: dict, windows: list[tuple[int, int]], video_batch_size: int = 1,
+                   min_frames: int = 1) -> torch.Tensor:
+    """[B, n, D]: the backbone features (views and keypoints fused) of each chunk, ``video_batch_size`` chunks
+    per forward call."""
+    parts = []
+    for first in range(0, len(windows), video_batch_size):
+        group = windows[first:first + video_batch_size]
+        chunks = [slice_time(inputs, s, e, min_frames) for s, e in group]
+        stacked = {key: torch.cat([c[key] for c in chunks]) for key in inputs}  # [n * B, ...]
+        features = model.features(stacked)
+        parts.append(features.view(len(group), -1, features.shape[-1]))  # [n, B, D]
+    return torch.cat(parts).transpose(0, 1)
+
+
 # ---------------------------------------------------------------------------------------------- training
 
 @dataclass(frozen=True)
@@ -131,7 +168,8 @@ class ChunkSpec:
 
 
 class ChunkedTrainingForward(nn.Module):
-    """The training forward: chunk logits ``[n, B, K]`` of a clip (n = 1 without chunking).
+    """The training forward: chunk logits ``[n, B, K]`` of a clip (n = 1 without chunking); with a temporal head,
+    ``{"clip": [B, K], "chunks": [n, B, K]}`` (the head's clip logits and its per-chunk logits).
 
     Each chunk's forward runs under non-reentrant checkpointing: between forward and backward only the chunk
     inputs (views of the uint8 clip, 1 byte a pixel) and the chunk logits stay alive, and in backward one
@@ -143,16 +181,19 @@ class ChunkedTrainingForward(nn.Module):
     ``self.module``, which ``unwrap_model`` follows, so checkpoints hold the classifier's state dict alone.
     """
 
-    def __init__(self, module: nn.Module, normalize):
+    def __init__(self, module: nn.Module, normalize, frame_stride: int = 1):
         super().__init__()
         self.module = module
         self.normalize = normalize
+        self.frame_stride = frame_stride  # clip frame i is video frame i * frame_stride (the head's positions)
 
-    def forward(self, inputs: dict, spec: ChunkSpec) -> torch.Tensor:
+    def forward(self, inputs: dict, spec: ChunkSpec) -> torch.Tensor | dict:
         windows = chunk_windows(clip_length(inputs), spec.size, spec.overlap)
+        head = temporal_head_of(self.module)
+        if head is not None:
+            return self._through_head(head, inputs, windows, spec)
         if len(windows) == 1:
             return self.module(self.normalize(inputs)).unsqueeze(0)
-        from models.classifier import recompute_in_backward  # late: models import torchvision
         min_frames = getattr(unwrap_model(self.module), "min_frames", 1)
         logits = []
         for start, end in windows:
@@ -165,6 +206,23 @@ class ChunkedTrainingForward(nn.Module):
 
     def _chunk_logits(self, chunk: dict) -> torch.Tensor:
         return self.module(self.normalize(chunk))
+
+    def _chunk_features(self, chunk: dict) -> torch.Tensor:
+        return self.module.features(self.normalize(chunk))
+
+    def _through_head(self, head: nn.Module, inputs: dict, windows: list, spec: ChunkSpec) -> dict:
+        """Each chunk's features (recomputed in backward: one chunk's activations alive at a time), then the
+        head over all of them; only the [B, n, D] features and the head's own activations stay alive."""
+        min_frames = getattr(unwrap_model(self.module), "min_frames", 1)
+        features = []
+        for start, end in windows:
+            chunk = slice_time(inputs, start, end, min_frames)
+            if spec.recompute and len(windows) > 1:
+                features.append(recompute_in_backward(self.module, self._chunk_features, chunk))
+            else:
+                features.append(self._chunk_features(chunk))
+        clip, chunks = head(torch.stack(features, dim=1), chunk_positions(windows, self.frame_stride))
+        return {"clip": clip, "chunks": chunks.transpose(0, 1)}
 
 
 def aggregate_chunk_logits(chunk_logits: torch.Tensor, aggregation: str) -> torch.Tensor:

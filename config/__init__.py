@@ -18,9 +18,13 @@ from typing import Any, Callable
 
 import yaml
 
+from core.errors import ConfigError
+from core.runtime import PRECISION_ALIASES
 
-class ConfigError(Exception):
-    """A usage or configuration error: printed as one line, exit code 2."""
+# The RGB backbones a config may name. The schema owns the names; models/ registers one builder for each, and
+# registering a name missing here fails at import (so config never imports the model registry above it).
+BACKBONES = ("tiny3d", "vgg3d", "r3d_18", "mc3_18", "r2plus1d_18", "s3d", "swin3d_t", "mvit_v2_s", "resnet18",
+             "resnet34", "resnet50")
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,15 @@ SCHEMA: dict[str, Any] = {
                                     "weighting of both, projected to one size)", "concat", "weighted"),
         "norm": _choice("batch", "normalization of tiny3d and the keypoint branch: batch, or group (independent "
                                  "of the micro-batch size)", "batch", "group"),
+        "temporal_head": _choice("none", "the model over a clip's chunk features: none (chunk logits aggregated by "
+                                         "train.chunk_aggregation, blind to order), attention (attention pooling with "
+                                         "positions) or transformer (an encoder over the chunks, then that pooling)",
+                                 "none", "attention", "transformer"),
+        "temporal_width": _int(128, "temporal head: token width", minimum=2),
+        "temporal_layers": _int(2, "temporal head (transformer): encoder layers", minimum=1),
+        "temporal_heads": _int(4, "temporal head: attention heads (must divide temporal_width)", minimum=1),
+        "temporal_dropout": _float(0.1, "temporal head: dropout in attention, feed-forward and before its classifier",
+                                   0.0, 1.0),
     },
     "data": {
         "data_dir": Key("data/synthetic", "str", "directory the manifests are resolved against"),
@@ -179,14 +192,6 @@ SCHEMA: dict[str, Any] = {
     },
 }
 
-PRECISION_ALIASES = {
-    "32": "32", "32-true": "32", "fp32": "32",
-    "16": "16", "16-mixed": "16", "fp16": "16",
-    "bf16": "bf16", "bf16-mixed": "bf16",
-    "amp": "amp",
-}
-
-
 def defaults() -> dict:
     def build(node):
         return {k: build(v) if isinstance(v, dict) else copy.deepcopy(v.default) for k, v in node.items()}
@@ -251,7 +256,8 @@ def _read_yaml(path: str) -> dict:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a config must be a mapping of sections (model:, data:, ...), got {type(data).__name__}")
+        raise ConfigError(f"{path}: a config must be a mapping of sections (model:, data:, ...), got "
+                          f"{type(data).__name__}")
     return data
 
 
@@ -455,6 +461,21 @@ def _augmentation_checks(data: dict, origin: Callable[[str], str]) -> None:
                           f"joint has a side), or data.flip: false")
 
 
+def _temporal_head_checks(cfg: dict, origin: Callable[[str], str]) -> None:
+    """A temporal head is the aggregation: the settings that would aggregate otherwise must not contradict it."""
+    model, train = cfg["model"], cfg["train"]
+    if train["chunk_aggregation"] == "last":
+        raise ConfigError(f"{origin('train.chunk_aggregation')}: train.chunk_aggregation: last runs only the last "
+                          f"chunk, but model.temporal_head={model['temporal_head']} needs every chunk's features (the "
+                          f"head is the aggregation); use mean (ignored with a head)")
+    if model["view_fusion"] == "late":
+        raise ConfigError(f"{origin('model.view_fusion')}: model.view_fusion: late keeps one feature vector per view, "
+                          f"but model.temporal_head needs one per chunk; use mean or concat")
+    if model["temporal_width"] % model["temporal_heads"]:
+        raise ConfigError(f"{origin('model.temporal_heads')}: model.temporal_heads={model['temporal_heads']} must "
+                          f"divide model.temporal_width={model['temporal_width']}")
+
+
 def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     data, train, model = cfg["data"], cfg["train"], cfg["model"]
     chunk, overlap = train["chunk_infer_size"], train["chunk_overlap"]
@@ -465,6 +486,8 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     if chunk != -1 and overlap >= chunk:
         raise ConfigError(f"{origin('train.chunk_train_overlap')}: train.chunk_train_overlap={overlap} must be smaller "
                           f"than train.chunk_train_size={chunk} (or set chunk_train_size: -1 for no chunking)")
+    if model["temporal_head"] != "none":
+        _temporal_head_checks(cfg, origin)
     if data["batch_size"] == "auto" and not cfg["trainer"]["memory_budget_gb"]:
         raise ConfigError(f"{origin('data.batch_size')}: data.batch_size: auto needs trainer.memory_budget_gb (the "
                           f"memory to fit, in GiB); set it, or give a number")
@@ -504,10 +527,9 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
         raise ConfigError(f"{origin('trainer.device')}: trainer.device: {device!r} is not one of auto, cpu, cuda, "
                           f"cuda:N")
-    from models import registered_names  # late import: the registry imports torch
-    if model["backbone"] not in registered_names():
+    if model["backbone"] not in BACKBONES:
         raise ConfigError(f"{origin('model.backbone')}: model.backbone: unknown model '{model['backbone']}'; "
-                          f"known: {', '.join(registered_names())}")
+                          f"known: {', '.join(sorted(BACKBONES))}")
 
 
 def apply_flags(cfg: dict, flags: dict) -> dict:
@@ -521,6 +543,27 @@ def apply_flags(cfg: dict, flags: dict) -> dict:
         changed[section][key] = value
         origins[dotted] = flag
     return validate(changed, origins)
+
+
+# The one table from eval.py's and infer_chunked.py's flags to the config keys they override.
+INFERENCE_FLAGS = {
+    "--chunk": "train.chunk_infer_size",
+    "--overlap": "train.chunk_overlap",
+    "--agg": "train.chunk_aggregation",
+    "--batch": "train.video_batch_size",
+    "--num-frames": "data.num_frames",
+    "--crops": "data.test_crops",
+}
+
+
+def apply_inference_flags(cfg: dict, values: dict) -> dict:
+    """A validated copy of ``cfg`` with ``{"--chunk": 32, ...}`` applied (None leaves the key); errors name
+    the flag."""
+    head = cfg["model"]["temporal_head"]
+    if values.get("--agg") is not None and head != "none":
+        raise ConfigError(f"--agg {values['--agg']}: this model has a temporal head (model.temporal_head: {head}), "
+                          f"which is the aggregation over its chunks; leave --agg out")
+    return apply_flags(cfg, {INFERENCE_FLAGS[flag]: (flag, value) for flag, value in values.items()})
 
 
 def dump(cfg: dict) -> str:

@@ -3,14 +3,16 @@ matrix, eval.py --watch's history. matplotlib is a requirement; where it is miss
 from __future__ import annotations
 
 import csv
-import os
+
+from artifacts.run_dir import RunDirectory
+from core.files import atomic_path
 
 
 def _pyplot(note_prefix: str):
     try:
-        import matplotlib
+        import matplotlib  # lazy: a second to import, needed once at the end of a run (and may be missing)
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # (the same)
         return plt
     except ImportError:
         print(f"note: {note_prefix} needs matplotlib (pip install matplotlib); no plots written")
@@ -18,31 +20,28 @@ def _pyplot(note_prefix: str):
 
 
 def _save(figure, plt, path: str) -> str:
-    tmp = os.path.join(os.path.dirname(path) or ".", "." + os.path.basename(path) + ".tmp.png")
     figure.tight_layout()
-    figure.savefig(tmp, dpi=100)
+    with atomic_path(path) as tmp:  # a reader never sees half a PNG
+        figure.savefig(tmp, dpi=100, format="png")
     plt.close(figure)
-    os.replace(tmp, path)  # a reader never sees half a PNG
     return path
 
 
-def training_plots(run_dir: str, class_names: list[str], confusion: list | None, monitor: str = "val_video_acc",
-                   epoch: int | None = None) -> list[str]:
+def training_plots(run: RunDirectory, class_names: list[str], confusion: list | None,
+                   monitor: str = "val_video_acc", epoch: int | None = None) -> list[str]:
     """training_curves.png from metrics.csv (the best epoch of ``monitor`` marked), and confusion_matrix.png of
     the last validation (``epoch``)."""
     plt = _pyplot("plotting the training curves")
     if plt is None:
         return []
     written = []
-    with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
+    with open(run.metrics_csv, newline="") as f:
         rows = list(csv.DictReader(f))
-    name = os.path.basename(os.path.normpath(run_dir))
     if rows:
-        written.append(_curves(plt, rows, monitor, f"training of run {name}", os.path.join(run_dir,
-                                                                                          "training_curves.png")))
+        written.append(_curves(plt, rows, monitor, f"training of run {run.name}", run.curves_png))
     if confusion is not None:
         written.append(_confusion(plt, confusion, class_names, f"validation confusion matrix, epoch {epoch} "
-                                  f"(run {name})", os.path.join(run_dir, "confusion_matrix.png")))
+                                  f"(run {run.name})", run.confusion_png))
     return written
 
 

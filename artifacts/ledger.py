@@ -1,0 +1,65 @@
+"""The cron evaluator's record of a run directory: ``eval.jsonl`` (one JSON line per evaluated checkpoint,
+rewritten atomically for each new line) and the lock that keeps two evaluators apart."""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+
+from core.files import atomic_write_bytes
+
+log = logging.getLogger("longvideo")
+
+
+class DirectoryLock:
+    """An exclusive, non-blocking lock on a run directory's .eval.lock that dies with its process."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.fd: int | None = None
+        self.previous_holder = ""
+
+    def acquire(self) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.previous_holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+            os.close(fd)
+            return False
+        self.previous_holder = os.pread(fd, 200, 0).decode(errors="replace").strip()  # a stale one: taken over
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self.fd = fd
+        return True
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)  # an empty file: released cleanly; text left in it: its holder was killed
+            os.close(self.fd)
+            self.fd = None
+
+
+def read_ledger(path: str) -> list[dict]:
+    """The entries of eval.jsonl; a line that does not parse (written by hand?) is skipped with a warning."""
+    if not os.path.exists(path):
+        return []
+    entries = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError:
+                log.warning("%s:%d: not a JSON line; ignored", path, number)
+    return entries
+
+
+def append_ledger(path: str, entry: dict) -> None:
+    existing = open(path, "rb").read() if os.path.exists(path) else b""
+    if existing and not existing.endswith(b"\n"):
+        existing += b"\n"
+    atomic_write_bytes(path, existing + (json.dumps(entry) + "\n").encode())

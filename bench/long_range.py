@@ -1,0 +1,90 @@
+"""The long-range order task: what a temporal head learns that short clips and a bag of chunks cannot.
+
+    python -m bench.long_range                  # 4 variants, 12 epochs each, on the CPU (about 5 minutes)
+    python -m bench.long_range --epochs 20 --seeds 0,1,2
+
+Data: ``python -m datasets.synthetic --long-range`` (written to data/long_range if missing): 1,024-frame videos
+with two brief events at least 320 frames apart; the label is their order (datasets/synthetic.py says why no
+single chunk and no order-blind pooling can beat chance). Each variant is configs/long-range.yaml with:
+
+    (a) short clips     16 frames at stride 4 (64 video frames), one forward, no head
+    (b) chunks, mean    the whole video (256 frames at stride 4) in training chunks of 32, chunk logits averaged
+    (c) attention       (b) with model.temporal_head: attention
+    (d) transformer     (b) with model.temporal_head: transformer
+
+Each runs train.py in a fresh process. Printed: the best and the last validation accuracy, the seconds per epoch
+(training and validation, from metrics.csv), and the memory of one training step at the variant's shape measured
+as ``python -m bench.train_chunked`` measures it (host RSS growth during the step, batch 1), with the step memory
+of (d) at a 1,024-frame clip against a 64-frame one.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+
+from bench.train_chunked import step_cell
+from datasets.synthetic import generate_long_range
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "long-range.yaml")
+VARIANTS = {
+    "(a) short clips": ["data.num_frames=16", "train.chunk_train_size=-1", "train.chunk_infer_size=-1",
+                        "model.temporal_head=none"],
+    "(b) chunks, mean": ["model.temporal_head=none"],
+    "(c) attention": ["model.temporal_head=attention"],
+    "(d) transformer": ["model.temporal_head=transformer"],
+}
+
+
+def train_variant(overrides: list[str], data: str, epochs: int, seed: int) -> dict:
+    with tempfile.TemporaryDirectory() as out:
+        command = [sys.executable, "train.py", "--config", CONFIG, "--set", f"data.data_dir={data}",
+                   "--set", f"trainer.output_dir={out}", "--set", f"trainer.max_epochs={epochs}",
+                   "--set", f"train.seed={seed}"] + [item for o in overrides for item in ("--set", o)]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr}")
+        with open(os.path.join(out, "long_range", "latest", "metrics.csv"), newline="") as f:
+            rows = list(csv.DictReader(f))
+    accuracy = [float(r["val_clip_acc"]) for r in rows]
+    elapsed = [float(r["elapsed_s"]) for r in rows]
+    return {"best": max(accuracy), "last": accuracy[-1], "epoch_s": (elapsed[-1] - elapsed[0]) / max(len(rows) - 1, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default=os.path.join(ROOT, "data", "long_range"), help="the task's directory")
+    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--seeds", default="0", help="train.seed values, comma-separated: accuracy is averaged")
+    args = parser.parse_args()
+    generate_long_range(args.data, quiet=True)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    print(f"long-range order task ({args.data}): 96 training and 48 validation videos of 1,024 frames; "
+          f"{args.epochs} epochs, seeds {seeds}, on the CPU ({os.cpu_count()} CPUs); chance is 0.50")
+    print(f"{'variant':18s} {'val acc best':>12s} {'val acc last':>12s} {'s/epoch':>8s} {'step MB':>8s} "
+          f"{'clip':>16s}")
+    for name, overrides in VARIANTS.items():
+        runs = [train_variant(overrides, args.data, args.epochs, seed) for seed in seeds]
+        best = sum(r["best"] for r in runs) / len(runs)
+        last = sum(r["last"] for r in runs) / len(runs)
+        epoch_s = sum(r["epoch_s"] for r in runs) / len(runs)
+        short = name.startswith("(a)")
+        head = next(o.split("=")[1] for o in overrides if o.startswith("model.temporal_head"))
+        memory = step_cell("tiny3d", 16, 32, 16 if short else 256, -1 if short else 32, repeat=1,
+                           temporal_head=head, temporal_width=64)
+        step_mb = f"{memory['peak_mb']:8.1f}" if isinstance(memory, dict) else f"{'failed':>8s}"
+        clip = "16 frames" if short else "256 in chunks of 32"
+        print(f"{name:18s} {best:12.3f} {last:12.3f} {epoch_s:8.1f} {step_mb} {clip:>16s}", flush=True)
+    cells = {length: step_cell("tiny3d", 16, 32, length, 32, repeat=1, temporal_head="transformer",
+                               temporal_width=64) for length in (64, 1024)}
+    if all(isinstance(c, dict) for c in cells.values()):
+        print(f"(d)'s step memory, chunks of 32: {cells[64]['peak_mb']:.1f} MB at a 64-frame clip, "
+              f"{cells[1024]['peak_mb']:.1f} MB at 1,024 frames ({cells[1024]['peak_mb'] / cells[64]['peak_mb']:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""The one evaluation loop (``evaluate``: training's validation, eval.py and ``eval.py --watch``), and what
+eval.py makes of a checkpoint with it: metrics, per-clip and per-video rows, the printed report, the files."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.data import DataLoader
+
+from artifacts.trained_model import load_trained_model
+from config import apply_inference_flags
+from core.files import atomic_write_bytes
+from core.runtime import Runtime, resolve_device, setup_runtime, unwrap_model
+from datasets.transforms import InputPreparer
+from datasets.video_dataset import BadInputReport, build_dataset, index_cache_for
+from engine.chunking import forward_chunked
+from engine.data import cap_workers, make_loader
+from engine.metrics import ClassificationMeter
+
+
+@torch.inference_mode()
+def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer, runtime: Runtime,
+             train_cfg: dict, num_classes: int, bad_inputs: BadInputReport | None = None,
+             meter: ClassificationMeter | None = None, on_clips=None, frame_stride: int = 1) -> dict:
+    """Clip- and video-level metrics with the shared chunked forward; predictions move to the CPU at once.
+    The one evaluation loop: training's validation and eval.py (which passes its own ``meter``, for the
+    per-video rows, and ``on_clips(batch, logits)`` for the per-clip ones).
+
+    Under DDP each rank evaluates its shard and the CPU meters are gathered, so every rank gets the metrics
+    of the whole validation set.
+    """
+    model = unwrap_model(model)  # no DDP collectives here: shards may differ in length
+    model.eval()
+    meter = meter if meter is not None else ClassificationMeter(num_classes)
+    for batch in loader:
+        if bad_inputs is not None:
+            bad_inputs.take(batch)
+        with runtime.autocast():
+            logits = forward_chunked(model, prepare(batch), train_cfg["chunk_infer_size"], train_cfg["chunk_overlap"],
+                                     train_cfg["chunk_aggregation"], train_cfg["video_batch_size"],
+                                     frame_stride=frame_stride)
+        logits = logits.float().cpu()
+        meter.update(logits, batch["label"], batch["video_index"])
+        if on_clips is not None:
+            on_clips(batch, logits)
+    if runtime.distributed:
+        meters = [None] * runtime.world_size
+        torch.distributed.all_gather_object(meters, meter)
+        meter = ClassificationMeter.merged(meters)
+    return meter.compute()
+
+
+def evaluate_dataset(model, dataset, cfg: dict, runtime, class_names: list[str]) -> tuple[dict, list, list]:
+    """(metrics, per-clip rows, per-video rows): train.py's evaluation loop with the rows eval.py writes.
+    One sample per forward (long clips vary in length); predictions go to the CPU as they are made."""
+    loader = make_loader(dataset, cfg, runtime, 1, shuffle=False, pad=False)
+    prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
+    meter, clip_rows, bad_inputs = ClassificationMeter(len(class_names)), [], BadInputReport(dataset)
+
+    def add_clip_rows(batch, logits):
+        for p, label, video, window in zip(logits.softmax(dim=1), batch["label"], batch["video_index"],
+                                           batch["window"]):
+            clip_rows.append({"video": _video_name(dataset, int(video)), "window_start": int(window[0]),
+                              "window_end": int(window[1]), "label": class_names[int(label)],
+                              "predicted": class_names[int(p.argmax())], "probability": round(float(p.max()), 6)})
+
+    metrics = evaluate(model, loader, prepare, runtime, cfg["train"], len(class_names), bad_inputs, meter,
+                       add_clip_rows, frame_stride=cfg["data"]["frame_stride"])
+    bad_inputs.end_run()
+    video_rows = [{"video": _video_name(dataset, v["video_index"]), "label": class_names[v["label"]],
+                   "predicted": class_names[v["predicted"]], "probability": round(v["probability"], 6),
+                   "clips": v["clips"]} for v in meter.video_predictions()]
+    return metrics, clip_rows, video_rows
+
+
+def _video_name(dataset, video_index: int) -> str:
+    return ";".join(dataset.records[video_index].views.values())
+
+
+def format_report(metrics: dict, class_names: list[str]) -> str:
+    top5 = f"top-5 {metrics['top5']:.4f}" if len(class_names) > 5 else "top-5 n/a (5 classes or fewer)"
+    lines = [f"top-1 clip acc {metrics['clip_acc']:.4f}  {top5}  "
+             f"video-level acc {metrics.get('video_acc', float('nan')):.4f}  mean class acc "
+             f"{metrics['mean_class_acc']:.4f}  ({metrics['num_clips']} clips, {metrics.get('num_videos', 0)} videos)",
+             f"{'class':>16s} {'precision':>9s} {'recall':>9s} {'f1':>9s}"]
+    for i, name in enumerate(class_names):
+        lines.append(f"{name:>16s} {metrics['precision'][i]:9.4f} {metrics['recall'][i]:9.4f} {metrics['f1'][i]:9.4f}")
+    width = max(6, max(len(n) for n in class_names))
+    lines.append("confusion matrix (rows: true, columns: predicted)")
+    lines.append(" " * (width + 1) + " ".join(f"{n[:width]:>{width}s}" for n in class_names))
+    for name, row in zip(class_names, metrics["confusion"]):
+        lines.append(f"{name[:width]:>{width}s} " + " ".join(f"{v:>{width}d}" for v in row))
+    return "\n".join(lines)
+
+
+def write_outputs(prefix: str, metrics: dict, clip_rows: list[dict], video_rows: list[dict], info: dict) -> None:
+    atomic_write_bytes(prefix + ".json", json.dumps({**info, "metrics": metrics}, indent=1).encode())
+    for path, rows in ((prefix + ".csv", video_rows), (prefix + "_clips.csv", clip_rows)):
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=list(rows[0]) if rows else ["video"])
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_bytes(path, text.getvalue().encode())
+
+
+@dataclass
+class EvaluationResult:
+    """One checkpoint evaluated: its metrics, the config used, its class names and checkpoint dict, the rows."""
+    metrics: dict
+    cfg: dict
+    class_names: list
+    state: dict
+    clip_rows: list
+    video_rows: list
+
+
+@dataclass(frozen=True)
+class EvaluationSpec:
+    """What eval.py evaluates a checkpoint on, and how: ``flags`` over the checkpoint config's keys
+    ({"--chunk": 32, ...}, names of config.INFERENCE_FLAGS; None keeps the checkpoint's value)."""
+    split: str = "val"
+    data: str | None = None  # a manifest instead of the config's split
+    device: str | None = None
+    precision: str | None = None
+    flags: dict = field(default_factory=dict)
+
+
+def evaluate_checkpoint(path: str, spec: EvaluationSpec) -> EvaluationResult:
+    device = resolve_device(spec.device or "auto")
+    model, cfg, class_names, state = load_trained_model(path, device)
+    cfg = cap_workers(apply_inference_flags(cfg, spec.flags))
+    runtime = setup_runtime(cfg["trainer"], device=str(device), precision=spec.precision)
+    dataset = build_dataset(cfg, spec.split, class_names, training=False, manifest=spec.data,
+                            index_cache=index_cache_for(cfg))
+    metrics, clip_rows, video_rows = evaluate_dataset(model, dataset, cfg, runtime, class_names)
+    del model
+    if runtime.device.type == "cuda":
+        torch.cuda.empty_cache()  # the next checkpoint starts from a clean device
+    return EvaluationResult(metrics, cfg, class_names, state, clip_rows, video_rows)

@@ -1,0 +1,271 @@
+"""Streaming inference: a long video's inference chunks decoded on a background thread, a few ahead of the
+model, and classified chunk by chunk, so memory does not depend on the video's length. infer_chunked.py is its
+command line.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from core.errors import ConfigError
+from datasets.clip_transform import ClipTransform
+from datasets.decode import read_clip, read_clip_keypoints
+from datasets.keypoints import KeypointError
+from datasets.manifest import VIDEO_EXTENSIONS, VideoRecord, read_manifest
+from datasets.video_dataset import check_labels, manifest_path, segment_frames
+from datasets.video_reader import open_reader, probe, several_streams_note
+from engine.chunking import (
+    LogitAggregator,
+    chunk_positions,
+    clip_length,
+    inference_windows,
+    slice_time,
+    temporal_head_of,
+)
+
+log = logging.getLogger("longvideo")
+
+
+@dataclass(frozen=True)
+class InferenceSpec:
+    """How a video goes through the model: its inference chunks, their aggregation, chunks per forward call,
+    and what is reported."""
+    chunk: int = 32  # clip frames per chunk; -1 = the whole video
+    overlap: int = 8
+    aggregation: str = "mean"
+    batch: int = 1  # chunks per forward call
+    topk: int = 3
+    timeline: bool = False
+    decode_threads: int | None = None  # None: FFmpeg's choice
+
+
+def resolve_inputs(input_arg: str | None, cfg: dict) -> tuple[str, list[VideoRecord]]:
+    if input_arg is None:
+        for split in ("test", "val"):
+            path = manifest_path(cfg["data"], split)
+            if path and os.path.exists(path):
+                return path, read_manifest(path)
+        raise ConfigError("no --input given and the checkpoint's config has no test or val manifest on this machine")
+    if os.path.isdir(input_arg):
+        files = sorted(f for f in os.listdir(input_arg) if f.lower().endswith(VIDEO_EXTENSIONS))
+        if files:
+            return input_arg, [VideoRecord({"video": os.path.join(input_arg, f)}, where=input_arg) for f in files]
+        if any(os.path.isdir(os.path.join(input_arg, d)) for d in os.listdir(input_arg)):
+            return input_arg, read_manifest(input_arg)  # root/<class>/<video>, as training reads it: labelled
+        raise ConfigError(f"--input {input_arg}: no videos in this directory nor in class folders under it "
+                          f"({', '.join(VIDEO_EXTENSIONS)})")
+    if input_arg.endswith((".jsonl", ".json", ".csv")):
+        return input_arg, read_manifest(input_arg)
+    if not os.path.exists(input_arg):
+        raise ConfigError(f"--input {input_arg}: file not found")
+    return input_arg, [VideoRecord({"video": input_arg}, where=input_arg)]
+
+
+class ChunkStream:
+    """Decodes a video's inference chunks on a background thread, a few chunks ahead of the model.
+
+    Yields (windows, {"video": uint8 [n, (V,) C, L, H, W], "kpt": [n, L, J, C]}) for groups of ``batch``
+    chunks. Window bounds are in clip frames; clip frame i is video frame i * stride.
+    """
+
+    def __init__(self, record: VideoRecord, data_cfg: dict, spec: InferenceSpec, prefetch: int = 2):
+        """data_cfg: the frame size, stride, decoder and what to load (RGB, keypoints) of the config."""
+        self.record, self.stride = record, data_cfg["frame_stride"]
+        # evaluation's geometry: aspect-true decode size and the centre crop (data.test_crops is eval.py's)
+        self.transform = ClipTransform({**data_cfg, "test_crops": 1}, training=False)
+        infos = {name: probe(path, data_cfg["decoder"]) for name, path in record.views.items()}
+        self.plans = self.transform.plan([(info.height, info.width) for info in infos.values()], None)
+        self.readers = {name: open_reader(path, plan.decoded, threads=spec.decode_threads, info=infos[name],
+                                          decoder=data_cfg["decoder"], access="sequential")
+                        for plan, (name, path) in zip(self.plans, record.views.items())}
+        first = next(iter(self.readers.values()))
+        for reader in self.readers.values():
+            note = several_streams_note(reader.info)
+            if note:
+                log.warning("%s", note)
+            # a container can over-state its length (a cut file keeps its header): reading the last frame it
+            # claims finds the real end, so no chunk is made of the last frame repeated
+            reader.read([reader.num_frames - 1])
+        self.num_frames = min(r.num_frames for r in self.readers.values())
+        self.fps = first.info.fps
+        clip_length = len(range(0, self.num_frames, self.stride))
+        self.windows = inference_windows(clip_length, spec.chunk, spec.overlap, spec.aggregation)
+        self.batch, self.load_rgb, self.load_kpt = spec.batch, data_cfg["load_rgb"], data_cfg["load_kpt"]
+        if self.load_kpt and record.keypoints is None:
+            raise KeypointError(f"{record.where}: the model needs keypoints but the input has none "
+                                f"(give a manifest line with 'keypoints')")
+        self.queue: queue.Queue = queue.Queue(maxsize=prefetch)
+        self.decode_seconds = 0.0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._produce, daemon=True)
+        self.thread.start()
+
+    def _produce(self) -> None:
+        try:
+            cache: dict[int, list] = {}  # clip frame -> each view's frame: the overlap, decoded once
+            for first in range(0, len(self.windows), self.batch):
+                if self.stopping.is_set():
+                    return
+                group = self.windows[first:first + self.batch]
+                tick = time.perf_counter()
+                new = sorted({i for s, e in group for i in range(s, e)} - cache.keys())
+                if self.load_rgb and new:  # datasets.decode.read_clip: the dataset's path from file to frames
+                    views = read_clip(list(self.readers.values()), [i * self.stride for i in new], self.plans,
+                                      self.transform)
+                    for t, i in enumerate(new):
+                        cache[i] = [view[:, t] for view in views]  # each [C, H, W]
+                tensors = {}
+                if self.load_rgb:
+                    channels, height, width = cache[group[0][0]][0].shape
+                    length = group[0][1] - group[0][0]
+                    video = torch.empty((len(group), len(self.readers), channels, length, height, width),
+                                        dtype=torch.uint8)
+                    for k, (s, e) in enumerate(group):  # one copy from the cache into the batch
+                        for t, i in enumerate(range(s, e)):
+                            for v, frame in enumerate(cache[i]):
+                                video[k, v, :, t] = frame
+                    tensors["video"] = video[:, 0] if len(self.readers) == 1 else video  # [n, (V,) C, L, H, W]
+                if self.load_kpt:
+                    tensors["kpt"] = torch.stack([torch.from_numpy(self._keypoints(s, e)) for s, e in group])
+                following = first + self.batch
+                keep_from = self.windows[following][0] if following < len(self.windows) else float("inf")
+                for i in [i for i in cache if i < keep_from]:
+                    del cache[i]
+                self.decode_seconds += time.perf_counter() - tick
+                self._put((group, tensors))
+            self._put(None)
+        except BaseException as e:  # hand the error to the consumer
+            self._put(e)
+
+    def _keypoints(self, start: int, end: int) -> np.ndarray:
+        """The keypoints of clip frames [start, end), following the first view's crop (as in training)."""
+        indices = [i * self.stride for i in range(start, end)]
+        return read_clip_keypoints(self.record, indices, self.plans if self.load_rgb else [], self.transform)
+
+    def _put(self, item) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def __iter__(self):
+        while True:
+            item = self.queue.get()
+            if item is None:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        """Stop the decoding thread (also when the consumer failed half-way), then release the files."""
+        self.stopping.set()
+        self.thread.join()
+        for reader in self.readers.values():
+            reader.close()
+
+
+@torch.inference_mode()
+def classify_video(model, record: VideoRecord, cfg: dict, spec: InferenceSpec, runtime, prepare,
+                   class_names) -> dict:
+    """One video's result: top-k labels, and with ``spec.timeline`` every chunk's and the merged segments.
+
+    Without a temporal head each chunk's logits are aggregated as they come (one [1, K] state). With one, only
+    each chunk's features are kept (``[n, D]`` on the host, 4 bytes x D a chunk) and the head runs once at the
+    end, so its per-chunk logits (the timeline) see context from both sides."""
+    check_labels(record, class_names, unlabelled_ok=True)  # the checks and messages of train.py and eval.py
+    stream = ChunkStream(record, cfg["data"], spec)
+    head = temporal_head_of(model)
+    aggregator, chunk_probs, features = LogitAggregator(spec.aggregation), [], []
+    compute_seconds = 0.0
+    try:
+        if record.segments is not None:
+            segment_frames(record, stream.num_frames, stream.fps, class_names)
+        for _, tensors in tqdm(stream, total=-(-len(stream.windows) // spec.batch), leave=False,
+                               desc=os.path.basename(record.first_path), disable=not sys.stderr.isatty()):
+            tick = time.perf_counter()
+            inputs = prepare(tensors)
+            # a video shorter than the model's minimum clip: repeat its last frame (documented in the README)
+            inputs = slice_time(inputs, 0, clip_length(inputs), getattr(model, "min_frames", 1))
+            with runtime.autocast():
+                if head is not None:
+                    features.append(model.features(inputs).float().cpu())  # [n, D]
+                else:
+                    logits = model(inputs).float()
+                    aggregator.update(logits.unsqueeze(1))  # [n, 1, K]
+                    chunk_probs.append(logits.softmax(dim=1).cpu())
+            compute_seconds += time.perf_counter() - tick
+        tick = time.perf_counter()
+        if head is not None:
+            with runtime.autocast():
+                logits, per_chunk = head(torch.cat(features).unsqueeze(0).to(runtime.device),
+                                         chunk_positions(stream.windows, stream.stride))
+            aggregator.update(logits.float().unsqueeze(0))  # [1, 1, K]: the head is the aggregation
+            chunk_probs = [per_chunk[0].float().softmax(dim=1).cpu()]
+        compute_seconds += time.perf_counter() - tick
+    finally:
+        stream.close()
+    timeline = []
+    for (s, e), p in zip(stream.windows, torch.cat(chunk_probs)):
+        start, end = s * stream.stride, min((e - 1) * stream.stride + 1, stream.num_frames)
+        timeline.append({"start": start, "end": end, "start_sec": round(start / stream.fps, 3),
+                         "end_sec": round(end / stream.fps, 3), "label": class_names[int(p.argmax())],
+                         "prob": round(float(p.max()), 4)})
+    probs = aggregator.result()[0].softmax(dim=0)
+    top = probs.topk(min(spec.topk, len(class_names)))
+    result = {"video": record.first_path if len(record.views) == 1 else record.views,
+              "num_frames": stream.num_frames, "fps": stream.fps, "windows": len(timeline),
+              "topk": [{"label": class_names[int(i)], "prob": round(float(v), 4)} for v, i in zip(top.values,
+                                                                                              top.indices)],
+              "decode_s": round(stream.decode_seconds, 3), "compute_s": round(compute_seconds, 3)}
+    segments = merge_segments(timeline, stream.num_frames)
+    if record.label is not None:
+        result["label"] = record.label
+        result["correct"] = result["topk"][0]["label"] == record.label
+    if record.segments is not None:
+        result["timeline_agreement"] = timeline_agreement(segments, record, stream.fps, stream.num_frames)
+    if spec.timeline:
+        result["timeline"] = timeline
+        result["segments"] = segments
+    return result
+
+
+def merge_segments(timeline: list[dict], num_frames: int) -> list[dict]:
+    """Contiguous chunks with the same top label merged; overlapping chunks split at the overlap's middle."""
+    segments: list[dict] = []
+    for i, window in enumerate(timeline):
+        start = 0 if i == 0 else (timeline[i - 1]["end"] + window["start"]) // 2
+        start = max(start, segments[-1]["end"] if segments else 0)
+        end = num_frames if i == len(timeline) - 1 else (window["end"] + timeline[i + 1]["start"]) // 2
+        if end <= start:
+            continue
+        if segments and segments[-1]["label"] == window["label"]:
+            segments[-1]["end"] = end
+        else:
+            segments.append({"start": start, "end": end, "label": window["label"]})
+    return segments
+
+
+def timeline_agreement(segments: list[dict], record: VideoRecord, fps: float, num_frames: int) -> float:
+    """Share of the annotated frames whose merged predicted segment has the annotated label."""
+    predicted = np.empty(num_frames, dtype=object)
+    for seg in segments:
+        predicted[seg["start"]:seg["end"]] = seg["label"]
+    hits = total = 0
+    for seg in record.segments:
+        start, end = seg.in_frames(fps)
+        end = min(end, num_frames)
+        hits += int(np.sum(predicted[start:end] == seg.label))
+        total += max(end - start, 0)
+    return round(hits / max(total, 1), 4)

@@ -1,0 +1,357 @@
+"""The training loop: ``fit`` runs epochs of ``train_one_epoch`` and the shared ``evaluate``, each returning a
+dict of plain floats; ``build_trainer`` wires data, model, optimizer, schedule and run directory. The step
+itself (forward, backward, accumulation, OOM back-off) is ``engine.step``'s.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from artifacts.checkpoint import TrainState, restore_rng_state, restore_training
+from artifacts.csv_log import CsvLog
+from artifacts.plots import training_plots
+from artifacts.run_dir import ExperimentDirectory, RunDirectory
+from config import dump
+from core import memory_monitor
+from core.errors import ConfigError
+from core.files import atomic_write_bytes, remove_stale_temp_files
+from core.logs import attach_log_file
+from core.runtime import Runtime
+from datasets.shape import DataShape
+from datasets.transforms import InputPreparer
+from datasets.video_dataset import BadInputReport
+from engine.chunking import ChunkedTrainingForward
+from engine.data import build_data, cap_workers, make_loader
+from engine.evaluate import evaluate
+from engine.step import (
+    NonFiniteLossError,
+    RunReport,
+    Trainer,
+    accumulate_with_oom_backoff,
+    build_optimizer,
+    build_scheduler,
+    clips_per_forward,
+    optimizer_step,
+)
+from models import ModelConfigError, build_model
+
+log = logging.getLogger("longvideo")
+PROGRESS_EVERY_S = 60.0
+
+
+def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
+    state, runtime = trainer.state, trainer.runtime
+    accumulate = trainer.cfg["train"]["accumulate_grad_batches"]
+    trainer.model.train()
+    num_batches = len(loader) + state.batches_done
+    iterator = _iterate_resumed(trainer, loader)
+    totals = {"clips": 0, "data_time": 0.0}  # of this call (speed); the epoch's loss is kept in the state
+    start = time.perf_counter()
+    progress = tqdm(total=num_batches, initial=state.batches_done, desc=f"epoch {state.epoch + 1}",
+                    disable=not (runtime.is_main and sys.stderr.isatty()), leave=False)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    group_start = state.batches_done - state.batches_done % accumulate
+    group: list[dict] = []  # the loader batches of this accumulation group, kept to replay it after an OOM
+    mid_epoch_memory = None  # for the leak check: returned, popped by fit()
+    for batch_index in range(state.batches_done, num_batches):
+        tick = time.perf_counter()
+        batch = _next_batch(iterator)
+        totals["data_time"] += time.perf_counter() - tick
+        if trainer.report.bad_inputs is not None:
+            trainer.report.bad_inputs.take(batch)
+        group_size = min(accumulate, num_batches - group_start)
+        need_update = batch_index + 1 == group_start + group_size
+        group.append(batch)
+        loss_sum, clips = accumulate_with_oom_backoff(trainer, group, group_size, need_update)
+        if batch_index == num_batches // 2:  # the same point of every epoch, workers alive: for the leak check
+            mid_epoch_memory = memory_monitor.snapshot(runtime.device)
+        totals["clips"] += _count_loss(trainer, loss_sum, clips)
+        if need_update:
+            optimizer_step(trainer)
+            group_start, group = batch_index + 1, []
+        state.batches_done = batch_index + 1
+        progress.update(1)
+        _stop_after_nonfinite_losses(trainer)
+        if need_update:
+            _after_step(trainer, totals, start, progress)
+            if trainer.stop_after_steps and state.global_step >= trainer.stop_after_steps:
+                break
+    progress.close()
+    elapsed = time.perf_counter() - start
+    if trainer.report.bad_inputs is not None:
+        trainer.report.bad_inputs.end_epoch(state.epoch + 1)
+    return {"train_loss": state.epoch_loss_sum / max(state.epoch_clips, 1),
+            "train_clips_per_s": totals["clips"] / elapsed,
+            "data_time_share": totals["data_time"] / elapsed, "lr": trainer.scheduler.get_last_lr()[0],
+            "skipped_steps": state.skipped_steps, "clips_per_forward": clips_per_forward(trainer),
+            "chunk_train_size": trainer.chunk_spec().size, "memory": mid_epoch_memory}
+
+
+STOP_REQUESTED = threading.Event()  # set by the first Ctrl-C (see stop_on_ctrl_c)
+
+
+@contextlib.contextmanager
+def stop_on_ctrl_c():
+    """Ctrl-C during training: the first one asks the loop to stop after the current batch (checked between
+    batches and epochs, where raising cannot be lost: a KeyboardInterrupt raised inside a finalizer, such as the
+    previous epoch's DataLoader iterator shutting its workers down, is printed and dropped by Python), a second
+    one stops at once."""
+    def request_stop(signum, frame):
+        if STOP_REQUESTED.is_set():
+            raise KeyboardInterrupt
+        STOP_REQUESTED.set()
+        log.warning("Ctrl-C: stopping after this batch and saving last.pt (Ctrl-C again to stop at once)")
+
+    STOP_REQUESTED.clear()
+    if threading.current_thread() is not threading.main_thread():  # signals reach only the main thread
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, request_stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop_if_asked() -> None:
+    if STOP_REQUESTED.is_set():
+        raise KeyboardInterrupt
+
+
+def _next_batch(iterator):
+    """The next loader batch; after a Ctrl-C the workers (which got it too) may be gone: stop, do not crash."""
+    _stop_if_asked()
+    try:
+        return next(iterator)
+    except RuntimeError:
+        _stop_if_asked()
+        raise
+
+
+def _iterate_resumed(trainer: Trainer, loader: DataLoader):
+    """iter(loader), with a resumed run's RNG state restored where the uninterrupted run had it: the state saved
+    at an epoch's end is the one the next epoch's iter(loader) drew its worker seed from, so it is restored
+    before that draw; one saved mid-epoch was taken after it."""
+    pending, trainer.pending_rng = trainer.pending_rng, None
+    if pending is not None and trainer.state.batches_done == 0:
+        restore_rng_state(pending)
+        pending = None
+    iterator = iter(loader)
+    if pending is not None:
+        restore_rng_state(pending)
+    return iterator
+
+
+def _count_loss(trainer: Trainer, loss_sum: float, clips: int) -> int:
+    """A batch's loss into the epoch's, non-finite ones counted in a row; returns the clips counted."""
+    state = trainer.state
+    if math.isfinite(loss_sum):
+        state.nonfinite_streak = 0
+        state.epoch_loss_sum += loss_sum
+        state.epoch_clips += clips
+        return clips
+    state.nonfinite_streak += 1
+    return 0
+
+
+def _stop_after_nonfinite_losses(trainer: Trainer) -> None:
+    """trainer.max_nonfinite_steps non-finite losses in a row stop the run, with last.pt saved."""
+    state = trainer.state
+    if state.nonfinite_streak >= trainer.cfg["trainer"]["max_nonfinite_steps"]:
+        path = trainer.save("last.pt")
+        raise NonFiniteLossError(
+            f"{state.nonfinite_streak} consecutive non-finite losses at step {state.global_step}; saved "
+            f"{path}. Lower train.lr, use trainer.precision: bf16 or 32 instead of 16, or set train.grad_clip")
+
+
+
+def _after_step(trainer: Trainer, totals: dict, start: float, progress) -> None:
+    state, train_cfg, runtime = trainer.state, trainer.cfg["train"], trainer.runtime
+    every = train_cfg["checkpoint_every_steps"]
+    if every and state.global_step % every == 0:
+        trainer.save("last.pt")
+    due = (state.global_step % train_cfg["log_every"] == 0
+           # a line a minute at least, for nohup and cron logs
+           or time.time() - trainer.report.last_progress >= PROGRESS_EVERY_S)
+    if due and runtime.is_main:
+        trainer.report.last_progress = time.time()
+        snap = memory_monitor.snapshot(runtime.device)
+        elapsed = time.perf_counter() - start
+        loss = state.epoch_loss_sum / max(state.epoch_clips, 1)
+        progress.set_postfix_str(f"loss {loss:.3f} {memory_monitor.compact(snap)}")
+        log.info("epoch %d step %d (%d/%d) loss %.4f lr %.2e clips/s %.1f data %.0f%% %s", state.epoch + 1,
+                 state.global_step, state.batches_done, progress.total, loss, trainer.scheduler.get_last_lr()[0],
+                 totals["clips"] / elapsed, 100 * totals["data_time"] / elapsed, memory_monitor.compact(snap))
+        if trainer.report.memory_log is not None:
+            trainer.report.memory_log.write({"epoch": state.epoch + 1, "step": state.global_step, **snap})
+
+
+
+def save_after_interrupt(trainer: Trainer, resume_command: str) -> None:
+    """Ctrl-C: last.pt at the last optimizer step (the unfinished accumulation group is trained again on
+    resume), and how to continue."""
+    state = trainer.state
+    state.batches_done -= state.batches_done % trainer.cfg["train"]["accumulate_grad_batches"]
+    path = trainer.save("last.pt")
+    log.warning("interrupted at epoch %d, step %d: saved %s; continue with: %s", state.epoch + 1,
+                state.global_step, path, resume_command)
+
+def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None,
+                  stop_after_steps: int | None = None) -> tuple[Trainer, DataLoader, DataLoader | None]:
+    """Data, model, optimizer, schedule and run directory (or the resumed ones), wired into a Trainer.
+    ``cfg`` has a number for data.batch_size (the planner resolves ``auto`` before)."""
+    torch.manual_seed(cfg["train"]["seed"])
+    np.random.seed(cfg["train"]["seed"])
+    train_set, val_set, class_names, shape = build_data(cfg)
+    model, channels_last = _model_on_device(cfg, runtime, shape)
+    cfg = cap_workers(cfg)
+    train_loader = make_loader(train_set, cfg, runtime, cfg["data"]["batch_size"], shuffle=True, pad=True)
+    val_loader = (make_loader(val_set, cfg, runtime, 1, shuffle=False, pad=False)  # clips vary in length
+                  if val_set is not None else None)
+    optimizer = build_optimizer(model, cfg["train"])
+    steps_per_epoch = math.ceil(len(train_loader) / cfg["train"]["accumulate_grad_batches"])
+    scheduler = build_scheduler(optimizer, cfg["train"], steps_per_epoch, cfg["trainer"]["max_epochs"])
+    scaler = runtime.grad_scaler()
+    state, pending_rng, run = TrainState(), None, None
+    if resume_path:
+        state, pending_rng = restore_training(resume_path, model, optimizer, scheduler, scaler)
+        run = RunDirectory.of_checkpoint(resume_path)
+        if run is None:  # a checkpoint from elsewhere: nothing is written beside the user's file
+            log.info("%s is not inside a run directory of this project (<run>/checkpoints/, with config.yaml): "
+                     "continuing in a new run directory", resume_path)
+    if run is None and runtime.is_main:
+        run = RunDirectory.create(ExperimentDirectory.of_config(cfg))
+    prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"], channels_last)
+    wrapped = ChunkedTrainingForward(torch.compile(model) if cfg["trainer"]["compile"] else model, prepare.normalize,
+                                     cfg["data"]["frame_stride"])
+    if runtime.distributed:
+        wrapped = DistributedDataParallel(wrapped, device_ids=[runtime.device.index] if runtime.device.type == "cuda"
+                                          else None)
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg["train"]["label_smoothing"])
+    trainer = Trainer(model=wrapped, optimizer=optimizer, scheduler=scheduler, scaler=scaler, prepare=prepare,
+                      runtime=runtime, cfg=cfg, run=run, class_names=class_names, shape=shape,
+                      criterion=criterion, state=state, pending_rng=pending_rng, stop_after_steps=stop_after_steps,
+                      report=RunReport(bad_inputs=BadInputReport(train_set, val_set)))
+    if runtime.is_main:
+        _start_run_files(trainer, len(train_set))
+    return trainer, train_loader, val_loader
+
+
+def _model_on_device(cfg: dict, runtime: Runtime, shape: DataShape) -> tuple:
+    """(the classifier on the device, whether it is in channels_last_3d)."""
+    try:
+        model = build_model(cfg["model"], **shape.model_args())
+    except ModelConfigError as e:  # a model section that does not fit the data or the backbone
+        raise ConfigError(str(e))
+    model.to(runtime.device)
+    channels_last = cfg["trainer"]["channels_last_3d"] and runtime.device.type == "cuda"
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last_3d)
+    return model, channels_last
+
+
+def _start_run_files(trainer: Trainer, num_samples: int) -> None:
+    """train.log, stale temporary files removed, the resolved config.yaml, memory.csv, the run's first line."""
+    run, cfg, runtime = trainer.run, trainer.cfg, trainer.runtime
+    trainer.report.log_file = attach_log_file(run.train_log)
+    removed = remove_stale_temp_files(run.path, recursive=True)
+    if removed:
+        log.warning("removed %d temporary file(s) left by writers that were killed: %s", len(removed),
+                    ", ".join(removed))
+    # as run: the precision resolved for this device (the capped workers and a fitted batch are in cfg already)
+    atomic_write_bytes(run.config_yaml,
+                       dump({**cfg, "trainer": {**cfg["trainer"], "precision": runtime.precision}}).encode())
+    trainer.report.memory_log = CsvLog(run.memory_csv)
+    global_batch = cfg["data"]["batch_size"] * cfg["train"]["accumulate_grad_batches"] * runtime.world_size
+    log.info("run %s | %s on %s, precision %s | %d training samples, %d classes | global batch %d = %d x %d "
+             "accumulated x %d processes", run, cfg["model"]["backbone"], runtime.device, runtime.precision,
+             num_samples, len(trainer.class_names), global_batch, cfg["data"]["batch_size"],
+             cfg["train"]["accumulate_grad_batches"], runtime.world_size)
+
+
+def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | None) -> None:
+    cfg, state, runtime = trainer.cfg, trainer.state, trainer.runtime
+    max_epochs = cfg["trainer"]["max_epochs"]
+    metrics_log = CsvLog(trainer.run.metrics_csv) if runtime.is_main else None
+    leaks = memory_monitor.LeakDetector(cfg["trainer"]["leak_check_epochs"], cfg["trainer"]["leak_tolerance_mb"])
+    confusion = None  # of the last validation, for the plot at the end
+    while state.epoch < max_epochs:
+        train_loader.dataset.set_epoch(state.epoch)
+        train_loader.sampler.set_epoch(state.epoch, start=state.batches_done * cfg["data"]["batch_size"])
+        row = {"epoch": state.epoch + 1, **train_one_epoch(trainer, train_loader)}
+        mid_epoch_memory = row.pop("memory")
+        if trainer.report.memory_log is not None:  # at least one memory row per epoch, whatever train.log_every is
+            trainer.report.memory_log.write({"epoch": state.epoch + 1, "step": state.global_step,
+                                      **memory_monitor.snapshot(runtime.device)})
+        if trainer.stop_after_steps and state.global_step >= trainer.stop_after_steps:
+            trainer.save("last.pt")
+            log.info("stopped after %d steps (--stop-after-steps); last.pt saved", state.global_step)
+            return
+        _stop_if_asked()
+        if val_loader is not None and _validation_due(cfg, state.epoch):
+            metrics = evaluate(trainer.model, val_loader, trainer.prepare, runtime, cfg["train"],
+                               len(trainer.class_names), trainer.report.bad_inputs,
+                               frame_stride=cfg["data"]["frame_stride"])
+            row.update({f"val_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
+            confusion = metrics["confusion"]
+        if mid_epoch_memory is not None:
+            warning = leaks.observe(mid_epoch_memory)
+            if warning:
+                log.warning("epoch %d: %s", state.epoch + 1, warning)
+        _end_epoch(trainer, row, metrics_log)
+    _end_run(trainer, confusion)
+
+
+def _validation_due(cfg: dict, epoch: int) -> bool:
+    """Every trainer.check_val_every_n_epoch epochs, and after the last."""
+    return (epoch + 1) % cfg["trainer"]["check_val_every_n_epoch"] == 0 or epoch + 1 == cfg["trainer"]["max_epochs"]
+
+
+def _end_epoch(trainer: Trainer, row: dict, metrics_log) -> None:
+    """The epoch's row into the history and metrics.csv, best.pt if the monitored metric improved, the line."""
+    state, cfg = trainer.state, trainer.cfg
+    state.epoch += 1
+    state.batches_done, state.epoch_loss_sum, state.epoch_clips = 0, 0.0, 0
+    row.update(time=time.strftime("%Y-%m-%dT%H:%M:%S"), elapsed_s=round(time.time() - trainer.report.started, 3))
+    state.history.append(row)
+    improved = cfg["train"]["monitor"] in row and row[cfg["train"]["monitor"]] > state.best_metric
+    if improved:
+        state.best_metric = row[cfg["train"]["monitor"]]
+    if trainer.runtime.is_main:
+        _save_epoch(trainer, improved)
+        metrics_log.write(row)
+        shown = ("train_loss", "train_clips_per_s", "data_time_share", "val_clip_acc", "val_video_acc")
+        # top-5 of 5 classes or fewer is always 1: not worth a column then
+        shown += ("val_top5",) if len(trainer.class_names) > 5 else ()
+        log.info("epoch %d/%d: %s", state.epoch, cfg["trainer"]["max_epochs"], "  ".join(
+            f"{k} {row[k]:.4f}" for k in shown if k in row))
+
+
+def _end_run(trainer: Trainer, confusion: list | None) -> None:
+    state, cfg = trainer.state, trainer.cfg
+    if trainer.report.bad_inputs is not None:
+        trainer.report.bad_inputs.end_run()
+    if trainer.runtime.is_main and state.history:
+        validated = [row["epoch"] for row in state.history if "val_clip_acc" in row]
+        training_plots(trainer.run, trainer.class_names, confusion, cfg["train"]["monitor"],
+                             validated[-1] if validated else None)
+        log.info("done: best %s %.4f; checkpoints in %s", cfg["train"]["monitor"], state.best_metric,
+                 trainer.run.checkpoints)
+
+
+def _save_epoch(trainer: Trainer, improved: bool) -> None:
+    trainer.save("last.pt")
+    trainer.run.link_epoch(trainer.state.epoch, improved, trainer.cfg["train"]["keep_last_k"])
+
+

@@ -1,0 +1,277 @@
+"""The training step: forward and backward of a micro-batch in its training chunks, gradient accumulation, the
+optimizer step, and the out-of-memory back-off. Used by the loop (``engine.loop``) and by the memory planner,
+which runs ``step_loss`` on fake tensors.
+
+``Trainer`` is what every step needs, built once by ``engine.loop.build_trainer``.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from artifacts.checkpoint import TrainState, training_checkpoint
+from artifacts.csv_log import CsvLog
+from artifacts.run_dir import RunDirectory
+from core.errors import ConfigError
+from core.runtime import Runtime, unwrap_model
+from datasets.shape import DataShape
+from datasets.transforms import InputPreparer
+from datasets.video_dataset import BadInputReport
+from engine.chunking import ChunkSpec, aggregate_chunk_logits, chunk_labels, chunk_windows, clip_length
+
+log = logging.getLogger("longvideo")
+
+
+def build_optimizer(model: torch.nn.Module, train_cfg: dict) -> torch.optim.Optimizer:
+    # no weight decay on norms and biases (the usual practice for CNNs and transformers)
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() > 1]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() <= 1]
+    groups = [{"params": decay, "weight_decay": train_cfg["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
+    if train_cfg["optimizer"] == "sgd":
+        return torch.optim.SGD(groups, lr=train_cfg["lr"], momentum=train_cfg["momentum"], nesterov=True)
+    return torch.optim.AdamW(groups, lr=train_cfg["lr"])
+
+
+def build_scheduler(optimizer, train_cfg: dict, steps_per_epoch: int, max_epochs: int):
+    """Linear warm-up, then cosine decay to min_lr, stepped once per optimizer step."""
+    total = max(1, steps_per_epoch * max_epochs)
+    warmup = int(round(train_cfg["warmup_epochs"] * steps_per_epoch))
+    floor = train_cfg["min_lr"] / train_cfg["lr"] if train_cfg["lr"] > 0 else 0.0
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+
+@dataclass
+class RunReport:
+    """What a run tells besides its checkpoints and metrics: the log file, memory.csv, the skipped files, the clock."""
+    log_file: logging.Handler | None = None  # <run>/train.log: what the console shows, with timestamps
+    memory_log: CsvLog | None = None  # memory.csv
+    bad_inputs: BadInputReport | None = None  # skipped files and data warnings, reported once per run
+    started: float = field(default_factory=time.time)
+    last_progress: float = field(default_factory=time.time)  # the last progress line's time
+
+
+@dataclass
+class Trainer:
+    """What every step needs, built once in main()."""
+    model: torch.nn.Module  # a ChunkedTrainingForward around the classifier, possibly DDP-wrapped
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    prepare: InputPreparer
+    runtime: Runtime
+    cfg: dict
+    run: RunDirectory | None  # None on ranks other than 0: only rank 0 writes
+    class_names: list
+    shape: DataShape
+    criterion: torch.nn.Module
+    state: TrainState
+    pending_rng: dict | None = None
+    stop_after_steps: int | None = None
+    report: RunReport = field(default_factory=RunReport)
+
+    def checkpoint_dict(self) -> dict:
+        return training_checkpoint(self.model, self.optimizer, self.scheduler, self.scaler, self.state, self.cfg,
+                                   self.class_names, self.shape.checkpoint_fields())
+
+    def chunk_spec(self) -> ChunkSpec:
+        """The training chunks now: the config's, or the shorter ones the OOM back-off chose."""
+        train_cfg = self.cfg["train"]
+        size = train_cfg["chunk_train_size"] if self.state.chunk_train_size is None else self.state.chunk_train_size
+        overlap = train_cfg["chunk_train_overlap"]
+        if size != -1 and overlap >= size:  # a chunk shortened by the back-off keeps half of itself shared at most
+            overlap = size // 2
+        return ChunkSpec(size, overlap)
+
+    def save(self, name: str) -> str:
+        if not self.runtime.is_main:
+            return name
+        return self.run.save(self.checkpoint_dict(), name)  # only a run with a checkpoint becomes "latest"
+
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+OutOfMemoryError = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
+
+def accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size: int, need_update: bool):
+    """Forward and backward of the newest batch of ``group``; after an out-of-memory error, the micro-batch is
+    halved (each loader batch split in two more pieces, so the effective batch stays the same) and the whole
+    group is replayed, since its gradients so far were dropped with the failed step."""
+    replay = False
+    while True:
+        failed = False
+        try:
+            for batch in (group if replay else group[-1:]):
+                result = forward_backward(trainer, batch, group_size, sync=need_update and batch is group[-1])
+            return result
+        except OutOfMemoryError:
+            failed = True
+        if failed:  # outside the except block: its traceback no longer holds the step's tensors
+            back_off_after_oom(trainer, len(group[-1]["label"]), clip_length(group[-1]))
+            replay = True
+
+
+def forward_backward(trainer: Trainer, batch: dict, group_size: int, sync: bool) -> tuple[float, int]:
+    """One loader batch in ``state.micro_splits`` pieces; returns (sum of the clip losses, clips)."""
+    model, runtime = trainer.model, trainer.runtime
+    size = len(batch["label"])
+    keys = [k for k in MODEL_KEYS if k in batch]
+    pieces = [dict(zip(keys, parts)) for parts in zip(*(torch.tensor_split(batch[k], trainer.state.micro_splits)
+                                                         for k in keys)) if len(parts[0])]
+    spec = trainer.chunk_spec()
+    loss_sum = 0.0
+    for i, piece in enumerate(pieces):
+        inputs = trainer.prepare.transfer(piece)  # frames stay uint8 until their chunk runs
+        clips = len(piece["label"])
+        # DDP: all-reduce gradients only on the last piece of the micro-batch that steps (no_sync on the others)
+        syncing = not runtime.distributed or (sync and i == len(pieces) - 1)
+        context = contextlib.nullcontext() if syncing else model.no_sync()
+        with context:
+            with runtime.autocast():
+                loss = step_loss(model, inputs, piece, spec, trainer.cfg["train"], trainer.criterion)
+            # a piece's mean loss weighted by its share of the batch, over the group: the group's mean loss
+            trainer.scaler.scale(loss * (clips / size) / group_size).backward()
+        loss_sum += float(loss.detach()) * clips
+    return loss_sum, size
+
+
+def training_loss(outputs: torch.Tensor | dict, piece: dict, spec: ChunkSpec, train_cfg: dict,
+                  criterion: torch.nn.Module) -> torch.Tensor:
+    """train.chunk_loss clip: the aggregated chunk logits (or a temporal head's clip logits) against the clip
+    label (the plain loss for one chunk); dense: each chunk (a head's per-chunk logits) against the label
+    covering most of its frames, chunks no segment covers left out, averaged over the chunks that count.
+    ``outputs``: ChunkedTrainingForward's, chunk logits [n, B, K] or a head's {"clip", "chunks"}."""
+    chunk_logits = outputs["chunks"] if isinstance(outputs, dict) else outputs
+    device = chunk_logits.device
+    if train_cfg["chunk_loss"] == "clip":
+        logits = (outputs["clip"] if isinstance(outputs, dict)
+                  else aggregate_chunk_logits(chunk_logits, train_cfg["chunk_train_aggregation"]))
+        return criterion(logits, piece["label"].to(device, non_blocking=True))
+    if "frame_labels" not in piece:
+        raise ConfigError("train.chunk_loss: dense needs the samples' frame_labels (the dataset provides them); "
+                          "use chunk_loss: clip")
+    windows = chunk_windows(clip_length(piece), spec.size, spec.overlap)
+    labels = chunk_labels(piece["frame_labels"], windows).to(device)  # [n, B]
+    counted = labels >= 0
+    if not counted.any():  # no chunk of this piece lies in a segment: nothing to learn, no NaN either
+        return chunk_logits.sum() * 0.0
+    return criterion(chunk_logits[counted], labels[counted])
+
+
+MODEL_KEYS = ("label", "video", "kpt", "frame_labels")  # what a micro-batch split carries
+
+
+def step_loss(model, inputs: dict, piece: dict, spec: ChunkSpec, train_cfg: dict,
+              criterion: torch.nn.Module) -> torch.Tensor:
+    """The forward and loss of one micro-batch, as the training step and the memory planner both run it:
+    ``model`` is a ChunkedTrainingForward (DDP-wrapped or not), ``inputs`` the uint8 model inputs on the device,
+    ``piece`` the micro-batch's labels."""
+    return training_loss(model(inputs, spec), piece, spec, train_cfg, criterion)
+
+
+def clips_per_forward(trainer: Trainer) -> int:
+    return math.ceil(trainer.cfg["data"]["batch_size"] / trainer.state.micro_splits)
+
+
+class OutOfMemoryAdvice(RuntimeError):
+    pass
+
+
+def back_off_after_oom(trainer: Trainer, batch_size: int, length: int) -> None:
+    """Halve the micro-batch; at 1 clip per forward, halve the training chunk instead (down to the model's
+    shortest clip); only when one chunk of that length does not fit, save and stop with the advice."""
+    trainer.optimizer.zero_grad(set_to_none=True)
+    if trainer.runtime.device.type == "cuda":
+        torch.cuda.empty_cache()
+    state, cfg = trainer.state, trainer.cfg
+    per_forward = math.ceil(batch_size / state.micro_splits)
+    if per_forward <= 1:
+        if _shorten_chunks(trainer, length):
+            return
+        path = trainer.save("last.pt")
+        data, model = cfg["data"], cfg["model"]
+        raise OutOfMemoryAdvice(
+            f"out of memory with 1 clip per forward pass in chunks of {_frames(_chunk_frames(trainer, length))} "
+            f"(the model's shortest); "
+            f"saved {path}. To fit, in this order: "
+            f"1) smaller frames (data.img_size={data['img_size']}), "
+            f"2) model.grad_checkpointing: true (now {str(model['grad_checkpointing']).lower()}), "
+            f"3) trainer.precision 16/bf16 (now {trainer.runtime.precision}), "
+            f"4) a smaller model or preset (configs/gtx1650.yaml)")
+    state.micro_splits *= 2
+    log.warning("out of memory at %d clips per forward: now %d per forward, %d forwards per batch of %d and %d "
+                "batches per step (the effective batch is unchanged); the step is retried", per_forward,
+                math.ceil(batch_size / state.micro_splits), state.micro_splits, batch_size,
+                cfg["train"]["accumulate_grad_batches"])
+
+
+def _shorten_chunks(trainer: Trainer, length: int) -> bool:
+    """At 1 clip per forward: chunks of half the length (from whole clips: the largest power of two below the
+    clip length), not below the model's ``min_frames``. False when they cannot get shorter."""
+    min_frames = getattr(unwrap_model(trainer.model), "min_frames", 1)
+    current = _chunk_frames(trainer, length)
+    shorter = 2 ** math.floor(math.log2(current - 1)) if current == length and current > 1 else current // 2
+    shorter = max(shorter, min_frames)
+    if shorter >= current:
+        return False
+    trainer.state.chunk_train_size = shorter
+    log.warning("out of memory at 1 clip per forward in chunks of %s: now chunks of %s (overlap %d), each "
+                "recomputed in backward; kept for the rest of the run and saved in the checkpoint; the step is "
+                "retried", _frames(current), _frames(shorter), trainer.chunk_spec().overlap)
+    return True
+
+
+def _chunk_frames(trainer: Trainer, length: int) -> int:
+    """Frames per training chunk now, for a clip of ``length`` frames."""
+    size = trainer.chunk_spec().size
+    return length if size == -1 else min(size, length)
+
+
+def _frames(count: int) -> str:
+    return f"{count} frame" + ("" if count == 1 else "s")
+
+
+def optimizer_step(trainer: Trainer) -> None:
+    optimizer, scaler, state = trainer.optimizer, trainer.scaler, trainer.state
+    grad_clip = trainer.cfg["train"]["grad_clip"]
+    if grad_clip is not None:
+        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+        torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), grad_clip)
+    if scaler.is_enabled():
+        scale_before = scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        stepped = scaler.get_scale() >= scale_before  # a lowered scale means inf/NaN gradients: step skipped
+    else:
+        grads_finite = all(p.grad is None or torch.isfinite(p.grad).all() for p in trainer.model.parameters())
+        stepped = grads_finite and state.nonfinite_streak == 0
+        if stepped:
+            optimizer.step()
+    if not stepped:
+        state.skipped_steps += 1
+        log.warning("step %d skipped: non-finite loss or gradients (%d skipped so far)", state.global_step,
+                    state.skipped_steps)
+    optimizer.zero_grad(set_to_none=True)
+    with warnings.catch_warnings():
+        # a step skipped for inf/NaN gradients still advances the schedule (it counts optimizer steps); torch
+        # warns about a scheduler step before any optimizer step, which is then expected
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+        trainer.scheduler.step()
+    state.global_step += 1

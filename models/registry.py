@@ -1,0 +1,35 @@
+"""The backbone registry: each RGB backbone module registers its builder by name (the names config.BACKBONES
+allows), and ``build_rgb_backbone`` builds one."""
+from __future__ import annotations
+
+from typing import Callable
+
+from config import BACKBONES
+
+
+class ModelConfigError(ValueError):
+    """A model section that does not fit the data or the backbone: the scripts print it as a config error.
+    Only this error is turned into one; any other ValueError keeps its traceback (a bug, not a config)."""
+
+
+_RGB_BACKBONES: dict[str, Callable] = {}
+
+
+def register_backbone(name: str):
+    if name not in BACKBONES:
+        raise ValueError(f"backbone '{name}' is not in config.BACKBONES: add it there, so configs may name it")
+
+    def wrap(factory):
+        _RGB_BACKBONES[name] = factory
+        return factory
+    return wrap
+
+
+def registered_names() -> list[str]:
+    return sorted(_RGB_BACKBONES)
+
+
+def build_rgb_backbone(name: str, width: int = 32, norm: str = "batch"):
+    if name not in _RGB_BACKBONES:
+        raise ModelConfigError(f"unknown model '{name}'; known: {', '.join(sorted(_RGB_BACKBONES))}")
+    return _RGB_BACKBONES[name](width=width, norm=norm)

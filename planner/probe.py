@@ -1,0 +1,102 @@
+"""``train.py --probe-memory``: the table of estimated (and with CUDA measured) peak memory over a grid of clip
+lengths and batch sizes, and the advice when not even one clip fits."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from core.errors import ConfigError
+from datasets.shape import DataShape
+from planner.estimate import GiB, MiB, margin_text, usable_bytes
+from planner.project import clip_frames, config_training_estimate, largest_batch, measure_training_step_cuda, with_value
+
+
+def probe_memory(cfg: dict, device: str | None, frames_arg: str | None, batches_arg: str | None) -> int:
+    """--probe-memory: estimated (and with CUDA measured) peak memory per num_frames x batch_size, and the
+    largest batch that fits the budget."""
+    def grid(text):
+        try:
+            return sorted({int(v) for v in text.split(",")}) if text else None
+        except ValueError:
+            raise ConfigError(f"--probe-frames/--probe-batches: {text!r} is not a comma-separated list of integers")
+    for_gpu = (device or cfg["trainer"]["device"]) != "cpu"  # the budget of a GPU (its context set aside)
+    if cfg["trainer"]["precision"] == "amp":
+        cfg = with_value(cfg, "trainer.precision", "16")  # what --use_amp means on a GPU, which the estimate is for
+    shape = DataShape.of_manifest(cfg).model_args()
+    return probe(cfg, for_gpu and torch.cuda.is_available(), grid(frames_arg), grid(batches_arg),
+                 out=lambda line: print(line, flush=True), for_gpu=for_gpu, **shape)
+
+
+def probe(cfg: dict, cuda: bool, frames_grid: list[int] | None = None, batch_grid: list[int] | None = None,
+          out=print, for_gpu: bool = True, **shape) -> int:
+    """The table of ``train.py --probe-memory``: estimated peak per num_frames x batch_size, gradient
+    checkpointing off and on (with CUDA: measured beside the estimate for the preset's setting), then the
+    largest batch within the budget at the preset's clip (``for_gpu``: the CUDA context set aside from it).
+    Rows are printed as they are computed."""
+    data, model_cfg = cfg["data"], cfg["model"]
+    frames = clip_frames(cfg)
+    batch = data["batch_size"] if isinstance(data["batch_size"], int) else 8
+    frames_grid = frames_grid or sorted({max(1, round(frames * f)) for f in (0.5, 0.75, 1, 1.25, 1.5)})
+    batch_grid = batch_grid or sorted({max(1, round(batch * f)) for f in (2 / 3, 1, 4 / 3)})
+    precision = cfg["trainer"]["precision"]
+    out(f"peak device memory of one training step: {model_cfg['backbone']} at {data['img_size'][0]}x"
+        f"{data['img_size'][1]}, precision {precision}, {cfg['train']['optimizer']}, chunk_train_size "
+        f"{cfg['train']['chunk_train_size']}, accumulate_grad_batches {cfg['train']['accumulate_grad_batches']}")
+    out(f"estimated{'' if cuda else ', no GPU'} (torch {torch.__version__.split('+')[0]}, fake tensors, CUDA's "
+        f"autocast policy): peak allocated memory, without the CUDA context, cuDNN workspaces and fragmentation")
+    preset_ckpt = model_cfg["grad_checkpointing"]
+    header = f"{'num_frames':>10s} {'batch':>5s} {'ckpt off MiB':>12s} {'ckpt on MiB':>11s}"
+    if cuda:
+        header += (f" | measured (ckpt {'on' if preset_ckpt else 'off'}): {'allocated':>9s} {'reserved':>9s} "
+                   f"{'est/alloc':>9s}")
+    out(header)
+    start = time.perf_counter()
+    for num_frames in frames_grid:
+        for batch_size in batch_grid:
+            estimates = {ckpt: config_training_estimate(with_value(cfg, "model.grad_checkpointing", ckpt), num_frames,
+                                                        batch_size, **shape).peak for ckpt in (False, True)}
+            line = f"{num_frames:>10d} {batch_size:>5d} {estimates[False] / MiB:>12.0f} {estimates[True] / MiB:>11.0f}"
+            if cuda:
+                measured = measure_training_step_cuda(cfg, num_frames, batch_size, **shape)
+                if measured is None:
+                    line += f" | {'':>25s} {'OOM':>9s}"
+                else:
+                    line += (f" | {'':>25s} {measured['allocated'] / MiB:>9.0f} {measured['reserved'] / MiB:>9.0f} "
+                             f"{estimates[preset_ckpt] / measured['allocated']:>8.2f}x")
+            out(line)
+    out(f"({len(frames_grid) * len(batch_grid) * 2} estimates in {time.perf_counter() - start:.0f} s)")
+    budget = cfg["trainer"]["memory_budget_gb"]
+    if not budget:
+        out("trainer.memory_budget_gb is not set: no largest batch computed")
+        return 0
+    usable = usable_bytes(budget, cuda=for_gpu)
+    best, _ = largest_batch(cfg, frames, usable, **shape)
+    out(margin_text(budget, cuda=for_gpu))
+    out(f"largest batch at num_frames={frames} (checkpointing {'on' if preset_ckpt else 'off'}, as in the preset) "
+        f"that fits: {best if best else 'none: even 1 clip does not fit'}")
+    return 0
+
+
+def nothing_fits(cfg: dict, frames: int, one_clip: int, usable: int, budget: float, cuda: bool, shape: dict) -> str:
+    """The one-line error when even 1 clip does not fit: which switch would, each with its estimate."""
+    data, model_cfg, train_cfg = cfg["data"], cfg["model"], cfg["train"]
+    height, width = data["img_size"]
+    options = []
+    if not model_cfg["grad_checkpointing"]:
+        options.append(("model.grad_checkpointing: true", with_value(cfg, "model.grad_checkpointing", True), frames))
+    chunk = 16 if frames > 16 else None
+    if chunk and (train_cfg["chunk_train_size"] == -1 or train_cfg["chunk_train_size"] > chunk):
+        chunked = with_value(with_value(cfg, "train.chunk_train_size", chunk), "train.chunk_train_overlap", 0)
+        options.append((f"train.chunk_train_size: {chunk}", chunked, frames))
+    if frames > 1:
+        options.append((f"data.num_frames: {frames // 2}", cfg, frames // 2))
+    smaller = [max(1, height * 3 // 4), max(1, width * 3 // 4)]
+    options.append((f"data.img_size: {smaller}", with_value(cfg, "data.img_size", smaller), frames))
+    parts = []
+    for name, changed, clip in options:
+        peak = config_training_estimate(changed, clip, 1, **shape).peak
+        parts.append(f"{name} {peak / GiB:.2f} GiB{' (fits)' if peak <= usable else ''}")
+    return (f"data.batch_size: even 1 clip of {frames} frames at {height}x{width} is estimated at "
+            f"{one_clip / GiB:.2f} GiB, over the {margin_text(budget, cuda)}. Estimated for 1 clip with one change: "
+            + "; ".join(parts))

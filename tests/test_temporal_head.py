@@ -1,0 +1,316 @@
+"""The temporal head: a model over a clip's chunk features, trained end to end through the recomputed chunks."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from conftest import overrides
+from test_training_loop import make_trainer, weights
+from torch import nn
+
+import train
+from artifacts.checkpoint import load_checkpoint
+from config import ConfigError, load_config
+from core.runtime import Runtime
+from datasets.manifest import VideoRecord
+from datasets.synthetic import ORDER_CLASSES, generate_long_range, order_video
+from datasets.transforms import InputPreparer
+from datasets.video_reader import open_reader
+from engine import loop
+from engine.chunking import ChunkedTrainingForward, ChunkSpec, chunk_positions, chunk_windows, forward_chunked
+from engine.inference import InferenceSpec, classify_video
+from engine.step import OutOfMemoryError, training_loss
+from models import build_model
+from models.temporal import TemporalHead
+from planner import project
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MEAN, STD = [0.45] * 3, [0.225] * 3
+
+
+def head_model(head="transformer", seed=0, views=1, dropout=0.0, **changes):
+    torch.manual_seed(seed)
+    cfg = load_config(None, ["model.width=4", f"model.temporal_head={head}", "model.temporal_width=16",
+                             "model.temporal_heads=2", f"model.temporal_dropout={dropout}",
+                             *[f"model.{k}={v}" for k, v in changes.items()]])["model"]
+    return build_model(cfg, num_classes=3, num_views=views)
+
+
+def clip_batch(length=24, batch=3, views=1, seed=7):
+    generator = torch.Generator().manual_seed(seed)
+    shape = (batch, 3, length, 16, 16) if views == 1 else (batch, views, 3, length, 16, 16)
+    return {"video": torch.randint(0, 255, shape, generator=generator, dtype=torch.uint8)}
+
+
+def test_the_head_sees_order_a_bag_of_chunks_does_not():
+    head = TemporalHead("transformer", 8, 2, width=16, layers=1, heads=2, dropout=0.0).eval()
+    features = torch.randn(1, 4, 8)
+    windows = chunk_positions(chunk_windows(32, 8), frame_stride=4)
+    reordered = features[:, [3, 1, 2, 0]]  # the same chunks, the first and last swapped
+    with torch.no_grad():
+        clip, per_chunk = head(features, windows)
+        swapped, _ = head(reordered, windows)
+    assert clip.shape == (1, 2) and per_chunk.shape == (1, 4, 2)
+    assert not torch.allclose(clip, swapped, atol=1e-4)  # the mean of chunk logits would be equal
+
+
+def test_the_head_output_does_not_depend_on_the_micro_batch_split():
+    model = head_model().eval()
+    prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
+    forward = ChunkedTrainingForward(model, prepare.normalize, frame_stride=2).eval()
+    inputs, spec = prepare.transfer(clip_batch(batch=4)), ChunkSpec(8, 2)
+    with torch.no_grad():
+        whole = forward(inputs, spec)
+        pieces = [forward({"video": part}, spec) for part in torch.tensor_split(inputs["video"], 3)]
+    torch.testing.assert_close(torch.cat([p["clip"] for p in pieces]), whole["clip"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.cat([p["chunks"] for p in pieces], dim=1), whole["chunks"], rtol=1e-5,
+                               atol=1e-6)
+
+
+def gradients(model, inputs, spec, loss="clip", seed=5):
+    prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
+    forward = ChunkedTrainingForward(model, prepare.normalize, frame_stride=2).train()
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)  # the same dropout masks in both runs
+    outputs = forward(prepare.transfer(inputs), spec)
+    piece = {**inputs, "label": torch.tensor([0, 2, 1]), "frame_labels": torch.tensor([[0] * 12 + [1] * 12] * 3)}
+    train_cfg = load_config(None, [f"train.chunk_loss={loss}"])["train"]
+    training_loss(outputs, piece, spec, train_cfg, nn.CrossEntropyLoss()).backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("head, loss, changes", [
+    ("transformer", "clip", {}),
+    ("attention", "clip", {"dropout": 0.5}),
+    ("transformer", "dense", {"grad_checkpointing": True}),  # both recomputations nested
+])
+def test_recomputed_chunks_with_a_head_give_the_gradients_of_chunks_kept_in_memory(head, loss, changes):
+    dropout = changes.pop("dropout", 0.0)
+    inputs = clip_batch()
+    recomputed = gradients(head_model(head, dropout=dropout, **changes), inputs, ChunkSpec(8, 2, recompute=True),
+                           loss)
+    kept = gradients(head_model(head, dropout=dropout, **changes), inputs, ChunkSpec(8, 2, recompute=False), loss)
+    assert recomputed.keys() == kept.keys()
+    assert any(name.startswith("temporal.") for name in recomputed) and any(n.startswith("rgb.") for n in recomputed)
+    for name, grad in recomputed.items():
+        torch.testing.assert_close(grad, kept[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_views_are_fused_per_chunk_before_the_head_and_one_chunk_is_one_token():
+    model = head_model(views=3, view_fusion="concat").eval()
+    prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
+    forward = ChunkedTrainingForward(model, prepare.normalize)
+    inputs = prepare.transfer(clip_batch(views=3))
+    with torch.no_grad():
+        chunked = forward(inputs, ChunkSpec(8, 0))
+        whole = forward(inputs, ChunkSpec(-1))
+    assert chunked["chunks"].shape == (3, 3, 3) and whole["chunks"].shape == (1, 3, 3)
+    torch.testing.assert_close(whole["clip"], model(prepare.normalize(inputs)))  # one chunk: the plain forward
+
+
+def test_a_head_trained_on_short_windows_runs_on_a_video_ten_times_longer():
+    model = head_model()
+    prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
+    forward = ChunkedTrainingForward(model, prepare.normalize).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    train_cfg = load_config(None)["train"]
+    for step in range(3):  # chunks of 32 frames, windows of 64
+        inputs = prepare.transfer(clip_batch(length=64, batch=2, seed=step))
+        loss = training_loss(forward(inputs, ChunkSpec(32, 0)), {"label": torch.tensor([0, 1])}, ChunkSpec(32, 0),
+                             train_cfg, nn.CrossEntropyLoss())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    long_clip = prepare(clip_batch(length=64 * 10 + 13, batch=1))  # 21 chunks where training saw 2
+    per_window = []
+    with torch.no_grad():
+        logits = forward_chunked(model, long_clip, 32, 0, video_batch_size=4, window_logits=per_window)
+    assert logits.shape == (1, 3) and torch.isfinite(logits).all()
+    assert len(per_window) == 21 and all(torch.isfinite(chunk).all() for _, _, chunk in per_window)
+    far = chunk_positions([(0, 32), (99_968, 100_000)])  # a 100,000-frame video's first and last chunk
+    with torch.no_grad():
+        clip, _ = model.temporal(torch.randn(1, 2, model.feature_dim), far)
+    assert torch.isfinite(clip).all()
+
+
+def test_streaming_inference_with_a_head_equals_the_whole_forward(tmp_path):
+    frames, _ = order_video(np.random.default_rng(3), ORDER_CLASSES[0], 120, 32, 6, 40)
+    path = str(tmp_path / "v.avi")
+    writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"MJPG"), 25, (32, 32))
+    for frame in frames:
+        writer.write(frame)
+    writer.release()
+    cfg = load_config(None, ["data.img_size=32", "data.frame_stride=2", "model.width=4",
+                             "model.temporal_head=transformer", "model.temporal_width=16", "model.temporal_heads=2"])
+    torch.manual_seed(0)
+    model = build_model(cfg["model"], num_classes=2).eval()
+    prepare = InputPreparer(torch.device("cpu"), cfg["data"]["mean"], cfg["data"]["std"])
+    runtime = Runtime(torch.device("cpu"), "32")
+    spec = InferenceSpec(chunk=8, overlap=2, batch=3, timeline=True)
+    streamed = classify_video(model, VideoRecord({"video": path}, where=path), cfg, spec, runtime, prepare,
+                              list(ORDER_CLASSES))
+    # the same frames read at once: every second frame, the whole clip through forward_chunked
+    reader = open_reader(path, (32, 32))
+    clip = torch.from_numpy(reader.read(range(0, reader.num_frames, 2))).permute(3, 0, 1, 2).unsqueeze(0)
+    per_window = []
+    with torch.no_grad():
+        logits = forward_chunked(model, prepare({"video": clip}), 8, 2, window_logits=per_window, frame_stride=2)
+    probs = logits.softmax(dim=1)[0]
+    assert [t["label"] for t in streamed["topk"]] == [ORDER_CLASSES[int(i)] for i in probs.argsort(descending=True)]
+    assert streamed["topk"][0]["prob"] == pytest.approx(float(probs.max()), abs=1e-4)
+    assert len(streamed["timeline"]) == len(per_window) > 5
+    for row, (_, _, chunk_logits) in zip(streamed["timeline"], per_window):
+        assert row["prob"] == pytest.approx(float(chunk_logits.softmax(dim=-1).max()), abs=1e-4)
+
+
+def test_the_planner_counts_the_head():
+    base = ["data.img_size=32", "data.num_frames=64", "train.chunk_train_size=16", "train.chunk_train_overlap=0"]
+    without = project.config_training_estimate(load_config(None, base), 64, 2)
+    cfg = load_config(None, base + ["model.temporal_head=transformer"])
+    with_head = project.config_training_estimate(cfg, 64, 2)
+    head = build_model(cfg["model"], num_classes=10).temporal
+    linear = nn.Linear(build_model(load_config(None, base)["model"], num_classes=10).feature_dim, 10)
+    head_bytes = sum(p.numel() for p in head.parameters()) * 4
+    linear_bytes = sum(p.numel() for p in linear.parameters()) * 4
+    # at least the head's parameters and AdamW's two states (less the linear classifier the head replaces)
+    assert with_head.peak - without.peak >= 3 * (head_bytes - linear_bytes)
+    assert with_head.parameters - without.parameters >= head_bytes - linear_bytes
+
+
+def group_norm_head_model(**changes):
+    """A head over tiny3d with GroupNorm: every computation per clip, so micro-batching cannot change a gradient."""
+    return head_model(norm="group", **changes)
+
+
+def test_accumulating_micro_batches_with_a_head_equals_one_batch(tmp_path):
+    accumulated, loader = make_trainer(group_norm_head_model(), 2, 4, tmp_path / "a", **{"train.chunk_train_size": 2})
+    loop.train_one_epoch(accumulated, loader)
+    whole, loader = make_trainer(group_norm_head_model(), 8, 1, tmp_path / "b", **{"train.chunk_train_size": 2})
+    loop.train_one_epoch(whole, loader)
+    assert accumulated.state.global_step == whole.state.global_step == 1
+    for a, b in zip(weights(accumulated.model), weights(whole.model)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_the_oom_back_off_halves_the_chunks_under_a_head(tmp_path, caplog):
+    model = group_norm_head_model()
+    features = model.features
+
+    def features_that_fit_two_frames(inputs):
+        if inputs["video"].shape[2] > 2:
+            raise OutOfMemoryError("CUDA out of memory (simulated)")
+        return features(inputs)
+
+    model.features = features_that_fit_two_frames  # clips of 4 frames: only chunks of 2 fit
+    backed_off, loader = make_trainer(model, 2, 1, tmp_path / "a", count=8)
+    with caplog.at_level("WARNING", logger="longvideo"):
+        loop.train_one_epoch(backed_off, loader)
+    assert "now chunks of 2 frames" in caplog.text and backed_off.state.chunk_train_size == 2
+    reference, loader = make_trainer(group_norm_head_model(), 2, 1, tmp_path / "b", count=8,
+                                     **{"train.chunk_train_size": 2})
+    reference.state.micro_splits = 2  # where the back-off went first: 1 clip per forward
+    loop.train_one_epoch(reference, loader)
+    for a, b in zip(weights(backed_off.model), weights(reference.model)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_head_trains_under_autocast():
+    model = head_model()
+    prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
+    forward = ChunkedTrainingForward(model, prepare.normalize).train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outputs = forward(prepare.transfer(clip_batch()), ChunkSpec(8, 0))
+        loss = nn.functional.cross_entropy(outputs["clip"].float(), torch.tensor([0, 1, 2]))
+    assert outputs["clip"].dtype == torch.bfloat16  # the head's linear layers ran in the lower precision
+    loss.backward()
+    grads = [p.grad for p in model.temporal.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_a_head_with_last_aggregation_or_late_fusion_is_refused_with_the_reason():
+    with pytest.raises(ConfigError, match="train.chunk_aggregation: last runs only the last chunk, but "
+                                          "model.temporal_head=attention needs every chunk's features"):
+        load_config(None, ["model.temporal_head=attention", "train.chunk_aggregation=last"])
+    with pytest.raises(ConfigError, match="model.view_fusion: late keeps one feature vector per view"):
+        load_config(None, ["model.temporal_head=transformer", "model.view_fusion=late"])
+    with pytest.raises(ConfigError, match="model.temporal_heads=3 must divide model.temporal_width=128"):
+        load_config(None, ["model.temporal_head=transformer", "model.temporal_heads=3"])
+
+
+@pytest.fixture(scope="module")
+def head_run(synthetic_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("head_runs")
+    args = overrides(synthetic_root, out, "model.temporal_head=transformer", "model.temporal_width=32",
+                     "train.chunk_train_size=8", "train.chunk_train_overlap=0", "train.chunk_infer_size=8",
+                     "train.chunk_overlap=0")
+    assert train.main(args) == 0
+    return os.path.join(out, "e2e", "latest", "checkpoints", "best.pt")
+
+
+def test_eval_and_infer_load_the_head_with_no_flags_and_refuse_agg(head_run, synthetic_root):
+    state = load_checkpoint(head_run)
+    assert any(key.startswith("temporal.") for key in state["model"])
+    run = [sys.executable, "eval.py", "--checkpoint", head_run, "--split", "val"]
+    result = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "temporal head transformer" in result.stdout.splitlines()[0]
+    refused = subprocess.run(run + ["--agg", "max"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2
+    assert refused.stderr == ("error: --agg max: this model has a temporal head (model.temporal_head: transformer), "
+                              "which is the aggregation over its chunks; leave --agg out\n")
+    infer = [sys.executable, "infer_chunked.py", "--checkpoint", head_run, "--input",
+             os.path.join(synthetic_root, "long.jsonl"), "--chunk", "16", "--max-videos", "1"]
+    result = subprocess.run(infer + ["--timeline"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "temporal head transformer" in result.stdout
+    refused = subprocess.run(infer + ["--agg", "prob"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "leave --agg out" in refused.stderr
+
+
+def test_the_cron_evaluator_uses_the_head(head_run):
+    experiment = os.path.dirname(os.path.dirname(os.path.dirname(head_run)))
+    result = subprocess.run([sys.executable, "eval.py", "--watch", experiment, "--settle", "0"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    entries = [json.loads(line) for line in open(os.path.join(experiment, "eval.jsonl"))]
+    assert entries and all(e["status"] == "ok" for e in entries)
+
+
+def test_the_order_task_puts_two_events_far_apart_the_same_way_for_both_labels():
+    rng_a, rng_b = np.random.default_rng(11), np.random.default_rng(11)
+    frames_ab, events_ab = order_video(rng_a, "A_then_B", 200, 16, 5, 60)
+    frames_ba, events_ba = order_video(rng_b, "B_then_A", 200, 16, 5, 60)
+    # the same draws: the label only swaps which event comes first
+    assert (events_ab["A"], events_ab["B"]) == (events_ba["B"], events_ba["A"])
+    assert events_ab["B"] - events_ab["A"] >= 60 + 5
+    for frames, events in ((frames_ab, events_ab), (frames_ba, events_ba)):
+        red = [t for t, f in enumerate(frames) if f[..., 2].mean() > f[..., 1].mean() + 40]
+        green = [t for t, f in enumerate(frames) if f[..., 1].mean() > f[..., 2].mean() + 40]
+        assert red == list(range(events["A"], events["A"] + 5))
+        assert green == list(range(events["B"], events["B"] + 5))
+
+
+def test_on_the_order_task_the_transformer_head_learns_what_mean_pooled_chunks_cannot(tmp_path):
+    """A small long-range setup (64 videos of 512 frames at 16x16, clips of 128 frames at stride 4 in chunks of
+    16, 10 epochs: about 25 s each here): the order-blind baseline stays near chance, the transformer head learns
+    the order (python -m bench.long_range is the full comparison)."""
+    data = generate_long_range(str(tmp_path / "order"), num_train=64, num_val=32, frames=512, event_frames=16,
+                               min_gap=160, size=16, quiet=True)
+    accuracy = {}
+    for head in ("none", "transformer"):
+        out = tmp_path / head
+        args = ["--config", os.path.join(ROOT, "configs", "long-range.yaml"), "--set", f"data.data_dir={data}",
+                "--set", f"trainer.output_dir={out}", "--set", "data.num_frames=128", "--set",
+                "train.chunk_train_size=16", "--set", "train.chunk_infer_size=16", "--set", "trainer.max_epochs=10",
+                "--set", "data.img_size=16", "--set", f"model.temporal_head={head}"]
+        assert train.main(args) == 0
+        with open(os.path.join(out, "long_range", "latest", "metrics.csv")) as f:
+            accuracy[head] = max(float(row["val_clip_acc"]) for row in csv.DictReader(f))
+    assert accuracy["none"] <= 0.70, accuracy
+    assert accuracy["transformer"] >= 0.85 and accuracy["transformer"] >= accuracy["none"] + 0.2, accuracy
