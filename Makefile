@@ -1,19 +1,22 @@
 # The two commands of the README: `make demo` and `make test`. Both create .venv on first use.
 PYTHON ?= python3
-VENV   := .venv
+VENV   ?= .venv
 PY     := $(VENV)/bin/python
 DATA   := data/synthetic
+# The exact versions the tests and the README's figures use; empty (make test-latest) installs the newest releases.
+CONSTRAINTS ?= constraints.txt
+PIN    := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),--upgrade)
 
-.PHONY: demo test clean
+.PHONY: demo test test-latest clean
 
-$(VENV)/.runtime-installed: requirements.txt
+$(VENV)/.runtime-installed: requirements.txt $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet -r requirements.txt $(PIN)
 	touch $@
 
 $(VENV)/.dev-installed: $(VENV)/.runtime-installed requirements-dev.txt
-	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet -r requirements-dev.txt $(PIN)
 	touch $@
 
 demo: $(VENV)/.runtime-installed
@@ -27,5 +30,9 @@ test: $(VENV)/.dev-installed
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q tests
 
+# the same tests on the newest releases the package index serves, in a venv of their own
+test-latest:
+	$(MAKE) test VENV=.venv-latest CONSTRAINTS=
+
 clean:
-	rm -rf runs $(DATA) data/long_range
+	rm -rf runs $(DATA) data/long_range features

@@ -17,12 +17,14 @@ import argparse
 
 from artifacts.checkpoint import CheckpointError
 from core.cli import exit_on_usage_error
+from core.errors import ConfigError
 from core.logs import setup_logging
 from datasets.video_dataset import BAD_INPUT_ERRORS
 from datasets.video_reader import quiet_decoder_logs
 from engine.chunking import AGGREGATIONS
 from engine.evaluate import EvaluationSpec, evaluate_checkpoint, format_report, write_outputs
 from engine.watch import WatchSpec, watch
+from planner.fit import fit_inference_batch
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -38,10 +40,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                   "default train.chunk_infer_size")
     parser.add_argument("--overlap", type=int, help="frames shared by consecutive chunks")
     parser.add_argument("--agg", choices=AGGREGATIONS, help="chunk aggregation")
-    parser.add_argument("--batch", type=int, help="inference chunks per forward call")
+    parser.add_argument("--batch", metavar="N|auto",
+                        help="inference chunks per forward call, for all the views of a window at once; auto = the "
+                             "most whose estimated device memory fits --memory-budget-gb (the memory planner)")
+    parser.add_argument("--memory-budget-gb", type=float,
+                        help="the memory --batch auto fits (default: the checkpoint's trainer.memory_budget_gb)")
     parser.add_argument("--num-frames", type=int, help="frames per clip (-1 = the whole sample window)")
     parser.add_argument("--crops", type=int, help="spatial crops per clip: 1 (the centre) or 3 (along the long side, "
                                                   "each an evaluated clip; video accuracy averages them all)")
+    parser.add_argument("--sample-timeout", type=float, metavar="SECONDS",
+                        help="seconds a sample may take to load before it counts as a bad video (default: the "
+                             "checkpoint's data.sample_timeout_s)")
+    parser.add_argument("--clips", type=int, help="temporal clips per sample window, evenly spaced (data.test_clips), "
+                                                  "each times --crops: --clips 10 --crops 3 is the 30-view protocol")
     parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda if available, else cpu)")
     parser.add_argument("--precision", help="32, 16, bf16 or amp (default: the checkpoint's)")
     parser.add_argument("--output", help="write OUTPUT.json (metrics), OUTPUT.csv (per-video predictions) and "
@@ -49,6 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--interval", type=float, metavar="SECONDS", help="with --watch: repeat every SECONDS")
     parser.add_argument("--settle", type=float, default=5.0, metavar="SECONDS",
                         help="with --watch: leave checkpoints modified less than SECONDS ago for the next run")
+    parser.add_argument("--lock-limit", type=float, default=7200.0, metavar="SECONDS",
+                        help="with --watch: a lock held longer than this by another evaluation is reported (who, "
+                             "since when, how to clear it) with exit code 1, instead of skipping quietly")
     parser.add_argument("--plot", action="store_true", help="with --watch: write eval_history.png (needs matplotlib)")
     parser.add_argument("-v", "--verbose", action="store_true", help="with --watch: a line per checkpoint")
     args = parser.parse_args(argv)
@@ -60,9 +74,26 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def evaluation_spec(args: argparse.Namespace) -> EvaluationSpec:
-    flags = {"--chunk": args.chunk, "--overlap": args.overlap, "--agg": args.agg, "--batch": args.batch,
-             "--num-frames": args.num_frames, "--crops": args.crops}
-    return EvaluationSpec(args.split, args.data, args.device, args.precision, flags)
+    auto = args.batch == "auto"
+    flags = {"--chunk": args.chunk, "--overlap": args.overlap, "--agg": args.agg,
+             "--batch": None if auto or args.batch is None else parse_count("--batch", args.batch),
+             "--num-frames": args.num_frames, "--crops": args.crops, "--clips": args.clips,
+             "--sample-timeout": args.sample_timeout}
+    fit = None
+    if auto:
+        def fit(cfg, shape, runtime):
+            views = cfg["data"]["test_clips"] * cfg["data"]["test_crops"]
+            chunk = cfg["train"]["chunk_infer_size"]
+            chunks = fit_inference_batch(cfg, runtime, shape, chunk, args.memory_budget_gb)
+            return max(1, chunks // views)  # each forward holds every view of the window
+    return EvaluationSpec(args.split, args.data, args.device, args.precision, fit_batch=fit, flags=flags)
+
+
+def parse_count(flag: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{flag} {text}: expected a number of chunks, or auto")
 
 
 def main(argv=None) -> int:
@@ -71,7 +102,8 @@ def main(argv=None) -> int:
     quiet_decoder_logs(args.verbose)
     spec = evaluation_spec(args)
     if args.watch:
-        watched = WatchSpec(args.watch, args.interval, args.settle, args.plot, args.verbose, args.data or args.split)
+        watched = WatchSpec(args.watch, args.interval, args.settle, args.plot, args.verbose, args.data or args.split,
+                            args.lock_limit)
         return watch(watched, lambda path: evaluate_checkpoint(path, spec))
     result = evaluate_checkpoint(args.checkpoint, spec)
     train, state = result.cfg["train"], result.state

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
+from collections import Counter
 from dataclasses import replace
 
 import torch
@@ -25,13 +28,25 @@ from config import apply_inference_flags, load_config
 from core import memory_monitor
 from core.cli import exit_on_usage_error
 from core.errors import ConfigError
+from core.files import file_sha256
 from core.logs import setup_logging
 from core.runtime import resolve_device, setup_runtime
 from datasets.shape import DataShape
 from datasets.transforms import InputPreparer
 from datasets.video_dataset import BAD_INPUT_ERRORS
-from datasets.video_reader import quiet_decoder_logs
+from datasets.video_reader import StalledFile, quiet_decoder_logs
 from engine.chunking import AGGREGATIONS
+from engine.features import DTYPES as FEATURE_DTYPES
+from engine.features import (
+    FeatureSpec,
+    done_before,
+    feature_names,
+    parse_shard,
+    prepare_directory,
+    settings_of,
+    shard,
+    write_features,
+)
 from engine.inference import InferenceSpec, classify_video, resolve_inputs
 from planner.fit import fit_inference_batch
 
@@ -54,6 +69,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "whose estimated device memory fits --memory-budget-gb (the memory planner)")
     parser.add_argument("--memory-budget-gb", type=float,
                         help="the memory --batch auto fits (default: the checkpoint's trainer.memory_budget_gb)")
+    parser.add_argument("--sample-timeout", type=float, metavar="SECONDS",
+                        help="seconds a video's header or one group of chunks may take to decode before the video "
+                             "counts as unreadable (default: the checkpoint's data.sample_timeout_s)")
     parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda if available)")
     parser.add_argument("--precision", help="32, 16, bf16 or amp (default: the checkpoint's)")
     parser.add_argument("--topk", type=int, default=3, help="labels reported per video")
@@ -62,6 +80,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--decode-threads", type=int, default=0,
                         help="FFmpeg decoder threads (0 = OpenCV's choice, all cores)")
     parser.add_argument("--max-videos", type=int, help="stop after this many videos")
+    parser.add_argument("--features", metavar="DIR",
+                        help="also write each video's per-chunk features to DIR/<stem>.npz (see README: Features); "
+                             "a video whose file is there with the same settings is skipped")
+    parser.add_argument("--features-dtype", choices=FEATURE_DTYPES, default="float16",
+                        help="dtype of the stored features (the logits are always float32)")
+    parser.add_argument("--shard", metavar="i/N",
+                        help="take every N-th video from the i-th (0-based): N processes or machines split the input")
     args = parser.parse_args(argv)
     if args.batch not in (None, "auto"):
         try:
@@ -116,33 +141,77 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     setup_logging()
     quiet_decoder_logs()
+    shard_index, shard_count = parse_shard(args.shard)
+    if args.features:
+        prepare_directory(args.features)
     checkpoint_path, why = find_checkpoint(args)
     device = resolve_device(args.device or "auto")
     model, cfg, class_names, state = load_trained_model(checkpoint_path, device)
+    cfg = apply_inference_flags(cfg, {"--sample-timeout": args.sample_timeout})
     runtime = setup_runtime(cfg["trainer"], device=str(device), precision=args.precision)
     spec = inference_spec(args, cfg, runtime, state)
     source, records = resolve_inputs(args.input, cfg)
     if args.max_videos:
         records = records[:args.max_videos]
+    names = feature_names(records)  # over the whole list: every shard names a file alike
+    records, names = shard(records, shard_index, shard_count), shard(names, shard_index, shard_count)
     head = cfg["model"]["temporal_head"]
     aggregation = f"temporal head {head}" if head != "none" else f"agg {spec.aggregation}"
-    print(f"checkpoint: {checkpoint_path} ({why})\ninput: {source} ({len(records)} videos)\n"
+    part = f", shard {shard_index}/{shard_count}" if shard_count > 1 else ""
+    print(f"checkpoint: {checkpoint_path} ({why})\ninput: {source} ({len(records)} videos{part})\n"
           f"chunk {spec.chunk} overlap {spec.overlap} {aggregation} batch {spec.batch} on {runtime.device}")
-    prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
+    features = None
+    if args.features:
+        features = (FeatureSpec(args.features, args.features_dtype),
+                    settings_of(cfg, spec.chunk, spec.overlap, args.features_dtype, file_sha256(checkpoint_path)))
     if runtime.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(runtime.device)
-    failures, correct, labelled = 0, 0, 0
-    out = open(args.output, "w") if args.output else None
+    failures = run_videos(model, records, names, cfg, spec, runtime, class_names, args.output, features)
+    snap = memory_monitor.snapshot(runtime.device)
+    peak = f", device peak {snap['device_peak_mb']:.0f} MB" if "device_peak_mb" in snap else ""
+    print(f"peak memory: host RSS {memory_monitor.host_peak_rss_mb():.0f} MB{peak}")
+    return 1 if failures else 0
+
+
+def run_videos(model, records: list, names: list[str], cfg: dict, spec: InferenceSpec, runtime, class_names,
+               output: str | None, features: tuple | None) -> int:
+    """Each video classified (and with ``features``, its features written, or skipped when already there);
+    prints each result and the summary; returns the number that failed."""
+    prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
+    counts, correct, labelled, chunks, start = Counter(), 0, 0, 0, time.perf_counter()
+    out = open(output, "w") if output else None
     try:
-        for record in tqdm(records, desc="videos", disable=not sys.stderr.isatty() or len(records) == 1):
+        for number, (record, name) in enumerate(zip(records, tqdm(names, desc="videos", disable=not
+                                                                  sys.stderr.isatty() or len(records) == 1))):
+            path = os.path.join(features[0].directory, name) if features else None
+            reason = done_before(path, features[1]) if features else "new"
+            if reason is None:
+                print(f"skipped {record.first_path}: {path} exists with the same settings")
+                counts["skipped"] += 1
+                continue
             try:
-                result = classify_video(model, record, cfg, spec, runtime, prepare, class_names)
+                result = classify_video(model, record, cfg, spec, runtime, prepare, class_names,
+                                        keep_features=features is not None)
             except BAD_INPUT_ERRORS as e:
                 if len(records) == 1:
                     raise
-                failures += 1
+                counts["failed"] += 1
                 result = {"video": record.first_path, "error": str(e)}
                 print(f"error: {e}", file=sys.stderr)
+                if isinstance(e, StalledFile) and number + 1 < len(records):
+                    # OpenCV opens files under one process-wide lock, which the blocked decoder holds for good
+                    print(f"error: the other {len(records) - number - 1} videos are not run: a stalled file keeps "
+                          f"the decoder blocked in this process; run infer_chunked.py again without it",
+                          file=sys.stderr)
+                    counts["failed"] += len(records) - number - 1
+                    break
+            if features and "error" not in result:
+                write_features(path, result, record, cfg, features[1], class_names)
+                chunks += len(result["features"])
+                counts["done"] += 1
+                print(f"features: {path} ({len(result['features'])} chunks; {reason})")
+                result = {k: v for k, v in result.items() if k not in ("features", "chunk_logits", "frame_windows",
+                                                                       "stride")}
             if "correct" in result:
                 labelled += 1
                 correct += int(result["correct"])
@@ -156,10 +225,10 @@ def main(argv=None) -> int:
             out.close()
     if labelled:
         print(f"accuracy: {correct}/{labelled} = {correct / labelled:.4f}")
-    snap = memory_monitor.snapshot(runtime.device)
-    peak = f", device peak {snap['device_peak_mb']:.0f} MB" if "device_peak_mb" in snap else ""
-    print(f"peak memory: host RSS {memory_monitor.host_peak_rss_mb():.0f} MB{peak}")
-    return 1 if failures else 0
+    if features:
+        print(f"features: {counts['done']} done, {counts['skipped']} skipped (already there), {counts['failed']} "
+              f"failed; {chunks / max(time.perf_counter() - start, 1e-9):.1f} chunks/s")
+    return counts["failed"]
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from datasets.video_reader import quiet_decoder_logs
 from engine.loop import build_trainer, fit, save_after_interrupt, stop_on_ctrl_c
 from engine.step import NonFiniteLossError, OutOfMemoryAdvice
 from planner.fit import fit_budget
+from planner.host import warn_if_host_memory_short
 from planner.probe import probe_memory
 
 log = logging.getLogger("longvideo")  # set up by main(): importing train configures nothing
@@ -91,6 +92,8 @@ def main(argv=None) -> int:
     setup_logging(runtime.is_main)
     if args.fit_budget or cfg["data"]["batch_size"] == "auto":  # the same decision again on resume: deterministic
         cfg = fit_budget(cfg, runtime, DataShape.of_manifest(cfg))
+    if runtime.is_main:
+        warn_if_host_memory_short(cfg, DataShape.of_manifest(cfg), runtime.device.type == "cuda")
     trainer, train_loader, val_loader = build_trainer(cfg, runtime, resume_path, args.stop_after_steps)
     try:
         with stop_on_ctrl_c():

@@ -12,17 +12,15 @@ from __future__ import annotations
 import logging
 import math
 import os
-import pickle
 import random
-import zipfile
 from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
 
-from core.errors import error_summary
 from core.files import atomic_open
 from core.runtime import unwrap_model
+from core.tensor_files import UnreadableFile, UnsafeFile, load_tensors
 
 CHECKPOINT_FORMAT = 1  # bumped when the layout of the checkpoint dict changes
 log = logging.getLogger("longvideo")
@@ -87,14 +85,12 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
     if not os.path.exists(path):
         raise CheckpointError(f"{path}: checkpoint not found")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise CheckpointError(f"{path}: refused: the file needs pickled code to load ({error_summary(e)}); only "
-                              f"checkpoints of tensors and plain values are loaded (weights_only=True): use a "
-                              f"checkpoint written by this project's train.py")
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
-        first = error_summary(e)
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {first}; use another "
+        state = load_tensors(path, map_location)
+    except UnsafeFile as e:
+        raise CheckpointError(f"{path}: {e}; only checkpoints of tensors and plain values are loaded "
+                              f"(weights_only=True): use a checkpoint written by this project's train.py")
+    except UnreadableFile as e:
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {e}; use another "
                               f"checkpoint of the run (last.pt, best.pt, epoch_N.pt)")
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path}: not a checkpoint of this project (no 'model' entry)")

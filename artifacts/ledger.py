@@ -6,15 +6,21 @@ import fcntl
 import json
 import logging
 import os
+import re
 import socket
+import time
 
 from core.files import atomic_write_bytes
 
 log = logging.getLogger("longvideo")
 
 
+_HOLDER = re.compile(r"since \S+ \((\d+)\)")
+
+
 class DirectoryLock:
-    """An exclusive, non-blocking lock on a run directory's .eval.lock that dies with its process."""
+    """An exclusive, non-blocking lock on a run directory's .eval.lock that dies with its process. The file says
+    who holds it and since when: "pid 123 on host since 2026-11-23T10:00:00+0000 (1795432800)"."""
 
     def __init__(self, path: str):
         self.path = path
@@ -31,9 +37,16 @@ class DirectoryLock:
             return False
         self.previous_holder = os.pread(fd, 200, 0).decode(errors="replace").strip()  # a stale one: taken over
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        now = time.time()
+        since = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now))
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since} ({now:.0f})\n".encode(), 0)
         self.fd = fd
         return True
+
+    def held_for(self) -> float | None:
+        """Seconds the current holder has held the lock (after a failed acquire), None if it does not say."""
+        match = _HOLDER.search(self.previous_holder)
+        return time.time() - int(match.group(1)) if match else None
 
     def release(self) -> None:
         if self.fd is not None:

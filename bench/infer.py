@@ -2,6 +2,7 @@
 
     python -m bench.infer                                # 600, 6,000 and 30,000 frames (written once to bench/.cache)
     python -m bench.infer --lengths 600,6000 --size 320x180
+    python -m bench.infer --features --lengths 6000,30000   # feature extraction against plain classification
 
 Each measurement runs in a fresh process (peak RSS is per process), --repeat times, the modes interleaved; the
 fastest run of each is reported. For every video length it prints the peak
@@ -30,9 +31,7 @@ CACHE = os.path.join(ROOT, "bench", ".cache")
 
 
 def measure(args) -> dict:
-    """One measurement in this process: mode full | last | decode | compute."""
-    import resource
-
+    """One measurement in this process: mode full | last | decode | compute | features."""
     import torch
 
     from config import load_config
@@ -53,8 +52,17 @@ def measure(args) -> dict:
     prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
     start = time.perf_counter()
     result: dict = {}
-    if args.mode in ("full", "last"):
-        out = infer_chunked.classify_video(model, record, cfg, spec, runtime, prepare, [str(i) for i in range(6)])
+    if args.mode in ("full", "last", "features"):
+        features = args.mode == "features"  # infer_chunked.py --features: the features kept, then written
+        out = infer_chunked.classify_video(model, record, cfg, spec, runtime, prepare, [str(i) for i in range(6)],
+                                           keep_features=features)
+        if features:
+            import tempfile
+
+            from engine.features import settings_of, write_features
+            with tempfile.TemporaryDirectory() as folder:
+                write_features(os.path.join(folder, "v.npz"), out, record, cfg,
+                               settings_of(cfg, args.chunk, args.overlap, "float16", "-"), [str(i) for i in range(6)])
         result.update(decode_s=out["decode_s"], compute_s=out["compute_s"], windows=out["windows"])
     elif args.mode == "decode":
         stream = infer_chunked.ChunkStream(record, {**cfg["data"], "frame_stride": 1, "load_rgb": True,
@@ -74,7 +82,9 @@ def measure(args) -> dict:
                 model(prepare(dummy))
         result["windows"] = len(windows)
     result["wall_s"] = time.perf_counter() - start
-    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # VmHWM, not ru_maxrss: a child started by this benchmark inherits the parent's ru_maxrss through fork and exec
+    with open("/proc/self/status") as f:
+        result["peak_rss_mb"] = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
     if runtime.device.type == "cuda":
         result["device_peak_mb"] = torch.cuda.max_memory_allocated() / 2 ** 20
     return result
@@ -95,7 +105,10 @@ def run(video: str, mode: str, args, decode_threads: int | None = None, repeat: 
                "--overlap", str(args.overlap), "--batch", str(args.batch), "--img", str(args.img), "--width",
                str(args.width), "--device", args.device, "--torch-threads", str(args.torch_threads), "--decode-threads",
                str(args.decode_threads if decode_threads is None else decode_threads)]
-    runs = [json.loads(subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    # glibc gives each thread (the decode thread, torch's) its own malloc arena: peak RSS then varies by hundreds of
+    # MB from run to run (1.0-1.6 GB for the same 30,000-frame video); two arenas make it repeatable
+    env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
+    runs = [json.loads(subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True, env=env).stdout.strip()
                        .splitlines()[-1]) for _ in range(repeat or args.repeat)]
     return min(runs, key=lambda r: r["wall_s"])  # the least disturbed run: the machine is shared
 
@@ -116,9 +129,13 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="CPU threads of the model: on a CPU-only machine, decode and compute overlap only if "
                              "they do not both want every core")
+    parser.add_argument("--features", action="store_true",
+                        help="compare feature extraction (infer_chunked.py --features) with plain classification")
     args = parse_or_measure(parser, measure, video=str, mode=str)
     if args is None:
         return
+    if args.features:
+        return compare_features(args)
     from datasets.synthetic import write_h264
     os.makedirs(CACHE, exist_ok=True)
     width, height = map(int, args.size.split("x"))
@@ -144,6 +161,27 @@ def main() -> None:
     many = run(video, "decode", args, decode_threads=0)
     print(f"decode alone, {length} frames: 1 thread {one['wall_s']:.1f}s, OpenCV default threads "
           f"{many['wall_s']:.1f}s: {one['wall_s'] / many['wall_s']:.2f}x")
+
+
+def compare_features(args) -> None:
+    """Feature extraction against infer_chunked.py's plain classification of the same video: chunks per second
+    and peak host RSS of each, interleaved, the fastest of --repeat kept."""
+    from datasets.synthetic import write_h264
+    os.makedirs(CACHE, exist_ok=True)
+    width, height = map(int, args.size.split("x"))
+    print(f"tiny3d width {args.width} at {args.img}x{args.img} on {args.device}; chunk {args.chunk} overlap "
+          f"{args.overlap}; H.264 {width}x{height}; features float16; the fastest of {args.repeat} runs")
+    print(f"{'frames':>7s} {'chunks':>6s} | {'features: chunks/s':>18s} {'peak RSS':>9s} | {'classify: chunks/s':>18s} "
+          f"{'peak RSS':>9s} | {'speed features/classify':>23s}")
+    rss = []
+    for length in [int(n) for n in args.lengths.split(",")]:
+        video = write_h264(os.path.join(CACHE, f"h264_{width}x{height}_{length}.mp4"), length, width, height)
+        features, plain = run_interleaved(video, ("features", "full"), args)
+        rss.append(features["peak_rss_mb"])
+        speed = [r["windows"] / r["wall_s"] for r in (features, plain)]
+        print(f"{length:7d} {features['windows']:6d} | {speed[0]:18.1f} {features['peak_rss_mb']:7.0f}MB | "
+              f"{speed[1]:18.1f} {plain['peak_rss_mb']:7.0f}MB | {speed[0] / speed[1]:22.3f}x")
+    print(f"feature extraction's peak RSS, longest vs shortest video: {rss[-1] / rss[0]:.3f}x")
 
 
 if __name__ == "__main__":

@@ -93,11 +93,16 @@ SCHEMA: dict[str, Any] = {
                               "trainer.memory_budget_gb (train.py --probe-memory shows the estimates)", minimum=1,
                            also=("auto",)),
         "num_workers": _int(2, "DataLoader worker processes", minimum=0),
+        "prefetch_factor": _int(2, "batches each DataLoader worker loads ahead (with num_workers > 0); host memory "
+                                   "holds num_workers x prefetch_factor batches (train.py --probe-memory)", minimum=1),
         "img_size": Key(112, "size", "the model's frame size, after resize and crop: N (square) or [height, width]"),
         "resize": _choice("short_side", "short_side: keep the aspect ratio (short side to data.short_side), then crop "
                                         "to img_size; stretch: decode straight to img_size", "short_side", "stretch"),
         "short_side": _int(None, "decoded short side (resize: short_side); null = the least that holds the img_size "
                                  "crop", minimum=1, nullable=True),
+        "test_clips": _int(1, "temporal clips per sample window at evaluation, evenly spaced (first at the "
+                                 "window's start, last at its end; 1: centred), each times data.test_crops; the "
+                                 "video-level result averages all views", minimum=1),
         "test_crops": Key(1, "int", "spatial crops per clip at evaluation: 1 (centre) or 3 (along the long side)",
                           1, 3, refused=((2, "use 1 (the centre) or 3 (start, centre, end of the long side)"),)),
         "augment": Key(False, "bool", "training augmentation: random resized crop, flip, colour jitter (never at "
@@ -127,6 +132,9 @@ SCHEMA: dict[str, Any] = {
                                    "AV1)", "auto", "opencv", "pyav"),
         "on_bad_video": _choice("raise", "a video that cannot be read: stop, or log it and use another sample",
                                 "raise", "skip"),
+        "sample_timeout_s": _float(300.0, "seconds one sample (or a file's header at indexing, or a group of "
+                                          "inference chunks) may take to load before it counts as a bad video "
+                                          "(a stalled mount); null = no deadline", minimum=0.001, nullable=True),
         "index_cache": Key(None, "str", "JSON cache of video metadata; null = <trainer.output_dir>/.video_index.json",
                            nullable=True),
         "mean": Key([0.45, 0.45, 0.45], "list", "per-channel mean (RGB, 0..1) for normalization on the device"),
@@ -553,6 +561,8 @@ INFERENCE_FLAGS = {
     "--batch": "train.video_batch_size",
     "--num-frames": "data.num_frames",
     "--crops": "data.test_crops",
+    "--clips": "data.test_clips",
+    "--sample-timeout": "data.sample_timeout_s",
 }
 
 

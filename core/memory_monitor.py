@@ -31,6 +31,15 @@ def _child_pids(pid: int) -> list[int]:
         return []
 
 
+def available_host_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo: what the kernel can give without swapping; None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 def host_rss_mb() -> float:
     """Resident memory of this process (Linux /proc; ru_maxrss peak elsewhere)."""
     rss = _rss_mb(os.getpid())

@@ -20,8 +20,11 @@ A sample (``VideoWindowDataset[i]``), T = the clip's frames (``data.num_frames``
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -30,11 +33,19 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from core.files import atomic_write_bytes
 from datasets.clip_transform import ClipTransform
 from datasets.decode import read_clip, read_clip_keypoints
 from datasets.keypoints import KeypointError, keypoint_length
 from datasets.manifest import ManifestError, VideoRecord, read_manifest
-from datasets.video_reader import ReaderCache, VideoIndexCache, VideoReadError, several_streams_note
+from datasets.video_reader import (
+    Prober,
+    ReaderCache,
+    StalledFile,
+    VideoIndexCache,
+    VideoReadError,
+    several_streams_note,
+)
 from datasets.windows import clip_indices, split_into_windows
 
 log = logging.getLogger("longvideo." + __name__)  # printed through the project logger
@@ -51,8 +62,54 @@ class _NotesHandler(logging.Handler):
 
 def worker_init(worker_id: int) -> None:
     """A worker's warnings (a file shorter than its container says, ...) go to the main process with the next
-    sample instead of the console: printed once per run there, not once per worker and epoch."""
+    sample instead of the console: printed once per run there, not once per worker and epoch. With
+    data.sample_timeout_s, a watchdog thread ends the worker whose sample passes the deadline (``StallWatch``)."""
     logging.getLogger("longvideo").handlers = [_NotesHandler()]
+    info = torch.utils.data.get_worker_info()
+    if info is not None and isinstance(info.dataset, VideoWindowDataset):
+        info.dataset.start_watch(worker_id)
+
+
+class StallWatch:
+    """The deadline of a sample in a DataLoader worker.
+
+    A sample blocked inside FFmpeg (a file on a stalled network mount, a decoder that never returns) cannot be
+    interrupted from Python: no exception reaches a thread waiting in C, and a signal only runs its handler once
+    the C call returns. What can always be stopped is the process. So each worker runs this watchdog thread; when
+    the sample being loaded passes ``timeout`` seconds it writes a report (file, window, worker) into ``folder``
+    and ends the worker (``os._exit``). The main process sees the worker gone, reads the report
+    (``take_stall_report``) and acts as data.on_bad_video says (engine.data.GuardedBatches). A watchdog in the
+    worker, not one decode process per sample: the usual path costs one thread and a timestamp per sample.
+    """
+
+    def __init__(self, timeout: float, folder: str, worker_id: int, describe):
+        self.timeout, self.folder, self.worker_id, self.describe = timeout, folder, worker_id, describe
+        self.loading: tuple[float, int] | None = None  # (start, sample index) of the sample being loaded
+        threading.Thread(target=self._watch, daemon=True, name="sample-deadline").start()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.timeout / 4))
+            loading = self.loading
+            if loading is not None and time.monotonic() - loading[0] > self.timeout:
+                report = {"index": loading[1], "message": f"{self.describe(loading[1])} still loading after "
+                          f"{self.timeout:g} s (data.sample_timeout_s) in DataLoader worker {self.worker_id} "
+                          f"(pid {os.getpid()}): a stalled mount or a decoder that does not return"}
+                atomic_write_bytes(os.path.join(self.folder, f"{os.getpid()}.json"), json.dumps(report).encode())
+                os._exit(3)  # the only way out of a call blocked in C; the main process takes it from here
+
+
+def take_stall_report(dataset) -> dict | None:
+    """The report of a worker that ended itself on a stalled sample ({"index", "message"}), removed once read."""
+    folder = getattr(dataset, "stall_folder", None)
+    for name in sorted(os.listdir(folder)) if folder and os.path.isdir(folder) else []:
+        path = os.path.join(folder, name)
+        if name.endswith(".json"):
+            with open(path) as f:
+                report = json.load(f)
+            os.unlink(path)
+            return report
+    return None
 
 
 class BadInputReport:
@@ -132,11 +189,20 @@ class VideoWindowDataset(Dataset):
         self.cfg, self.training, self.seed, self.epoch = data_cfg, training, seed, 0
         self.transform = ClipTransform(data_cfg, training)  # decode size, crops, augmentation
         self.crops = self.transform.crops  # evaluation crops per sample window (data.test_crops), each a sample
+        self.clips = 1 if training else data_cfg["test_clips"]  # evaluation clips per sample window, each crops
+        self.views = self.clips * self.crops  # samples per sample window: clip-major, crop-minor
         self.skipped: dict[str, str] = {}  # file -> error, for samples dropped at index time
+        self.timed_out: dict[int, str] = {}  # sample -> report, of samples whose worker was stopped (skip)
+        self.stall_folder: str | None = None  # where workers report a stalled sample (set by the loader)
+        self.watch: StallWatch | None = None  # in a worker, with data.sample_timeout_s
         self.video_info: dict = {}  # path -> VideoInfo from the index: readers in the workers do not probe again
         self.fps: dict[str, float] = {}  # first view's path -> frame rate (segments given in seconds)
         cache = index_cache or VideoIndexCache(None)
-        self.lengths = [self._record_length(r, cache) for r in records]
+        prober = Prober(data_cfg["sample_timeout_s"])  # a header that never comes stops in a child, not here
+        try:
+            self.lengths = [self._record_length(r, cache, prober) for r in records]
+        finally:
+            prober.close()
         cache.save()
         self.view_names = self._check_views()
         self.windows = [w for i, r in enumerate(records) if self.lengths[i] > 0 for w in self._windows_of(i, r)]
@@ -151,7 +217,7 @@ class VideoWindowDataset(Dataset):
                      len(self.windows), window)
 
     # ------------------------------------------------------------------------------------------ the index
-    def _record_length(self, record: VideoRecord, cache: VideoIndexCache) -> int:
+    def _record_length(self, record: VideoRecord, cache: VideoIndexCache, prober=None) -> int:
         """Frames usable in every view (the shortest view; a shorter view is reported); 0 = skipped."""
         try:
             check_labels(record, self.class_names)
@@ -159,7 +225,7 @@ class VideoWindowDataset(Dataset):
                 if record.keypoints is None:
                     raise ManifestError(f"{record.where}: no 'keypoints' given, and data.load_rgb is false")
                 return keypoint_length(record.keypoints)
-            infos = {name: cache.info(path, self.cfg["decoder"]) for name, path in record.views.items()}
+            infos = {name: cache.info(path, self.cfg["decoder"], prober) for name, path in record.views.items()}
             self.video_info.update({path: infos[name] for name, path in record.views.items()})
             for note in filter(None, map(several_streams_note, infos.values())):
                 log.warning("%s", note)
@@ -228,20 +294,27 @@ class VideoWindowDataset(Dataset):
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return len(self.windows) * self.crops
+        return len(self.windows) * self.views
 
     def __getitem__(self, index: int) -> dict:
         skipped: dict[str, str] = {}
         for attempt in range(min(len(self), MAX_CONSECUTIVE_FAILURES)):
             candidate = (index + attempt) % len(self)
             try:
+                if candidate in self.timed_out:  # its worker was stopped on it before (on_bad_video: skip)
+                    raise StalledFile(self.timed_out[candidate])
+                if self.watch is not None:
+                    self.watch.loading = (time.monotonic(), candidate)
                 sample = self._load(candidate)
                 break
             except BAD_INPUT_ERRORS as e:
-                record = self.records[self.windows[candidate // self.crops].record]
+                record = self.records[self.windows[candidate // self.views].record]
                 if self.cfg["on_bad_video"] == "raise":
                     raise type(e)(f"{e} (sample at {record.where})") from None
                 skipped[record.first_path] = f"{e} (sample at {record.where})"
+            finally:
+                if self.watch is not None:
+                    self.watch.loading = None
         else:
             raise VideoReadError(f"{len(skipped)} consecutive samples failed to load (data.on_bad_video: skip), the "
                                  f"last: {list(skipped.values())[-1]}; check the data")
@@ -250,13 +323,29 @@ class VideoWindowDataset(Dataset):
         _WORKER_NOTES.clear()
         return sample
 
-    def _load(self, index: int) -> dict:
-        window = self.windows[index // self.crops]
+    # ---------------------------------------------------------------------------------------- the deadline
+    def start_watch(self, worker_id: int) -> None:
+        """In a DataLoader worker: the watchdog of data.sample_timeout_s (``StallWatch``), if one is set."""
+        if self.cfg["sample_timeout_s"] is not None and self.stall_folder is not None:
+            self.watch = StallWatch(self.cfg["sample_timeout_s"], self.stall_folder, worker_id, self.describe)
+
+    def describe(self, index: int) -> str:
+        window = self.windows[index // self.views]
         record = self.records[window.record]
+        return f"{record.first_path}: sample window [{window.start}, {window.end}) ({record.where})"
+
+    def path_of(self, index: int) -> str:
+        return self.records[self.windows[index // self.views].record].first_path
+
+    def _load(self, index: int) -> dict:
+        window = self.windows[index // self.views]
+        record = self.records[window.record]
+        clip = (index % self.views) // self.crops  # which of data.test_clips (evaluation)
 
         def place_clip(end: int) -> np.ndarray:
             rng = np.random.default_rng([self.seed, self.epoch, index]) if self.training else None
-            return clip_indices(window.start, end, self.cfg["num_frames"], self.cfg["frame_stride"], rng)
+            return clip_indices(window.start, end, self.cfg["num_frames"], self.cfg["frame_stride"], rng, clip,
+                                self.clips)
 
         # augmentation draws its own stream: the clip's placement stays what it was without augmentation
         rng = np.random.default_rng([self.seed, self.epoch, index, 1]) if self.training else None

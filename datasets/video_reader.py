@@ -10,10 +10,12 @@ sequentially from then on (logged once): never a wrong frame in silence.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
 import itertools
 import json
 import logging
+import multiprocessing
 import os
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
@@ -182,6 +184,43 @@ def _regular_timestamps(path: str) -> bool:
     return bool(step > 0 and np.all(np.abs(np.diff(times) - step) <= 0.25 * step))
 
 
+class StalledFile(VideoReadError):
+    """A file that did not answer within data.sample_timeout_s (a stalled network mount, a corrupt stream)."""
+
+
+class Prober:
+    """``probe`` in a child process that can be stopped: a file on a stalled mount blocks inside FFmpeg, where no
+    thread of ours can interrupt it, so the probe runs in a persistent spawned process (spawn: a fork of a process
+    that used OpenCV's thread pool can deadlock) and one that does not answer in ``timeout`` seconds is killed,
+    the file reported (StalledFile) and a fresh child started for the next one. ``timeout`` None: in process."""
+
+    def __init__(self, timeout: float | None):
+        self.timeout = timeout
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def __call__(self, path: str, decoder: str) -> VideoInfo:
+        if self.timeout is None:
+            return probe(path, decoder)
+        if self._pool is None:
+            self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            self._pool.submit(int).result()  # started and imported: the deadline below is the probe's alone
+        future = self._pool.submit(probe, path, decoder)
+        try:
+            return future.result(timeout=self.timeout)
+        except concurrent.futures.TimeoutError:
+            self.close(kill=True)
+            raise StalledFile(f"{path}: no answer within {self.timeout:g} s while reading its header "
+                              f"(data.sample_timeout_s): a stalled mount or a corrupt file?") from None
+
+    def close(self, kill: bool = False) -> None:
+        if self._pool is not None:
+            if kill:  # the child is blocked: it would never take a shutdown request
+                for process in list(getattr(self._pool, "_processes", {}).values()):
+                    process.kill()
+            self._pool.shutdown(wait=not kill, cancel_futures=True)
+            self._pool = None
+
+
 class VideoIndexCache:
     """Video metadata per file, keyed by path, size and mtime, in a JSON file written atomically.
 
@@ -204,7 +243,9 @@ class VideoIndexCache:
         stat = os.stat(path)
         return os.path.abspath(path), [stat.st_size, stat.st_mtime_ns]
 
-    def info(self, path: str, decoder: str = "opencv") -> VideoInfo:
+    def info(self, path: str, decoder: str = "opencv", prober=None) -> VideoInfo:
+        """The cached metadata, else ``prober(path, decoder)``'s (``probe`` by default, or a Prober with a
+        deadline)."""
         try:
             key, stamp = self._key(path)
         except OSError:
@@ -214,7 +255,7 @@ class VideoIndexCache:
             info = VideoInfo(**entry["info"])
             if info.opencv_decodes or decoder in ("pyav", "auto"):
                 return info
-        info = probe(path, decoder)
+        info = (prober or probe)(path, decoder)
         self.entries[key] = {"stamp": stamp, "info": asdict(info)}
         self.dirty = True
         return info

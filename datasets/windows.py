@@ -28,19 +28,26 @@ def split_into_windows(length: int, size: int | None, overlap: int = 0, align_la
     return [(s, min(s + size, length)) for s in starts]
 
 
-def clip_indices(start: int, end: int, num_frames: int, stride: int, rng: np.random.Generator | None) -> np.ndarray:
+def clip_indices(start: int, end: int, num_frames: int, stride: int, rng: np.random.Generator | None,
+                 view: int = 0, views: int = 1) -> np.ndarray:
     """Frame indices of one clip inside the window [start, end).
 
-    ``num_frames`` frames ``stride`` apart, at a random place (rng given: training) or centred (rng None:
-    evaluation). A window too short for that span gets ``num_frames`` indices spread evenly over it
-    (frames repeat when the window has fewer frames than the clip). num_frames -1: the whole window at
-    ``stride``.
+    ``num_frames`` frames ``stride`` apart, at a random place (rng given: training) or, at evaluation (rng
+    None), clip ``view`` of ``views`` evenly spaced ones: the first at the window's start and the last at its end
+    (one view: centred), as the published multi-clip test protocols place them. A window too short for that span
+    gets ``num_frames`` indices spread evenly over it (frames repeat when the window has fewer frames than the
+    clip), whatever the view. num_frames -1: the whole window at ``stride``.
     """
     length = end - start
     if num_frames == -1:
         return np.arange(start, end, stride)
     span = (num_frames - 1) * stride + 1
     if span <= length:
-        offset = int(rng.integers(0, length - span + 1)) if rng is not None else (length - span) // 2
+        if rng is not None:
+            offset = int(rng.integers(0, length - span + 1))
+        elif views > 1:
+            offset = round(view * (length - span) / (views - 1))
+        else:
+            offset = (length - span) // 2
         return start + offset + stride * np.arange(num_frames)
     return start + np.floor(np.linspace(0, length, num_frames, endpoint=False)).astype(np.int64)

@@ -1,8 +1,12 @@
 """The data of a run: datasets from the config's manifests, and their DataLoaders."""
 from __future__ import annotations
 
+import atexit
 import logging
+import shutil
+import tempfile
 
+import torch
 from torch.utils.data import DataLoader
 
 from config import apply_flags
@@ -11,41 +15,105 @@ from core.runtime import Runtime, available_cores
 from datasets.sampler import EpochSampler
 from datasets.shape import DataShape
 from datasets.video_dataset import (
+    BadInputReport,
     before_workers_fork,
     build_dataset,
     collate_samples,
     index_cache_for,
     resolve_class_names,
+    take_stall_report,
     training_records,
     worker_init,
 )
+from datasets.video_reader import StalledFile
 
 log = logging.getLogger("longvideo")
 
 
 def make_loader(dataset, cfg: dict, runtime: Runtime, batch_size: int, shuffle: bool, pad: bool) -> DataLoader:
     """shuffle: a new permutation every epoch (training); pad: equal shards for every rank (training, where DDP
-    needs equal step counts; evaluation shards are not padded, so no sample counts twice)."""
+    needs equal step counts; evaluation shards are not padded, so no sample counts twice). Iterate it through
+    ``GuardedBatches`` (the sample deadline)."""
     data = cfg["data"]
+    if data["sample_timeout_s"] is not None and dataset.stall_folder is None:
+        dataset.stall_folder = tempfile.mkdtemp(prefix="longvideo-stalls-")  # workers' reports (StallWatch)
+        atexit.register(shutil.rmtree, dataset.stall_folder, ignore_errors=True)
     sampler = EpochSampler(len(dataset), shuffle=shuffle, seed=cfg["train"]["seed"], rank=runtime.rank,
                            world_size=runtime.world_size, pad=pad)
     before_workers_fork(data["num_workers"])
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler,
                       num_workers=data["num_workers"], worker_init_fn=worker_init, collate_fn=collate_samples,
+                      prefetch_factor=data["prefetch_factor"] if data["num_workers"] > 0 else None,
                       pin_memory=data["pin_memory"] and runtime.device.type == "cuda",
                       drop_last=False, persistent_workers=False)
 
 
 def cap_workers(cfg: dict) -> dict:
     """No more DataLoader workers than cores (a preset for a 16-core workstation on a 2-core laptop): one line,
-    instead of PyTorch's warning once per loader. A new config (the validated one is not changed), so the run's
-    config.yaml records what ran."""
+    instead of PyTorch's warning once per loader; and at least one with data.sample_timeout_s (a sample blocked
+    in the decoder can only be stopped with its process, never in the main one). A new config (the validated one
+    is not changed), so the run's config.yaml records what ran."""
     cores, wanted = available_cores(), cfg["data"]["num_workers"]
+    if wanted == 0 and cfg["data"]["sample_timeout_s"] is not None:
+        log.info("data.num_workers=0 with data.sample_timeout_s: samples load in 1 DataLoader worker, a process "
+                 "that can be stopped when a sample stalls (data.sample_timeout_s: null loads them in this process)")
+        return apply_flags(cfg, {"data.num_workers": ("data.num_workers (1 for data.sample_timeout_s)", 1)})
     if wanted <= cores:
         return cfg
     log.info("data.num_workers=%d but this machine has %d CPU cores: using %d DataLoader workers", wanted, cores,
              cores)
     return apply_flags(cfg, {"data.num_workers": (f"data.num_workers (capped to the {cores} cores)", cores)})
+
+
+class GuardedBatches:
+    """The batches of a loader, with the sample deadline's consequences handled in the main process.
+
+    A DataLoader worker whose sample passes data.sample_timeout_s ends itself after leaving a report
+    (datasets.video_dataset.StallWatch); the loader then fails with "worker exited unexpectedly". Here:
+    data.on_bad_video raise: StalledFile (one line naming the file, window and worker; exit 2), the other workers
+    ended with the iterator; skip: the sample is recorded as a bad file (reported like any, once) and the loader
+    restarts at the batch that was not delivered, without that sample (its place taken as a bad file's is), so
+    the epoch's sample order, and with it exact resume, is unchanged. The restart draws nothing from the run's
+    random state.
+    """
+
+    def __init__(self, loader: DataLoader, bad_inputs: BadInputReport | None = None):
+        self.loader, self.bad_inputs = loader, bad_inputs
+        self.start, self.delivered = getattr(loader.sampler, "start", 0), 0
+        self.iterator = iter(loader)  # now, as iter(loader) would: the worker seeds' draw happens here
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        while True:
+            try:
+                batch = next(self.iterator)
+            except RuntimeError:
+                report = take_stall_report(self.loader.dataset)
+                if report is None:
+                    raise
+                self._restart(report)
+                continue
+            self.delivered += 1
+            return batch
+
+    def _restart(self, report: dict) -> None:
+        del self.iterator  # its workers are shut down
+        dataset = self.loader.dataset
+        if dataset.cfg["on_bad_video"] == "raise":
+            raise StalledFile(report["message"] + "; set data.on_bad_video: skip to go on without it")
+        dataset.timed_out[report["index"]] = report["message"]
+        skipped = {"skipped": {dataset.path_of(report["index"]): report["message"]}}
+        if self.bad_inputs is not None:
+            self.bad_inputs.take(skipped)  # one line now, and in the epoch's and the run's lists
+        else:
+            log.warning("skipping %s", report["message"])
+        sampler = self.loader.sampler
+        sampler.set_epoch(sampler.epoch, start=self.start + self.delivered * self.loader.batch_size)
+        rng = torch.get_rng_state()
+        self.iterator = iter(self.loader)
+        torch.set_rng_state(rng)
 
 
 def build_data(cfg: dict) -> tuple:

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch.utils.data import DataLoader
@@ -14,10 +15,11 @@ from artifacts.trained_model import load_trained_model
 from config import apply_inference_flags
 from core.files import atomic_write_bytes
 from core.runtime import Runtime, resolve_device, setup_runtime, unwrap_model
+from datasets.shape import DataShape
 from datasets.transforms import InputPreparer
 from datasets.video_dataset import BadInputReport, build_dataset, index_cache_for
 from engine.chunking import forward_chunked
-from engine.data import cap_workers, make_loader
+from engine.data import GuardedBatches, cap_workers, make_loader
 from engine.metrics import ClassificationMeter
 
 
@@ -35,7 +37,7 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer,
     model = unwrap_model(model)  # no DDP collectives here: shards may differ in length
     model.eval()
     meter = meter if meter is not None else ClassificationMeter(num_classes)
-    for batch in loader:
+    for batch in GuardedBatches(loader, bad_inputs):
         if bad_inputs is not None:
             bad_inputs.take(batch)
         with runtime.autocast():
@@ -54,9 +56,10 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer,
 
 
 def evaluate_dataset(model, dataset, cfg: dict, runtime, class_names: list[str]) -> tuple[dict, list, list]:
-    """(metrics, per-clip rows, per-video rows): train.py's evaluation loop with the rows eval.py writes.
-    One sample per forward (long clips vary in length); predictions go to the CPU as they are made."""
-    loader = make_loader(dataset, cfg, runtime, 1, shuffle=False, pad=False)
+    """(metrics, per-clip rows, per-view rows): train.py's evaluation loop with the rows eval.py writes.
+    The views of one sample window (data.test_clips x data.test_crops, all of one length) go through the model
+    together, in chunks of ``train.video_batch_size``; predictions go to the CPU as they are made."""
+    loader = make_loader(dataset, cfg, runtime, dataset.views, shuffle=False, pad=False)
     prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
     meter, clip_rows, bad_inputs = ClassificationMeter(len(class_names)), [], BadInputReport(dataset)
 
@@ -125,6 +128,9 @@ class EvaluationSpec:
     data: str | None = None  # a manifest instead of the config's split
     device: str | None = None
     precision: str | None = None
+    # --batch auto: (cfg, data shape, runtime) -> chunks per forward for one window's views (the planner's);
+    # passed in by eval.py, since the planner sits above the engine
+    fit_batch: Callable | None = None
     flags: dict = field(default_factory=dict)
 
 
@@ -133,6 +139,9 @@ def evaluate_checkpoint(path: str, spec: EvaluationSpec) -> EvaluationResult:
     model, cfg, class_names, state = load_trained_model(path, device)
     cfg = cap_workers(apply_inference_flags(cfg, spec.flags))
     runtime = setup_runtime(cfg["trainer"], device=str(device), precision=spec.precision)
+    if spec.fit_batch is not None:
+        batch = spec.fit_batch(cfg, DataShape.of_checkpoint(state), runtime)
+        cfg = apply_inference_flags(cfg, {"--batch": batch})
     dataset = build_dataset(cfg, spec.split, class_names, training=False, manifest=spec.data,
                             index_cache=index_cache_for(cfg))
     metrics, clip_rows, video_rows = evaluate_dataset(model, dataset, cfg, runtime, class_names)

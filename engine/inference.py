@@ -22,7 +22,7 @@ from datasets.decode import read_clip, read_clip_keypoints
 from datasets.keypoints import KeypointError
 from datasets.manifest import VIDEO_EXTENSIONS, VideoRecord, read_manifest
 from datasets.video_dataset import check_labels, manifest_path, segment_frames
-from datasets.video_reader import open_reader, probe, several_streams_note
+from datasets.video_reader import StalledFile, open_reader, probe, several_streams_note
 from engine.chunking import (
     LogitAggregator,
     chunk_positions,
@@ -75,11 +75,38 @@ class ChunkStream:
 
     Yields (windows, {"video": uint8 [n, (V,) C, L, H, W], "kpt": [n, L, J, C]}) for groups of ``batch``
     chunks. Window bounds are in clip frames; clip frame i is video frame i * stride.
+
+    Every file access (the probe, the open, each group's decoding) happens on the thread, and the consumer waits
+    for each at most data.sample_timeout_s: a file on a stalled mount is a StalledFile naming the file and the
+    chunks, not a hang; the blocked thread is left behind (a daemon: it cannot be interrupted inside FFmpeg).
     """
 
     def __init__(self, record: VideoRecord, data_cfg: dict, spec: InferenceSpec, prefetch: int = 2):
         """data_cfg: the frame size, stride, decoder and what to load (RGB, keypoints) of the config."""
-        self.record, self.stride = record, data_cfg["frame_stride"]
+        self.record, self.stride, self.timeout = record, data_cfg["frame_stride"], data_cfg["sample_timeout_s"]
+        self.readers: dict = {}
+        self.waiting_for = "its header"  # what the thread is reading, for the stall's message
+        self.queue: queue.Queue = queue.Queue(maxsize=prefetch)
+        self.decode_seconds = 0.0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(data_cfg, spec), daemon=True)
+        self.thread.start()
+        ready = self._get()
+        if isinstance(ready, BaseException):
+            self.close()
+            raise ready
+
+    def _run(self, data_cfg: dict, spec: InferenceSpec) -> None:
+        try:
+            self._open(data_cfg, spec)
+        except BaseException as e:  # hand the error to the consumer
+            self._put(e)
+            return
+        self._put("ready")
+        self._produce()
+
+    def _open(self, data_cfg: dict, spec: InferenceSpec) -> None:
+        record = self.record
         # evaluation's geometry: aspect-true decode size and the centre crop (data.test_crops is eval.py's)
         self.transform = ClipTransform({**data_cfg, "test_crops": 1}, training=False)
         infos = {name: probe(path, data_cfg["decoder"]) for name, path in record.views.items()}
@@ -94,6 +121,7 @@ class ChunkStream:
                 log.warning("%s", note)
             # a container can over-state its length (a cut file keeps its header): reading the last frame it
             # claims finds the real end, so no chunk is made of the last frame repeated
+            self.waiting_for = f"its last frame ({reader.num_frames - 1})"
             reader.read([reader.num_frames - 1])
         self.num_frames = min(r.num_frames for r in self.readers.values())
         self.fps = first.info.fps
@@ -103,11 +131,6 @@ class ChunkStream:
         if self.load_kpt and record.keypoints is None:
             raise KeypointError(f"{record.where}: the model needs keypoints but the input has none "
                                 f"(give a manifest line with 'keypoints')")
-        self.queue: queue.Queue = queue.Queue(maxsize=prefetch)
-        self.decode_seconds = 0.0
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._produce, daemon=True)
-        self.thread.start()
 
     def _produce(self) -> None:
         try:
@@ -116,6 +139,8 @@ class ChunkStream:
                 if self.stopping.is_set():
                     return
                 group = self.windows[first:first + self.batch]
+                self.waiting_for = (f"inference chunks {group[0][0]}..{group[-1][1]} (clip frames; video frames "
+                                    f"{group[0][0] * self.stride}..{(group[-1][1] - 1) * self.stride + 1})")
                 tick = time.perf_counter()
                 new = sorted({i for s, e in group for i in range(s, e)} - cache.keys())
                 if self.load_rgb and new:  # datasets.decode.read_clip: the dataset's path from file to frames
@@ -159,9 +184,18 @@ class ChunkStream:
             except queue.Full:
                 continue
 
+    def _get(self):
+        """The thread's next item, waiting at most data.sample_timeout_s for it."""
+        try:
+            return self.queue.get(timeout=self.timeout)
+        except queue.Empty:
+            return StalledFile(f"{self.record.first_path}: no answer within {self.timeout:g} s while reading "
+                               f"{self.waiting_for} (data.sample_timeout_s): a stalled mount or a decoder that "
+                               f"does not return")
+
     def __iter__(self):
         while True:
-            item = self.queue.get()
+            item = self._get()
             if item is None:
                 break
             if isinstance(item, BaseException):
@@ -169,25 +203,29 @@ class ChunkStream:
             yield item
 
     def close(self) -> None:
-        """Stop the decoding thread (also when the consumer failed half-way), then release the files."""
+        """Stop the decoding thread (also when the consumer failed half-way), then release the files. A thread
+        blocked in the decoder past the deadline is left behind with its files."""
         self.stopping.set()
-        self.thread.join()
-        for reader in self.readers.values():
-            reader.close()
+        self.thread.join(timeout=self.timeout)
+        if not self.thread.is_alive():
+            for reader in self.readers.values():
+                reader.close()
 
 
 @torch.inference_mode()
 def classify_video(model, record: VideoRecord, cfg: dict, spec: InferenceSpec, runtime, prepare,
-                   class_names) -> dict:
+                   class_names, keep_features: bool = False) -> dict:
     """One video's result: top-k labels, and with ``spec.timeline`` every chunk's and the merged segments.
 
     Without a temporal head each chunk's logits are aggregated as they come (one [1, K] state). With one, only
     each chunk's features are kept (``[n, D]`` on the host, 4 bytes x D a chunk) and the head runs once at the
-    end, so its per-chunk logits (the timeline) see context from both sides."""
+    end, so its per-chunk logits (the timeline) see context from both sides. ``keep_features``: the result also
+    holds "features" (float32 [n, D], each chunk's backbone features after view fusion, on the host) and
+    "chunk_logits" ([n, K]: the head's per-chunk outputs with a head), numpy arrays for ``engine.features``."""
     check_labels(record, class_names, unlabelled_ok=True)  # the checks and messages of train.py and eval.py
     stream = ChunkStream(record, cfg["data"], spec)
     head = temporal_head_of(model)
-    aggregator, chunk_probs, features = LogitAggregator(spec.aggregation), [], []
+    aggregator, chunk_logits, features = LogitAggregator(spec.aggregation), [], []
     compute_seconds = 0.0
     try:
         if record.segments is not None:
@@ -201,10 +239,15 @@ def classify_video(model, record: VideoRecord, cfg: dict, spec: InferenceSpec, r
             with runtime.autocast():
                 if head is not None:
                     features.append(model.features(inputs).float().cpu())  # [n, D]
+                elif keep_features:
+                    chunk_features = model.features(inputs)
+                    features.append(chunk_features.float().cpu())
+                    logits = model.head(chunk_features).float()
                 else:
                     logits = model(inputs).float()
+                if head is None:
                     aggregator.update(logits.unsqueeze(1))  # [n, 1, K]
-                    chunk_probs.append(logits.softmax(dim=1).cpu())
+                    chunk_logits.append(logits.cpu())
             compute_seconds += time.perf_counter() - tick
         tick = time.perf_counter()
         if head is not None:
@@ -212,12 +255,12 @@ def classify_video(model, record: VideoRecord, cfg: dict, spec: InferenceSpec, r
                 logits, per_chunk = head(torch.cat(features).unsqueeze(0).to(runtime.device),
                                          chunk_positions(stream.windows, stream.stride))
             aggregator.update(logits.float().unsqueeze(0))  # [1, 1, K]: the head is the aggregation
-            chunk_probs = [per_chunk[0].float().softmax(dim=1).cpu()]
+            chunk_logits = [per_chunk[0].float().cpu()]
         compute_seconds += time.perf_counter() - tick
     finally:
         stream.close()
-    timeline = []
-    for (s, e), p in zip(stream.windows, torch.cat(chunk_probs)):
+    timeline, chunk_logits = [], torch.cat(chunk_logits)
+    for (s, e), p in zip(stream.windows, chunk_logits.softmax(dim=1)):
         start, end = s * stream.stride, min((e - 1) * stream.stride + 1, stream.num_frames)
         timeline.append({"start": start, "end": end, "start_sec": round(start / stream.fps, 3),
                          "end_sec": round(end / stream.fps, 3), "label": class_names[int(p.argmax())],
@@ -238,6 +281,10 @@ def classify_video(model, record: VideoRecord, cfg: dict, spec: InferenceSpec, r
     if spec.timeline:
         result["timeline"] = timeline
         result["segments"] = segments
+    if keep_features:
+        result["features"], result["chunk_logits"] = torch.cat(features).numpy(), chunk_logits.numpy()
+        result["frame_windows"] = [(row["start"], row["end"]) for row in timeline]
+        result["stride"] = stream.stride
     return result
 
 

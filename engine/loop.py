@@ -32,17 +32,17 @@ from datasets.shape import DataShape
 from datasets.transforms import InputPreparer
 from datasets.video_dataset import BadInputReport
 from engine.chunking import ChunkedTrainingForward
-from engine.data import build_data, cap_workers, make_loader
+from engine.data import GuardedBatches, build_data, cap_workers, make_loader
 from engine.evaluate import evaluate
 from engine.step import (
     NonFiniteLossError,
     RunReport,
     Trainer,
-    accumulate_with_oom_backoff,
     build_optimizer,
     build_scheduler,
     clips_per_forward,
     optimizer_step,
+    train_batch,
 )
 from models import ModelConfigError, build_model
 
@@ -73,7 +73,7 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
         group_size = min(accumulate, num_batches - group_start)
         need_update = batch_index + 1 == group_start + group_size
         group.append(batch)
-        loss_sum, clips = accumulate_with_oom_backoff(trainer, group, group_size, need_update)
+        loss_sum, clips = train_batch(trainer, group, group_size, need_update)
         if batch_index == num_batches // 2:  # the same point of every epoch, workers alive: for the leak check
             mid_epoch_memory = memory_monitor.snapshot(runtime.device)
         totals["clips"] += _count_loss(trainer, loss_sum, clips)
@@ -147,7 +147,7 @@ def _iterate_resumed(trainer: Trainer, loader: DataLoader):
     if pending is not None and trainer.state.batches_done == 0:
         restore_rng_state(pending)
         pending = None
-    iterator = iter(loader)
+    iterator = GuardedBatches(loader, trainer.report.bad_inputs)  # iter(loader), with the sample deadline
     if pending is not None:
         restore_rng_state(pending)
     return iterator
@@ -233,11 +233,7 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None,
     if run is None and runtime.is_main:
         run = RunDirectory.create(ExperimentDirectory.of_config(cfg))
     prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"], channels_last)
-    wrapped = ChunkedTrainingForward(torch.compile(model) if cfg["trainer"]["compile"] else model, prepare.normalize,
-                                     cfg["data"]["frame_stride"])
-    if runtime.distributed:
-        wrapped = DistributedDataParallel(wrapped, device_ids=[runtime.device.index] if runtime.device.type == "cuda"
-                                          else None)
+    wrapped = wrap_for_training(model, prepare, cfg, runtime)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg["train"]["label_smoothing"])
     trainer = Trainer(model=wrapped, optimizer=optimizer, scheduler=scheduler, scaler=scaler, prepare=prepare,
                       runtime=runtime, cfg=cfg, run=run, class_names=class_names, shape=shape,
@@ -246,6 +242,27 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None,
     if runtime.is_main:
         _start_run_files(trainer, len(train_set))
     return trainer, train_loader, val_loader
+
+
+def wrap_for_training(model: torch.nn.Module, prepare: InputPreparer, cfg: dict, runtime: Runtime) -> torch.nn.Module:
+    """The training forward (chunks, recomputed) around the classifier (compiled on request), DDP-wrapped under
+    torchrun. DDP neither broadcasts buffers in forward nor all-reduces in backward here: a rank that backs off
+    after an out-of-memory error runs more forwards than the others, so no collective may hide in them;
+    ``engine.step.agree_and_reduce`` averages the gradients, ``sync_buffers`` the BatchNorm statistics."""
+    wrapped = ChunkedTrainingForward(torch.compile(model) if cfg["trainer"]["compile"] else model, prepare.normalize,
+                                     cfg["data"]["frame_stride"])
+    if runtime.distributed:
+        wrapped = DistributedDataParallel(wrapped, broadcast_buffers=False,
+                                          device_ids=[runtime.device.index] if runtime.device.type == "cuda" else None)
+    return wrapped
+
+
+def sync_buffers(trainer: Trainer) -> None:
+    """Under DDP, rank 0's buffers (BatchNorm running statistics) to every rank before validation: each rank
+    evaluates its shard with the statistics rank 0 saves."""
+    if trainer.runtime.distributed:
+        for buffer in trainer.model.buffers():
+            torch.distributed.broadcast(buffer, 0)
 
 
 def _model_on_device(cfg: dict, runtime: Runtime, shape: DataShape) -> tuple:
@@ -300,6 +317,7 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
             return
         _stop_if_asked()
         if val_loader is not None and _validation_due(cfg, state.epoch):
+            sync_buffers(trainer)
             metrics = evaluate(trainer.model, val_loader, trainer.prepare, runtime, cfg["train"],
                                len(trainer.class_names), trainer.report.bad_inputs,
                                frame_stride=cfg["data"]["frame_stride"])

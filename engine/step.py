@@ -79,6 +79,7 @@ class Trainer:
     criterion: torch.nn.Module
     state: TrainState
     pending_rng: dict | None = None
+    pending_advice: Exception | None = None  # DDP: this rank could back off no further; raised at the group's end
     stop_after_steps: int | None = None
     report: RunReport = field(default_factory=RunReport)
 
@@ -110,7 +111,58 @@ OutOfMemoryError = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryErro
 
 
 
-def accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size: int, need_update: bool):
+def train_batch(trainer: Trainer, group: list[dict], group_size: int, need_update: bool) -> tuple[float, int]:
+    """The newest loader batch of an accumulation group through forward and backward (with the OOM back-off);
+    at the group's end under DDP, every rank's back-off agreed and the gradients averaged (``agree_and_reduce``),
+    so the optimizer step that follows is the same on every rank. Returns (sum of the clip losses, clips)."""
+    result = (0.0, 0)
+    if trainer.pending_advice is None:  # a rank that could back off no further sits out the rest of its group
+        try:
+            result = accumulate_with_oom_backoff(trainer, group, group_size)
+        except OutOfMemoryAdvice as advice:
+            if not trainer.runtime.distributed:
+                raise
+            trainer.pending_advice = advice  # said at the group's end, where every rank learns of it
+    if need_update and trainer.runtime.distributed:
+        agree_and_reduce(trainer)
+    return result
+
+
+def agree_and_reduce(trainer: Trainer) -> None:
+    """DDP, at the end of an accumulation group: one all-reduce of each rank's back-off (micro-batch splits,
+    training chunk, whether it gave up) in which every rank takes the most cautious, then one all-reduce of the
+    gradients. Gradients are not all-reduced during backward (DDP's no_sync throughout): a rank that runs out of
+    memory inside a syncing backward would leave the others waiting in a collective it abandoned, and a rank
+    that splits its micro-batch runs more forwards than the others. The price: communication no longer overlaps
+    the backward."""
+    state, runtime = trainer.state, trainer.runtime
+    no_chunk = 2 ** 30  # "no training chunk" in the minimum
+    chunk = no_chunk if state.chunk_train_size is None else state.chunk_train_size
+    mine = (state.micro_splits, chunk, trainer.pending_advice is not None)
+    flags = torch.tensor([state.micro_splits, -chunk, float(mine[2])], dtype=torch.float64, device=runtime.device)
+    torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+    splits, agreed_chunk, gave_up = int(flags[0]), int(-flags[1]), bool(flags[2])
+    if (splits, agreed_chunk) != mine[:2]:
+        log.warning("rank %d: another rank ran out of memory: now %d forwards per batch and %s, as every rank "
+                    "(kept for the rest of the run)", runtime.rank, splits,
+                    "whole clips" if agreed_chunk == no_chunk else f"training chunks of {agreed_chunk} frames")
+    state.micro_splits, state.chunk_train_size = splits, None if agreed_chunk == no_chunk else agreed_chunk
+    if gave_up:
+        path = trainer.save("last.pt")  # rank 0's, whichever rank gave up
+        advice = trainer.pending_advice
+        raise advice if advice is not None else OutOfMemoryAdvice(
+            f"another rank ran out of memory with 1 clip per forward pass in chunks of the model's shortest length; "
+            f"saved {path}; see that rank's advice")
+    grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+    if grads:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        torch.distributed.all_reduce(flat)
+        flat /= runtime.world_size
+        for grad, part in zip(grads, torch.split(flat, [g.numel() for g in grads])):
+            grad.copy_(part.view_as(grad))
+
+
+def accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size: int):
     """Forward and backward of the newest batch of ``group``; after an out-of-memory error, the micro-batch is
     halved (each loader batch split in two more pieces, so the effective batch stays the same) and the whole
     group is replayed, since its gradients so far were dropped with the failed step."""
@@ -119,7 +171,7 @@ def accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size:
         failed = False
         try:
             for batch in (group if replay else group[-1:]):
-                result = forward_backward(trainer, batch, group_size, sync=need_update and batch is group[-1])
+                result = forward_backward(trainer, batch, group_size)
             return result
         except OutOfMemoryError:
             failed = True
@@ -128,8 +180,9 @@ def accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size:
             replay = True
 
 
-def forward_backward(trainer: Trainer, batch: dict, group_size: int, sync: bool) -> tuple[float, int]:
-    """One loader batch in ``state.micro_splits`` pieces; returns (sum of the clip losses, clips)."""
+def forward_backward(trainer: Trainer, batch: dict, group_size: int) -> tuple[float, int]:
+    """One loader batch in ``state.micro_splits`` pieces; returns (sum of the clip losses, clips). Under DDP no
+    backward all-reduces: ``agree_and_reduce`` averages the gradients once the group is done on every rank."""
     model, runtime = trainer.model, trainer.runtime
     size = len(batch["label"])
     keys = [k for k in MODEL_KEYS if k in batch]
@@ -137,13 +190,10 @@ def forward_backward(trainer: Trainer, batch: dict, group_size: int, sync: bool)
                                                          for k in keys)) if len(parts[0])]
     spec = trainer.chunk_spec()
     loss_sum = 0.0
-    for i, piece in enumerate(pieces):
+    for piece in pieces:
         inputs = trainer.prepare.transfer(piece)  # frames stay uint8 until their chunk runs
         clips = len(piece["label"])
-        # DDP: all-reduce gradients only on the last piece of the micro-batch that steps (no_sync on the others)
-        syncing = not runtime.distributed or (sync and i == len(pieces) - 1)
-        context = contextlib.nullcontext() if syncing else model.no_sync()
-        with context:
+        with model.no_sync() if runtime.distributed else contextlib.nullcontext():
             with runtime.autocast():
                 loss = step_loss(model, inputs, piece, spec, trainer.cfg["train"], trainer.criterion)
             # a piece's mean loss weighted by its share of the batch, over the group: the group's mean loss

@@ -37,6 +37,7 @@ class WatchSpec:
     plot: bool = False
     verbose: bool = False
     split: str = "val"  # what is evaluated, recorded in each eval.jsonl line
+    lock_limit: float = 7200.0  # a lock held longer than this (seconds) is reported as a stuck evaluator
 
 
 def watch_once(spec: WatchSpec, evaluate) -> tuple[int, int, int, int]:
@@ -98,6 +99,14 @@ def watch(spec: WatchSpec, evaluate) -> int:
     while True:
         lock = DirectoryLock(WatchedDirectory(spec.run_dir).lock)
         if not lock.acquire():
+            held = lock.held_for()
+            if held is not None and held > spec.lock_limit:
+                # a stuck evaluator (a stalled file, a hung device) would otherwise make every cron run skip quietly
+                pid = lock.previous_holder.split()[1]
+                print(f"eval.py --watch {spec.run_dir}: {lock.path} has been held for {held / 3600:.1f} h, longer "
+                      f"than --lock-limit {spec.lock_limit:g} s, by {lock.previous_holder}; if that evaluation is "
+                      f"stuck, stop it (kill {pid}): the lock is released when its process ends")
+                return 1
             print(f"eval.py --watch {spec.run_dir}: another evaluation holds {lock.path} ({lock.previous_holder}); "
                   f"exiting")
             return 0

@@ -12,7 +12,7 @@ import os
 import torch
 from torchvision.models import get_model_weights
 
-from core.errors import error_summary
+from core.tensor_files import UnreadableFile, UnsafeFile, load_tensors
 from models.registry import ModelConfigError
 
 log = logging.getLogger("longvideo.models")
@@ -42,11 +42,11 @@ def _read(path: str) -> dict:
         raise PretrainedError(f"model.pretrained: {path}: file not found; give a weights file that exists, true for "
                               f"torchvision's download, or null")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
+        state = load_tensors(path)
+    except (UnsafeFile, UnreadableFile) as e:
         raise PretrainedError(f"model.pretrained: {path}: not a weights file that loads with weights_only=True "
-                              f"({error_summary(e)}); give a state dict of tensors (torchvision's .pth files or a "
-                              f"checkpoint of this project), or null")
+                              f"({e}); give a state dict of tensors (torchvision's .pth files or a checkpoint of "
+                              f"this project), or null")
     if isinstance(state, dict) and isinstance(state.get("model"), dict):  # a checkpoint of this project
         state = {k[len("rgb."):]: v for k, v in state["model"].items() if k.startswith("rgb.")}
         state = {k[len("net."):] if k.startswith("net.") else k: v for k, v in state.items()}

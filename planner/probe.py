@@ -9,6 +9,7 @@ import torch
 from core.errors import ConfigError
 from datasets.shape import DataShape
 from planner.estimate import GiB, MiB, margin_text, usable_bytes
+from planner.host import loader_host_bytes
 from planner.project import clip_frames, config_training_estimate, largest_batch, measure_training_step_cuda, with_value
 
 
@@ -66,6 +67,8 @@ def probe(cfg: dict, cuda: bool, frames_grid: list[int] | None = None, batch_gri
                              f"{estimates[preset_ckpt] / measured['allocated']:>8.2f}x")
             out(line)
     out(f"({len(frames_grid) * len(batch_grid) * 2} estimates in {time.perf_counter() - start:.0f} s)")
+    host = loader_host_bytes(cfg, DataShape(**shape), cuda=for_gpu)
+    out(f"host memory of the training loader (estimated, planner/host.py): {host.text()}")
     budget = cfg["trainer"]["memory_budget_gb"]
     if not budget:
         out("trainer.memory_budget_gb is not set: no largest batch computed")

@@ -133,6 +133,27 @@ def test_a_second_concurrent_run_exits_at_once_with_code_0(experiment):
     assert len(ledger(experiment)) == 2
 
 
+def test_a_lock_held_past_the_limit_says_who_since_when_and_how_to_clear_it(experiment):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK.format(directory=str(experiment))], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)  # an evaluation stuck for good
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        time.sleep(1.5)
+        command = [sys.executable, "eval.py", "--watch", str(experiment), "--lock-limit", "1"]
+        for _ in range(2):  # every run says it, not only the first
+            result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+            assert result.returncode == 1
+            line = result.stdout.strip()
+            assert f"{experiment / '.eval.lock'} has been held for 0.0 h, longer than --lock-limit 1 s, by pid " \
+                   f"{holder.pid} on " in line
+            assert " since 20" in line and f"stuck, stop it (kill {holder.pid})" in line
+        # within the limit it is the ordinary overlap of two cron runs: one line, exit 0
+        assert subprocess.run(command[:-2], cwd=ROOT, capture_output=True, text=True, timeout=120).returncode == 0
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_stale_lock_file_is_taken_over(experiment, caplog):
     (experiment / ".eval.lock").write_text("pid 999999 on somewhere\n")
     import logging

@@ -177,3 +177,35 @@ def test_infer_batch_auto_picks_the_most_chunks_that_fit(trained_run, synthetic_
     assert no_budget.returncode == 2
     assert no_budget.stderr.strip() == ("error: --batch auto needs a memory budget: --memory-budget-gb N (the "
                                         "checkpoint's config has no trainer.memory_budget_gb)")
+
+
+def test_the_loader_host_estimate_equals_a_hand_computation():
+    from planner.host import DECODER_PROCESS_BYTES, loader_host_bytes
+    cfg = load_config(None, ["data.img_size=32", "data.num_frames=16", "data.batch_size=4", "data.num_workers=2",
+                             "data.prefetch_factor=3", "train.accumulate_grad_batches=2"])
+    batch = 4 * 3 * 16 * 32 * 32  # uint8 clips
+    cpu, cuda = loader_host_bytes(cfg, DataShape(6), cuda=False), loader_host_bytes(cfg, DataShape(6), cuda=True)
+    assert (cpu.batch, cpu.in_flight, cpu.pinned, cpu.group) == (batch, 2 * 3 * batch, 0, 2 * batch)
+    assert cpu.decoders == 2 * DECODER_PROCESS_BYTES and cuda.pinned == cuda.in_flight  # page-locked copies on CUDA
+    views = loader_host_bytes(cfg, DataShape(6, num_views=3), cuda=False)
+    assert views.batch == 3 * batch
+
+
+def test_training_warns_when_the_loader_needs_more_host_memory_than_is_available(synthetic_root, tmp_path,
+                                                                                  monkeypatch, caplog):
+    from conftest import overrides
+
+    from core import memory_monitor
+    args = overrides(synthetic_root, tmp_path, "data.num_workers=0") + ["--stop-after-steps", "1"]
+    monkeypatch.setattr(memory_monitor, "available_host_bytes", lambda: 40 * 2 ** 20)  # a fake MemAvailable: 40 MB
+    with caplog.at_level("WARNING", logger="longvideo"):
+        assert train.main(args) == 0
+    assert ("host memory: the training loader is estimated at 0.09 GB = 0.00 GB of batches in flight + 0.00 GB "
+            "pinned copies + 0.00 GB kept for the step + 0.08 GB of decoders") in caplog.text
+    assert ("than the 0.04 GB this machine has available; lower data.num_workers (0), data.prefetch_factor (2), "
+            "data.batch_size (4) or the clip (data.num_frames 8, data.max_video_frames None)") in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(memory_monitor, "available_host_bytes", lambda: 64 * 2 ** 30)
+    with caplog.at_level("WARNING", logger="longvideo"):
+        assert train.main(args) == 0
+    assert "host memory" not in caplog.text

@@ -70,3 +70,10 @@ def test_the_readme_commands_work_as_written(workspace):
         assert result.returncode == 0, (command, result.stderr[-2000:])
     log = (workspace / "runs" / "rtx5080" / "eval.log").read_text()
     assert "nothing to evaluate yet" in log  # the crontab line on its first run
+    features = bash_blocks("### Features for localization")
+    assert len(features) == 4
+    results = [run(command, workspace) for command in features]
+    assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
+    assert sorted(os.listdir(workspace / "features")) == ["long_00.npz", "long_01.npz"]
+    assert "features: 0 done, 1 skipped (already there), 0 failed" in results[2].stdout  # the rerun shard
+    assert "(576 clips, 48 videos)" in results[3].stdout  # 4 clips x 3 crops of each validation video

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 from conftest import BASE_CONFIG, overrides
@@ -329,3 +330,38 @@ def test_infer_flag_and_checkpoint_choice_errors(trained_run, tmp_path):
     assert result.returncode == 2
     assert result.stderr.startswith("error: --batch auto: even 1 chunk of 16 frames does not fit the ")
     assert result.stderr.endswith("; use a shorter --chunk\n")
+
+
+# ------------------------------------------------------- our words whatever the torch version (issue: unattended)
+
+def bad_checkpoint(tmp_path, kind: str) -> str:
+    path = str(tmp_path / f"{kind}.pt")
+    if kind == "pickled":  # a class no safe loader allows
+        torch.save({"format": 1, "model": {}, "dtype": np.float64}, path)
+    elif kind == "protocol4":  # torch 2.15 warns on it (a UserWarning with a site-packages path), then refuses it
+        torch.save({"format": 1, "model": {"w": torch.zeros(2)}}, path, pickle_protocol=4)
+    elif kind == "truncated":
+        torch.save({"format": 1, "model": {"w": torch.zeros(1000)}}, path)
+        data = open(path, "rb").read()
+        open(path, "wb").write(data[:len(data) // 3])
+    else:  # a torch file, but not a checkpoint of this project
+        torch.save({"weights": torch.zeros(2)}, path)
+    return path
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("pickled", "refused: the file needs pickled code to load (it names numpy.float64, which is not a tensor or a "
+                "plain value)"),
+    ("protocol4", "refused: the file needs pickled code to load"),
+    ("truncated", "not a readable checkpoint (truncated or corrupt?): not a complete zip archive"),
+    ("wrong-format", "not a checkpoint of this project (no 'model' entry)"),
+])
+def test_a_bad_checkpoint_is_one_line_of_our_own_words_on_stderr(tmp_path, kind, words):
+    path = bad_checkpoint(tmp_path, kind)
+    result = run(["eval.py", "--checkpoint", path])
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"error: {path}: {words}")
+    for torch_text in ("Please file an issue", "WeightsUnpickler", "site-packages", "Warning", "weights_only` ",
+                       "PytorchStreamReader", "miniz", "add_safe_globals"):
+        assert torch_text not in result.stderr

@@ -1,0 +1,116 @@
+"""``infer_chunked.py --features DIR``: per-chunk backbone features of whole videos, for temporal localization
+(ActionFormer, BMN, G-TAD and the like), streamed with the inference path, so memory stays flat in video length.
+
+One ``DIR/<video stem>.npz`` per video (``<stem>-<8 hex>.npz`` when two inputs share a stem: the hex is of the
+video's absolute path, decided over the whole input list so every shard names a file alike). It holds:
+
+    features         [n, D] float16 (or float32)  each inference chunk's features after view fusion: what the
+                                                   temporal head (or, without one, the classifier) takes in
+    logits           [n, K] float32               each chunk's logits (with a temporal head: its per-chunk outputs)
+    windows_frames   [n, 2] int64                 each chunk's [start, end) in video frames
+    windows_seconds  [n, 2] float64               the same in seconds (frames / fps)
+    fps, frame_stride, chunk, overlap, num_frames  scalars; view_fusion, temporal_head, video, class_names
+    checkpoint_sha256, config (the resolved YAML), settings (JSON: what decides the features)
+
+Files are written atomically. A video whose file exists with the same settings (checkpoint content, chunking,
+stride, geometry, dtype) is skipped with one line; a file from other settings is recomputed, never mixed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from config import dump
+from core.errors import ConfigError
+from core.files import atomic_open
+from datasets.manifest import VideoRecord
+
+DTYPES = ("float16", "float32")
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    directory: str
+    dtype: str = "float16"
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    """--shard i/N -> (i, N); (0, 1) for none."""
+    if text is None:
+        return 0, 1
+    parts = text.split("/")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts) or int(parts[1]) < 1:
+        raise ConfigError(f"--shard {text}: expected i/N with 0 <= i < N, e.g. --shard 0/4 (the first of 4 shards)")
+    index, count = int(parts[0]), int(parts[1])
+    if index >= count:
+        raise ConfigError(f"--shard {text}: i must be below N ({count} shards are numbered 0 to {count - 1})")
+    return index, count
+
+
+def shard(records: list, index: int, count: int) -> list:
+    """Every count-th record from index: deterministic for the same input list; all shards together take each
+    video once."""
+    return records[index::count]
+
+
+def feature_names(records: list[VideoRecord]) -> list[str]:
+    """The file name of each record's features, collision-safe over the whole input list."""
+    stems = [os.path.splitext(os.path.basename(r.first_path))[0] for r in records]
+    counts = Counter(stems)
+    return [f"{stem}-{hashlib.sha1(os.path.abspath(r.first_path).encode()).hexdigest()[:8]}.npz"
+            if counts[stem] > 1 else f"{stem}.npz" for stem, r in zip(stems, records)]
+
+
+def prepare_directory(directory: str) -> None:
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise ConfigError(f"--features {directory}: a file, not a directory; give a directory (created if missing)")
+    os.makedirs(directory, exist_ok=True)
+
+
+def settings_of(cfg: dict, chunk: int, overlap: int, dtype: str, checkpoint_sha256: str) -> dict:
+    """What decides a video's features: a file with other settings is recomputed."""
+    data, model = cfg["data"], cfg["model"]
+    return {"checkpoint_sha256": checkpoint_sha256, "chunk": chunk, "overlap": overlap, "dtype": dtype,
+            "frame_stride": data["frame_stride"], "img_size": data["img_size"], "resize": data["resize"],
+            "short_side": data["short_side"], "decoder": data["decoder"], "view_fusion": model["view_fusion"],
+            "temporal_head": model["temporal_head"]}
+
+
+def done_before(path: str, settings: dict) -> str | None:
+    """None when ``path`` holds this video's features with ``settings``; else why it is (re)computed."""
+    if not os.path.exists(path):
+        return "new"
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            before = json.loads(str(saved["settings"]))
+    except (OSError, ValueError, KeyError):
+        return "the file there is not a features file of this tool"
+    if before == settings:
+        return None
+    changed = sorted(k for k in settings if before.get(k) != settings[k])
+    return f"written with other settings ({', '.join(changed)})"
+
+
+def write_features(path: str, result: dict, record: VideoRecord, cfg: dict, settings: dict,
+                   class_names: list[str]) -> None:
+    frames = np.asarray(result["frame_windows"], dtype=np.int64).reshape(-1, 2)
+    arrays = {
+        "features": result["features"].astype(settings["dtype"]),
+        "logits": result["chunk_logits"].astype(np.float32),
+        "windows_frames": frames,
+        "windows_seconds": frames / result["fps"],
+        "fps": np.float64(result["fps"]), "frame_stride": np.int64(result["stride"]),
+        "chunk": np.int64(settings["chunk"]), "overlap": np.int64(settings["overlap"]),
+        "num_frames": np.int64(result["num_frames"]),
+        "view_fusion": np.str_(settings["view_fusion"]), "temporal_head": np.str_(settings["temporal_head"]),
+        "video": np.str_(json.dumps(record.views)), "class_names": np.array(class_names, dtype=np.str_),
+        "checkpoint_sha256": np.str_(settings["checkpoint_sha256"]), "config": np.str_(dump(cfg)),
+        "settings": np.str_(json.dumps(settings, sort_keys=True)),
+    }
+    with atomic_open(path) as f:
+        np.savez(f, **arrays)

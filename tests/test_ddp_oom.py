@@ -1,0 +1,103 @@
+"""An out-of-memory error on one rank under DDP: every rank takes the same back-off, nobody waits in a collective
+another rank abandoned, and the weights stay identical across ranks. Two gloo processes on the CPU."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+RANK_SCRIPT = r'''
+import json, os, sys
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from artifacts.checkpoint import TrainState
+from artifacts.run_dir import RunDirectory
+from config import load_config
+from core.logs import setup_logging
+from core.runtime import setup_runtime
+from datasets.sampler import EpochSampler
+from datasets.shape import DataShape
+from datasets.transforms import InputPreparer
+from engine import loop
+from engine.step import OutOfMemoryError, Trainer
+
+where, out = sys.argv[1], sys.argv[2]
+cfg = load_config(None, ["data.batch_size=4", "train.accumulate_grad_batches=2", "train.weight_decay=0",
+                         "trainer.device=cpu", "train.log_every=1000"])
+runtime = setup_runtime(cfg["trainer"])
+setup_logging(is_main=True)  # every rank prints: the test reads both ranks' reports
+
+
+class RaiseInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise OutOfMemoryError("CUDA out of memory (simulated, in backward)")
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv, self.fc = nn.Conv3d(3, 4, 3, padding=1), nn.Linear(4, 3)
+        self.forwards = 0
+
+    def forward(self, inputs):
+        self.forwards += 1
+        x = torch.relu(self.conv(inputs["video"])).mean(dim=(2, 3, 4))
+        # rank 1 only, once, mid-epoch: the 4th forward is the second batch of the second accumulation group,
+        # the piece whose backward would all-reduce under plain DDP
+        if runtime.rank == 1 and self.forwards == 4:
+            if where == "forward":
+                raise OutOfMemoryError("CUDA out of memory (simulated, in forward)")
+            x = RaiseInBackward.apply(x)
+        return self.fc(x)
+
+
+generator = torch.Generator().manual_seed(1)
+samples = [{"video": torch.randint(0, 255, (3, 4, 8, 8), generator=generator, dtype=torch.uint8), "label": i % 3}
+           for i in range(32)]
+sampler = EpochSampler(len(samples), shuffle=False, rank=runtime.rank, world_size=runtime.world_size, pad=True)
+loader = DataLoader(samples, batch_size=4, sampler=sampler)
+model = Model()
+prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
+wrapped = loop.wrap_for_training(model, prepare, cfg, runtime)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+os.makedirs(os.path.join(out, "checkpoints"), exist_ok=True)
+trainer = Trainer(wrapped, optimizer, scheduler, runtime.grad_scaler(), prepare, runtime, cfg,
+                  RunDirectory(out) if runtime.is_main else None, ["a", "b", "c"], DataShape(3),
+                  nn.CrossEntropyLoss(), TrainState())
+loop.train_one_epoch(trainer, loader)
+with open(os.path.join(out, f"rank{runtime.rank}.json"), "w") as f:
+    json.dump({"micro_splits": trainer.state.micro_splits, "steps": trainer.state.global_step,
+               "weights": [p.detach().flatten().tolist() for p in model.parameters()]}, f)
+torch.distributed.destroy_process_group()
+'''
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_an_oom_on_one_rank_is_agreed_by_every_rank(tmp_path, where):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             str(script), where, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                            timeout=240, env=env)  # a hang fails here, within the timeout
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    # rank 1 backed off on its own; rank 0 learned it at the group's end and took the same back-off
+    assert "out of memory at 4 clips per forward: now 2 per forward" in output
+    assert "rank 0: another rank ran out of memory: now 2 forwards per batch and whole clips, as every rank" in output
+    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    assert [r["micro_splits"] for r in ranks] == [2, 2]
+    assert ranks[0]["steps"] == ranks[1]["steps"] == 2  # 4 batches a rank, 2 per step: no step lost or doubled
+    assert ranks[0]["weights"] == ranks[1]["weights"]  # identical, not merely close
