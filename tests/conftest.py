@@ -104,7 +104,8 @@ def tiny_cfg(synthetic_root, tmp_path):
     from config import load_config
     return load_config(None, [f"data.data_dir={synthetic_root}", f"trainer.output_dir={tmp_path / 'runs'}",
                               "data.img_size=32", "data.num_frames=8", "data.frame_stride=2", "data.batch_size=4",
-                              "data.num_workers=0", "model.width=8", "trainer.device=cpu", "trainer.max_epochs=1",
+                              "data.num_workers=0", "data.sample_timeout_s=null", "model.width=8",
+                              "trainer.device=cpu", "trainer.max_epochs=1",
                               "train.log_every=1"])
 
 
@@ -112,9 +113,12 @@ BASE_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 
 
 def overrides(synthetic_root, out, *extra):
+    """A small CPU run's flags. Samples load in this process (num_workers 0, no sample deadline, which would move
+    them to a worker): tests that want workers or the deadline say so in ``extra``."""
     args = ["--config", BASE_CONFIG]
     for item in (f"data.data_dir={synthetic_root}", f"trainer.output_dir={out}", "data.img_size=32",
                  "data.num_frames=8", "data.frame_stride=2", "data.batch_size=4", "data.num_workers=0",
+                 "data.sample_timeout_s=null",
                  "model.width=8", "trainer.device=cpu", "trainer.max_epochs=2", "train.log_every=1",
                  "experiment=e2e", *extra):
         args += ["--set", item]
