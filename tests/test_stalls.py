@@ -189,3 +189,18 @@ def test_streaming_inference_stops_at_a_stalled_video_and_says_what_was_not_run(
     assert errors[1] == ("error: the other 1 videos are not run: a stalled file keeps the decoder blocked in this "
                          "process; run infer_chunked.py again without it")
     assert f"{first}: " not in result.stdout
+
+
+def test_eval_on_a_stalled_file_ends_with_one_line(shim, stalled_data, tmp_path, trained_run):
+    """eval.py (and --watch, which evaluates through the same loader) with the checkpoint's config."""
+    data, stalled = stalled_data
+    best = os.path.join(trained_run[0], "checkpoints", "best.pt")
+    result, elapsed = run_with_stall(shim, stalled, ["eval.py", "--checkpoint", best, "--data",
+                                                     str(data / "train.jsonl"), "--sample-timeout", str(TIMEOUT_S)],
+                                     tmp_path)
+    assert elapsed < TIMEOUT_S + MARGIN_S
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {stalled}: ")
+    # at indexing (a header never read) or in the evaluation loader's worker (the header cached by earlier runs)
+    assert f"no answer within {TIMEOUT_S:g} s" in errors[0] or f"still loading after {TIMEOUT_S:g} s" in errors[0]
