@@ -40,7 +40,6 @@ def measure(args) -> dict:
     from datasets.transforms import InputPreparer
     from engine import inference as infer_chunked
     from models import build_model
-
     torch.set_num_threads(args.torch_threads)
     cfg = load_config(None, ["model.backbone=tiny3d", f"model.width={args.width}", f"data.img_size={args.img}",
                              "data.frame_stride=1", f"trainer.device={args.device}"])

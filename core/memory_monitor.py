@@ -31,6 +31,20 @@ def _child_pids(pid: int) -> list[int]:
         return []
 
 
+def trim_freed_memory() -> bool:
+    """Give the C heap's freed pages back to the system (glibc's malloc_trim); False where there is none.
+
+    Streaming inference allocates each group of decoded chunks (MBs) on its decode thread and frees it on the main
+    one. glibc raises its mmap threshold after the first such frees, so later groups come from the heap, whose
+    freed blocks stay resident: a 30,000-frame stream grew from 0.85 to 1.5 GB of RSS this way, while decoding alone
+    and the model alone stayed flat (a VmRSS trace). Mapping every large block instead (mallopt) kept it flat but
+    took 2.4x the time (page faults); trimming now and then is the cheap way."""
+    try:
+        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
 def available_host_bytes() -> int | None:
     """MemAvailable of /proc/meminfo: what the kernel can give without swapping; None where it cannot be read."""
     try:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from core import memory_monitor
 from core.errors import ConfigError
 from datasets.clip_transform import ClipTransform
 from datasets.decode import read_clip, read_clip_keypoints
@@ -33,6 +34,7 @@ from engine.chunking import (
 )
 
 log = logging.getLogger("longvideo")
+TRIM_EVERY = 32  # chunk groups between two malloc_trim calls (core.memory_monitor.trim_freed_memory)
 
 
 @dataclass(frozen=True)
@@ -226,7 +228,7 @@ def classify_video(model, record: VideoRecord, cfg: dict, spec: InferenceSpec, r
     stream = ChunkStream(record, cfg["data"], spec)
     head = temporal_head_of(model)
     aggregator, chunk_logits, features = LogitAggregator(spec.aggregation), [], []
-    compute_seconds = 0.0
+    compute_seconds, groups = 0.0, 0
     try:
         if record.segments is not None:
             segment_frames(record, stream.num_frames, stream.fps, class_names)
@@ -249,6 +251,9 @@ def classify_video(model, record: VideoRecord, cfg: dict, spec: InferenceSpec, r
                     aggregator.update(logits.unsqueeze(1))  # [n, 1, K]
                     chunk_logits.append(logits.cpu())
             compute_seconds += time.perf_counter() - tick
+            groups += 1
+            if groups % TRIM_EVERY == 0:  # freed chunk groups back to the system: RSS flat in video length
+                memory_monitor.trim_freed_memory()
         tick = time.perf_counter()
         if head is not None:
             with runtime.autocast():
