@@ -90,10 +90,11 @@ def main(argv=None) -> int:
     resume_path = resolve_resume(args.resume, cfg) if args.resume else None
     runtime = setup_runtime(cfg["trainer"], device=args.device)
     setup_logging(runtime.is_main)
+    shape = DataShape.of_manifest(cfg)  # read once (manifest, keypoints) for both decisions below
     if args.fit_budget or cfg["data"]["batch_size"] == "auto":  # the same decision again on resume: deterministic
-        cfg = fit_budget(cfg, runtime, DataShape.of_manifest(cfg))
+        cfg = fit_budget(cfg, runtime, shape)
     if runtime.is_main:
-        warn_if_host_memory_short(cfg, DataShape.of_manifest(cfg), runtime.device.type == "cuda")
+        warn_if_host_memory_short(cfg, shape, runtime.device.type == "cuda")
     trainer, train_loader, val_loader = build_trainer(cfg, runtime, resume_path, args.stop_after_steps)
     try:
         with stop_on_ctrl_c():
