@@ -67,8 +67,16 @@ SCHEMA: dict[str, Any] = {
                                        "true for torchvision's download"),
         "fusion": _choice("concat", "how RGB and keypoint features combine (rgb_kpt): concat, or weighted (a learned "
                                     "weighting of both, projected to one size)", "concat", "weighted"),
-        "norm": _choice("batch", "normalization of tiny3d and the keypoint branch: batch, or group (independent "
-                                 "of the micro-batch size)", "batch", "group"),
+        "norm": _choice("batch", "the BatchNorm layers of every backbone: batch (statistics of each micro-batch or "
+                                 "training chunk), frozen (the pretrained running statistics, never updated: "
+                                 "fine-tuning at batch 1-2), sync (statistics over every torchrun process; "
+                                 "BatchNorm on one) or group (GroupNorm: per sample, for training from scratch)",
+                        "batch", "frozen", "sync", "group"),
+        "norm_groups": _int(32, "norm: group: groups per layer, lowered to the nearest divisor of its channels that "
+                                      "leaves 2 channels a group",
+                            minimum=1),
+        "norm_frozen_affine": Key(False, "bool", "norm: frozen: also freeze the BatchNorm scale and shift (false: "
+                                                 "they train, as MMAction2's norm_eval)"),
         "temporal_head": _choice("none", "the model over a clip's chunk features: none (chunk logits aggregated by "
                                          "train.chunk_aggregation, blind to order), attention (attention pooling with "
                                          "positions) or transformer (an encoder over the chunks, then that pooling)",
@@ -174,6 +182,9 @@ SCHEMA: dict[str, Any] = {
         "grad_clip": _float(None, "clip the gradient norm to this value (after unscaling); null = off",
                             minimum=0.0, nullable=True),
         "label_smoothing": _float(0.0, "cross-entropy label smoothing", 0.0, 1.0),
+        "precise_bn_batches": _int(0, "before each validation, recompute the BatchNorm running statistics as the "
+                                      "true mean and variance over this many training batches (precise BN); 0 = "
+                                      "off", minimum=0),
         "seed": _int(0, "seed for weights, sampling and clip placement", minimum=0),
         "log_every": _int(20, "log (and record memory) every N optimizer steps", minimum=1),
         "checkpoint_every_steps": _int(0, "also write last.pt every N optimizer steps; 0 = epoch ends only",
@@ -484,6 +495,29 @@ def _temporal_head_checks(cfg: dict, origin: Callable[[str], str]) -> None:
                           f"divide model.temporal_width={model['temporal_width']}")
 
 
+def _norm_checks(cfg: dict, origin: Callable[[str], str]) -> None:
+    """model.norm against the weights it starts from and train.precise_bn_batches."""
+    model, norm = cfg["model"], cfg["model"]["norm"]
+    if norm == "frozen" and model["pretrained"] is None:
+        raise ConfigError(f"{origin('model.norm')}: model.norm: frozen keeps the BatchNorm statistics of pretrained "
+                          f"weights, but model.pretrained is null (they would stay mean 0, variance 1: no "
+                          f"normalization); set model.pretrained to a weights file or true, or use norm: group to "
+                          f"train from scratch")
+    if norm == "frozen" and model["input_type"] != "rgb":
+        raise ConfigError(f"{origin('model.norm')}: model.norm: frozen needs pretrained statistics in every branch, "
+                          f"and the keypoint branch of input_type {model['input_type']} has none (model.pretrained "
+                          f"loads the RGB backbone); use norm: group, sync or batch")
+    if norm == "group" and model["pretrained"] is True:
+        raise ConfigError(f"{origin('model.norm')}: model.norm: group replaces BatchNorm, whose statistics "
+                          f"torchvision's pretrained weights (model.pretrained: true) hold; use norm: frozen (or "
+                          f"batch) to fine-tune them, or model.pretrained: null to train GroupNorm from scratch")
+    if cfg["train"]["precise_bn_batches"] and norm in ("frozen", "group"):
+        raise ConfigError(f"{origin('train.precise_bn_batches')}: train.precise_bn_batches recomputes BatchNorm "
+                          f"statistics, but model.norm: {norm} "
+                          f"{'keeps them fixed' if norm == 'frozen' else 'has none'}; set precise_bn_batches: 0, or "
+                          f"norm: batch or sync")
+
+
 def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     data, train, model = cfg["data"], cfg["train"], cfg["model"]
     chunk, overlap = train["chunk_infer_size"], train["chunk_overlap"]
@@ -496,6 +530,7 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
                           f"than train.chunk_train_size={chunk} (or set chunk_train_size: -1 for no chunking)")
     if model["temporal_head"] != "none":
         _temporal_head_checks(cfg, origin)
+    _norm_checks(cfg, origin)
     if data["batch_size"] == "auto" and not cfg["trainer"]["memory_budget_gb"]:
         raise ConfigError(f"{origin('data.batch_size')}: data.batch_size: auto needs trainer.memory_budget_gb (the "
                           f"memory to fit, in GiB); set it, or give a number")

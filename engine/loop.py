@@ -34,6 +34,7 @@ from datasets.video_dataset import BadInputReport
 from engine.chunking import ChunkedTrainingForward
 from engine.data import GuardedBatches, build_data, cap_workers, make_loader
 from engine.evaluate import evaluate
+from engine.precise_bn import precise_bn_before_validation
 from engine.step import (
     NonFiniteLossError,
     RunReport,
@@ -45,6 +46,7 @@ from engine.step import (
     train_batch,
 )
 from models import ModelConfigError, build_model
+from models.norms import convert_norms
 
 log = logging.getLogger("longvideo")
 PROGRESS_EVERY_S = 60.0
@@ -238,7 +240,8 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None,
     trainer = Trainer(model=wrapped, optimizer=optimizer, scheduler=scheduler, scaler=scaler, prepare=prepare,
                       runtime=runtime, cfg=cfg, run=run, class_names=class_names, shape=shape,
                       criterion=criterion, state=state, pending_rng=pending_rng, stop_after_steps=stop_after_steps,
-                      report=RunReport(bad_inputs=BadInputReport(train_set, val_set)))
+                      report=RunReport(bad_inputs=BadInputReport(train_set, val_set)),
+                      synced_norm=runtime.distributed and cfg["model"]["norm"] == "sync")
     if runtime.is_main:
         _start_run_files(trainer, len(train_set))
     return trainer, train_loader, val_loader
@@ -271,11 +274,28 @@ def _model_on_device(cfg: dict, runtime: Runtime, shape: DataShape) -> tuple:
         model = build_model(cfg["model"], **shape.model_args())
     except ModelConfigError as e:  # a model section that does not fit the data or the backbone
         raise ConfigError(str(e))
+    if cfg["model"]["norm"] == "sync":
+        _synchronize_norms(model, cfg, runtime)
     model.to(runtime.device)
     channels_last = cfg["trainer"]["channels_last_3d"] and runtime.device.type == "cuda"
     if channels_last:
         model = model.to(memory_format=torch.channels_last_3d)
     return model, channels_last
+
+
+def _synchronize_norms(model: torch.nn.Module, cfg: dict, runtime: Runtime) -> None:
+    """model.norm: sync: SyncBatchNorm under torchrun with more than one process, BatchNorm on one. Every
+    synchronized forward is a collective, so every rank must run as many training chunks."""
+    if not runtime.distributed:
+        log.info("model.norm: sync on one process: BatchNorm (statistics of this process's micro-batch)")
+        return
+    if cfg["data"]["num_frames"] == -1 and cfg["train"]["chunk_train_size"] != -1:
+        raise ConfigError("model.norm: sync synchronizes each training chunk's forward across processes, so every "
+                          "process must run as many chunks, but data.num_frames: -1 gives clips of any length; set "
+                          "data.num_frames to a number, train.chunk_train_size: -1, or model.norm: batch")
+    count = convert_norms(model, "sync")
+    log.info("model.norm: sync: %d BatchNorm layers synchronized over %d processes (the out-of-memory back-off "
+             "is off: one process cannot retry a synchronized forward alone)", count, runtime.world_size)
 
 
 def _start_run_files(trainer: Trainer, num_samples: int) -> None:
@@ -317,6 +337,7 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
             return
         _stop_if_asked()
         if val_loader is not None and _validation_due(cfg, state.epoch):
+            precise_bn_before_validation(trainer, train_loader.dataset)
             sync_buffers(trainer)
             metrics = evaluate(trainer.model, val_loader, trainer.prepare, runtime, cfg["train"],
                                len(trainer.class_names), trainer.report.bad_inputs,

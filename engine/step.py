@@ -82,6 +82,7 @@ class Trainer:
     pending_advice: Exception | None = None  # DDP: this rank could back off no further; raised at the group's end
     stop_after_steps: int | None = None
     report: RunReport = field(default_factory=RunReport)
+    synced_norm: bool = False  # SyncBatchNorm under DDP: a collective in every forward (no OOM back-off then)
 
     def checkpoint_dict(self) -> dict:
         return training_checkpoint(self.model, self.optimizer, self.scheduler, self.scaler, self.state, self.cfg,
@@ -120,7 +121,7 @@ def train_batch(trainer: Trainer, group: list[dict], group_size: int, need_updat
         try:
             result = accumulate_with_oom_backoff(trainer, group, group_size)
         except OutOfMemoryAdvice as advice:
-            if not trainer.runtime.distributed:
+            if not trainer.runtime.distributed or isinstance(advice, SyncedOutOfMemory):
                 raise
             trainer.pending_advice = advice  # said at the group's end, where every rank learns of it
     if need_update and trainer.runtime.distributed:
@@ -176,6 +177,13 @@ def accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size:
         except OutOfMemoryError:
             failed = True
         if failed:  # outside the except block: its traceback no longer holds the step's tensors
+            if trainer.synced_norm:
+                raise SyncedOutOfMemory(
+                    f"out of memory with model.norm: sync: every BatchNorm forward is synchronized across the "
+                    f"{trainer.runtime.world_size} processes, so one of them cannot retry with a smaller micro-batch "
+                    f"alone (the out-of-memory back-off is off with sync, and this process stops the others); "
+                    f"resume from the last checkpoint with a smaller data.batch_size (or batch_size: auto), "
+                    f"model.grad_checkpointing: true or a shorter train.chunk_train_size, or use model.norm: batch")
             back_off_after_oom(trainer, len(group[-1]["label"]), clip_length(group[-1]))
             replay = True
 
@@ -242,6 +250,11 @@ def clips_per_forward(trainer: Trainer) -> int:
 
 class OutOfMemoryAdvice(RuntimeError):
     pass
+
+
+class SyncedOutOfMemory(OutOfMemoryAdvice):
+    """An OOM under SyncBatchNorm: the other ranks wait inside a collective of the forward that this rank
+    abandoned, so no agreement can be reached; this rank stops (torchrun then stops the others)."""
 
 
 def back_off_after_oom(trainer: Trainer, batch_size: int, length: int) -> None:

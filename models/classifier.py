@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 from torch import nn
@@ -12,11 +11,8 @@ from models.registry import ModelConfigError
 from models.temporal import TemporalHead
 
 
-def norm_layer(kind: str, channels: int, dims: int) -> nn.Module:
-    """BatchNorm (statistics of the micro-batch) or GroupNorm (per sample: the same with any micro-batch size,
-    so gradient accumulation and DDP shards give the gradient of the whole batch)."""
-    if kind == "group":
-        return nn.GroupNorm(math.gcd(8, channels), channels)
+def batch_norm(channels: int, dims: int) -> nn.Module:
+    """Every backbone is built with BatchNorm; model.norm swaps it afterwards (``models.norms.convert_norms``)."""
     return nn.BatchNorm3d(channels) if dims == 3 else nn.BatchNorm1d(channels)
 
 

@@ -2,23 +2,23 @@
 import torch
 from torch import nn
 
-from models.classifier import StagedBackbone, norm_layer
+from models.classifier import StagedBackbone, batch_norm
 
 
 class KeypointTCN(StagedBackbone):
     min_frames = 1
 
-    def __init__(self, num_joints: int, channels: int, width: int = 64, norm: str = "batch"):
+    def __init__(self, num_joints: int, channels: int, width: int = 64):
         super().__init__()
         self.num_joints, self.channels = num_joints, channels
         coords = min(channels, 2)
         # per joint: its coordinates and a 0/1 "seen" flag, so a missing joint is not read as (0, 0)
         self.embed = nn.Linear(num_joints * (coords + 1), width)
         self.stages = nn.ModuleList([
-            nn.Sequential(nn.Conv1d(width, width, 3, padding=1), norm_layer(norm, width, 1), nn.ReLU(inplace=True)),
-            nn.Sequential(nn.Conv1d(width, 2 * width, 3, padding=1, stride=2), norm_layer(norm, 2 * width, 1),
+            nn.Sequential(nn.Conv1d(width, width, 3, padding=1), batch_norm(width, 1), nn.ReLU(inplace=True)),
+            nn.Sequential(nn.Conv1d(width, 2 * width, 3, padding=1, stride=2), batch_norm(2 * width, 1),
                           nn.ReLU(inplace=True)),
-            nn.Sequential(nn.Conv1d(2 * width, 2 * width, 3, padding=1), norm_layer(norm, 2 * width, 1),
+            nn.Sequential(nn.Conv1d(2 * width, 2 * width, 3, padding=1), batch_norm(2 * width, 1),
                           nn.ReLU(inplace=True)),
         ])
         self.feature_dim = 2 * width

@@ -48,24 +48,34 @@ def _read(path: str) -> dict:
                               f"({e}); give a state dict of tensors (torchvision's .pth files or a checkpoint of "
                               f"this project), or null")
     if isinstance(state, dict) and isinstance(state.get("model"), dict):  # a checkpoint of this project
-        state = {k[len("rgb."):]: v for k, v in state["model"].items() if k.startswith("rgb.")}
-        state = {k[len("net."):] if k.startswith("net.") else k: v for k, v in state.items()}
+        state = state["model"]
     if not isinstance(state, dict):
         raise PretrainedError(f"model.pretrained: {path}: expected a state dict, got {type(state).__name__}")
+    if any(k.startswith("rgb.") for k in state):  # a classifier of this project: its RGB backbone
+        state = {k[len("rgb."):]: v for k, v in state.items() if k.startswith("rgb.")}
+        state = {k[len("net."):] if k.startswith("net.") else k: v for k, v in state.items()}
     return state
 
 
-def load_pretrained(backbone: torch.nn.Module, spec, name: str) -> None:
+def load_pretrained(backbone: torch.nn.Module, spec, name: str, norm: str = "batch") -> None:
+    """Weights into ``backbone`` (after model.norm's conversion: frozen and sync keep BatchNorm's keys)."""
     state = _download(name) if spec is True else _read(spec)
     target = getattr(backbone, "net", backbone)  # torchvision's module under its own names
     state = {k: v for k, v in state.items() if not k.startswith(CLASSIFIER_PREFIXES)}
+    statistics = [k for k in state if k.endswith("running_mean")]
+    if norm == "group" and statistics:
+        # GroupNorm's weight and bias have BatchNorm's shapes: without this they would load, statistics dropped
+        raise PretrainedError(f"model.pretrained: {spec}: holds BatchNorm statistics ({statistics[0]}, ...), which "
+                              f"model.norm: group has no place for; use norm: frozen (or batch) to fine-tune these "
+                              f"weights, or model.pretrained: null to train GroupNorm from scratch")
     own = target.state_dict()
     mismatched = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
     if mismatched:
         raise PretrainedError(f"model.pretrained: {'download' if spec is True else spec}: shapes differ from {name} "
                               f"for {mismatched[:3]}; are these weights of another model?")
+    # counted by name: load_state_dict does not report a BatchNorm's num_batches_tracked as missing
+    loaded = len([k for k in state if k in own])
     missing, unexpected = target.load_state_dict(state, strict=False)
-    loaded = len(own) - len(missing)
     if loaded == 0:
         raise PretrainedError(f"model.pretrained: {'download' if spec is True else spec}: no weight matches the "
                               f"layers of {name}; are these weights of another model?")

@@ -29,7 +29,8 @@ def registered_names() -> list[str]:
     return sorted(_RGB_BACKBONES)
 
 
-def build_rgb_backbone(name: str, width: int = 32, norm: str = "batch"):
+def build_rgb_backbone(name: str, width: int = 32):
+    """The backbone ``name`` with BatchNorm layers (``models.norms.convert_norms`` applies model.norm)."""
     if name not in _RGB_BACKBONES:
         raise ModelConfigError(f"unknown model '{name}'; known: {', '.join(sorted(_RGB_BACKBONES))}")
-    return _RGB_BACKBONES[name](width=width, norm=norm)
+    return _RGB_BACKBONES[name](width=width)

@@ -11,7 +11,7 @@ from torch import nn
 from torchvision.models import video as tv_video
 
 from models.classifier import StagedBackbone, recompute_in_backward
-from models.registry import ModelConfigError, register_backbone
+from models.registry import register_backbone
 
 
 class TorchvisionVideoResNet(StagedBackbone):
@@ -108,15 +108,8 @@ class TorchvisionMViT(StagedBackbone):
         return net.norm(x)[:, 0]  # the class token
 
 
-def _no_norm_choice(name: str, norm: str) -> None:
-    if norm != "batch":
-        raise ModelConfigError(f"model.norm: {norm} is not available for {name} (torchvision's own normalization); "
-                         f"use norm: batch, or backbone tiny3d")
-
-
 def _register(name: str, wrap):
-    def build(width=None, norm: str = "batch"):
-        _no_norm_choice(name, norm)
+    def build(width=None):
         return wrap(getattr(tv_video, name)(weights=None))
     register_backbone(name)(build)
 
@@ -134,8 +127,7 @@ def _resnet3d(depth: int):
     block = tv_video.resnet.BasicBlock if depth < 50 else tv_video.resnet.Bottleneck
     layers = {18: [2, 2, 2, 2], 34: [3, 4, 6, 3], 50: [3, 4, 6, 3]}[depth]
 
-    def build(width=None, norm: str = "batch"):
-        _no_norm_choice(f"resnet{depth}", norm)
+    def build(width=None):
         net = tv_video.resnet.VideoResNet(block, [tv_video.resnet.Conv3DSimple] * 4, layers, tv_video.resnet.BasicStem)
         return TorchvisionVideoResNet(net)
     return build

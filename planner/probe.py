@@ -42,7 +42,8 @@ def probe(cfg: dict, cuda: bool, frames_grid: list[int] | None = None, batch_gri
     batch_grid = batch_grid or sorted({max(1, round(batch * f)) for f in (2 / 3, 1, 4 / 3)})
     precision = cfg["trainer"]["precision"]
     out(f"peak device memory of one training step: {model_cfg['backbone']} at {data['img_size'][0]}x"
-        f"{data['img_size'][1]}, precision {precision}, {cfg['train']['optimizer']}, chunk_train_size "
+        f"{data['img_size'][1]}, precision {precision}, norm {_norm_text(model_cfg)}, {cfg['train']['optimizer']}, "
+        f"chunk_train_size "
         f"{cfg['train']['chunk_train_size']}, accumulate_grad_batches {cfg['train']['accumulate_grad_batches']}")
     out(f"estimated{'' if cuda else ', no GPU'} (torch {torch.__version__.split('+')[0]}, fake tensors, CUDA's "
         f"autocast policy): peak allocated memory, without the CUDA context, cuDNN workspaces and fragmentation")
@@ -79,6 +80,14 @@ def probe(cfg: dict, cuda: bool, frames_grid: list[int] | None = None, batch_gri
     out(f"largest batch at num_frames={frames} (checkpointing {'on' if preset_ckpt else 'off'}, as in the preset) "
         f"that fits: {best if best else 'none: even 1 clip does not fit'}")
     return 0
+
+
+def _norm_text(model_cfg: dict) -> str:
+    if model_cfg["norm"] == "sync":  # the same tensors saved per layer; its all-reduced statistics are 2C+1 floats
+        return "sync (estimated as BatchNorm on this process's micro-batch)"
+    if model_cfg["norm"] == "frozen" and model_cfg["norm_frozen_affine"]:
+        return "frozen, affine frozen"
+    return model_cfg["norm"]
 
 
 def nothing_fits(cfg: dict, frames: int, one_clip: int, usable: int, budget: float, cuda: bool, shape: dict) -> str:

@@ -165,13 +165,16 @@ def test_chunk_train_aggregation_last_is_refused_with_its_reason():
         load_config(None, ["train.chunk_train_size=8", "train.chunk_train_overlap=8"])
 
 
-@pytest.mark.parametrize("dense, head", [(False, "none"), (True, "none"), (True, "transformer")])
-def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(synthetic_root, tmp_path, dense, head):
-    """From epoch_0001.pt of a 2-epoch run, put as last.pt of a fresh run: the same final weights (with a temporal
-    head too: its dropout and the recomputed chunks' draw from the restored RNG)."""
+@pytest.mark.parametrize("dense, head, precise", [(False, "none", False), (True, "none", False),
+                                                  (True, "transformer", False), (False, "none", True)])
+def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(synthetic_root, tmp_path, dense, head, precise):
+    """From epoch_0001.pt of a 2-epoch run, put as last.pt of a fresh run: the same final weights and BatchNorm
+    statistics (with a temporal head too: its dropout and the recomputed chunks' draw from the restored RNG; with
+    precise BN: the statistics recomputed before each validation)."""
     extra = ["model.dropout=0.5", "train.chunk_train_size=4", "train.chunk_train_overlap=1", "train.keep_last_k=2",
              "train.chunk_infer_size=4"] + (["train.chunk_loss=dense", "data.train_manifest=long.jsonl", "data.val_manifest=long.jsonl",
                                               "data.max_video_frames=40"] if dense else [])
+    extra += ["train.precise_bn_batches=2"] if precise else []
     if head != "none":
         extra += [f"model.temporal_head={head}", "model.temporal_dropout=0.3", "model.temporal_width=16"]
     reference_dir = tmp_path / "reference"

@@ -24,7 +24,8 @@ from datasets.sampler import EpochSampler
 from datasets.shape import DataShape
 from datasets.transforms import InputPreparer
 from engine import loop
-from engine.step import OutOfMemoryError, Trainer
+from engine.step import OutOfMemoryAdvice, OutOfMemoryError, Trainer
+from models.norms import convert_norms
 
 where, out = sys.argv[1], sys.argv[2]
 cfg = load_config(None, ["data.batch_size=4", "train.accumulate_grad_batches=2", "train.weight_decay=0",
@@ -48,11 +49,14 @@ class Model(nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.conv, self.fc = nn.Conv3d(3, 4, 3, padding=1), nn.Linear(4, 3)
+        self.norm = nn.BatchNorm3d(4) if where == "sync" else nn.Identity()
         self.forwards = 0
 
     def forward(self, inputs):
         self.forwards += 1
-        x = torch.relu(self.conv(inputs["video"])).mean(dim=(2, 3, 4))
+        if where == "sync" and runtime.rank == 1 and self.forwards == 4:  # rank 0 waits in the norm's collective
+            raise OutOfMemoryError("CUDA out of memory (simulated, in a synchronized forward)")
+        x = torch.relu(self.norm(self.conv(inputs["video"]))).mean(dim=(2, 3, 4))
         # rank 1 only, once, mid-epoch: the 4th forward is the second batch of the second accumulation group,
         # the piece whose backward would all-reduce under plain DDP
         if runtime.rank == 1 and self.forwards == 4:
@@ -68,6 +72,8 @@ samples = [{"video": torch.randint(0, 255, (3, 4, 8, 8), generator=generator, dt
 sampler = EpochSampler(len(samples), shuffle=False, rank=runtime.rank, world_size=runtime.world_size, pad=True)
 loader = DataLoader(samples, batch_size=4, sampler=sampler)
 model = Model()
+if where == "sync":
+    convert_norms(model, "sync")
 prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
 wrapped = loop.wrap_for_training(model, prepare, cfg, runtime)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -75,8 +81,12 @@ scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 os.makedirs(os.path.join(out, "checkpoints"), exist_ok=True)
 trainer = Trainer(wrapped, optimizer, scheduler, runtime.grad_scaler(), prepare, runtime, cfg,
                   RunDirectory(out) if runtime.is_main else None, ["a", "b", "c"], DataShape(3),
-                  nn.CrossEntropyLoss(), TrainState())
-loop.train_one_epoch(trainer, loader)
+                  nn.CrossEntropyLoss(), TrainState(), synced_norm=where == "sync")
+try:
+    loop.train_one_epoch(trainer, loader)
+except OutOfMemoryAdvice as e:  # as train.py
+    print(f"rank {runtime.rank} error: {e}", flush=True)
+    sys.exit(1)
 with open(os.path.join(out, f"rank{runtime.rank}.json"), "w") as f:
     json.dump({"micro_splits": trainer.state.micro_splits, "steps": trainer.state.global_step,
                "weights": [p.detach().flatten().tolist() for p in model.parameters()]}, f)
@@ -101,3 +111,20 @@ def test_an_oom_on_one_rank_is_agreed_by_every_rank(tmp_path, where):
     assert [r["micro_splits"] for r in ranks] == [2, 2]
     assert ranks[0]["steps"] == ranks[1]["steps"] == 2  # 4 batches a rank, 2 per step: no step lost or doubled
     assert ranks[0]["weights"] == ranks[1]["weights"]  # identical, not merely close
+
+
+def test_an_oom_under_sync_batch_norm_stops_every_rank_with_the_reason(tmp_path):
+    """SyncBatchNorm puts a collective in every forward: rank 1's OOM leaves rank 0 waiting in one, so no back-off
+    can be agreed. Rank 1 stops with the reason; rank 0 is stopped too (by gloo's closed connection or by
+    torchrun), within the timeout rather than at gloo's 30-minute one."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             str(script), "sync", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                            timeout=240, env=env)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "rank 1 error: out of memory with model.norm: sync: every BatchNorm forward is synchronized" in output
+    assert "use model.norm: batch" in output
+    assert not os.path.exists(tmp_path / "rank0.json")  # rank 0 did not carry on alone

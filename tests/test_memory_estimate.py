@@ -1,5 +1,6 @@
 """The memory estimator: exact on a hand-computed model, equal to a real CPU step under the same tracker, the
 right direction and size for checkpointing, precision and chunking, and the budget decisions built on it."""
+import math
 import os
 import subprocess
 import sys
@@ -12,6 +13,8 @@ import train
 from config import ConfigError, load_config
 from core.runtime import Runtime
 from datasets.shape import DataShape
+from models import build_model
+from models.norms import batch_norms
 from planner import estimate as me
 from planner import project
 from planner.fit import fit_budget
@@ -45,7 +48,8 @@ def quickstart(*changes):
 @pytest.mark.parametrize("changes", [
     [], ["model.grad_checkpointing=true"], ["train.chunk_train_size=4", "train.chunk_train_overlap=1"],
     ["model.input_type=rgb_kpt", "data.load_kpt=true"], ["model.view_fusion=mean"],
-    ["train.optimizer=sgd", "train.accumulate_grad_batches=2"],
+    ["train.optimizer=sgd", "train.accumulate_grad_batches=2"], ["model.norm=group"],
+    ["model.norm=frozen", "model.pretrained=w.pt", "model.norm_frozen_affine=true"],
 ])
 def test_the_fake_step_equals_the_real_cpu_step_under_the_same_tracker(changes):
     cfg = quickstart(*changes)
@@ -69,6 +73,21 @@ def test_checkpointing_per_block_and_half_precision_shrink_the_activations():
     assert plain.parameters == ckpt.parameters == half.parameters and plain.optimizer_state == half.optimizer_state
     assert 0.4 < ckpt.activations / plain.activations < 0.75
     assert 0.45 < half.activations / plain.activations < 0.6  # fp16 activations, a few fp32 ones (the loss)
+
+
+def test_the_estimate_knows_each_norm_mode():
+    cfg = load_config(None, ["model.backbone=r3d_18", "data.img_size=112", "data.num_frames=16"])
+    batch = project.config_training_estimate(cfg, 16, 2, precision="16")
+    group = project.config_training_estimate(with_value(cfg, "model.norm", "group"), 16, 2, precision="16")
+    # CUDA's autocast runs group_norm in fp32 (batch_norm in its input's fp16): more activations kept
+    assert group.peak > 1.2 * batch.peak and group.parameters < batch.parameters  # (no running statistics)
+    frozen = load_config(None, ["model.backbone=r3d_18", "data.img_size=112", "data.num_frames=16",
+                                "model.norm=frozen", "model.pretrained=w.pt", "model.norm_frozen_affine=true"])
+    fixed = project.config_training_estimate(frozen, 16, 2, precision="16")
+    # no AdamW state (2 tensors each) for the BatchNorm scales and shifts: C floats each, in 512-byte blocks
+    affine = sum(2 * math.ceil(norm.num_features * 4 / me.BLOCK) * me.BLOCK
+                 for norm in batch_norms(build_model(cfg["model"], 10)))
+    assert fixed.parameters == batch.parameters and batch.optimizer_state - fixed.optimizer_state == 2 * affine > 0
 
 
 def test_chunked_training_estimate_does_not_grow_with_the_clip():
@@ -147,7 +166,7 @@ def test_probe_memory_prints_the_estimated_grid_without_a_gpu():
                              "trainer.memory_budget_gb=0.5", "--probe-memory", "--probe-frames", "8,16",
                              "--probe-batches", "1,4"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "estimated, no GPU" in result.stdout
+    assert "estimated, no GPU" in result.stdout and ", norm batch, adamw," in result.stdout
     rows = [line.split() for line in result.stdout.splitlines() if line.strip() and line.split()[0].isdigit()]
     assert [(int(r[0]), int(r[1])) for r in rows] == [(8, 1), (8, 4), (16, 1), (16, 4)]
     cfg = quickstart()

@@ -104,11 +104,6 @@ def test_weighted_fusion_learns_a_weighting_of_both_branches():
     assert model.feature_dim == model.rgb.feature_dim
 
 
-def test_group_norm_is_refused_for_torchvision_backbones():
-    with pytest.raises(ValueError, match="model.norm: group is not available for r3d_18"):
-        build_model(model_cfg(backbone="r3d_18", norm="group"), 3)
-
-
 def test_unknown_model_lists_the_known_names():
     with pytest.raises(ValueError) as info:
         build_rgb_backbone("resnet9000")

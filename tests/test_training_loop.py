@@ -218,17 +218,20 @@ def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
                                - state["step"], rtol=0, atol=10)  # a consistent state, not a torn one
 
 
-@pytest.mark.parametrize("chunks", [[], ["train.chunk_train_size=4", "train.chunk_train_overlap=1"],
-                                    ["train.chunk_train_size=4", "train.chunk_train_overlap=1",
+@pytest.mark.parametrize("chunks", [["model.norm=group"],
+                                    ["model.norm=group", "train.chunk_train_size=4", "train.chunk_train_overlap=1"],
+                                    ["model.norm=group", "train.chunk_train_size=4", "train.chunk_train_overlap=1",
                                      "model.temporal_head=transformer", "model.temporal_width=16",
-                                     "model.temporal_dropout=0"]],
-                         ids=["whole-clips", "chunked-training", "temporal-head"])
+                                     "model.temporal_dropout=0"],
+                                    ["model.norm=sync", "train.chunk_train_size=4", "train.chunk_train_overlap=1",
+                                     "train.precise_bn_batches=2"]],
+                         ids=["whole-clips", "chunked-training", "temporal-head", "sync-batchnorm-precise-bn"])
 def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
     # GroupNorm and SGD: the per-sample model and the linear optimizer make one process and two comparable
-    # to float rounding (BatchNorm would see 2 clips per process instead of 4). With chunked training, one DDP
-    # forward covers every chunk, each recomputed in backward.
-    common = ["trainer.max_epochs=1", "model.dropout=0", "model.norm=group", "train.optimizer=sgd", "train.lr=0.05",
-              *chunks]
+    # to float rounding (BatchNorm would see 2 clips per process instead of 4; SyncBatchNorm sees the 4, and
+    # precise BN pools both ranks' batches: the 8 clips of one process's 2 batches). With chunked training, one
+    # DDP forward covers every chunk, each recomputed in backward.
+    common = ["trainer.max_epochs=1", "model.dropout=0", "train.optimizer=sgd", "train.lr=0.05", *chunks]
     one = subprocess.run([sys.executable, "train.py", *overrides(synthetic_root, tmp_path / "one", *common,
                                                                    "data.batch_size=4")],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -238,6 +241,10 @@ def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "global batch 4 = 2 x 1 accumulated x 2 processes" in two.stdout + two.stderr
+    if "model.norm=sync" in chunks:
+        assert "3 BatchNorm layers synchronized over 2 processes" in two.stderr
+        assert "model.norm: sync on one process: BatchNorm" in one.stderr
+        assert "precise BN: running statistics of 3 BatchNorm layers recomputed over 2 batches" in two.stderr
     runs = [os.listdir(tmp_path / name / "e2e") for name in ("one", "two")]
     assert all(len([r for r in names if r != "latest"]) == 1 for names in runs)  # rank 1 wrote no run of its own
     a = load_checkpoint(str(tmp_path / "one" / "e2e" / "latest" / "checkpoints" / "last.pt"))
