@@ -219,7 +219,8 @@ def defaults() -> dict:
 
 # keys added since a saved config may have been written, with the value that reproduces what the code did then
 # (before data.resize, every frame was stretched to data.img_size)
-_BEFORE_THE_KEY = {"data.resize": "stretch"}
+# model.norm_groups: GroupNorm had gcd(8, channels) groups before the key (the same for 16 channels or more)
+_BEFORE_THE_KEY = {"data.resize": "stretch", "model.norm_groups": 8}
 
 
 def saved_config(cfg: dict) -> dict:

@@ -1,4 +1,5 @@
 """model.norm (batch, frozen, sync, group) and precise BN (train.precise_bn_batches)."""
+import math
 import os
 import socket
 
@@ -11,7 +12,7 @@ from torch import nn
 
 import train
 from artifacts.checkpoint import load_checkpoint
-from config import load_config
+from config import defaults, load_config, saved_config
 from core.errors import ConfigError
 from engine import loop
 from engine.precise_bn import precise_batch_norm
@@ -58,6 +59,13 @@ def test_group_converts_the_keypoint_branch_and_counts_divide_odd_channel_number
     logits.sum().backward()
     assert group_count(144, 32) == 24 and group_count(230, 32) == 23 and group_count(512, 32) == 32
     assert group_count(16, 32) == 8 and group_count(7, 4) == 1 and group_count(1, 32) == 1
+
+
+def test_a_group_norm_checkpoint_from_before_norm_groups_keeps_its_group_counts():
+    old = defaults()
+    del old["model"]["norm_groups"]
+    assert saved_config(old)["model"]["norm_groups"] == 8 and saved_config(defaults())["model"]["norm_groups"] == 32
+    assert all(group_count(c, 8) == math.gcd(8, c) for c in (16, 32, 64, 128, 256, 512))  # the earlier rule
 
 
 @pytest.mark.parametrize("name", sorted(NO_BATCH_NORM))
