@@ -240,8 +240,7 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None,
     trainer = Trainer(model=wrapped, optimizer=optimizer, scheduler=scheduler, scaler=scaler, prepare=prepare,
                       runtime=runtime, cfg=cfg, run=run, class_names=class_names, shape=shape,
                       criterion=criterion, state=state, pending_rng=pending_rng, stop_after_steps=stop_after_steps,
-                      report=RunReport(bad_inputs=BadInputReport(train_set, val_set)),
-                      synced_norm=runtime.distributed and cfg["model"]["norm"] == "sync")
+                      report=RunReport(bad_inputs=BadInputReport(train_set, val_set)))
     if runtime.is_main:
         _start_run_files(trainer, len(train_set))
     return trainer, train_loader, val_loader

@@ -21,7 +21,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from artifacts.checkpoint import restore_rng_state, rng_state
 from core.runtime import unwrap_model
 from engine.data import GuardedBatches, make_loader
-from engine.step import MODEL_KEYS, Trainer
+from engine.step import Trainer, micro_batches
 from models.classifier import running_stats_frozen
 from models.norms import FrozenBatchNorm
 
@@ -102,12 +102,8 @@ def precise_batch_norm(trainer: Trainer, batches, limit: int) -> int:
 
 def _forward_in_pieces(trainer: Trainer, forward, batch: dict) -> None:
     """One loader batch through the training forward, in the step's micro-batch splits and training chunks."""
-    keys = [k for k in MODEL_KEYS if k in batch]
     spec = trainer.chunk_spec()
-    for parts in zip(*(torch.tensor_split(batch[k], trainer.state.micro_splits) for k in keys)):
-        piece = dict(zip(keys, parts))
-        if not len(piece["label"]):
-            continue
+    for piece in micro_batches(trainer, batch):
         inputs = trainer.prepare.transfer(piece)
         with trainer.runtime.autocast():
             forward(inputs, spec)

@@ -82,7 +82,11 @@ class Trainer:
     pending_advice: Exception | None = None  # DDP: this rank could back off no further; raised at the group's end
     stop_after_steps: int | None = None
     report: RunReport = field(default_factory=RunReport)
-    synced_norm: bool = False  # SyncBatchNorm under DDP: a collective in every forward (no OOM back-off then)
+
+    @property
+    def synced_norm(self) -> bool:
+        """SyncBatchNorm under DDP: a collective in every forward (no OOM back-off then)."""
+        return self.runtime.distributed and self.cfg["model"]["norm"] == "sync"
 
     def checkpoint_dict(self) -> dict:
         return training_checkpoint(self.model, self.optimizer, self.scheduler, self.scaler, self.state, self.cfg,
@@ -193,12 +197,9 @@ def forward_backward(trainer: Trainer, batch: dict, group_size: int) -> tuple[fl
     backward all-reduces: ``agree_and_reduce`` averages the gradients once the group is done on every rank."""
     model, runtime = trainer.model, trainer.runtime
     size = len(batch["label"])
-    keys = [k for k in MODEL_KEYS if k in batch]
-    pieces = [dict(zip(keys, parts)) for parts in zip(*(torch.tensor_split(batch[k], trainer.state.micro_splits)
-                                                         for k in keys)) if len(parts[0])]
     spec = trainer.chunk_spec()
     loss_sum = 0.0
-    for piece in pieces:
+    for piece in micro_batches(trainer, batch):
         inputs = trainer.prepare.transfer(piece)  # frames stay uint8 until their chunk runs
         clips = len(piece["label"])
         with model.no_sync() if runtime.distributed else contextlib.nullcontext():
@@ -208,6 +209,13 @@ def forward_backward(trainer: Trainer, batch: dict, group_size: int) -> tuple[fl
             trainer.scaler.scale(loss * (clips / size) / group_size).backward()
         loss_sum += float(loss.detach()) * clips
     return loss_sum, size
+
+
+def micro_batches(trainer: Trainer, batch: dict) -> list[dict]:
+    """A loader batch's model keys in ``state.micro_splits`` non-empty pieces (the OOM back-off's split)."""
+    keys = [k for k in MODEL_KEYS if k in batch]
+    return [dict(zip(keys, parts)) for parts in zip(*(torch.tensor_split(batch[k], trainer.state.micro_splits)
+                                                       for k in keys)) if len(parts[0])]
 
 
 def training_loss(outputs: torch.Tensor | dict, piece: dict, spec: ChunkSpec, train_cfg: dict,

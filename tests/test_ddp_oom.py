@@ -29,7 +29,8 @@ from models.norms import convert_norms
 
 where, out = sys.argv[1], sys.argv[2]
 cfg = load_config(None, ["data.batch_size=4", "train.accumulate_grad_batches=2", "train.weight_decay=0",
-                         "trainer.device=cpu", "train.log_every=1000"])
+                         "trainer.device=cpu", "train.log_every=1000",
+                         f"model.norm={'sync' if where == 'sync' else 'batch'}"])
 runtime = setup_runtime(cfg["trainer"])
 setup_logging(is_main=True)  # every rank prints: the test reads both ranks' reports
 
@@ -81,7 +82,7 @@ scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 os.makedirs(os.path.join(out, "checkpoints"), exist_ok=True)
 trainer = Trainer(wrapped, optimizer, scheduler, runtime.grad_scaler(), prepare, runtime, cfg,
                   RunDirectory(out) if runtime.is_main else None, ["a", "b", "c"], DataShape(3),
-                  nn.CrossEntropyLoss(), TrainState(), synced_norm=where == "sync")
+                  nn.CrossEntropyLoss(), TrainState())
 try:
     loop.train_one_epoch(trainer, loader)
 except OutOfMemoryAdvice as e:  # as train.py
