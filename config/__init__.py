@@ -25,6 +25,7 @@ from core.runtime import PRECISION_ALIASES
 # registering a name missing here fails at import (so config never imports the model registry above it).
 BACKBONES = ("tiny3d", "vgg3d", "r3d_18", "mc3_18", "r2plus1d_18", "s3d", "swin3d_t", "mvit_v2_s", "resnet18",
              "resnet34", "resnet50")
+NORMS = ("batch", "frozen", "sync", "group")  # model.norm: models/norms.py converts BatchNorm to each
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ SCHEMA: dict[str, Any] = {
                                  "training chunk), frozen (the pretrained running statistics, never updated: "
                                  "fine-tuning at batch 1-2), sync (statistics over every torchrun process; "
                                  "BatchNorm on one) or group (GroupNorm: per sample, for training from scratch)",
-                        "batch", "frozen", "sync", "group"),
+                        *NORMS),
         "norm_groups": _int(32, "norm: group: groups per layer, lowered to the nearest divisor of its channels that "
                                       "leaves 2 channels a group",
                             minimum=1),

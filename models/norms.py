@@ -19,7 +19,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-NORMS = ("batch", "frozen", "sync", "group")
+from config import NORMS
+
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)  # and subclasses: torchvision's are these
 
 
@@ -36,7 +37,35 @@ def group_count(channels: int, wanted: int) -> int:
     return max(g for g in range(1, ceiling + 1) if channels % g == 0)
 
 
-class FrozenBatchNorm(_BatchNorm):
+def channel_moments(x: torch.Tensor) -> torch.Tensor:
+    """Per-channel sums of ``x`` [N, C, ...] that add up across calls and ranks: [count x mean (C), count x (variance
+    + mean^2) (C), count], float64. The variance is centred per call, so pooling them loses nothing to
+    cancellation; an empty ``x`` gives zeros (it still joins a collective)."""
+    channels = x.shape[1]
+    count = x.numel() // channels
+    if not count:
+        return torch.zeros(2 * channels + 1, dtype=torch.float64, device=x.device)
+    var, mean = torch.var_mean(x.float(), dim=[0] + list(range(2, x.dim())), correction=0)
+    mean, var = mean.double(), var.double()
+    return torch.cat([mean * count, (var + mean ** 2) * count, mean.new_tensor([float(count)])])
+
+
+def pooled_statistics(sums: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(mean, biased variance, count) of everything whose :func:`channel_moments` were summed into ``sums``."""
+    channels, total = (sums.numel() - 1) // 2, float(sums[-1])
+    mean = sums[:channels] / total
+    return mean, (sums[channels:2 * channels] / total - mean ** 2).clamp_min(0), total
+
+
+class _AnyRankBatchNorm(_BatchNorm):
+    """A _BatchNorm that takes inputs of any rank from 2 up ([N, C], [N, C, T], [N, C, T, H, W])."""
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+
+class FrozenBatchNorm(_AnyRankBatchNorm):
     """BatchNorm that always normalizes with its running statistics and never updates them, in training too.
 
     Unlike torchvision's FrozenBatchNorm2d (buffers only, 2D only) the scale and shift stay parameters, trained
@@ -44,17 +73,13 @@ class FrozenBatchNorm(_BatchNorm):
     with the same state dict keys, it loads BatchNorm weights and is found wherever BatchNorm layers are.
     """
 
-    def _check_input_dim(self, input: torch.Tensor) -> None:
-        if input.dim() < 2:
-            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
-
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
         return nn.functional.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias,
                                         training=False, momentum=0.0, eps=self.eps)
 
 
-class SyncBatchNorm(_BatchNorm):
+class SyncBatchNorm(_AnyRankBatchNorm):
     """BatchNorm whose training statistics are those of the batch over every process of the group (DDP).
 
     Ours rather than ``nn.SyncBatchNorm``: torch's runs on CUDA only and DDP refuses it in a CPU module, so runs
@@ -67,10 +92,6 @@ class SyncBatchNorm(_BatchNorm):
                  track_running_stats: bool = True, process_group=None):
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
         self.process_group = process_group
-
-    def _check_input_dim(self, input: torch.Tensor) -> None:
-        if input.dim() < 2:
-            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         group = self.process_group or (dist.group.WORLD if dist.is_available() and dist.is_initialized() else None)
@@ -98,24 +119,13 @@ class _SyncBatchNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum, group):
-        dims = [0] + list(range(2, input.dim()))
         shape = [1, -1] + [1] * (input.dim() - 2)
-        x = input.float()
-        count = x.numel() // x.shape[1]
-        if count:
-            var, mean = torch.var_mean(x, dim=dims, correction=0)
-        else:  # an empty shard still joins the collective
-            var = mean = x.new_zeros(x.shape[1])
-        local = torch.cat([mean.double() * count, (var.double() + mean.double() ** 2) * count,
-                           torch.tensor([float(count)], dtype=torch.float64)])
-        dist.all_reduce(local, group=group)
-        channels = x.shape[1]
-        total = float(local[-1])
-        if total <= 1:
-            raise ValueError(f"Expected more than 1 value per channel when training, got {int(total)} over all "
-                             f"processes")
-        mean64 = local[:channels] / total
-        var64 = (local[channels:2 * channels] / total - mean64 ** 2).clamp_min(0)
+        moments = channel_moments(input)
+        dist.all_reduce(moments, group=group)
+        if float(moments[-1]) <= 1:
+            raise ValueError(f"Expected more than 1 value per channel when training, got {int(moments[-1])} over "
+                             f"all processes")
+        mean64, var64, total = pooled_statistics(moments)
         mean, var = mean64.float(), var64.float()
         invstd = torch.rsqrt(var + eps)
         if running_mean is not None:
@@ -123,7 +133,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             running_var.mul_(1 - momentum).add_((var * total / (total - 1)).to(running_var.dtype), alpha=momentum)
         ctx.save_for_backward(input, weight, mean, invstd)
         ctx.total, ctx.group = total, group
-        out = (x - mean.view(shape)) * invstd.view(shape)
+        out = (input.float() - mean.view(shape)) * invstd.view(shape)
         if weight is not None:
             out = out * weight.float().view(shape) + bias.float().view(shape)
         return out.to(input.dtype)
