@@ -139,6 +139,8 @@ SCHEMA: dict[str, Any] = {
         "decoder": _choice("auto", "video decoder: auto (the faster exact one for each codec and access pattern, "
                                    "measured by bench/loader.py), opencv, or pyav (same frames and pixels; also reads "
                                    "AV1)", "auto", "opencv", "pyav"),
+        "autorotate": Key(True, "bool", "frames as a viewer sees them: the container's display rotation or mirror "
+                                        "(a phone held upright) applied by every decoder; false = as stored"),
         "on_bad_video": _choice("raise", "a video that cannot be read: stop, or log it and use another sample",
                                 "raise", "skip"),
         "sample_timeout_s": _float(300.0, "seconds one sample (or a file's header at indexing, or a group of "

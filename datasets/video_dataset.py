@@ -227,8 +227,9 @@ class VideoWindowDataset(Dataset):
                 return keypoint_length(record.keypoints)
             infos = {name: cache.info(path, self.cfg["decoder"], prober) for name, path in record.views.items()}
             self.video_info.update({path: infos[name] for name, path in record.views.items()})
-            for note in filter(None, map(several_streams_note, infos.values())):
-                log.warning("%s", note)
+            for info in infos.values():
+                for note in filter(None, (several_streams_note(info), info.header_note())):
+                    log.warning("%s", note)
             lengths = {name: info.num_frames for name, info in infos.items()}
             if len(set(lengths.values())) > 1:
                 log.warning("%s: views have different lengths %s; using the shortest", record.where, lengths)
@@ -371,13 +372,14 @@ class VideoWindowDataset(Dataset):
         return sample
 
     def _sources(self, record: VideoRecord) -> list[tuple[int, int]]:
-        """Each view's stored (height, width)."""
-        return [(self.video_info[path].height, self.video_info[path].width) for path in record.views.values()]
+        """Each view's (height, width) as read: displayed, or stored with data.autorotate false."""
+        return [self.video_info[path].frame_size(self.cfg["autorotate"]) for path in record.views.values()]
 
     def _read_frames(self, record: VideoRecord, window: SampleWindow, place_clip, plans: list,
                      colour: tuple | None) -> tuple[np.ndarray, list]:
         """(frame indices, each view's uint8 [C, T, H, W] clip: ``datasets.decode.read_clip``)."""
-        readers = [_READERS.get(path, plan.decoded, self.video_info.get(path), self.cfg["decoder"])
+        readers = [_READERS.get(path, plan.decoded, self.video_info.get(path), self.cfg["decoder"],
+                                self.cfg["autorotate"])
                    for path, plan in zip(record.views.values(), plans)]
         end = min([window.end] + [r.num_frames for r in readers])
         while True:  # at most twice: a read can find the video shorter than its container says

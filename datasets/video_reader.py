@@ -25,6 +25,7 @@ import cv2
 import numpy as np
 
 from core.files import atomic_write_bytes
+from datasets.orientation import NONE, Orientation
 
 log = logging.getLogger("longvideo." + __name__)  # printed through the project logger
 
@@ -32,8 +33,8 @@ REENCODE_HINT = "re-encode it, e.g. ffmpeg -i in.mkv -c:v libx264 -pix_fmt yuv42
 
 
 def quiet_decoder_logs(verbose: bool = False) -> None:
-    """FFmpeg's and OpenCV's own log lines ("[mov,mp4,...] moov atom not found", "[ WARN:0@...] cap.cpp") would
-    surround the one-line error the scripts print for a bad file: each script's main() quiets them, unless
+    """FFmpeg's, OpenCV's and PyAV's own log lines ("[mov,mp4,...] moov atom not found", "[ WARN:0@...] cap.cpp")
+    would surround the one-line error the scripts print for a bad file: each script's main() quiets them, unless
     ``verbose`` or the user set OPENCV_FFMPEG_LOGLEVEL / OPENCV_LOG_LEVEL. OpenCV reads the FFmpeg level when it
     first opens a video and its own level at import, so the latter is also set here; DataLoader workers inherit
     both."""
@@ -43,6 +44,10 @@ def quiet_decoder_logs(verbose: bool = False) -> None:
     if "OPENCV_LOG_LEVEL" not in os.environ:
         os.environ["OPENCV_LOG_LEVEL"] = "ERROR"
         cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
+    if importlib.util.find_spec("av") is not None:  # PyAV's FFmpeg prints to stderr by itself ("Invalid NAL unit")
+        import av.logging  # lazy: PyAV is optional at run time
+
+        av.logging.set_libav_level(av.logging.PANIC)  # not set_level: a Python callback from decoder threads
 
 
 class VideoReadError(Exception):
@@ -52,9 +57,9 @@ class VideoReadError(Exception):
 @dataclass
 class VideoInfo:
     path: str
-    num_frames: int
+    num_frames: int  # the frames the file holds (its packets), which the header's count may misstate
     fps: float
-    width: int
+    width: int  # as displayed: the container's display matrix (a phone's rotation) applied
     height: int
     codec: str
     # the packet timestamps number every frame one by one (no dropped frames, constant rate): seeking by
@@ -64,6 +69,25 @@ class VideoInfo:
     video_streams: list = field(default_factory=list)
     # False: OpenCV's FFmpeg build cannot decode this codec (AV1 in the pip wheel) but PyAV can: pyav only
     opencv_decodes: bool = True
+    # how a stored frame is turned for display (datasets.orientation names: none, rotate90, mirror, ...)
+    orientation: str = "none"
+    # the frame count the container's header states; differs from num_frames when the header misstates it (a
+    # file cut short, an MKV Duration written wrong)
+    header_frames: int = 0
+
+    def frame_size(self, autorotate: bool = True) -> tuple[int, int]:
+        """(height, width) of the frames read with ``data.autorotate``: as displayed, or as stored."""
+        return (self.height, self.width) if autorotate else Orientation.named(self.orientation).stored(
+            (self.height, self.width))
+
+    def header_note(self) -> str | None:
+        """The warning for a header whose frame count is wrong, or None."""
+        if abs(self.header_frames - self.num_frames) <= 1:  # a duration rounded to a frame: not worth a line
+            return None
+        which = ("cut short, or a wrong duration in its header" if self.header_frames > self.num_frames
+                 else "a wrong duration in its header")
+        return (f"{self.path}: the header says {self.header_frames} frames but the file holds {self.num_frames} "
+                f"({which}); using {self.num_frames}")
 
 
 def several_streams_note(info: VideoInfo) -> str | None:
@@ -78,17 +102,36 @@ def several_streams_note(info: VideoInfo) -> str | None:
                                           f"ffmpeg -i in.mp4 -map 0:v:{largest} -c copy out.mp4" if largest else ""))
 
 
-def _video_streams(path: str) -> list:
-    """[width, height, frames] of each video stream, from the container's header (PyAV; nothing is decoded)."""
+def _pyav_header(path: str) -> tuple[list, Orientation | None, int | None]:
+    """What PyAV tells of a file OpenCV opened (each None or empty where PyAV cannot tell):
+    - [width, height, frames] of each video stream, from the container's header;
+    - the first stream's display orientation, from its first frame's display matrix (none if it has none);
+    - its whole packets: those before the first one the demuxer marks corrupt (a file cut inside a frame
+      ends in a partial packet, which decoders would conceal, each its own way), demuxed, not decoded."""
     try:
         import av  # lazy: PyAV is optional at run time (the opencv decoder works without it)
     except ImportError:
-        return []
+        return [], None, None
     try:
         with av.open(path) as container:
-            return _stream_list(container)
-    except Exception:  # PyAV cannot read what OpenCV could: the stream list stays unknown
-        return []
+            streams = _stream_list(container)
+            frame = next(container.decode(container.streams.video[0]), None)
+        with av.open(path) as container:
+            whole = 0
+            for packet in container.demux(container.streams.video[0]):
+                if packet.is_corrupt:
+                    break
+                whole += packet.size > 0
+    except Exception:  # PyAV cannot read what OpenCV could: the stream list and the orientation stay unknown
+        return [], None, None
+    return streams, _orientation_of_frame(frame), whole
+
+
+def _orientation_of_frame(frame) -> Orientation | None:
+    if frame is None:
+        return None
+    matrix = next((bytes(data) for data in frame.side_data if data.type.name == "DISPLAYMATRIX"), None)
+    return NONE if matrix is None else Orientation.of_matrix_bytes(matrix)
 
 
 def _stream_list(container) -> list:
@@ -102,8 +145,12 @@ def _fourcc(cap: cv2.VideoCapture) -> str:
 
 
 def _open_capture(path: str, threads: int | None) -> cv2.VideoCapture:
+    """An OpenCV capture that returns frames as stored: the display orientation is applied by
+    ``datasets.orientation`` for both decoders alike (OpenCV's own applies a mirrored matrix as a rotation)."""
     params = [cv2.CAP_PROP_N_THREADS, threads] if threads and hasattr(cv2, "CAP_PROP_N_THREADS") else []
     cap = cv2.VideoCapture(path, cv2.CAP_FFMPEG, params)
+    if cap.isOpened():
+        cap.set(cv2.CAP_PROP_ORIENTATION_AUTO, 0)  # not accepted among open()'s parameters
     return cap
 
 
@@ -133,9 +180,15 @@ def probe(path: str, decoder: str = "opencv") -> VideoInfo:
             raise VideoReadError(f"{path}: OpenCV opens this file but cannot decode its '{codec}' video "
                                  f"(its FFmpeg build lacks a decoder); {REENCODE_HINT}, or set data.decoder: "
                                  f"pyav if PyAV decodes it")
-        height, width = frame.shape[:2]
-        return VideoInfo(path, count, fps if fps > 0 else 25.0, width, height, codec, _regular_timestamps(path),
-                         _video_streams(path))
+        streams, orientation, whole_packets = _pyav_header(path)
+        if orientation is None or (orientation == NONE and cap.get(cv2.CAP_PROP_ORIENTATION_META) % 360):
+            orientation = Orientation.of_rotation(cap.get(cv2.CAP_PROP_ORIENTATION_META))  # no PyAV: no mirror
+        height, width = orientation.displayed(frame.shape[:2])
+        regular, packets = _scan_packets(path)
+        if whole_packets:
+            packets = min(packets, whole_packets)
+        return VideoInfo(path, packets or count, fps if fps > 0 else 25.0, width, height, codec, regular, streams,
+                         orientation=orientation.name, header_frames=count)
     finally:
         cap.release()
 
@@ -149,25 +202,28 @@ def _probe_with_pyav(path: str, codec: str) -> VideoInfo:
             stream = container.streams.video[0]
             frame = next(container.decode(stream), None)
             rate = stream.guessed_rate or stream.average_rate
-            count = int(stream.frames)
-        if count <= 0:  # the container has no frame count (MKV, WebM): its packets, demuxed, not decoded
-            with av.open(path) as container:
-                count = sum(1 for packet in container.demux(container.streams.video[0]) if packet.size)
+            header_count = int(stream.frames)
+        count = _pyav_header(path)[2] or 0  # the frames the file holds: its whole packets
     except av.FFmpegError as e:
         raise VideoReadError(f"{path}: neither OpenCV nor PyAV decodes its '{codec}' video ({e}); {REENCODE_HINT}")
     if frame is None or not rate or count <= 0:
         raise VideoReadError(f"{path}: PyAV finds no decodable frame, frame rate or frame count in its '{codec}' "
                              f"video; {REENCODE_HINT}")
-    return VideoInfo(path, count, float(rate), frame.width, frame.height, codec, _regular_timestamps(path),
-                     streams, opencv_decodes=False)
+    orientation = _orientation_of_frame(frame) or NONE
+    height, width = orientation.displayed((frame.height, frame.width))
+    return VideoInfo(path, count, float(rate), width, height, codec, _scan_packets(path)[0], streams,
+                     opencv_decodes=False, orientation=orientation.name, header_frames=header_count or count)
 
 
-def _regular_timestamps(path: str) -> bool:
-    """Whether the frames' timestamps, in presentation order, step by one frame duration each.
+def _scan_packets(path: str) -> tuple[bool, int]:
+    """(whether the frames' timestamps, in presentation order, step by one frame duration each; the number of
+    packets, i.e. of frames the file holds, whatever its header says).
 
     A seek finds a frame by its timestamp, a sequential decode counts frames: the two agree only if no
     frame is missing from the timeline (dropped frames, variable frame rate). Reads the packets without
-    decoding them (OpenCV's raw mode): 30,000 packets in about 0.1 s.
+    decoding them (OpenCV's raw mode): 30,000 packets in about 0.1 s. A file cut short ends its packets where
+    its data ends, and one whose header under- or over-states the duration (an MKV written wrong) has as many
+    packets as frames.
     """
     cap = cv2.VideoCapture(path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
     try:
@@ -177,11 +233,22 @@ def _regular_timestamps(path: str) -> bool:
     finally:
         cap.release()
     if len(times) < 3:
-        return True
+        return True, len(times)
     times = np.sort(np.asarray(times))
-    step = (times[-1] - times[0]) / (len(times) - 1)
+    steps = np.diff(times)
+    step = float(np.median(steps))
     # a quarter of a frame allows timestamps rounded to milliseconds (30 fps in MKV: 33 and 34 ms steps)
-    return bool(step > 0 and np.all(np.abs(np.diff(times) - step) <= 0.25 * step))
+    off_grid = np.flatnonzero(np.abs(steps - step) > 0.25 * step)
+    if step > 0 and not len(off_grid):
+        return True, len(times)
+    if step > 0 and len(times) - (off_grid[0] + 1) <= _REORDER_DEPTH:
+        # a gap among the last few timestamps only: a file cut inside a group of B-frames keeps a later frame's
+        # packet without the frames shown before it; the frames end before the gap
+        return True, int(off_grid[0]) + 1
+    return False, len(times)
+
+
+_REORDER_DEPTH = 16  # frames a decoder can hold back for reordering (H.264's largest DPB)
 
 
 class StalledFile(VideoReadError):
@@ -278,12 +345,15 @@ class VideoReader:
     decoder = "opencv"
 
     def __init__(self, path: str, size: Sequence[int] | None = None, threads: int | None = None,
-                 info: VideoInfo | None = None, seek_threshold: int = 48):
-        """size: (height, width) of the returned frames, None = as stored. threads: FFmpeg decoder threads
-        (None = OpenCV's choice; 1 inside DataLoader workers). seek_threshold: read through gaps up to this
-        many frames rather than seek (a seek decodes from the previous keyframe)."""
+                 info: VideoInfo | None = None, seek_threshold: int = 48, autorotate: bool = True):
+        """size: (height, width) of the returned frames, None = as displayed (as stored with autorotate False).
+        threads: FFmpeg decoder threads (None = OpenCV's choice; 1 inside DataLoader workers). seek_threshold:
+        read through gaps up to this many frames rather than seek (a seek decodes from the previous keyframe).
+        autorotate: frames turned by the container's display matrix, as a viewer sees them (data.autorotate)."""
         self.path = path
         self.info = info or probe(path, self.decoder)
+        self.autorotate = autorotate
+        self.orientation = Orientation.named(self.info.orientation) if autorotate else NONE
         # lowered if decoding ends before the container's count
         self.num_frames = min(self.info.num_frames, _SHORT_FILES.get(path, self.info.num_frames))
         self.size = None if size is None else (int(size[0]), int(size[1]))
@@ -313,7 +383,7 @@ class VideoReader:
         if min(indices) < 0:
             raise VideoReadError(f"{self.path}: negative frame index {min(indices)}")
         wanted = sorted(set(indices))
-        height, width = self.size or (self.info.height, self.info.width)
+        height, width = self.size or self.info.frame_size(self.autorotate)
         # frames are converted straight into this array: no per-frame allocation, no stacking copy
         out = np.empty((len(wanted), height, width, 3), np.uint8)
         got: list[int] = []  # out[k] holds frame got[k]
@@ -326,11 +396,13 @@ class VideoReader:
                 break
         if len(got) == len(wanted) and wanted == indices:
             return out
+        if len(got) < len(wanted):  # indices past the end get the last frame
+            while not got or got[-1] != self.num_frames - 1:  # each failed read lowers num_frames, so this ends
+                if self.num_frames <= 0:
+                    raise VideoReadError(f"{self.path}: no frame could be decoded; {REENCODE_HINT}")
+                if self._read_one(self.num_frames - 1, out[len(got)]):
+                    got.append(self.num_frames - 1)
         last = self.num_frames - 1
-        if len(got) < len(wanted) and (not got or got[-1] != last):  # indices past the end get the last frame
-            if last < 0 or not self._read_one(last, out[len(got)]):
-                raise VideoReadError(f"{self.path}: no frame could be decoded; {REENCODE_HINT}")
-            got.append(last)
         slot = {index: k for k, index in enumerate(got)}
         return out[[slot[min(i, last)] for i in indices]]
 
@@ -387,10 +459,20 @@ class VideoReader:
         if seeked and not self._landed_on(index, frame):
             return self._read_one(index, dst)  # now in sequential mode
         self.stats["decoded"] += 1
-        if frame.shape[:2] != dst.shape[:2]:
-            frame = resize_frame(frame, dst.shape[0], dst.shape[1])
-        cv2.cvtColor(frame, cv2.COLOR_BGR2RGB, dst=dst)
+        self._store(frame, dst)
         return True
+
+    def _store(self, bgr: np.ndarray, dst: np.ndarray) -> None:
+        """A decoded frame (BGR, as stored) into ``dst`` (RGB, as displayed, at the reader's size): resized in the
+        stored orientation (fewer pixels to turn), then turned. Both decoders store through here, so they give
+        the same pixels."""
+        target = self.orientation.stored(dst.shape[:2])
+        if bgr.shape[:2] != target:
+            bgr = resize_frame(bgr, target[0], target[1])
+        if self.orientation == NONE:
+            cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB, dst=dst)
+        else:
+            self.orientation.apply(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), dst)
 
     def _landed_on(self, index: int, frame: np.ndarray) -> bool:
         """After a seek: did OpenCV return frame ``index``? Timestamps first; pixels when they disagree."""
@@ -413,24 +495,30 @@ class VideoReader:
         self.close()
         return False
 
-    def _ended_at(self, index: int) -> bool:
-        """A grab failed at ``index``, before the container's frame count: the video is shorter.
+    def _ended_at(self, index: int, length: int | None = None) -> bool:
+        """Decoding ended (or failed on damaged data) at ``index``, before the file's frame count: the video is
+        shorter. ``length``: the frames decodable from the start, if already counted.
 
         A failed read right after a seek past the real end does not say where the end is, so the frames
         are counted sequentially, once per file.
         """
         self.close()
-        cap = self._capture()
-        length = 0
-        while length < index and cap.grab():
-            length += 1
-        self.close()
+        length = min(index, self._count_frames(index) if length is None else length)
         self.num_frames = length
         if self.path not in _SHORT_FILES:
             _SHORT_FILES[self.path] = length
-            log.warning("%s: the container says %d frames but decoding ends at frame %d; the windows past "
-                        "frame %d shrink", self.path, self.info.num_frames, length, length)
+            log.warning("%s: the file says %d frames but decoding ends at frame %d (damaged or cut short); the "
+                        "windows past frame %d shrink", self.path, self.info.num_frames, length, length)
         return False
+
+    def _count_frames(self, limit: int) -> int:
+        """Frames decoded from the start before the stream ends or fails, ``limit`` at most."""
+        cap = self._capture()
+        length = 0
+        while length < limit and cap.grab():
+            length += 1
+        self.close()
+        return length
 
 
 _PYAV_UNRELIABLE: set[str] = set()  # PyAV timestamps found not to number frames one by one: OpenCV reads it
@@ -488,14 +576,40 @@ class PyAVReader(VideoReader):
         if self.path in _PYAV_UNRELIABLE or not self.info.regular_timestamps:
             self._opencv_must_decode("its frame timestamps do not number the frames one by one")
             return super()._read_one(index, dst)
+        import av  # lazy: PyAV is optional at run time (imported by __init__ already)
         try:
             return self._decode_one(index, dst)
         except _TimestampsUnreliable as why:
-            self._opencv_must_decode(str(why))
-            _PYAV_UNRELIABLE.add(self.path)
-            log.warning("%s: %s; reading this file with OpenCV from now on (exact, slower seeks)", self.path, why)
+            return self._read_with_opencv(str(why), index, dst)
+        except av.FFmpegError:  # damaged data (a file cut short, a corrupt packet) while opening, seeking, decoding
             self.close()
-            return super()._read_one(index, dst)
+            length = self._count_frames(index + 1)
+            if length > index:  # decodable from the start, not after a seek
+                return self._read_with_opencv(f"decoding after a seek to frame {index} fails", index, dst)
+            return self._ended_at(index, length)
+
+    def _read_with_opencv(self, why: str, index: int, dst: np.ndarray) -> bool:
+        """PyAV cannot read this file frame-exactly: OpenCV's path reads it from now on (logged once)."""
+        self._opencv_must_decode(why)
+        _PYAV_UNRELIABLE.add(self.path)
+        log.warning("%s: %s; reading this file with OpenCV from now on (exact, slower seeks)", self.path, why)
+        self.close()
+        return super()._read_one(index, dst)
+
+    def _count_frames(self, limit: int) -> int:
+        if self.path in _PYAV_UNRELIABLE or not self.info.regular_timestamps:
+            return super()._count_frames(limit)
+        import av  # lazy: PyAV is optional at run time (imported by __init__ already)
+        length = 0
+        try:
+            with av.open(self.path) as container:
+                for _ in container.decode(container.streams.video[0]):
+                    length += 1
+                    if length >= limit:
+                        break
+        except av.FFmpegError:  # the damaged part: the end, as far as decoding goes
+            pass
+        return length
 
     def _opencv_must_decode(self, why: str) -> None:
         """Before falling back to OpenCV's exact path: a file only PyAV decodes has none."""
@@ -542,11 +656,7 @@ class PyAVReader(VideoReader):
             # what OpenCV's FFmpeg backend does, so both decoders give the same pixels: swscale to BGR with bicubic
             # chroma, then BGR -> RGB. Converting straight to RGB (bilinear) differed by up to 23 on 10-bit
             # H.264 (bicubic to RGB: 4); 8-bit 4:2:0 takes swscale's unscaled path either way.
-            bgr = self._reformatter.reformat(frame, format="bgr24", interpolation="BICUBIC").to_ndarray()
-            if bgr.shape[:2] == dst.shape[:2]:
-                cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB, dst=dst)
-            else:
-                dst[...] = resize_frame(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), dst.shape[0], dst.shape[1])
+            self._store(self._reformatter.reformat(frame, format="bgr24", interpolation="BICUBIC").to_ndarray(), dst)
             self.stats["decoded"] += 1
             return True
         return self._ended_at(index)
@@ -644,15 +754,18 @@ def choose_decoder(decoder: str, info: VideoInfo, access: str = "random") -> str
 
 
 def open_reader(path: str, size: Sequence[int] | None = None, threads: int | None = None,
-                info: VideoInfo | None = None, decoder: str = "opencv", access: str = "random") -> VideoReader:
+                info: VideoInfo | None = None, decoder: str = "opencv", access: str = "random",
+                autorotate: bool = True) -> VideoReader:
     """The reader of ``data.decoder``: ``opencv`` (VideoReader), ``pyav`` (PyAVReader), or ``auto`` (the faster
-    of the two for the file's codec and ``access``: random clips or a sequential pass)."""
+    of the two for the file's codec and ``access``: random clips or a sequential pass). Either gives the same
+    pixels, turned as displayed unless ``autorotate`` is False (data.autorotate)."""
     if decoder not in ("auto", *DECODERS):
         raise ValueError(f"unknown decoder {decoder!r}; choose one of auto, {', '.join(DECODERS)}")
     if decoder == "auto":
         info = info or probe(path, "auto")
         decoder = choose_decoder(decoder, info, access)
-    return (PyAVReader if decoder == "pyav" else VideoReader)(path, size, threads=threads, info=info)
+    return (PyAVReader if decoder == "pyav" else VideoReader)(path, size, threads=threads, info=info,
+                                                              autorotate=autorotate)
 
 
 def resize_frame(frame: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -694,15 +807,16 @@ class ReaderCache:
         self._readers: OrderedDict = OrderedDict()
         self._pid = os.getpid()
 
-    def get(self, path: str, size, info: VideoInfo | None = None, decoder: str = "opencv") -> VideoReader:
+    def get(self, path: str, size, info: VideoInfo | None = None, decoder: str = "opencv",
+            autorotate: bool = True) -> VideoReader:
         if os.getpid() != self._pid:  # a forked DataLoader worker: the parent's readers are not ours (_FORKED_READERS)
             _FORKED_READERS.extend(self._readers.values())
             self._readers.clear()
             self._pid = os.getpid()
-        key = (path, None if size is None else tuple(size), decoder)
+        key = (path, None if size is None else tuple(size), decoder, autorotate)
         reader = self._readers.pop(key, None)
         if reader is None:
-            reader = open_reader(path, size, threads=self.threads, info=info, decoder=decoder)
+            reader = open_reader(path, size, threads=self.threads, info=info, decoder=decoder, autorotate=autorotate)
             while len(self._readers) >= self.capacity:
                 self._readers.popitem(last=False)[1].close()
         self._readers[key] = reader

@@ -112,14 +112,14 @@ class ChunkStream:
         # evaluation's geometry: aspect-true decode size and the centre crop (data.test_crops is eval.py's)
         self.transform = ClipTransform({**data_cfg, "test_crops": 1}, training=False)
         infos = {name: probe(path, data_cfg["decoder"]) for name, path in record.views.items()}
-        self.plans = self.transform.plan([(info.height, info.width) for info in infos.values()], None)
+        self.plans = self.transform.plan([info.frame_size(data_cfg["autorotate"]) for info in infos.values()], None)
         self.readers = {name: open_reader(path, plan.decoded, threads=spec.decode_threads, info=infos[name],
-                                          decoder=data_cfg["decoder"], access="sequential")
+                                          decoder=data_cfg["decoder"], access="sequential",
+                                          autorotate=data_cfg["autorotate"])
                         for plan, (name, path) in zip(self.plans, record.views.items())}
         first = next(iter(self.readers.values()))
         for reader in self.readers.values():
-            note = several_streams_note(reader.info)
-            if note:
+            for note in filter(None, (several_streams_note(reader.info), reader.info.header_note())):
                 log.warning("%s", note)
             # a container can over-state its length (a cut file keeps its header): reading the last frame it
             # claims finds the real end, so no chunk is made of the last frame repeated

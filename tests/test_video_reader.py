@@ -180,29 +180,41 @@ def test_timestamps_offset_but_frames_right_is_accepted(barcode_videos, monkeypa
 
 
 @pytest.mark.parametrize("decoder", DECODERS)
-def test_a_container_that_overstates_its_length_shrinks_the_last_frames(tmp_path, caplog, decoder):
-    # an AVI's header says 200 frames; cutting the file keeps the header but drops the last frames' data
+def test_a_cut_file_is_indexed_at_its_whole_frames_and_reads_past_the_end_get_the_last(tmp_path, caplog, decoder):
+    # an AVI's header says 200 frames; cutting the file keeps the header but drops the last frames' data, and
+    # leaves the frame at the cut half there (a partial packet, which each decoder would conceal its own way)
     path = write_with_opencv(str(tmp_path / "cut.avi"), 200, "MJPG")
     data = open(path, "rb").read()
     with open(path, "wb") as f:
         f.write(data[:len(data) // 2])
+    info = probe(path)
+    sequential = decode_sequentially(path)  # OpenCV decodes the half frame too
+    assert info.header_frames == 200 and info.num_frames == len(sequential) - 1
+    assert info.header_note() == (f"{path}: the header says 200 frames but the file holds {info.num_frames} (cut "
+                                  f"short, or a wrong duration in its header); using {info.num_frames}")
     reader = open_reader(path, decoder=decoder)
+    frames = reader.read([10, 150, 199, info.num_frames - 1])
+    assert [read_barcode(f) for f in frames] == [10] + [info.num_frames - 1] * 3
+    np.testing.assert_array_equal(frames[1], sequential[info.num_frames - 1])
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_a_reader_told_a_longer_length_learns_the_real_end(tmp_path, caplog, decoder):
+    """An index that over-states the length (a file cut after it was indexed): decoding finds the end, warns once,
+    and serves the last frame it decodes for the frames past it."""
+    path = write_with_pyav(str(tmp_path / "cut.mkv"), 200, "libx264", gop=50)
+    whole = probe(path)
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[:int(len(data) * 0.6)])
+    reader = open_reader(path, decoder=decoder, info=whole)
     assert reader.num_frames == 200
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         frames = reader.read([10, 150, 199])
-    cap = cv2.VideoCapture(path)
-    sequential = []
-    while True:
-        ok, frame = cap.read()
-        if not ok:
-            break
-        sequential.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+    sequential = decode_sequentially(path)
     assert reader.num_frames == len(sequential) and 10 < len(sequential) < 200
-    assert read_barcode(frames[0]) == 10
-    # past the real end: the last frame (cut in half: each decoder conceals the missing part its own way)
-    last = sequential[-1] if decoder == "opencv" else open_reader(path, decoder=decoder).read([len(sequential) - 1])[0]
-    np.testing.assert_array_equal(frames[1], last)
-    np.testing.assert_array_equal(frames[2], last)
+    assert [read_barcode(f) for f in frames] == [10, len(sequential) - 1, len(sequential) - 1]
+    np.testing.assert_array_equal(frames[2], sequential[-1])
     assert any(path in r.getMessage() and "decoding ends at frame" in r.getMessage() for r in caplog.records)
 
 

@@ -11,7 +11,7 @@ from config import load_config
 from datasets.keypoints import KeypointError, read_keypoints
 from datasets.manifest import ManifestError, read_manifest
 from datasets.video_dataset import VideoWindowDataset, build_dataset
-from datasets.video_reader import VideoReadError
+from datasets.video_reader import VideoReadError, probe
 from datasets.windows import clip_indices, split_into_windows
 
 
@@ -180,12 +180,12 @@ def test_the_pyav_decoder_loads_the_same_samples(synthetic_root, tiny_cfg):
 def test_windows_past_the_real_end_of_a_short_video_shrink_or_fail_clearly(tmp_path, caplog):
     path = write_with_opencv(str(tmp_path / "cut.avi"), 200, "MJPG")
     data = open(path, "rb").read()
-    with open(path, "wb") as f:
-        f.write(data[:len(data) // 2])  # the header still says 200 frames
     manifest = write_manifest(tmp_path / "m.jsonl", [{"video": "cut.avi", "label": "a"}])
     cfg = data_cfg(load_kpt=False, max_video_frames=80, num_frames=-1, img_size=[48, 120])
     dataset = VideoWindowDataset(read_manifest(manifest), ["a"], cfg, training=False)
     assert [(w.start, w.end) for w in dataset.windows] == [(0, 80), (80, 160), (160, 200)]
+    with open(path, "wb") as f:
+        f.write(data[:len(data) // 2])  # cut after indexing: the header still says 200 frames
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         second = dataset[1]
     real = int(second["frame_indices"][-1]) + 1
@@ -194,6 +194,12 @@ def test_windows_past_the_real_end_of_a_short_video_shrink_or_fail_clearly(tmp_p
     with pytest.raises(VideoReadError, match=r"cut\.avi: the video ends at frame \d+, before this sample window "
                                              r"\[160, 200\) \(sample at .*m\.jsonl:1\)"):
         dataset[2]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="longvideo"):  # indexed now: its whole frames, said once
+        again = VideoWindowDataset(read_manifest(manifest), ["a"], cfg, training=False)
+    whole = probe(path).num_frames
+    assert [(w.start, w.end) for w in again.windows] == [(0, 80), (80, whole)] and whole < real
+    assert f"cut.avi: the header says 200 frames but the file holds {whole} (cut short" in caplog.text
 
 
 def test_a_sample_that_fails_while_loading_is_replaced_when_skipping(tmp_path, long_video, monkeypatch):
