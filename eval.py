@@ -121,4 +121,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    exit_on_usage_error(main, BAD_INPUT_ERRORS + (CheckpointError,))
+    exit_on_usage_error(main, BAD_INPUT_ERRORS + (CheckpointError,),
+                        disk_advice="free space there and run it again: with --watch, the checkpoints already in "
+                                    "eval.jsonl are not evaluated again")

@@ -28,7 +28,7 @@ from config import apply_inference_flags, load_config
 from core import memory_monitor
 from core.cli import exit_on_usage_error
 from core.errors import ConfigError
-from core.files import file_sha256
+from core.files import append_whole, atomic_write_bytes, file_sha256
 from core.logs import setup_logging
 from core.runtime import resolve_device, setup_runtime
 from datasets.shape import DataShape
@@ -179,50 +179,46 @@ def run_videos(model, records: list, names: list[str], cfg: dict, spec: Inferenc
     prints each result and the summary; returns the number that failed."""
     prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
     counts, correct, labelled, chunks, start = Counter(), 0, 0, 0, time.perf_counter()
-    out = open(output, "w") if output else None
-    try:
-        for number, (record, name) in enumerate(zip(records, tqdm(names, desc="videos", disable=not
-                                                                  sys.stderr.isatty() or len(records) == 1))):
-            path = os.path.join(features[0].directory, name) if features else None
-            reason = done_before(path, features[1]) if features else "new"
-            if reason is None:
-                print(f"skipped {record.first_path}: {path} exists with the same settings")
-                counts["skipped"] += 1
-                continue
-            try:
-                result = classify_video(model, record, cfg, spec, runtime, prepare, class_names,
-                                        keep_features=features is not None)
-            except BAD_INPUT_ERRORS as e:
-                if len(records) == 1:
-                    raise
-                counts["failed"] += 1
-                result = {"video": record.first_path, "error": str(e)}
-                print(f"error: {e}", file=sys.stderr)
-                if isinstance(e, StalledFile) and number + 1 < len(records):
-                    # OpenCV opens files under one process-wide lock, which the blocked decoder holds for good
-                    print(f"error: the other {len(records) - number - 1} videos are not run: a stalled file keeps "
-                          f"the decoder blocked in this process; run infer_chunked.py again without it",
-                          file=sys.stderr)
-                    counts["failed"] += len(records) - number - 1
-                    break
-            if features and "error" not in result:
-                write_features(path, result, record, cfg, features[1], class_names)
-                chunks += len(result["features"])
-                counts["done"] += 1
-                print(f"features: {path} ({len(result['features'])} chunks; {reason})")
-                result = {k: v for k, v in result.items() if k not in ("features", "chunk_logits", "frame_windows",
-                                                                       "stride")}
-            if "correct" in result:
-                labelled += 1
-                correct += int(result["correct"])
-            if out is not None:
-                out.write(json.dumps(result) + "\n")
-                out.flush()
-            if "error" not in result:  # the console shows the summary with --output too
-                print_result(result, spec.timeline)
-    finally:
-        if out is not None:
-            out.close()
+    if output:
+        atomic_write_bytes(output, b"")  # this run's results only; each line is appended whole
+    for number, (record, name) in enumerate(zip(records, tqdm(names, desc="videos", disable=not
+                                                              sys.stderr.isatty() or len(records) == 1))):
+        path = os.path.join(features[0].directory, name) if features else None
+        reason = done_before(path, features[1]) if features else "new"
+        if reason is None:
+            print(f"skipped {record.first_path}: {path} exists with the same settings")
+            counts["skipped"] += 1
+            continue
+        try:
+            result = classify_video(model, record, cfg, spec, runtime, prepare, class_names,
+                                    keep_features=features is not None)
+        except BAD_INPUT_ERRORS as e:
+            if len(records) == 1:
+                raise
+            counts["failed"] += 1
+            result = {"video": record.first_path, "error": str(e)}
+            print(f"error: {e}", file=sys.stderr)
+            if isinstance(e, StalledFile) and number + 1 < len(records):
+                # OpenCV opens files under one process-wide lock, which the blocked decoder holds for good
+                print(f"error: the other {len(records) - number - 1} videos are not run: a stalled file keeps "
+                      f"the decoder blocked in this process; run infer_chunked.py again without it",
+                      file=sys.stderr)
+                counts["failed"] += len(records) - number - 1
+                break
+        if features and "error" not in result:
+            write_features(path, result, record, cfg, features[1], class_names)
+            chunks += len(result["features"])
+            counts["done"] += 1
+            print(f"features: {path} ({len(result['features'])} chunks; {reason})")
+            result = {k: v for k, v in result.items() if k not in ("features", "chunk_logits", "frame_windows",
+                                                                   "stride")}
+        if "correct" in result:
+            labelled += 1
+            correct += int(result["correct"])
+        if output:
+            append_whole(output, (json.dumps(result) + "\n").encode())
+        if "error" not in result:  # the console shows the summary with --output too
+            print_result(result, spec.timeline)
     if labelled:
         print(f"accuracy: {correct}/{labelled} = {correct / labelled:.4f}")
     if features:
@@ -232,4 +228,6 @@ def run_videos(model, records: list, names: list[str], cfg: dict, spec: Inferenc
 
 
 if __name__ == "__main__":
-    exit_on_usage_error(main, BAD_INPUT_ERRORS + (CheckpointError,))
+    exit_on_usage_error(main, BAD_INPUT_ERRORS + (CheckpointError,),
+                        disk_advice="free space there and run the same command again: with --features, the videos "
+                                    "whose files are written are skipped")

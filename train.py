@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 
 import torch
@@ -19,13 +20,15 @@ from artifacts.run_dir import resolve_resume
 from config import dump, load_config
 from core.cli import add_config_arguments, exit_on_usage_error
 from core.errors import ConfigError
+from core.files import DiskFullError
 from core.logs import detach_log_file, setup_logging
-from core.runtime import setup_runtime
+from core.runtime import setup_runtime, unwrap_model
 from datasets.shape import DataShape
 from datasets.video_dataset import BAD_INPUT_ERRORS, DATA_LAYOUTS
 from datasets.video_reader import quiet_decoder_logs
 from engine.loop import build_trainer, fit, save_after_interrupt, stop_on_ctrl_c
 from engine.step import NonFiniteLossError, OutOfMemoryAdvice
+from planner.disk import DiskPlan, disk_plan, state_disk_plan
 from planner.fit import fit_budget
 from planner.host import warn_if_host_memory_short
 from planner.probe import probe_memory
@@ -95,7 +98,15 @@ def main(argv=None) -> int:
         cfg = fit_budget(cfg, runtime, shape)
     if runtime.is_main:
         warn_if_host_memory_short(cfg, shape, runtime.device.type == "cuda")
-    trainer, train_loader, val_loader = build_trainer(cfg, runtime, resume_path, args.stop_after_steps)
+    plan = None
+    try:
+        trainer, train_loader, val_loader = build_trainer(cfg, runtime, resume_path, args.stop_after_steps)
+        if runtime.is_main:
+            plan = disk_plan(cfg, unwrap_model(trainer.model), math.ceil(
+                len(train_loader) / cfg["train"]["accumulate_grad_batches"]))
+            state_disk_plan(plan, cfg["trainer"]["output_dir"])
+    except DiskFullError as e:
+        raise disk_full_advice(e, plan, args, resumable=bool(args.resume)) from None
     try:
         with stop_on_ctrl_c():
             fit(trainer, train_loader, val_loader)
@@ -105,11 +116,24 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         save_after_interrupt(trainer, resume_command(args))
         return 130  # the shell's code for SIGINT
+    except DiskFullError as e:  # the run stops at its first failed write; what was written before is whole
+        resumable = bool(args.resume) or (trainer.run is not None and os.path.exists(trainer.run.checkpoint("last.pt")))
+        raise disk_full_advice(e, plan, args, resumable) from None
     finally:
         detach_log_file(trainer.report.log_file)
         if runtime.distributed:
             torch.distributed.destroy_process_group()
     return 0
+
+
+def disk_full_advice(error: DiskFullError, plan: DiskPlan | None, args: argparse.Namespace,
+                     resumable: bool) -> DiskFullError:
+    """The one line of a full disk: the failed write, what the run needs, and how to go on (``resumable``: a
+    checkpoint of this run exists)."""
+    needs = f"this run needs about {plan.total / 2 ** 20:.0f} MB in all; " if plan else ""
+    then = (f"the last checkpoint written is intact: free space there, then continue with: {resume_command(args)}"
+            if resumable else "free space there, then run the same command again")
+    return DiskFullError(f"{error}; {needs}{then}")
 
 
 def resume_command(args: argparse.Namespace) -> str:

@@ -10,7 +10,7 @@ import re
 import socket
 import time
 
-from core.files import atomic_write_bytes
+from core.files import atomic_write_bytes, naming_disk_errors
 
 log = logging.getLogger("longvideo")
 
@@ -28,7 +28,8 @@ class DirectoryLock:
         self.previous_holder = ""
 
     def acquire(self) -> bool:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        with naming_disk_errors(self.path):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -36,11 +37,16 @@ class DirectoryLock:
             os.close(fd)
             return False
         self.previous_holder = os.pread(fd, 200, 0).decode(errors="replace").strip()  # a stale one: taken over
-        os.ftruncate(fd, 0)
+        self.fd = fd
         now = time.time()
         since = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now))
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since} ({now:.0f})\n".encode(), 0)
-        self.fd = fd
+        try:
+            with naming_disk_errors(self.path):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since} ({now:.0f})\n".encode(), 0)
+        except BaseException:
+            self.release()
+            raise
         return True
 
     def held_for(self) -> float | None:

@@ -10,6 +10,7 @@ import sys
 from typing import Callable
 
 from core.errors import ConfigError, one_line
+from core.files import DiskFullError
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -22,12 +23,16 @@ def add_config_arguments(parser: argparse.ArgumentParser, required: bool = True)
                         help="print the resolved, validated config and exit")
 
 
-def exit_on_usage_error(main: Callable[[], int | None], input_errors: tuple = ()) -> None:
+def exit_on_usage_error(main: Callable[[], int | None], input_errors: tuple = (), disk_advice: str = "") -> None:
     """Run a script's main(); a ConfigError or one of ``input_errors`` (a bad file the user gave) becomes
-    one line on stderr and exit code 2, never a traceback."""
+    one line on stderr and exit code 2, a full disk (DiskFullError) one line and exit code 1 (``disk_advice``: what
+    to do then, after "; "), never a traceback."""
     try:
         code = main()
     except (ConfigError, *input_errors) as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(2)
+    except DiskFullError as e:
+        print(f"error: {one_line(e)}" + (f"; {disk_advice}" if disk_advice else ""), file=sys.stderr)
+        sys.exit(1)
     sys.exit(code or 0)

@@ -2,8 +2,31 @@
 from __future__ import annotations
 
 import logging
+import os
+
+from core.files import DiskFullError, append_whole, repair_torn_tail
 
 log = logging.getLogger("longvideo")
+
+
+class WholeLineFileHandler(logging.Handler):
+    """A log file written a whole line at a time (``core.files.append_whole``). A write that fails for lack of space
+    raises DiskFullError out of the logging call, so the run stops at its first failed write with one line (Python's
+    FileHandler would print a "--- Logging error ---" traceback per line and let the run go on); after that the
+    handler writes nothing more, so the error itself can still be logged to the console."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.path, self.failed = path, False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.failed:
+            return
+        try:
+            append_whole(self.path, (self.format(record) + "\n").encode("utf-8", errors="replace"))
+        except DiskFullError:
+            self.failed = True
+            raise
 
 
 def setup_logging(is_main: bool = True, verbose: bool = False) -> logging.Logger:
@@ -20,10 +43,15 @@ def setup_logging(is_main: bool = True, verbose: bool = False) -> logging.Logger
 
 
 def attach_log_file(path: str) -> logging.Handler:
-    """Every line the console shows also goes to ``path``, with its time (appended on resume)."""
-    handler = logging.FileHandler(path)
+    """Every line the console shows also goes to ``path``, with its time (appended on resume; a line torn by a kill
+    or a full disk is cut off first, with a warning)."""
+    torn = repair_torn_tail(path)
+    handler = WholeLineFileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(handler)
+    if torn:
+        log.warning("%s: its last line was cut short (a run killed or a disk full while writing it): removed %d "
+                    "bytes", os.path.basename(path), torn)
     return handler
 
 

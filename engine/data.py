@@ -1,16 +1,15 @@
 """The data of a run: datasets from the config's manifests, and their DataLoaders."""
 from __future__ import annotations
 
-import atexit
 import logging
-import shutil
-import tempfile
+import weakref
 
 import torch
 from torch.utils.data import DataLoader
 
 from config import apply_flags
 from core.errors import ConfigError
+from core.files import process_temp_dir, remove_own_temp_dir
 from core.runtime import Runtime, available_cores
 from datasets.sampler import EpochSampler
 from datasets.shape import DataShape
@@ -28,6 +27,7 @@ from datasets.video_dataset import (
 from datasets.video_reader import StalledFile
 
 log = logging.getLogger("longvideo")
+STALL_FOLDER_PREFIX = "longvideo-stalls-"  # + the pid of the run that made it (removed when it ends)
 
 
 def make_loader(dataset, cfg: dict, runtime: Runtime, batch_size: int, shuffle: bool, pad: bool) -> DataLoader:
@@ -36,8 +36,8 @@ def make_loader(dataset, cfg: dict, runtime: Runtime, batch_size: int, shuffle: 
     ``GuardedBatches`` (the sample deadline)."""
     data = cfg["data"]
     if data["sample_timeout_s"] is not None and dataset.stall_folder is None:
-        dataset.stall_folder = tempfile.mkdtemp(prefix="longvideo-stalls-")  # workers' reports (StallWatch)
-        atexit.register(shutil.rmtree, dataset.stall_folder, ignore_errors=True)
+        dataset.stall_folder = process_temp_dir(STALL_FOLDER_PREFIX)  # workers' reports (StallWatch)
+        weakref.finalize(dataset, remove_own_temp_dir, dataset.stall_folder)  # or at exit
     sampler = EpochSampler(len(dataset), shuffle=shuffle, seed=cfg["train"]["seed"], rank=runtime.rank,
                            world_size=runtime.world_size, pad=pad)
     before_workers_fork(data["num_workers"])

@@ -26,7 +26,7 @@ from config import dump
 from core import memory_monitor
 from core.errors import ConfigError
 from core.files import atomic_write_bytes, remove_stale_temp_files
-from core.logs import attach_log_file
+from core.logs import attach_log_file, detach_log_file
 from core.runtime import Runtime
 from datasets.shape import DataShape
 from datasets.transforms import InputPreparer
@@ -299,8 +299,16 @@ def _synchronize_norms(model: torch.nn.Module, cfg: dict, runtime: Runtime) -> N
 
 def _start_run_files(trainer: Trainer, num_samples: int) -> None:
     """train.log, stale temporary files removed, the resolved config.yaml, memory.csv, the run's first line."""
+    trainer.report.log_file = attach_log_file(trainer.run.train_log)
+    try:
+        _write_first_files(trainer, num_samples)
+    except BaseException:  # e.g. a full disk: the log file is not left attached to the process's logger
+        detach_log_file(trainer.report.log_file)
+        raise
+
+
+def _write_first_files(trainer: Trainer, num_samples: int) -> None:
     run, cfg, runtime = trainer.run, trainer.cfg, trainer.runtime
-    trainer.report.log_file = attach_log_file(run.train_log)
     removed = remove_stale_temp_files(run.path, recursive=True)
     if removed:
         log.warning("removed %d temporary file(s) left by writers that were killed: %s", len(removed),
@@ -320,6 +328,10 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
     cfg, state, runtime = trainer.cfg, trainer.state, trainer.runtime
     max_epochs = cfg["trainer"]["max_epochs"]
     metrics_log = CsvLog(trainer.run.metrics_csv) if runtime.is_main else None
+    changed = metrics_log.keep_rows_of(state.history) if metrics_log is not None else 0
+    if changed:  # e.g. a run stopped by a full disk between its checkpoint and its row
+        log.warning("%s: %d row(s) written or removed to match the %d epochs of the checkpoint resumed from",
+                    trainer.run.metrics_csv, changed, len(state.history))
     leaks = memory_monitor.LeakDetector(cfg["trainer"]["leak_check_epochs"], cfg["trainer"]["leak_tolerance_mb"])
     confusion = None  # of the last validation, for the plot at the end
     while state.epoch < max_epochs:

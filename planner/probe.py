@@ -2,15 +2,25 @@
 lengths and batch sizes, and the advice when not even one clip fits."""
 from __future__ import annotations
 
+import math
 import time
 
 import torch
 
 from core.errors import ConfigError
 from datasets.shape import DataShape
+from datasets.video_dataset import BAD_INPUT_ERRORS, read_split
+from planner.disk import disk_plan, model_on_meta, state_disk_plan
 from planner.estimate import GiB, MiB, margin_text, usable_bytes
 from planner.host import loader_host_bytes
-from planner.project import clip_frames, config_training_estimate, largest_batch, measure_training_step_cuda, with_value
+from planner.project import (
+    ProjectStep,
+    clip_frames,
+    config_training_estimate,
+    largest_batch,
+    measure_training_step_cuda,
+    with_value,
+)
 
 
 def probe_memory(cfg: dict, device: str | None, frames_arg: str | None, batches_arg: str | None) -> int:
@@ -25,8 +35,23 @@ def probe_memory(cfg: dict, device: str | None, frames_arg: str | None, batches_
     if cfg["trainer"]["precision"] == "amp":
         cfg = with_value(cfg, "trainer.precision", "16")  # what --use_amp means on a GPU, which the estimate is for
     shape = DataShape.of_manifest(cfg).model_args()
-    return probe(cfg, for_gpu and torch.cuda.is_available(), grid(frames_arg), grid(batches_arg),
-                 out=lambda line: print(line, flush=True), for_gpu=for_gpu, **shape)
+    def out(line: str) -> None:
+        print(line, flush=True)
+    code = probe(cfg, for_gpu and torch.cuda.is_available(), grid(frames_arg), grid(batches_arg), out=out,
+                 for_gpu=for_gpu, **shape)
+    classifier = model_on_meta(ProjectStep(cfg, **shape).classifier)
+    state_disk_plan(disk_plan(cfg, classifier, _steps_per_epoch(cfg)), cfg["trainer"]["output_dir"], out)
+    return code
+
+
+def _steps_per_epoch(cfg: dict) -> int:
+    """Optimizer steps of an epoch if each training manifest line is one sample (more with sample windows)."""
+    try:
+        samples = len(read_split(cfg["data"], "train"))
+    except BAD_INPUT_ERRORS + (OSError,):
+        samples = 1
+    batch = cfg["data"]["batch_size"] if isinstance(cfg["data"]["batch_size"], int) else 1
+    return math.ceil(samples / (batch * cfg["train"]["accumulate_grad_batches"]))
 
 
 def probe(cfg: dict, cuda: bool, frames_grid: list[int] | None = None, batch_grid: list[int] | None = None,

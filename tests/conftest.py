@@ -43,9 +43,9 @@ def read_barcode(frame: np.ndarray) -> int:
 
 
 def write_with_pyav(path: str, num_frames: int, codec: str, fps: int = 25, options: dict | None = None,
-                    gop: int | None = None, bframes: int | None = None) -> str:
+                    gop: int | None = None, bframes: int | None = None, container_options: dict | None = None) -> str:
     import av
-    with av.open(path, "w") as container:
+    with av.open(path, "w", options=container_options or {}) as container:
         stream = container.add_stream(codec, rate=fps)
         stream.width, stream.height, stream.pix_fmt = WIDTH, HEIGHT, "yuv420p"
         if gop is not None:

@@ -12,7 +12,7 @@ import sys
 import av
 import numpy as np
 import pytest
-from conftest import barcode_frame, decode_sequentially, read_barcode, write_with_pyav
+from conftest import decode_sequentially, read_barcode, write_with_pyav
 
 from config import load_config
 from datasets.manifest import VideoRecord, read_manifest
@@ -164,18 +164,9 @@ def test_autorotate_false_reads_the_stored_orientation_everywhere(turned, tmp_pa
 
 # ------------------------------------------------------------------------------------------------ damaged files
 def write_front_indexed(path: str, num_frames: int = 200) -> str:
-    """H.264 in MP4 with its index (moov) at the front, as cameras and `-movflags faststart` write it: a copy
-    interrupted half-way keeps a header that lists every frame."""
-    with av.open(path, "w", options={"movflags": "faststart"}) as container:
-        stream = container.add_stream("libx264", rate=25)
-        stream.width, stream.height, stream.pix_fmt = 120, 48, "yuv420p"
-        stream.codec_context.gop_size = 50
-        for i in range(num_frames):
-            for packet in stream.encode(av.VideoFrame.from_ndarray(barcode_frame(i), format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
+    """H.264 with B-frames in MP4 with its index (moov) at the front, as cameras and `-movflags faststart` write it:
+    a copy interrupted half-way keeps a header that lists every frame."""
+    return write_with_pyav(path, num_frames, "libx264", gop=50, container_options={"movflags": "faststart"})
 
 
 CUTS = {"near the end, mid-GOP": 0.97, "in the middle": 0.5, "inside the header": 0.05}

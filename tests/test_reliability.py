@@ -215,28 +215,32 @@ def test_workers_forked_after_the_main_process_read_get_the_same_frames_and_do_n
 # ------------------------------------------------------------------------ 8. data.on_bad_video: skip
 
 def test_skipped_files_and_data_warnings_are_reported_once_per_run(synthetic_root, tmp_path):
-    from conftest import write_with_opencv
+    from conftest import write_with_pyav
     data = tmp_path / "data"
     shutil.copytree(synthetic_root, data)
-    cut = write_with_opencv(str(data / "cut.avi"), 200, "MJPG")  # the header keeps saying 200 frames
+    # H.264 with B-frames whose header lists 200 frames, cut inside its last group of B-frames: the index counts
+    # 190 whole packets, decoding ends at 189 (found by a worker)
+    cut = write_with_pyav(str(data / "cut.mp4"), 200, "libx264", gop=50, container_options={"movflags": "faststart"})
     content = open(cut, "rb").read()
-    open(cut, "wb").write(content[:len(content) // 2])
+    open(cut, "wb").write(content[:int(len(content) * 0.97)])
     lines = (data / "train.jsonl").read_text().splitlines()[:8]
-    lines += [json.dumps({"video": "cut.avi", "label": "up"}), json.dumps({"video": "missing.mp4", "label": "up"})]
+    lines += [json.dumps({"video": "cut.mp4", "label": "up"}), json.dumps({"video": "missing.mp4", "label": "up"})]
     (data / "train.jsonl").write_text("\n".join(lines) + "\n")
     result = run(["train.py", *overrides(str(data), tmp_path / "runs", "data.on_bad_video=skip",
-                                         "data.num_workers=2", "data.max_video_frames=40", "data.num_frames=4",
-                                         "data.batch_size=2")])
+                                         "data.num_workers=2", "data.max_video_frames=40", "data.num_frames=-1",
+                                         "data.frame_stride=1", "data.batch_size=1")])
     assert result.returncode == 0, result.stderr[-3000:]
     log = result.stdout + result.stderr
-    assert log.count("the container says 200 frames") == 1  # not once per worker and epoch
-    assert log.count(f"skipping {data / 'cut.avi'}") == 1
-    for epoch in (1, 2):
+    assert log.count("cut.mp4: the header says 200 frames but the file holds 190") == 1  # at indexing
+    assert log.count("cut.mp4: the file says 190 frames but decoding ends at frame 189") == 1  # not once per
+    for epoch in (1, 2):  # worker and epoch
         [line] = [t for t in log.splitlines() if t.startswith(f"epoch {epoch}: ") and "skipped" in t]
-        assert line.startswith(f"epoch {epoch}: 2 file(s) skipped: {data / 'cut.avi'} (")
-        assert f"{data / 'missing.mp4'} ({data / 'missing.mp4'}: file not found" in line  # rejected while indexing
+        # rejected while indexing
+        assert line == f"epoch {epoch}: 1 file(s) skipped: {data / 'missing.mp4'} ({data / 'missing.mp4'}: file not " \
+                       f"found; check the path in the manifest (relative paths are resolved against the manifest's " \
+                       f"folder) (sample at {data / 'train.jsonl'}:10))"
     [summary] = [t for t in log.splitlines() if t.startswith("run: ")]
-    assert summary.startswith("run: 2 file(s) skipped (data.on_bad_video: skip): ")
+    assert summary.startswith("run: 1 file(s) skipped (data.on_bad_video: skip): ")
 
 
 # ------------------------------------------------------------------------- 4, 5. infer_chunked.py input

@@ -1,0 +1,80 @@
+"""The disk a training run needs, stated before it starts (``train.py`` and ``--probe-memory``), so a full scratch
+disk or a quota is found at the start, not after hours.
+
+    checkpoints   one checkpoint's bytes (the model's state dict, the optimizer's state: AdamW 2 float32 tensors per
+                  trained parameter, SGD 1, and a little for the config, RNG states and history) times the files that
+                  can hold different states at once: last.pt, best.pt, train.keep_last_k epoch files, and the one
+                  being written (an atomic write keeps the old file until the new one is whole)
+    logs          train.log, memory.csv and metrics.csv lines per logged step and per epoch, and the two plots
+
+A run that fills the disk anyway stops at its first failed write with one line (``core.files.DiskFullError``).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from core.files import free_bytes
+from planner.estimate import OPTIMIZER_STATES
+
+log = logging.getLogger("longvideo")
+MB = 2 ** 20
+CHECKPOINT_EXTRAS = 256 * 1024  # the config, class names, RNG states, history and the zip's own records
+LOG_BYTES_PER_STEP = 600  # one train.log line (~200 bytes) and one memory.csv row (~400)
+LOG_BYTES_PER_EPOCH = 1500  # the epoch's train.log lines and its metrics.csv row
+PLOT_BYTES = 2 * 150 * 1024  # training_curves.png and confusion_matrix.png
+
+
+@dataclass(frozen=True)
+class DiskPlan:
+    checkpoint: int  # bytes of one checkpoint
+    checkpoints: int  # checkpoint files that can hold different states at once
+    logs: int
+
+    @property
+    def total(self) -> int:
+        return self.checkpoint * self.checkpoints + self.logs
+
+    def text(self) -> str:
+        return (f"{self.total / MB:.0f} MB ({self.checkpoints} checkpoints of {self.checkpoint / MB:.1f} MB, the one "
+                f"being written included, and {self.logs / MB:.1f} MB of logs and plots)")
+
+
+def checkpoint_bytes(model: nn.Module, optimizer: str) -> int:
+    """Bytes of a training checkpoint of ``model`` (on any device, the meta device too)."""
+    state = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return state + OPTIMIZER_STATES[optimizer] * trained * 4 + CHECKPOINT_EXTRAS
+
+
+def disk_plan(cfg: dict, model: nn.Module, steps_per_epoch: int) -> DiskPlan:
+    train, epochs = cfg["train"], cfg["trainer"]["max_epochs"]
+    logged_steps = epochs * math.ceil(steps_per_epoch / train["log_every"])
+    return DiskPlan(checkpoint_bytes(model, train["optimizer"]), train["keep_last_k"] + 3,
+                    logged_steps * LOG_BYTES_PER_STEP + epochs * LOG_BYTES_PER_EPOCH + PLOT_BYTES)
+
+
+def state_disk_plan(plan: DiskPlan, output_dir: str, out=None) -> str | None:
+    """One line stating the plan and the free space under ``output_dir`` (``out``, or the log at info level), and
+    a warning line when it is short; returns the warning (None when it fits or is unknown)."""
+    free = free_bytes(output_dir)
+    free_text = "free space unknown" if free is None else f"{free / MB:.0f} MB free"
+    line = f"disk: the run needs about {plan.text()} under {output_dir} ({free_text})"
+    (out or log.info)(line)
+    if free is None or plan.total <= free:
+        return None
+    warning = (f"disk: {output_dir} has {free / MB:.0f} MB free, less than the {plan.total / MB:.0f} MB this run "
+               f"needs: free space there, lower train.keep_last_k ({plan.checkpoints - 3}), or set "
+               f"trainer.output_dir to a larger disk")
+    (out or log.warning)(warning)
+    return warning
+
+
+def model_on_meta(build) -> nn.Module:
+    """``build()`` with its tensors on the meta device: sizes without memory."""
+    with torch.device("meta"):
+        return build()
