@@ -28,7 +28,7 @@ from datasets.video_dataset import BAD_INPUT_ERRORS, DATA_LAYOUTS
 from datasets.video_reader import quiet_decoder_logs
 from engine.loop import build_trainer, fit, save_after_interrupt, stop_on_ctrl_c
 from engine.step import NonFiniteLossError, OutOfMemoryAdvice
-from planner.disk import DiskPlan, disk_plan, state_disk_plan
+from planner.disk import DiskPlan, bytes_written, disk_plan, state_disk_plan
 from planner.fit import fit_budget
 from planner.host import warn_if_host_memory_short
 from planner.probe import probe_memory
@@ -101,10 +101,7 @@ def main(argv=None) -> int:
     plan = None
     try:
         trainer, train_loader, val_loader = build_trainer(cfg, runtime, resume_path, args.stop_after_steps)
-        if runtime.is_main:
-            plan = disk_plan(cfg, unwrap_model(trainer.model), math.ceil(
-                len(train_loader) / cfg["train"]["accumulate_grad_batches"]))
-            state_disk_plan(plan, cfg["trainer"]["output_dir"])
+        plan = state_disk_needs(trainer, len(train_loader), resumed=bool(resume_path)) if runtime.is_main else None
     except DiskFullError as e:
         raise disk_full_advice(e, plan, args, resumable=bool(args.resume)) from None
     try:
@@ -124,6 +121,15 @@ def main(argv=None) -> int:
         if runtime.distributed:
             torch.distributed.destroy_process_group()
     return 0
+
+
+def state_disk_needs(trainer, loader_batches: int, resumed: bool) -> DiskPlan:
+    """The disk the run needs, stated (and a warning if the free space is short) before the first step."""
+    cfg = trainer.cfg
+    steps_per_epoch = math.ceil(loader_batches / cfg["train"]["accumulate_grad_batches"])
+    plan = disk_plan(cfg, unwrap_model(trainer.model), steps_per_epoch)
+    state_disk_plan(plan, cfg["trainer"]["output_dir"], written=bytes_written(trainer.run.path) if resumed else 0)
+    return plan
 
 
 def disk_full_advice(error: DiskFullError, plan: DiskPlan | None, args: argparse.Namespace,

@@ -25,6 +25,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from core.cli import exit_on_usage_error
 from core.files import atomic_open
 from datasets.manifest import VIDEO_EXTENSIONS
 
@@ -284,4 +285,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_on_usage_error(main, disk_advice="free space there and run it again")

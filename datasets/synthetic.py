@@ -39,12 +39,12 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 
 import cv2
 import numpy as np
 
+from core.cli import exit_on_usage_error
 from core.files import atomic_path
 
 CLASSES = ("down", "grow", "left", "right", "shrink", "up")
@@ -345,7 +345,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_on_usage_error(main, disk_advice="free space there and run it again")
 
 
 # the benchmarks' codecs: (PyAV encoder, options). GOPs as cameras and downloads have them: H.264 and VP9 long

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -58,20 +59,37 @@ def disk_plan(cfg: dict, model: nn.Module, steps_per_epoch: int) -> DiskPlan:
                     logged_steps * LOG_BYTES_PER_STEP + epochs * LOG_BYTES_PER_EPOCH + PLOT_BYTES)
 
 
-def state_disk_plan(plan: DiskPlan, output_dir: str, out=None) -> str | None:
+def state_disk_plan(plan: DiskPlan, output_dir: str, out=None, written: int = 0) -> str | None:
     """One line stating the plan and the free space under ``output_dir`` (``out``, or the log at info level), and
-    a warning line when it is short; returns the warning (None when it fits or is unknown)."""
+    a warning line when it is short; returns the warning (None when it fits or is unknown). ``written``: bytes the
+    run has written already (a resumed run's files), which the free space need not hold again."""
     free = free_bytes(output_dir)
     free_text = "free space unknown" if free is None else f"{free / MB:.0f} MB free"
-    line = f"disk: the run needs about {plan.text()} under {output_dir} ({free_text})"
-    (out or log.info)(line)
-    if free is None or plan.total <= free:
+    if written:
+        free_text += f"; {written / MB:.0f} MB of it written already"
+    (out or log.info)(f"disk: the run needs about {plan.text()} under {output_dir} ({free_text})")
+    if free is None or plan.total - written <= free:
         return None
-    warning = (f"disk: {output_dir} has {free / MB:.0f} MB free, less than the {plan.total / MB:.0f} MB this run "
-               f"needs: free space there, lower train.keep_last_k ({plan.checkpoints - 3}), or set "
+    warning = (f"disk: {output_dir} has {free / MB:.0f} MB free, less than the {(plan.total - written) / MB:.0f} MB "
+               f"this run still needs: free space there, lower train.keep_last_k ({plan.checkpoints - 3}), or set "
                f"trainer.output_dir to a larger disk")
     (out or log.warning)(warning)
     return warning
+
+
+def bytes_written(folder: str) -> int:
+    """The bytes of the files under ``folder``, each file once (best.pt and epoch files are hard links)."""
+    seen, total = set(), 0
+    for root, _, names in os.walk(folder):
+        for name in names:
+            try:
+                stat = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            if (stat.st_dev, stat.st_ino) not in seen:
+                seen.add((stat.st_dev, stat.st_ino))
+                total += stat.st_size
+    return total
 
 
 def model_on_meta(build) -> nn.Module:

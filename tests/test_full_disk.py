@@ -305,7 +305,7 @@ def test_training_states_the_disk_it_needs_and_warns_when_it_is_short(synthetic_
     saved = os.path.getsize(glob.glob(str(tmp_path / "runs" / "e2e" / "2*" / "checkpoints" / "last.pt"))[0])
     assert saved / 2 ** 20 <= float(planned.group(2)) <= saved / 2 ** 20 + 0.3  # the estimate holds the real one
     assert lines[1] == (f"disk: {tmp_path / 'runs'} has 1 MB free, less than the {planned.group(1)} MB this run "
-                        f"needs: free space there, lower train.keep_last_k (4), or set trainer.output_dir to a "
-                        f"larger disk")
+                        f"still needs: free space there, lower train.keep_last_k (4), or set trainer.output_dir to "
+                        f"a larger disk")
     assert train.main(args + ["--probe-memory"]) == 0
     assert re.search(r"^disk: the run needs about \d+ MB \(7 checkpoints", capsys.readouterr().out, re.M)
