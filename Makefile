@@ -35,4 +35,4 @@ test-latest:
 	$(MAKE) test VENV=.venv-latest CONSTRAINTS=
 
 clean:
-	rm -rf runs $(DATA) data/long_range features
+	rm -rf runs $(DATA) data/long_range data/task_* features

@@ -68,6 +68,11 @@ def restore_training(path: str, model, optimizer, scheduler, scaler) -> tuple[Tr
     states."""
     ckpt = load_checkpoint(path)
     model.load_state_dict(ckpt["model"])
+    saved_groups, groups = len(ckpt["optimizer"]["param_groups"]), len(optimizer.param_groups)
+    if saved_groups != groups:  # 2: one learning rate for all; 4: the temporal head's own (train.temporal_lr_scale)
+        raise CheckpointError(f"{path}: its optimizer has {saved_groups} parameter groups, this config's has {groups} "
+                              f"(a temporal head gets groups of its own when train.temporal_lr_scale is not 1); "
+                              f"resume with the checkpoint's setting, e.g. --set train.temporal_lr_scale=1")
     optimizer.load_state_dict(ckpt["optimizer"])
     scheduler.load_state_dict(ckpt["scheduler"])
     scaler.load_state_dict(ckpt["scaler"])

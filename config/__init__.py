@@ -184,6 +184,10 @@ SCHEMA: dict[str, Any] = {
         "warmup_epochs": _float(0.0, "linear warm-up length in epochs (fractions allowed)", minimum=0.0),
         "grad_clip": _float(None, "clip the gradient norm to this value (after unscaling); null = off",
                             minimum=0.0, nullable=True),
+        "temporal_lr_scale": _float(0.3, "temporal head: its learning rate is train.lr times this (its own parameter "
+                                         "groups, the same schedule); 1 = the backbone's", minimum=0.0),
+        "temporal_grad_clip": _float(1.0, "temporal head on: clip the whole model's gradient norm to this value "
+                                          "unless train.grad_clip is set; null = off", minimum=0.0, nullable=True),
         "label_smoothing": _float(0.0, "cross-entropy label smoothing", 0.0, 1.0),
         "precise_bn_batches": _int(0, "before each validation, recompute the BatchNorm running statistics as the "
                                       "true mean and variance over this many training batches (precise BN); 0 = "

@@ -155,6 +155,98 @@ def order_video(rng: np.random.Generator, label: str, frames: int, size: int, ev
     return video, events
 
 
+EVENT_COLOURS = {"A": (0, 0, 255), "B": (0, 255, 0), "C": (255, 0, 0)}  # BGR: red, green, blue
+
+
+def event_times(rng: np.random.Generator, count: int, frames: int, event_frames: int, min_gap: int) -> list[int]:
+    """``count`` event starts in ``[0, frames - event_frames]``, in order, at least ``min_gap`` frames between one
+    event's end and the next one's start; every spacing that fits is equally likely, whatever the label."""
+    slack = frames - count * event_frames - (count - 1) * min_gap
+    if slack < 0:
+        raise ValueError(f"{count} events of {event_frames} frames {min_gap} apart do not fit in {frames} frames")
+    cuts = np.sort(rng.integers(0, slack + 1, size=count))
+    return [int(cuts[i]) + i * (event_frames + min_gap) for i in range(count)]
+
+
+def events_video(rng: np.random.Generator, events: list[tuple[str, int]], frames: int, size: int,
+                 event_frames: int) -> list[np.ndarray]:
+    """Grey frames with fresh noise (no frame tells its time) and each (colour, start) event tinting
+    ``event_frames`` frames."""
+    video = []
+    for t in range(frames):
+        frame = rng.integers(90, 166, size=(size, size, 3), dtype=np.uint8)
+        for name, start in events:
+            if start <= t < start + event_frames:
+                frame = (0.4 * frame + 0.6 * np.array(EVENT_COLOURS[name])).astype(np.uint8)
+        video.append(frame)
+    return video
+
+
+# Long-range task families beside the order of two events. Each draws its event times without looking at the label
+# and gives every label the same multiset of events, so a bag of chunks (mean, max or any order-blind pooling of
+# per-chunk scores) sees the same thing under every label: at chance by construction. The label is in the order.
+#   middle       three events, one of each colour A, B, C, in a random order: the colour of the middle one
+#   last         four events, two A and two B, in a random order: the colour of the last one
+#   distractors  A and B once each among 2 to 4 C events, all in a random order: which of A and B came first
+# Each has its own shape (video length, event length, gap), so no single shape is tuned.
+TASKS = {
+    "middle": {"classes": ("middle_A", "middle_B", "middle_C"), "frames": 384, "event_frames": 8, "min_gap": 96},
+    "last": {"classes": ("last_A", "last_B"), "frames": 640, "event_frames": 12, "min_gap": 64},
+    "distractors": {"classes": ("A_first", "B_first"), "frames": 1024, "event_frames": 6, "min_gap": 48},
+}
+
+
+def task_events(rng: np.random.Generator, task: str, label: str) -> list[str]:
+    """The colours of a ``task`` video's events in time order, for ``label``."""
+    if task == "middle":
+        others = [c for c in "ABC" if c != label[-1]]
+        rng.shuffle(others)
+        return [others[0], label[-1], others[1]]
+    if task == "last":
+        first = ["A", "A", "B", "B"]
+        first.remove(label[-1])
+        rng.shuffle(first)
+        return first + [label[-1]]
+    distractors = ["C"] * int(rng.integers(2, 5))
+    order = ["A", "B"] if label == "A_first" else ["B", "A"]
+    slots = sorted(rng.choice(len(distractors) + 2, size=2, replace=False))
+    colours = distractors[:]
+    for slot, name in zip(slots, order):
+        colours.insert(slot, name)
+    return colours
+
+
+def generate_task(out: str, task: str, seed: int = 0, size: int = 32, fps: float = 25.0, num_train: int = 96,
+                  num_val: int = 48, quiet: bool = False, **shape) -> str:
+    """Write a long-range task family (``TASKS``) to ``out``: ``videos/``, ``{task}_train.jsonl``,
+    ``{task}_val.jsonl`` (each line with its events), ``classes.txt``; skipped when complete with the same
+    arguments. ``shape``: frames, event_frames or min_gap other than the family's (small tests)."""
+    spec = {**TASKS[task], **shape}
+    args = dict(kind=f"task_{task}", seed=seed, size=size, fps=fps, num_train=num_train, num_val=num_val, **spec)
+
+    def write(root: str) -> None:
+        rng = np.random.default_rng(seed)
+        os.makedirs(os.path.join(root, "videos"))
+        with open(os.path.join(root, "classes.txt"), "w") as f:
+            f.write("\n".join(spec["classes"]) + "\n")
+        for split, count in (("train", num_train), ("val", num_val)):
+            lines = []
+            for i in range(count):
+                label = spec["classes"][i % len(spec["classes"])]
+                colours = task_events(rng, task, label)
+                times = event_times(rng, len(colours), spec["frames"], spec["event_frames"], spec["min_gap"])
+                events = list(zip(colours, times))
+                path = f"videos/{task}_{split}_{i:04d}.mp4"
+                write_video(os.path.join(root, path),
+                            events_video(rng, events, spec["frames"], size, spec["event_frames"]), size, fps)
+                lines.append({"video": path, "label": label, "events": events})
+            _write_jsonl(os.path.join(root, f"{task}_{split}.jsonl"), lines)
+            if not quiet:
+                print(f"  {task} {split}: {count} videos of {spec['frames']} frames")
+
+    return _build_once(out, args, write, quiet)
+
+
 def generate_long_range(out: str, seed: int = 0, size: int = 32, fps: float = 25.0, num_train: int = 96,
                         num_val: int = 48, frames: int = 1024, event_frames: int = 12, min_gap: int = 320,
                         quiet: bool = False) -> str:

@@ -42,6 +42,7 @@ from engine.step import (
     build_optimizer,
     build_scheduler,
     clips_per_forward,
+    gradient_clip,
     optimizer_step,
     train_batch,
 )
@@ -222,6 +223,8 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None,
     val_loader = (make_loader(val_set, cfg, runtime, 1, shuffle=False, pad=False)  # clips vary in length
                   if val_set is not None else None)
     optimizer = build_optimizer(model, cfg["train"])
+    if runtime.is_main and getattr(model, "temporal", None) is not None:
+        _log_temporal_head_settings(optimizer, cfg["train"])
     steps_per_epoch = math.ceil(len(train_loader) / cfg["train"]["accumulate_grad_batches"])
     scheduler = build_scheduler(optimizer, cfg["train"], steps_per_epoch, cfg["trainer"]["max_epochs"])
     scaler = runtime.grad_scaler()
@@ -244,6 +247,15 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None,
     if runtime.is_main:
         _start_run_files(trainer, len(train_set))
     return trainer, train_loader, val_loader
+
+
+def _log_temporal_head_settings(optimizer: torch.optim.Optimizer, train_cfg: dict) -> None:
+    """The learning rates a run with a temporal head trains with (the head has its own unless its scale is 1)."""
+    rates = {group.get("name", "model"): group["lr"] for group in optimizer.param_groups}
+    head_lr = rates.get("temporal head", train_cfg["lr"])
+    clip = gradient_clip(train_cfg, True)
+    log.info("learning rates: backbone %.2e, temporal head %.2e (train.temporal_lr_scale %g); gradient norm clip %s",
+             rates["model"], head_lr, train_cfg["temporal_lr_scale"], "off" if clip is None else f"{clip:g}")
 
 
 def wrap_for_training(model: torch.nn.Module, prepare: InputPreparer, cfg: dict, runtime: Runtime) -> torch.nn.Module:
@@ -360,7 +372,31 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
             if warning:
                 log.warning("epoch %d: %s", state.epoch + 1, warning)
         _end_epoch(trainer, row, metrics_log)
+        _warn_if_head_at_chance(trainer)
     _end_run(trainer, confusion)
+
+
+HEAD_AT_CHANCE_VALIDATIONS = 3  # validations in a row at chance before a run with a temporal head says so
+
+
+def _warn_if_head_at_chance(trainer: Trainer) -> None:
+    """A temporal head whose validation accuracy has stayed at chance (1 / classes, +0.05) for the last
+    HEAD_AT_CHANCE_VALIDATIONS validations: one warning a run, with the switches that make a head learn."""
+    if trainer.report.said_head_at_chance or not trainer.has_temporal_head or not trainer.runtime.is_main:
+        return
+    chance = 1.0 / len(trainer.class_names)
+    recent = [row["val_clip_acc"] for row in trainer.state.history if "val_clip_acc" in row]
+    recent = recent[-HEAD_AT_CHANCE_VALIDATIONS:]
+    if len(recent) < HEAD_AT_CHANCE_VALIDATIONS or max(recent) > chance + 0.05:
+        return
+    trainer.report.said_head_at_chance = True
+    train_cfg = trainer.cfg["train"]
+    clip = gradient_clip(train_cfg, True)
+    log.warning("epoch %d: validation accuracy has stayed at chance (%.3f) for %d validations with the temporal head "
+                "on; a head that does not learn usually trains too fast: lower train.temporal_lr_scale (now %g) or "
+                "train.lr (now %g), or set train.temporal_grad_clip (now %s); model.temporal_head: none shows what "
+                "the chunks alone give", trainer.state.epoch, chance, len(recent), train_cfg["temporal_lr_scale"],
+                train_cfg["lr"], "off" if clip is None else f"{clip:g}")
 
 
 def _validation_due(cfg: dict, epoch: int) -> bool:

@@ -29,13 +29,30 @@ log = logging.getLogger("longvideo")
 
 
 def build_optimizer(model: torch.nn.Module, train_cfg: dict) -> torch.optim.Optimizer:
-    # no weight decay on norms and biases (the usual practice for CNNs and transformers)
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() > 1]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() <= 1]
-    groups = [{"params": decay, "weight_decay": train_cfg["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
+    """No weight decay on norms and biases (the usual practice for CNNs and transformers). A temporal head's
+    parameters form groups of their own at train.lr x train.temporal_lr_scale (the schedule scales every group
+    alike); without a head, or with a scale of 1, the model is one pair of groups, as before the scale existed."""
+    head = getattr(model, "temporal", None)
+    separate = head is not None and train_cfg["temporal_lr_scale"] != 1.0
+    head_ids = {id(p) for p in head.parameters()} if separate else set()
+    groups = []
+    for name, lr in (("model", train_cfg["lr"]), ("temporal head", train_cfg["lr"] * train_cfg["temporal_lr_scale"])):
+        params = [p for p in model.parameters() if p.requires_grad and (id(p) in head_ids) == (name != "model")]
+        if name != "model" and not params:
+            continue
+        groups += [{"params": [p for p in params if p.dim() > 1], "weight_decay": train_cfg["weight_decay"],
+                    "lr": lr, "name": name},
+                   {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0, "lr": lr, "name": name}]
     if train_cfg["optimizer"] == "sgd":
         return torch.optim.SGD(groups, lr=train_cfg["lr"], momentum=train_cfg["momentum"], nesterov=True)
     return torch.optim.AdamW(groups, lr=train_cfg["lr"])
+
+
+def gradient_clip(train_cfg: dict, has_temporal_head: bool) -> float | None:
+    """train.grad_clip, else train.temporal_grad_clip when the model has a temporal head."""
+    if train_cfg["grad_clip"] is not None:
+        return train_cfg["grad_clip"]
+    return train_cfg["temporal_grad_clip"] if has_temporal_head else None
 
 
 def build_scheduler(optimizer, train_cfg: dict, steps_per_epoch: int, max_epochs: int):
@@ -61,6 +78,7 @@ class RunReport:
     bad_inputs: BadInputReport | None = None  # skipped files and data warnings, reported once per run
     started: float = field(default_factory=time.time)
     last_progress: float = field(default_factory=time.time)  # the last progress line's time
+    said_head_at_chance: bool = False  # the warning of a temporal head that does not learn, given once a run
 
 
 @dataclass
@@ -82,6 +100,10 @@ class Trainer:
     pending_advice: Exception | None = None  # DDP: this rank could back off no further; raised at the group's end
     stop_after_steps: int | None = None
     report: RunReport = field(default_factory=RunReport)
+
+    @property
+    def has_temporal_head(self) -> bool:
+        return getattr(unwrap_model(self.model), "temporal", None) is not None
 
     @property
     def synced_norm(self) -> bool:
@@ -321,7 +343,7 @@ def _frames(count: int) -> str:
 
 def optimizer_step(trainer: Trainer) -> None:
     optimizer, scaler, state = trainer.optimizer, trainer.scaler, trainer.state
-    grad_clip = trainer.cfg["train"]["grad_clip"]
+    grad_clip = gradient_clip(trainer.cfg["train"], trainer.has_temporal_head)
     if grad_clip is not None:
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), grad_clip)

@@ -314,3 +314,109 @@ def test_on_the_order_task_the_transformer_head_learns_what_mean_pooled_chunks_c
             accuracy[head] = max(float(row["val_clip_acc"]) for row in csv.DictReader(f))
     assert accuracy["none"] <= 0.70, accuracy
     assert accuracy["transformer"] >= 0.85 and accuracy["transformer"] >= accuracy["none"] + 0.2, accuracy
+
+
+@pytest.mark.parametrize("task", ["middle", "last", "distractors"])
+def test_each_task_family_gives_every_label_the_same_events_and_puts_the_label_in_their_order(tmp_path, task):
+    """What makes a family long-range by construction: the events' colours form the same multiset under every
+    label (an order-blind pooling of chunks sees the same bag), their times do not depend on the label, and the
+    label follows from their order alone."""
+    from datasets.synthetic import TASKS, generate_task
+    data = generate_task(str(tmp_path / task), task, size=8, num_train=24, num_val=6, frames=160, event_frames=4,
+                         min_gap=8, quiet=True)
+    lines = [json.loads(line) for line in open(os.path.join(data, f"{task}_train.jsonl"))]
+    assert sorted({line["label"] for line in lines}) == sorted(TASKS[task]["classes"])
+    bags = {}
+    for line in lines:
+        colours = [colour for colour, _ in line["events"]]
+        times = [start for _, start in line["events"]]
+        assert times == sorted(times) and all(b - a >= 4 + 8 for a, b in zip(times, times[1:]))
+        if task == "middle":
+            assert line["label"] == f"middle_{colours[1]}"
+        elif task == "last":
+            assert line["label"] == f"last_{colours[-1]}"
+        else:
+            assert line["label"] == ("A_first" if colours.index("A") < colours.index("B") else "B_first")
+        bag = tuple(sorted(colours)) if task != "distractors" else tuple(sorted(c for c in colours if c != "C"))
+        bags.setdefault(line["label"], set()).add(bag)
+    assert len({frozenset(b) for b in bags.values()}) == 1  # every label: the same bags of colours
+    frames = decode_frames(os.path.join(data, lines[0]["video"]))
+    colour, start = lines[0]["events"][0]
+    channel = {"A": 2, "B": 1, "C": 0}[colour]  # BGR
+    assert frames[start + 1][..., channel].mean() > 150 and frames[start - 1][..., channel].mean() < 150
+
+
+def decode_frames(path: str) -> list:
+    capture, frames = cv2.VideoCapture(path), []
+    while True:
+        ok, frame = capture.read()
+        if not ok:
+            return frames
+        frames.append(frame)
+
+
+# ------------------------------------------------------------------------------- the head's training defaults
+def test_the_head_trains_in_parameter_groups_of_its_own_at_the_configured_rate():
+    from engine.step import build_optimizer, build_scheduler, gradient_clip
+    model = head_model()
+    train_cfg = load_config(None, ["train.lr=0.004", "train.temporal_lr_scale=0.25", "train.warmup_epochs=1",
+                                   "train.weight_decay=0.02"])["train"]
+    optimizer = build_optimizer(model, train_cfg)
+    head_ids = {id(p) for p in model.temporal.parameters()}
+    by_name = {}
+    for group in optimizer.param_groups:
+        by_name.setdefault(group["name"], []).append(group)
+        assert all((id(p) in head_ids) == (group["name"] == "temporal head") for p in group["params"])
+        assert group["weight_decay"] == (0.02 if group["params"][0].dim() > 1 else 0.0)
+    assert [g["lr"] for g in by_name["model"]] == [0.004, 0.004]
+    assert [g["lr"] for g in by_name["temporal head"]] == [0.001, 0.001]
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
+    scheduler = build_scheduler(optimizer, train_cfg, steps_per_epoch=4, max_epochs=3)
+    for _ in range(6):  # into the cosine part: the ratio holds
+        optimizer.step()
+        scheduler.step()
+    rates = [g["lr"] for g in optimizer.param_groups]
+    assert rates[2] == pytest.approx(rates[0] * 0.25) and 0 < rates[0] < 0.004
+    assert gradient_clip({**train_cfg, "temporal_grad_clip": 1.5}, True) == 1.5
+    assert gradient_clip({**train_cfg, "temporal_grad_clip": 1.5}, False) is None
+    assert gradient_clip({**train_cfg, "temporal_grad_clip": 1.5, "grad_clip": 3.0}, True) == 3.0
+
+
+def test_without_a_head_the_optimizer_is_the_one_of_before():
+    """model.temporal_head: none (and a scale of 1) gives the two groups the optimizer always had, so training is
+    unchanged bit for bit: the same parameters in the same order, the same rates and decays."""
+    from engine.step import build_optimizer
+    for model, scale in ((head_model("none"), 0.25), (head_model("transformer"), 1.0)):
+        train_cfg = load_config(None, [f"train.temporal_lr_scale={scale}"])["train"]
+        groups = build_optimizer(model, train_cfg).param_groups
+        before = [[p for p in model.parameters() if p.dim() > 1], [p for p in model.parameters() if p.dim() <= 1]]
+        assert [g["params"] for g in groups] == before
+        assert [(g["lr"], g["weight_decay"]) for g in groups] == [(train_cfg["lr"], train_cfg["weight_decay"]),
+                                                                  (train_cfg["lr"], 0.0)]
+
+
+def test_a_head_at_chance_is_said_once_with_the_switches(caplog):
+    import logging
+    from types import SimpleNamespace
+
+    from engine.step import RunReport
+    history = [{"epoch": e, "val_clip_acc": acc} for e, acc in enumerate([0.34, 0.333, 0.36, 0.333], start=1)]
+    trainer = SimpleNamespace(report=RunReport(), has_temporal_head=True, runtime=SimpleNamespace(is_main=True),
+                              class_names=["a", "b", "c"], state=SimpleNamespace(history=history[:2], epoch=2),
+                              cfg=load_config(None, ["train.temporal_lr_scale=0.5"]))
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
+        loop._warn_if_head_at_chance(trainer)  # two validations: not yet
+        trainer.state.history, trainer.state.epoch = history[:3], 3
+        loop._warn_if_head_at_chance(trainer)
+        trainer.state.history, trainer.state.epoch = history, 4
+        loop._warn_if_head_at_chance(trainer)  # once a run
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and warnings[0].startswith("epoch 3: validation accuracy has stayed at chance (0.333) "
+                                                         "for 3 validations with the temporal head on")
+    assert "train.temporal_lr_scale (now 0.5)" in warnings[0]
+    caplog.clear()
+    trainer.report.said_head_at_chance = False
+    trainer.state.history = history[:2] + [{"epoch": 3, "val_clip_acc": 0.5}]  # learning: nothing said
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
+        loop._warn_if_head_at_chance(trainer)
+    assert not caplog.records
