@@ -222,7 +222,8 @@ def generate_task(out: str, task: str, seed: int = 0, size: int = 32, fps: float
     ``{task}_val.jsonl`` (each line with its events), ``classes.txt``; skipped when complete with the same
     arguments. ``shape``: frames, event_frames or min_gap other than the family's (small tests)."""
     spec = {**TASKS[task], **shape}
-    args = dict(kind=f"task_{task}", seed=seed, size=size, fps=fps, num_train=num_train, num_val=num_val, **spec)
+    args = dict(kind=f"task_{task}", seed=seed, size=size, fps=fps, num_train=num_train, num_val=num_val,
+                **{**spec, "classes": list(spec["classes"])})  # as the marker's JSON gives it back
 
     def write(root: str) -> None:
         rng = np.random.default_rng(seed)

@@ -43,11 +43,21 @@ def read_barcode(frame: np.ndarray) -> int:
 
 
 def write_with_pyav(path: str, num_frames: int, codec: str, fps: int = 25, options: dict | None = None,
-                    gop: int | None = None, bframes: int | None = None, container_options: dict | None = None) -> str:
+                    gop: int | None = None, bframes: int | None = None, container_options: dict | None = None,
+                    frame=None, display_rotation: int | None = None, display_matrix: list | None = None) -> str:
+    """``num_frames`` frames of ``frame(i)`` (RGB; barcoded frame numbers by default) encoded with PyAV; a
+    ``display_rotation`` (counter-clockwise degrees, as PyAV and FFmpeg's tools say it) or ``display_matrix``
+    (FFmpeg's 9 ints) is written as a phone writes its rotation."""
     import av
+    frame = frame or barcode_frame
+    height, width = frame(0).shape[:2]
     with av.open(path, "w", options=container_options or {}) as container:
         stream = container.add_stream(codec, rate=fps)
-        stream.width, stream.height, stream.pix_fmt = WIDTH, HEIGHT, "yuv420p"
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        if display_rotation is not None:
+            stream.set_display_rotation(display_rotation)
+        if display_matrix is not None:
+            stream.set_display_matrix(display_matrix)
         if gop is not None:
             stream.codec_context.gop_size = gop
         if bframes is not None:
@@ -55,7 +65,7 @@ def write_with_pyav(path: str, num_frames: int, codec: str, fps: int = 25, optio
         if options:
             stream.options = options
         for i in range(num_frames):
-            for packet in stream.encode(av.VideoFrame.from_ndarray(barcode_frame(i), format="rgb24")):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame(i), format="rgb24")):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)

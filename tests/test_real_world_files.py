@@ -36,22 +36,11 @@ def marked_frame(index: int) -> np.ndarray:
     return frame
 
 
-def write_turned(path: str, rotation: int | None = None, matrix: list | None = None, num_frames: int = 24) -> str:
-    """H.264 in MP4 with a display rotation (counter-clockwise degrees, as PyAV and FFmpeg's tools say it) or a
-    display matrix, as a phone writes it: the frames stored landscape."""
-    with av.open(path, "w") as container:
-        stream = container.add_stream("libx264", rate=25)
-        stream.width, stream.height, stream.pix_fmt = STORED_W, STORED_H, "yuv420p"
-        if rotation is not None:
-            stream.set_display_rotation(rotation)
-        if matrix is not None:
-            stream.set_display_matrix(matrix)
-        for i in range(num_frames):
-            for packet in stream.encode(av.VideoFrame.from_ndarray(marked_frame(i), format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
+def write_turned(path: str, case: str) -> str:
+    """H.264 in MP4 with a display rotation (counter-clockwise degrees) or a mirror, as a phone writes it: the
+    frames stored landscape."""
+    turn = {"display_matrix": MIRROR} if case == "mirror" else {"display_rotation": int(case)}
+    return write_with_pyav(path, 24, "libx264", frame=marked_frame, **turn)
 
 
 def displayed(stored: np.ndarray, case: str) -> np.ndarray:
@@ -77,9 +66,7 @@ CASES = ["90", "180", "270", "mirror"]
 @pytest.fixture(scope="module")
 def turned(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("turned")
-    return {case: write_turned(str(folder / f"phone_{case}.mp4"), *((None, MIRROR) if case == "mirror"
-                                                                     else (int(case),)))
-            for case in CASES}
+    return {case: write_turned(str(folder / f"phone_{case}.mp4"), case) for case in CASES}
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -322,8 +322,9 @@ def test_each_task_family_gives_every_label_the_same_events_and_puts_the_label_i
     label (an order-blind pooling of chunks sees the same bag), their times do not depend on the label, and the
     label follows from their order alone."""
     from datasets.synthetic import TASKS, generate_task
-    data = generate_task(str(tmp_path / task), task, size=8, num_train=24, num_val=6, frames=160, event_frames=4,
-                         min_gap=8, quiet=True)
+    args = dict(size=8, num_train=24, num_val=6, frames=160, event_frames=4, min_gap=8, quiet=True)
+    data = generate_task(str(tmp_path / task), task, **args)
+    assert generate_task(str(tmp_path / task), task, **args) == data  # complete with these arguments: kept
     lines = [json.loads(line) for line in open(os.path.join(data, f"{task}_train.jsonl"))]
     assert sorted({line["label"] for line in lines}) == sorted(TASKS[task]["classes"])
     bags = {}
