@@ -134,7 +134,7 @@ def write_video(path: str, frames_iter, size: int, fps: float) -> None:
 
 
 ORDER_CLASSES = ("A_then_B", "B_then_A")
-EVENT_TINTS = {"A": (0, 0, 255), "B": (0, 255, 0)}  # BGR: A red, B green
+EVENT_COLOURS = {"A": (0, 0, 255), "B": (0, 255, 0), "C": (255, 0, 0)}  # BGR: A red, B green, C blue
 
 
 def order_video(rng: np.random.Generator, label: str, frames: int, size: int, event_frames: int,
@@ -145,17 +145,7 @@ def order_video(rng: np.random.Generator, label: str, frames: int, size: int, ev
     second = int(rng.integers(first + event_frames + min_gap, frames - event_frames + 1))
     names = ("A", "B") if label == "A_then_B" else ("B", "A")
     events = {names[0]: first, names[1]: second}
-    video = []
-    for t in range(frames):
-        frame = rng.integers(90, 166, size=(size, size, 3), dtype=np.uint8)  # fresh noise: no frame tells its time
-        for name, start in events.items():
-            if start <= t < start + event_frames:
-                frame = (0.4 * frame + 0.6 * np.array(EVENT_TINTS[name])).astype(np.uint8)
-        video.append(frame)
-    return video, events
-
-
-EVENT_COLOURS = {"A": (0, 0, 255), "B": (0, 255, 0), "C": (255, 0, 0)}  # BGR: red, green, blue
+    return events_video(rng, list(events.items()), frames, size, event_frames), events
 
 
 def event_times(rng: np.random.Generator, count: int, frames: int, event_frames: int, min_gap: int) -> list[int]:
