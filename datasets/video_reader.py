@@ -102,29 +102,46 @@ def several_streams_note(info: VideoInfo) -> str | None:
                                           f"ffmpeg -i in.mp4 -map 0:v:{largest} -c copy out.mp4" if largest else ""))
 
 
-def _pyav_header(path: str) -> tuple[list, Orientation | None, int | None]:
-    """What PyAV tells of a file OpenCV opened (each None or empty where PyAV cannot tell):
-    - [width, height, frames] of each video stream, from the container's header;
-    - the first stream's display orientation, from its first frame's display matrix (none if it has none);
-    - its whole packets: those before the first one the demuxer marks corrupt (a file cut inside a frame
-      ends in a partial packet, which decoders would conceal, each its own way), demuxed, not decoded."""
+@dataclass(frozen=True)
+class _PyAVHeader:
+    """What PyAV reads of a file in one pass over its packets (demuxed; decoded only up to the first frame)."""
+    streams: list  # [width, height, frames] of each video stream, from the container's header
+    first_size: tuple[int, int] | None  # the first stream's first decoded frame's (height, width), as stored
+    orientation: Orientation | None  # from that frame's display matrix: none if it has none, None if not right-angled
+    whole_packets: int  # before the first one the demuxer marks corrupt (a file cut inside a frame ends in a
+    #                     partial packet, which decoders would conceal, each its own way)
+    rate: float | None
+    header_frames: int  # the frame count the header states (0 where it states none: MKV, WebM)
+
+
+def _read_pyav_header(path: str) -> _PyAVHeader:
+    """The first video stream's _PyAVHeader; PyAV's own errors (av.FFmpegError) pass through."""
+    import av  # lazy: PyAV is optional at run time (the opencv decoder works without it)
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        streams, rate, header_frames = _stream_list(container), stream.guessed_rate or stream.average_rate, \
+            int(stream.frames)
+        first, whole = None, 0
+        for packet in container.demux(stream):
+            if packet.is_corrupt:
+                break
+            whole += packet.size > 0
+            if first is None:
+                first = next(iter(packet.decode()), None)
+        if first is None:  # a decoder that holds every frame back until the end: flushed
+            first = next(iter(stream.decode(None)), None)
+    return _PyAVHeader(streams, None if first is None else (first.height, first.width), _orientation_of_frame(first),
+                       whole, float(rate) if rate else None, header_frames)
+
+
+def _pyav_header(path: str) -> _PyAVHeader | None:
+    """What PyAV tells of a file OpenCV opened; None where PyAV is missing or cannot read it."""
+    if importlib.util.find_spec("av") is None:
+        return None
     try:
-        import av  # lazy: PyAV is optional at run time (the opencv decoder works without it)
-    except ImportError:
-        return [], None, None
-    try:
-        with av.open(path) as container:
-            streams = _stream_list(container)
-            frame = next(container.decode(container.streams.video[0]), None)
-        with av.open(path) as container:
-            whole = 0
-            for packet in container.demux(container.streams.video[0]):
-                if packet.is_corrupt:
-                    break
-                whole += packet.size > 0
+        return _read_pyav_header(path)
     except Exception:  # PyAV cannot read what OpenCV could: the stream list and the orientation stay unknown
-        return [], None, None
-    return streams, _orientation_of_frame(frame), whole
+        return None
 
 
 def _orientation_of_frame(frame) -> Orientation | None:
@@ -180,15 +197,16 @@ def probe(path: str, decoder: str = "opencv") -> VideoInfo:
             raise VideoReadError(f"{path}: OpenCV opens this file but cannot decode its '{codec}' video "
                                  f"(its FFmpeg build lacks a decoder); {REENCODE_HINT}, or set data.decoder: "
                                  f"pyav if PyAV decodes it")
-        streams, orientation, whole_packets = _pyav_header(path)
+        header = _pyav_header(path)
+        orientation = header.orientation if header else None
         if orientation is None or (orientation == NONE and cap.get(cv2.CAP_PROP_ORIENTATION_META) % 360):
             orientation = Orientation.of_rotation(cap.get(cv2.CAP_PROP_ORIENTATION_META))  # no PyAV: no mirror
         height, width = orientation.displayed(frame.shape[:2])
         regular, packets = _scan_packets(path)
-        if whole_packets:
-            packets = min(packets, whole_packets)
-        return VideoInfo(path, packets or count, fps if fps > 0 else 25.0, width, height, codec, regular, streams,
-                         orientation=orientation.name, header_frames=count)
+        if header and header.whole_packets:
+            packets = min(packets, header.whole_packets)
+        return VideoInfo(path, packets or count, fps if fps > 0 else 25.0, width, height, codec, regular,
+                         header.streams if header else [], orientation=orientation.name, header_frames=count)
     finally:
         cap.release()
 
@@ -197,22 +215,17 @@ def _probe_with_pyav(path: str, codec: str) -> VideoInfo:
     """The probe of a file only PyAV decodes: its first video stream's header, and one decoded frame."""
     import av  # lazy: PyAV is optional at run time (the opencv decoder works without it)
     try:
-        with av.open(path) as container:
-            streams = _stream_list(container)
-            stream = container.streams.video[0]
-            frame = next(container.decode(stream), None)
-            rate = stream.guessed_rate or stream.average_rate
-            header_count = int(stream.frames)
-        count = _pyav_header(path)[2] or 0  # the frames the file holds: its whole packets
+        header = _read_pyav_header(path)
     except av.FFmpegError as e:
         raise VideoReadError(f"{path}: neither OpenCV nor PyAV decodes its '{codec}' video ({e}); {REENCODE_HINT}")
-    if frame is None or not rate or count <= 0:
+    count = header.whole_packets  # the frames the file holds
+    if header.first_size is None or not header.rate or count <= 0:
         raise VideoReadError(f"{path}: PyAV finds no decodable frame, frame rate or frame count in its '{codec}' "
                              f"video; {REENCODE_HINT}")
-    orientation = _orientation_of_frame(frame) or NONE
-    height, width = orientation.displayed((frame.height, frame.width))
-    return VideoInfo(path, count, float(rate), width, height, codec, _scan_packets(path)[0], streams,
-                     opencv_decodes=False, orientation=orientation.name, header_frames=header_count or count)
+    orientation = header.orientation or NONE
+    height, width = orientation.displayed(header.first_size)
+    return VideoInfo(path, count, header.rate, width, height, codec, _scan_packets(path)[0], header.streams,
+                     opencv_decodes=False, orientation=orientation.name, header_frames=header.header_frames or count)
 
 
 def _scan_packets(path: str) -> tuple[bool, int]:
