@@ -32,17 +32,20 @@ def build_optimizer(model: torch.nn.Module, train_cfg: dict) -> torch.optim.Opti
     """No weight decay on norms and biases (the usual practice for CNNs and transformers). A temporal head's
     parameters form groups of their own at train.lr x train.temporal_lr_scale (the schedule scales every group
     alike); without a head, or with a scale of 1, the model is one pair of groups, as before the scale existed."""
+    def decay_groups(name: str, params: list, lr: float) -> list[dict]:
+        return [{"params": [p for p in params if p.dim() > 1], "weight_decay": train_cfg["weight_decay"], "lr": lr,
+                 "name": name},
+                {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0, "lr": lr, "name": name}]
+
+    trained = [p for p in model.parameters() if p.requires_grad]
     head = getattr(model, "temporal", None)
-    separate = head is not None and train_cfg["temporal_lr_scale"] != 1.0
-    head_ids = {id(p) for p in head.parameters()} if separate else set()
-    groups = []
-    for name, lr in (("model", train_cfg["lr"]), ("temporal head", train_cfg["lr"] * train_cfg["temporal_lr_scale"])):
-        params = [p for p in model.parameters() if p.requires_grad and (id(p) in head_ids) == (name != "model")]
-        if name != "model" and not params:
-            continue
-        groups += [{"params": [p for p in params if p.dim() > 1], "weight_decay": train_cfg["weight_decay"],
-                    "lr": lr, "name": name},
-                   {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0, "lr": lr, "name": name}]
+    if head is None or train_cfg["temporal_lr_scale"] == 1.0:
+        groups = decay_groups("model", trained, train_cfg["lr"])
+    else:
+        in_head = {id(p) for p in head.parameters()}
+        groups = (decay_groups("model", [p for p in trained if id(p) not in in_head], train_cfg["lr"])
+                  + decay_groups("temporal head", [p for p in trained if id(p) in in_head],
+                                 train_cfg["lr"] * train_cfg["temporal_lr_scale"]))
     if train_cfg["optimizer"] == "sgd":
         return torch.optim.SGD(groups, lr=train_cfg["lr"], momentum=train_cfg["momentum"], nesterov=True)
     return torch.optim.AdamW(groups, lr=train_cfg["lr"])
