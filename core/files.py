@@ -251,6 +251,11 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+def _writer_gone(pid: int) -> bool:
+    """Whether the process that named a temporary file or folder after its pid has ended (not this one)."""
+    return pid != os.getpid() and not _process_alive(pid)
+
+
 def process_temp_dir(prefix: str) -> str:
     """A new folder ``<prefix><pid>-<random>`` in the system's temp directory, removed when this process exits
     (errors included); folders of the same prefix whose process is gone (killed before it could remove them) are
@@ -259,7 +264,7 @@ def process_temp_dir(prefix: str) -> str:
     pattern = re.compile(re.escape(prefix) + r"(\d+)-")
     for name in os.listdir(base):
         match = pattern.match(name)
-        if match and int(match.group(1)) != os.getpid() and not _process_alive(int(match.group(1))):
+        if match and _writer_gone(int(match.group(1))):
             shutil.rmtree(os.path.join(base, name), ignore_errors=True)
     with naming_disk_errors(base):
         path = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base)
@@ -284,7 +289,7 @@ def remove_stale_temp_files(directory: str, recursive: bool = False) -> list[str
     for folder, _, names in walker:
         for name in names:
             match = _TEMP_NAME.match(name)
-            if match and int(match.group(1)) != os.getpid() and not _process_alive(int(match.group(1))):
+            if match and _writer_gone(int(match.group(1))):
                 path = os.path.join(folder, name)
                 try:
                     os.unlink(path)
