@@ -20,10 +20,9 @@ import torch
 from torch import nn
 
 from core.files import free_bytes
-from planner.estimate import OPTIMIZER_STATES
+from planner.estimate import OPTIMIZER_STATES, MiB
 
 log = logging.getLogger("longvideo")
-MB = 2 ** 20
 CHECKPOINT_EXTRAS = 256 * 1024  # the config, class names, RNG states, history and the zip's own records
 LOG_BYTES_PER_STEP = 600  # one train.log line (~200 bytes) and one memory.csv row (~400)
 LOG_BYTES_PER_EPOCH = 1500  # the epoch's train.log lines and its metrics.csv row
@@ -41,8 +40,8 @@ class DiskPlan:
         return self.checkpoint * self.checkpoints + self.logs
 
     def text(self) -> str:
-        return (f"{self.total / MB:.0f} MB ({self.checkpoints} checkpoints of {self.checkpoint / MB:.1f} MB, the one "
-                f"being written included, and {self.logs / MB:.1f} MB of logs and plots)")
+        return (f"{self.total / MiB:.0f} MB ({self.checkpoints} checkpoints of {self.checkpoint / MiB:.1f} MB, the one "
+                f"being written included, and {self.logs / MiB:.1f} MB of logs and plots)")
 
 
 def checkpoint_bytes(model: nn.Module, optimizer: str) -> int:
@@ -64,13 +63,13 @@ def state_disk_plan(plan: DiskPlan, output_dir: str, out=None, written: int = 0)
     a warning line when it is short; returns the warning (None when it fits or is unknown). ``written``: bytes the
     run has written already (a resumed run's files), which the free space need not hold again."""
     free = free_bytes(output_dir)
-    free_text = "free space unknown" if free is None else f"{free / MB:.0f} MB free"
+    free_text = "free space unknown" if free is None else f"{free / MiB:.0f} MB free"
     if written:
-        free_text += f"; {written / MB:.0f} MB of it written already"
+        free_text += f"; {written / MiB:.0f} MB of it written already"
     (out or log.info)(f"disk: the run needs about {plan.text()} under {output_dir} ({free_text})")
     if free is None or plan.total - written <= free:
         return None
-    warning = (f"disk: {output_dir} has {free / MB:.0f} MB free, less than the {(plan.total - written) / MB:.0f} MB "
+    warning = (f"disk: {output_dir} has {free / MiB:.0f} MB free, less than the {(plan.total - written) / MiB:.0f} MB "
                f"this run still needs: free space there, lower train.keep_last_k ({plan.checkpoints - 3}), or set "
                f"trainer.output_dir to a larger disk")
     (out or log.warning)(warning)
