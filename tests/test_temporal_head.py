@@ -421,3 +421,20 @@ def test_a_head_at_chance_is_said_once_with_the_switches(caplog):
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         loop._warn_if_head_at_chance(trainer)
     assert not caplog.records
+
+
+def test_resuming_with_the_other_group_layout_says_which_setting_to_use(tmp_path):
+    """A checkpoint whose head trained at the backbone's rate (one pair of groups), resumed with the default scale
+    (the head's own groups): one clear error naming the key, not torch's "different number of parameter groups"."""
+    from artifacts.checkpoint import CHECKPOINT_FORMAT, CheckpointError, restore_training, save_checkpoint
+    from engine.step import build_optimizer
+    model = head_model()
+    one_rate = build_optimizer(model, load_config(None, ["train.temporal_lr_scale=1"])["train"])
+    path = str(tmp_path / "last.pt")
+    save_checkpoint({"format": CHECKPOINT_FORMAT, "model": model.state_dict(), "optimizer": one_rate.state_dict()},
+                    path)
+    own_rate = build_optimizer(model, load_config(None, [])["train"])
+    with pytest.raises(CheckpointError, match=r"last\.pt: its optimizer has 2 parameter groups, this config's has 4 "
+                                              r"\(.*\); resume with the checkpoint's setting, e\.g\. --set "
+                                              r"train\.temporal_lr_scale=1"):
+        restore_training(path, model, own_rate, None, None)
