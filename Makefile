@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 DATA   := data/synthetic
-# The exact versions the tests and the README's figures use; empty (make test-latest) installs the newest releases.
+# The exact versions the tests and the figures in bench/RESULTS.md use; empty (make test-latest) installs the newest releases.
 CONSTRAINTS ?= constraints.txt
 PIN    := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),--upgrade)
 

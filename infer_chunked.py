@@ -81,8 +81,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="FFmpeg decoder threads (0 = OpenCV's choice, all cores)")
     parser.add_argument("--max-videos", type=int, help="stop after this many videos")
     parser.add_argument("--features", metavar="DIR",
-                        help="also write each video's per-chunk features to DIR/<stem>.npz (see README: Features); "
-                             "a video whose file is there with the same settings is skipped")
+                        help="also write each video's per-chunk features to DIR/<stem>.npz (docs/inference.md); a "
+                             "video whose file is there with the same settings is skipped")
     parser.add_argument("--features-dtype", choices=FEATURE_DTYPES, default="float16",
                         help="dtype of the stored features (the logits are always float32)")
     parser.add_argument("--shard", metavar="i/N",

@@ -236,7 +236,7 @@ def classify_video(model, record: VideoRecord, cfg: dict, spec: InferenceSpec, r
                                desc=os.path.basename(record.first_path), disable=not sys.stderr.isatty()):
             tick = time.perf_counter()
             inputs = prepare(tensors)
-            # a video shorter than the model's minimum clip: repeat its last frame (documented in the README)
+            # a video shorter than the model's minimum clip: repeat its last frame (docs/long-videos.md)
             inputs = slice_time(inputs, 0, clip_length(inputs), getattr(model, "min_frames", 1))
             with runtime.autocast():
                 if head is not None:

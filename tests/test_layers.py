@@ -1,6 +1,6 @@
 """The tree is the architecture: every project module's imports (module- and function-level, read with ast) go
 down the layer order below or stay in their layer, never form a cycle, and never reach a script. The layer order
-is written here, once; the README's Layout section draws it."""
+is written here, once; the README's Layers section draws it."""
 from __future__ import annotations
 
 import ast

@@ -1,5 +1,6 @@
-"""The README's commands, run as written, in order, in a fresh workspace: after the demo's steps (the Makefile's
-demo recipe), the everyday commands and the memory planner's. So the README cannot drift from the code."""
+"""The README's and the docs' commands, run as written, in order, in a fresh workspace: after the demo's steps (the
+Makefile's demo recipe), the everyday commands, the memory planner's and the feature extraction's. So the docs
+cannot drift from the code."""
 import os
 import re
 import shlex
@@ -13,11 +14,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOOPS = "--interval"  # the README's eval.py loop never ends by design: not run
 
 
-def bash_blocks(section: str) -> list[str]:
-    """The command lines of the ```bash blocks under a README heading (comments and blank lines dropped)."""
-    text = open(os.path.join(ROOT, "README.md")).read()
-    body = text.split(section, 1)[1]
-    body = re.split(r"\n#{2,3} ", body, maxsplit=1)[0]
+def section_lines(page: str, heading: str) -> list[str]:
+    """The lines under ``heading`` (a whole heading line) of ``page`` (a path from the repository's root), up to the
+    next heading outside a code block."""
+    lines = open(os.path.join(ROOT, page)).read().splitlines()
+    start = lines.index(heading) + 1
+    body, in_code = [], False
+    for line in lines[start:]:
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith("#"):
+            break
+        body.append(line)
+    return body
+
+
+def bash_blocks(page: str, heading: str) -> list[str]:
+    """The command lines of the ```bash blocks under a heading (comments and blank lines dropped)."""
+    body = "\n".join(section_lines(page, heading)) + "\n"
     lines = []
     for block in re.findall(r"```bash\n(.*?)```", body, flags=re.S):
         for line in block.splitlines():
@@ -57,8 +71,8 @@ def test_the_readme_commands_work_as_written(workspace):
     for command in demo_recipe():
         result = run(command, workspace)
         assert result.returncode == 0, (command, result.stderr[-2000:])
-    everyday = bash_blocks("## Everyday use")
-    planner = bash_blocks("### Memory planner")
+    everyday = bash_blocks("README.md", "## Everyday use")
+    planner = bash_blocks("docs/memory-planner.md", "# The memory planner")
     assert len(everyday) == 3 and len(planner) == 4  # the blocks were found
     for command in everyday + planner:
         result = run(command, workspace)
@@ -70,7 +84,7 @@ def test_the_readme_commands_work_as_written(workspace):
         assert result.returncode == 0, (command, result.stderr[-2000:])
     log = (workspace / "runs" / "rtx5080" / "eval.log").read_text()
     assert "nothing to evaluate yet" in log  # the crontab line on its first run
-    features = bash_blocks("### Features for localization")
+    features = bash_blocks("docs/inference.md", "## Features for localization")
     assert len(features) == 4
     results = [run(command, workspace) for command in features]
     assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
