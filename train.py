@@ -26,8 +26,8 @@ from core.runtime import setup_runtime, unwrap_model
 from datasets.shape import DataShape
 from datasets.video_dataset import BAD_INPUT_ERRORS, DATA_LAYOUTS
 from datasets.video_reader import quiet_decoder_logs
-from engine.loop import build_trainer, fit, save_after_interrupt, stop_on_ctrl_c
-from engine.step import NonFiniteLossError, OutOfMemoryAdvice
+from engine.loop import build_trainer, fit, stop_on_ctrl_c
+from engine.step import RunStopped
 from planner.disk import DiskPlan, bytes_written, disk_plan, state_disk_plan
 from planner.fit import fit_budget
 from planner.host import warn_if_host_memory_short
@@ -106,12 +106,11 @@ def main(argv=None) -> int:
         raise disk_full_advice(e, plan, args, resumable=bool(args.resume)) from None
     try:
         with stop_on_ctrl_c():
-            fit(trainer, train_loader, val_loader)
-    except (NonFiniteLossError, OutOfMemoryAdvice) as e:
+            fit(trainer, train_loader, val_loader, resume_command(args))
+    except RunStopped as e:  # last.pt saved (named in the message)
         log.error("error: %s", e)
         return 1
-    except KeyboardInterrupt:
-        save_after_interrupt(trainer, resume_command(args))
+    except KeyboardInterrupt:  # last.pt saved, the command that continues said
         return 130  # the shell's code for SIGINT
     except DiskFullError as e:  # the run stops at its first failed write; what was written before is whole
         resumable = bool(args.resume) or (trainer.run is not None and os.path.exists(trainer.run.checkpoint("last.pt")))

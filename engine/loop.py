@@ -38,6 +38,7 @@ from engine.precise_bn import precise_bn_before_validation
 from engine.step import (
     NonFiniteLossError,
     RunReport,
+    RunStopped,
     Trainer,
     build_optimizer,
     build_scheduler,
@@ -169,13 +170,12 @@ def _count_loss(trainer: Trainer, loss_sum: float, clips: int) -> int:
 
 
 def _stop_after_nonfinite_losses(trainer: Trainer) -> None:
-    """trainer.max_nonfinite_steps non-finite losses in a row stop the run, with last.pt saved."""
+    """trainer.max_nonfinite_steps non-finite losses in a row stop the run (saved_on_stop saves last.pt)."""
     state = trainer.state
     if state.nonfinite_streak >= trainer.cfg["trainer"]["max_nonfinite_steps"]:
-        path = trainer.save("last.pt")
         raise NonFiniteLossError(
-            f"{state.nonfinite_streak} consecutive non-finite losses at step {state.global_step}; saved "
-            f"{path}. Lower train.lr, use trainer.precision: bf16 or 32 instead of 16, or set train.grad_clip")
+            f"{state.nonfinite_streak} consecutive non-finite losses at step {state.global_step}",
+            "Lower train.lr, use trainer.precision: bf16 or 32 instead of 16, or set train.grad_clip")
 
 
 
@@ -201,14 +201,24 @@ def _after_step(trainer: Trainer, totals: dict, start: float, progress) -> None:
 
 
 
-def save_after_interrupt(trainer: Trainer, resume_command: str) -> None:
-    """Ctrl-C: last.pt at the last optimizer step (the unfinished accumulation group is trained again on
-    resume), and how to continue."""
-    state = trainer.state
-    state.batches_done -= state.batches_done % trainer.cfg["train"]["accumulate_grad_batches"]
-    path = trainer.save("last.pt")
-    log.warning("interrupted at epoch %d, step %d: saved %s; continue with: %s", state.epoch + 1,
-                state.global_step, path, resume_command)
+@contextlib.contextmanager
+def saved_on_stop(trainer: Trainer, resume_command: str = "--resume auto"):
+    """The one place a run that ends abnormally saves last.pt: a ``RunStopped`` (an OOM nothing could fit, a row
+    of non-finite losses) leaves with the checkpoint named in its message; Ctrl-C saves at the last optimizer
+    step (the unfinished accumulation group is trained again on resume) and says how to continue."""
+    try:
+        yield
+    except RunStopped as stop:
+        if stop.saves_checkpoint:
+            stop.note_checkpoint(trainer.save("last.pt"))
+        raise
+    except KeyboardInterrupt:
+        state = trainer.state
+        state.batches_done -= state.batches_done % trainer.cfg["train"]["accumulate_grad_batches"]
+        path = trainer.save("last.pt")
+        log.warning("interrupted at epoch %d, step %d: saved %s; continue with: %s", state.epoch + 1,
+                    state.global_step, path, resume_command)
+        raise
 
 def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None,
                   stop_after_steps: int | None = None) -> tuple[Trainer, DataLoader, DataLoader | None]:
@@ -336,7 +346,15 @@ def _write_first_files(trainer: Trainer, num_samples: int) -> None:
              cfg["train"]["accumulate_grad_batches"], runtime.world_size)
 
 
-def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | None) -> None:
+def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | None,
+        resume_command: str = "--resume auto") -> None:
+    """Epochs of training and validation to trainer.max_epochs; an abnormal end saves last.pt (saved_on_stop)
+    and raises; ``resume_command`` is what the Ctrl-C message says to run to continue."""
+    with saved_on_stop(trainer, resume_command):
+        _fit(trainer, train_loader, val_loader)
+
+
+def _fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | None) -> None:
     cfg, state, runtime = trainer.cfg, trainer.state, trainer.runtime
     max_epochs = cfg["trainer"]["max_epochs"]
     metrics_log = CsvLog(trainer.run.metrics_csv) if runtime.is_main else None

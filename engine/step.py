@@ -133,7 +133,20 @@ class Trainer:
 
 
 
-class NonFiniteLossError(RuntimeError):
+class RunStopped(RuntimeError):
+    """A condition that ends the run. Whoever meets it raises and writes nothing; ``engine.loop.saved_on_stop``
+    (around fit) saves last.pt once and names it in the message (``note_checkpoint``)."""
+    saves_checkpoint = True
+
+    def __init__(self, reason: str, advice: str = ""):
+        super().__init__(f"{reason}. {advice}" if advice else reason)
+        self.reason, self.advice = reason, advice
+
+    def note_checkpoint(self, path: str) -> None:
+        self.args = (f"{self.reason}; saved {path}" + (f". {self.advice}" if self.advice else ""),)
+
+
+class NonFiniteLossError(RunStopped):
     pass
 
 
@@ -178,11 +191,10 @@ def agree_and_reduce(trainer: Trainer) -> None:
                     "whole clips" if agreed_chunk == no_chunk else f"training chunks of {agreed_chunk} frames")
     state.micro_splits, state.chunk_train_size = splits, None if agreed_chunk == no_chunk else agreed_chunk
     if gave_up:
-        path = trainer.save("last.pt")  # rank 0's, whichever rank gave up
-        advice = trainer.pending_advice
+        advice = trainer.pending_advice  # every rank stops here; rank 0 saves (saved_on_stop), whichever gave up
         raise advice if advice is not None else OutOfMemoryAdvice(
-            f"another rank ran out of memory with 1 clip per forward pass in chunks of the model's shortest length; "
-            f"saved {path}; see that rank's advice")
+            "another rank ran out of memory with 1 clip per forward pass in chunks of the model's shortest length",
+            "See that rank's advice")
     grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
     if grads:
         flat = torch.cat([g.reshape(-1) for g in grads])
@@ -281,13 +293,15 @@ def clips_per_forward(trainer: Trainer) -> int:
     return math.ceil(trainer.cfg["data"]["batch_size"] / trainer.state.micro_splits)
 
 
-class OutOfMemoryAdvice(RuntimeError):
+class OutOfMemoryAdvice(RunStopped):
     pass
 
 
 class SyncedOutOfMemory(OutOfMemoryAdvice):
     """An OOM under SyncBatchNorm: the other ranks wait inside a collective of the forward that this rank
-    abandoned, so no agreement can be reached; this rank stops (torchrun then stops the others)."""
+    abandoned, so no agreement can be reached; this rank stops (torchrun then stops the others), saving nothing:
+    its step is half done and the advice says to resume from the last checkpoint."""
+    saves_checkpoint = False
 
 
 def back_off_after_oom(trainer: Trainer, batch_size: int, length: int) -> None:
@@ -301,12 +315,11 @@ def back_off_after_oom(trainer: Trainer, batch_size: int, length: int) -> None:
     if per_forward <= 1:
         if _shorten_chunks(trainer, length):
             return
-        path = trainer.save("last.pt")
         data, model = cfg["data"], cfg["model"]
         raise OutOfMemoryAdvice(
             f"out of memory with 1 clip per forward pass in chunks of {_frames(_chunk_frames(trainer, length))} "
-            f"(the model's shortest); "
-            f"saved {path}. To fit, in this order: "
+            f"(the model's shortest)",
+            f"To fit, in this order: "
             f"1) smaller frames (data.img_size={data['img_size']}), "
             f"2) model.grad_checkpointing: true (now {str(model['grad_checkpointing']).lower()}), "
             f"3) trainer.precision 16/bf16 (now {trainer.runtime.precision}), "

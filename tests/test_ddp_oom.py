@@ -84,7 +84,8 @@ trainer = Trainer(wrapped, optimizer, scheduler, runtime.grad_scaler(), prepare,
                   RunDirectory(out) if runtime.is_main else None, ["a", "b", "c"], DataShape(3),
                   nn.CrossEntropyLoss(), TrainState())
 try:
-    loop.train_one_epoch(trainer, loader)
+    with loop.saved_on_stop(trainer):  # as fit
+        loop.train_one_epoch(trainer, loader)
 except OutOfMemoryAdvice as e:  # as train.py
     print(f"rank {runtime.rank} error: {e}", flush=True)
     sys.exit(1)

@@ -113,7 +113,7 @@ def test_out_of_memory_halves_the_micro_batch_and_keeps_the_effective_batch(tmp_
 
 def test_out_of_memory_at_one_clip_saves_and_gives_the_ordered_advice(tmp_path):
     trainer, loader = make_trainer(NoBatchNorm(oom_above=0), 4, 1, tmp_path)
-    with pytest.raises(OutOfMemoryAdvice) as info:
+    with pytest.raises(OutOfMemoryAdvice) as info, loop.saved_on_stop(trainer):
         loop.train_one_epoch(trainer, loader)
     message = str(info.value)
     # the back-off went 4 -> 2 -> 1 clips per forward, then chunks of 4 -> 2 -> 1 frames, before giving up
@@ -123,6 +123,13 @@ def test_out_of_memory_at_one_clip_saves_and_gives_the_ordered_advice(tmp_path):
                               f"3) trainer.precision 16/bf16 (now 32), 4) a smaller model or preset")
     saved = load_checkpoint(str(tmp_path / "checkpoints" / "last.pt"))
     assert saved["micro_splits"] == 4 and saved["chunk_train_size"] == 1
+
+
+def test_the_step_raises_and_writes_nothing_the_one_save_is_saved_on_stop(tmp_path):
+    trainer, loader = make_trainer(NoBatchNorm(oom_above=0), 4, 1, tmp_path)
+    with pytest.raises(OutOfMemoryAdvice) as info:
+        loop.train_one_epoch(trainer, loader)
+    assert os.listdir(tmp_path / "checkpoints") == [] and "saved" not in str(info.value)
 
 
 def test_out_of_memory_at_one_clip_halves_the_chunk_and_resumes_with_it(tmp_path, caplog):
@@ -147,7 +154,7 @@ def test_out_of_memory_at_one_clip_halves_the_chunk_and_resumes_with_it(tmp_path
 
 def test_consecutive_non_finite_losses_stop_the_run_with_a_checkpoint(tmp_path):
     trainer, loader = make_trainer(NoBatchNorm(nan=True), 2, 1, tmp_path, **{"trainer.max_nonfinite_steps": 3})
-    with pytest.raises(NonFiniteLossError) as info:
+    with pytest.raises(NonFiniteLossError) as info, loop.saved_on_stop(trainer):
         loop.train_one_epoch(trainer, loader)
     assert str(info.value).startswith("3 consecutive non-finite losses at step 3; saved ")
     assert trainer.state.skipped_steps == 3  # the steps with NaN gradients were not applied
