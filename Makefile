@@ -28,6 +28,7 @@ demo: $(VENV)/.runtime-installed
 
 test: $(VENV)/.dev-installed
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 	$(PY) -m pytest -q tests
 
 # the same tests on the newest releases the package index serves, in a venv of their own

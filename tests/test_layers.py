@@ -1,180 +1,92 @@
-"""The tree is the architecture: every project module's imports (module- and function-level, read with ast) go
-down the layer order below or stay in their layer, never form a cycle, and never reach a script. The layer order
-is written here, once; the README's Layers section draws it."""
+"""The tree is the architecture. The layer order, the independence of datasets and models, the absence of cycles
+inside a package and of imports of a script are import-linter's contracts in ``.importlinter`` (make test runs
+``lint-imports``; the README's Layers section draws them). Here: the contracts hold, each fails when broken, and
+the one rule of ours import-linter has no contract for: a function-level import says why it is there."""
 from __future__ import annotations
 
 import ast
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# Lowest first. A module may import its own layer and those below; packages of one layer do not import each other.
-LAYERS = [
-    ("core",),                 # files and atomic writes, errors, runtime, logging, the command-line edge
-    ("config",),               # the schema, presets, validation, the flag table
-    ("datasets", "models"),    # data in, models out
-    ("artifacts",),            # the run directory, checkpoints, CSV logs, plots, the cron ledger
-    ("engine",),               # chunking, the step and OOM back-off, the loop, evaluation, streaming inference
-    ("planner",),              # the memory planner (runs the engine's step)
-]
-SCRIPTS = {"train", "eval", "infer_chunked"}  # and every package's __main__: entry points, imported by nothing
-SKIP = {".venv", "tests", "bench", "data", "runs", ".git"}
+PACKAGES = ("core", "config", "datasets", "models", "artifacts", "engine", "planner")
+SCRIPTS = ("train", "eval", "infer_chunked")
+LINT_IMPORTS = os.path.join(os.path.dirname(sys.executable), "lint-imports")
 
 
-def project_modules(root: str = ROOT) -> dict[str, str]:
-    """module name -> file, for the scripts and every package module."""
-    modules = {}
-    for folder, dirs, files in os.walk(root):
-        rel = os.path.relpath(folder, root)
-        if rel != "." and rel.split(os.sep)[0] in SKIP | {d for d in rel.split(os.sep) if d.startswith(".")}:
-            dirs[:] = []
-            continue
-        for name in files:
-            if not name.endswith(".py"):
-                continue
-            parts = [] if rel == "." else rel.split(os.sep)
-            stem = name[:-3]
-            if stem != "__init__":
-                parts.append(stem)
-            if parts:
-                modules[".".join(parts)] = os.path.join(folder, name)
-    return {m: f for m, f in modules.items() if "." in m or m in SCRIPTS or os.path.basename(f) == "__init__.py"}
+def lint_imports(root: str) -> subprocess.CompletedProcess:
+    return subprocess.run([LINT_IMPORTS, "--no-cache", "--no-logo"], cwd=root, capture_output=True, text=True,
+                          timeout=120)
 
 
-def imports_of(path: str, module: str, known: set[str]) -> list[tuple[str, int, bool, str]]:
-    """(imported project module, line, whether inside a function, the source line) for each import."""
-    source = open(path).read()
-    lines = source.splitlines()
-    tree = ast.parse(source)
-    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
-    found = []
-
-    def resolve(name: str) -> str | None:
-        while name and name not in known:
-            name = name.rpartition(".")[0]
-        return name or None
-
-    def visit(node, in_function: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
-            names = []
-            if isinstance(child, ast.Import):
-                names = [alias.name for alias in child.names]
-            elif isinstance(child, ast.ImportFrom):
-                base = child.module or ""
-                if child.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - child.level + 1] + ([base] if base
-                                                                                                        else []))
-                names = [base] + [f"{base}.{alias.name}" for alias in child.names]
-            for name in names:
-                target = resolve(name)
-                if target is not None and target != module:
-                    found.append((target, child.lineno, inside, lines[child.lineno - 1]))
-            if isinstance(child, (ast.Import, ast.ImportFrom)) and inside:
-                found.append(("<function-level>", child.lineno, True, lines[child.lineno - 1]))
-            visit(child, inside)
-
-    visit(tree, False)
-    return found
+def copy_of_the_tree(folder) -> str:
+    for name in PACKAGES:
+        shutil.copytree(os.path.join(ROOT, name), folder / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in [f"{s}.py" for s in SCRIPTS] + [".importlinter"]:
+        shutil.copy(os.path.join(ROOT, name), folder)
+    return str(folder)
 
 
-def layer_of(module: str) -> int | None:
-    top = module.split(".")[0]
-    if module in SCRIPTS or module.endswith("__main__"):
-        return None
-    return next(i for i, names in enumerate(LAYERS) if top in names)
+def test_the_import_contracts_hold():
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "3 kept, 0 broken" in result.stdout
 
 
-def violations(root: str = ROOT) -> list[str]:
-    modules = project_modules(root)
-    known = set(modules)
-    problems, graph = [], {}
-    for module, path in sorted(modules.items()):
-        graph[module] = set()
-        for target, line, _, text in imports_of(path, module, known):
-            where = f"{os.path.relpath(path, root)}:{line}"
-            if target == "<function-level>":
-                if "#" not in text:
-                    problems.append(f"{where}: a function-level import without its reason: {text.strip()}")
-                continue
-            graph[module].add(target)
-            if target in SCRIPTS or target.endswith("__main__"):
-                problems.append(f"{where}: {module} imports the script {target}")
-                continue
-            mine, theirs = layer_of(module), layer_of(target)
-            if mine is None:
-                continue  # scripts may import any layer
-            if theirs > mine:
-                problems.append(f"{where}: {module} (layer {mine}: {'/'.join(LAYERS[mine])}) imports {target} "
-                                f"(layer {theirs}: {'/'.join(LAYERS[theirs])}), a higher layer")
-            elif theirs == mine and target.split(".")[0] != module.split(".")[0]:
-                problems.append(f"{where}: {module} imports {target}, another package of its layer")
-    problems += [f"import cycle: {' -> '.join(cycle)}" for cycle in cycles(graph)]
-    return problems
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """One cycle per strongly connected part of more than one module (or a module importing itself)."""
-    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
-
-    def connect(v):
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                connect(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            part = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                part.append(w)
-                if w == v:
-                    break
-            if len(part) > 1:
-                found.append(sorted(part) + [sorted(part)[0]])
-
-    for v in sorted(graph):
-        if v not in index:
-            connect(v)
-    return found
-
-
-def test_imports_follow_the_layers_without_cycles_or_scripts():
-    assert violations() == []
-
-
-def test_every_package_module_has_a_layer():
-    for module in project_modules():
-        if module not in SCRIPTS and not module.endswith("__main__"):
-            assert layer_of(module) is not None, module
-
-
-@pytest.mark.parametrize("change, expected", [
-    ("core/files.py", "import cycle"),               # core.files <-> core.errors
-    ("config/__init__.py", "a higher layer"),        # config imports the engine
-    ("engine/watch.py", "without its reason"),       # a lazy import with no word on why
-    ("engine/loop.py", "imports the script train"),  # a library module importing a script
+@pytest.mark.parametrize("change, extra, broken", [
+    ("config/__init__.py", "import engine.loop\n", "Layers"),                    # an upward import
+    ("datasets/manifest.py", "import models.registry\n", "Layers"),             # a sibling package of its layer
+    ("core/files.py", "from core import errors\n", "No cycle"),                 # with errors importing files
+    ("engine/loop.py", "import train\n", "No package imports a script"),
 ])
-def test_the_check_fails_on_a_cycle_an_upward_import_and_a_script_import(tmp_path, change, expected):
-    for name in ("core", "config", "engine", "datasets", "models", "artifacts", "planner"):
-        shutil.copytree(os.path.join(ROOT, name), tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for script in SCRIPTS:
-        shutil.copy(os.path.join(ROOT, f"{script}.py"), tmp_path)
-    assert violations(str(tmp_path)) == []
-    extra = {"core/files.py": "from core import errors\n", "config/__init__.py": "import engine.loop\n",
-             "engine/loop.py": "import train\n", "engine/watch.py": "def later():\n    import json\n"}[change]
-    (tmp_path / change).write_text(extra + (tmp_path / change).read_text())
+def test_each_contract_fails_when_broken(tmp_path, change, extra, broken):
+    root = copy_of_the_tree(tmp_path)
+    path = tmp_path / change
+    path.write_text(extra + path.read_text())
     if change == "core/files.py":
         errors = tmp_path / "core" / "errors.py"
         errors.write_text("import core.files\n" + errors.read_text())
-    problems = violations(str(tmp_path))
-    assert any(expected in p for p in problems), problems
+    result = lint_imports(root)
+    assert result.returncode == 1 and f"{broken}" in result.stdout.split("Broken contracts")[-1], result.stdout
+
+
+def function_level_imports_without_reason(root: str = ROOT) -> list[str]:
+    """An import inside a function (to break a cycle, defer a heavy module, or reach an optional one) must say
+    why on its line."""
+    found = []
+    for name in PACKAGES + SCRIPTS:
+        paths = [os.path.join(root, f"{name}.py")] if name in SCRIPTS else [
+            os.path.join(folder, f) for folder, _, files in os.walk(os.path.join(root, name))
+            for f in files if f.endswith(".py")]
+        for path in paths:
+            source = open(path).read()
+            lines = source.splitlines()
+            for function in ast.walk(ast.parse(source)):
+                if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for node in ast.walk(function):
+                    if isinstance(node, (ast.Import, ast.ImportFrom)) and "#" not in lines[node.lineno - 1]:
+                        found.append(f"{os.path.relpath(path, root)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return sorted(set(found))
+
+
+def test_function_level_imports_say_why(tmp_path):
+    assert function_level_imports_without_reason() == []
+    root = copy_of_the_tree(tmp_path)
+    watch = tmp_path / "engine" / "watch.py"
+    watch.write_text("def later():\n    import json\n" + watch.read_text())
+    assert function_level_imports_without_reason(root) == ["engine/watch.py:2: import json"]
+
+
+def test_every_package_is_under_the_contracts():
+    import configparser  # only this test reads the contract file itself
+    contracts = configparser.ConfigParser()
+    contracts.read(os.path.join(ROOT, ".importlinter"))
+    checked = set(contracts["importlinter"]["root_packages"].split())
+    packages = {name for name in os.listdir(ROOT) if not name.startswith(".") and os.path.isdir(os.path.join(ROOT, name))
+                and any(f.endswith(".py") for f in os.listdir(os.path.join(ROOT, name)))}
+    assert packages - {"tests", "bench"} == checked == set(PACKAGES)  # tests and bench sit above every layer
