@@ -33,8 +33,9 @@ from core.logs import setup_logging
 from core.runtime import resolve_device, setup_runtime
 from datasets.shape import DataShape
 from datasets.transforms import InputPreparer
+from datasets.video.capture import quiet_decoder_logs
+from datasets.video.info import StalledFile
 from datasets.video_dataset import BAD_INPUT_ERRORS
-from datasets.video_reader import StalledFile, quiet_decoder_logs
 from engine.chunking import AGGREGATIONS
 from engine.features import DTYPES as FEATURE_DTYPES
 from engine.features import (

@@ -24,8 +24,8 @@ from core.files import DiskFullError
 from core.logs import detach_log_file, setup_logging
 from core.runtime import setup_runtime, unwrap_model
 from datasets.shape import DataShape
+from datasets.video.capture import quiet_decoder_logs
 from datasets.video_dataset import BAD_INPUT_ERRORS, DATA_LAYOUTS
-from datasets.video_reader import quiet_decoder_logs
 from engine.loop import build_trainer, fit, stop_on_ctrl_c
 from engine.step import RunStopped
 from planner.disk import DiskPlan, bytes_written, disk_plan, state_disk_plan

@@ -69,7 +69,7 @@ def measure(args) -> dict:
         result["windows"] = sum(len(windows) for windows, _ in stream)
         stream.close()
     else:  # compute alone: the same number of chunks, already decoded
-        from datasets.video_reader import probe
+        from datasets.video.probe import probe
         from engine.chunking import inference_windows
         windows = inference_windows(probe(args.video).num_frames, args.chunk, args.overlap, "mean")
         size = cfg["data"]["img_size"]

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from datasets.synthetic import write_h264
-from datasets.video_reader import open_reader
+from datasets.video.choice import open_reader
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -126,7 +126,7 @@ def peak_rss_of_one_clip(path: str, decoder: str) -> float:
     Read from VmHWM: getrusage's ru_maxrss survives exec, so a child started from this (large) process would
     report this process's peak, not its own.
     """
-    code = ("from datasets.video_reader import open_reader; "
+    code = ("from datasets.video.choice import open_reader; "
             f"r = open_reader({path!r}, threads=1, decoder={decoder!r}); n = r.num_frames; "
             f"r.read(range(n // 2, n // 2 + 32, 2)); "
             f"print(next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')) / 1024)")

@@ -32,7 +32,7 @@ class WholeLineFileHandler(logging.Handler):
 def setup_logging(is_main: bool = True, verbose: bool = False) -> logging.Logger:
     """The project's one logger ("longvideo", its children in datasets/), one line format, printed by rank 0
     only (other ranks print errors). Its own handler: the root logger and other libraries are left alone.
-    The decoders' own logs are ``datasets.video_reader.quiet_decoder_logs``'s."""
+    The decoders' own logs are ``datasets.video.capture.quiet_decoder_logs``'s."""
     if not any(getattr(h, "longvideo", False) for h in log.handlers):
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))

@@ -1,5 +1,5 @@
 """Data: video reading, manifests, windowing, keypoints, transforms and the synthetic generator.
 
-Kept free of imports and of work: ``datasets.video_reader`` loads without torch (the loader benchmark measures
+Kept free of imports and of work: ``datasets.video`` loads without torch (the loader benchmark measures
 it alone), and the scripts' main() quiets FFmpeg's and OpenCV's logs (core.logs.setup_logging).
 """

@@ -14,7 +14,7 @@ import torch
 from datasets.clip_transform import ClipTransform, ViewGeometry
 from datasets.keypoints import KeypointError, read_keypoints
 from datasets.manifest import VideoRecord
-from datasets.video_reader import VideoReader
+from datasets.video.opencv_reader import VideoReader
 
 
 def read_clip(readers: Sequence[VideoReader], indices: Sequence[int], plans: Sequence[ViewGeometry],

@@ -38,14 +38,10 @@ from datasets.clip_transform import ClipTransform
 from datasets.decode import read_clip, read_clip_keypoints
 from datasets.keypoints import KeypointError, keypoint_length
 from datasets.manifest import ManifestError, VideoRecord, read_manifest
-from datasets.video_reader import (
-    Prober,
-    ReaderCache,
-    StalledFile,
-    VideoIndexCache,
-    VideoReadError,
-    several_streams_note,
-)
+from datasets.video.index_cache import VideoIndexCache
+from datasets.video.info import StalledFile, VideoReadError, several_streams_note
+from datasets.video.prober import Prober
+from datasets.video.reader_cache import ReaderCache
 from datasets.windows import clip_indices, split_into_windows
 
 log = logging.getLogger("longvideo." + __name__)  # printed through the project logger

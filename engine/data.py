@@ -13,6 +13,7 @@ from core.files import process_temp_dir, remove_own_temp_dir
 from core.runtime import Runtime, available_cores
 from datasets.sampler import EpochSampler
 from datasets.shape import DataShape
+from datasets.video.info import StalledFile
 from datasets.video_dataset import (
     BadInputReport,
     before_workers_fork,
@@ -24,7 +25,6 @@ from datasets.video_dataset import (
     training_records,
     worker_init,
 )
-from datasets.video_reader import StalledFile
 
 log = logging.getLogger("longvideo")
 STALL_FOLDER_PREFIX = "longvideo-stalls-"  # + the pid of the run that made it (removed when it ends)

@@ -21,8 +21,9 @@ from datasets.clip_transform import (
     transform_keypoints,
 )
 from datasets.manifest import VideoRecord
+from datasets.video.choice import open_reader
+from datasets.video.opencv_reader import resize_frame
 from datasets.video_dataset import VideoWindowDataset
-from datasets.video_reader import open_reader, resize_frame
 
 SHARED_CLIP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data",
                            "nasa_13013.mp4")

@@ -13,7 +13,8 @@ from artifacts.trained_model import load_trained_model
 from datasets.clip_transform import ClipTransform
 from datasets.manifest import VideoRecord, read_manifest
 from datasets.transforms import InputPreparer
-from datasets.video_reader import open_reader, probe
+from datasets.video.choice import open_reader
+from datasets.video.probe import probe
 from engine.chunking import chunk_windows
 from engine.features import feature_names, parse_shard, shard
 

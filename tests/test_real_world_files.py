@@ -16,8 +16,10 @@ from conftest import decode_sequentially, read_barcode, write_with_pyav
 
 from config import load_config
 from datasets.manifest import VideoRecord, read_manifest
+from datasets.video.choice import DECODERS, open_reader
+from datasets.video.info import VideoReadError
+from datasets.video.probe import probe
 from datasets.video_dataset import VideoWindowDataset
-from datasets.video_reader import DECODERS, VideoReadError, open_reader, probe
 from engine.inference import ChunkStream, InferenceSpec
 
 STORED_H, STORED_W = 64, 96
@@ -195,7 +197,7 @@ def test_a_file_cut_inside_its_header_is_a_bad_input_error(cut_files, decoder):
 def test_pyav_errors_while_decoding_become_the_real_end(cut_files, monkeypatch):
     """Whatever PyAV raises while it decodes (here: InvalidDataError once frame 20 is out), the reader
     learns the real end and warns; it never lets PyAV's exception out."""
-    from datasets.video_reader import PyAVReader
+    from datasets.video.pyav_reader import PyAVReader
     path = cut_files["in the middle"]
     real_decode = PyAVReader._decode
 

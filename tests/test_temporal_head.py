@@ -20,7 +20,7 @@ from core.runtime import Runtime
 from datasets.manifest import VideoRecord
 from datasets.synthetic import ORDER_CLASSES, generate_long_range, order_video
 from datasets.transforms import InputPreparer
-from datasets.video_reader import open_reader
+from datasets.video.choice import open_reader
 from engine import loop
 from engine.chunking import ChunkedTrainingForward, ChunkSpec, chunk_positions, chunk_windows, forward_chunked
 from engine.inference import InferenceSpec, classify_video

@@ -7,8 +7,13 @@ import numpy as np
 import pytest
 from conftest import HEIGHT, WIDTH, barcode_frame, decode_sequentially, read_barcode, write_with_opencv, write_with_pyav
 
-from datasets import video_reader
-from datasets.video_reader import DECODERS, PyAVReader, VideoIndexCache, VideoReader, VideoReadError, open_reader, probe
+from datasets.video import capture, index_cache, pyav_reader
+from datasets.video.choice import DECODERS, open_reader
+from datasets.video.index_cache import VideoIndexCache
+from datasets.video.info import VideoReadError
+from datasets.video.opencv_reader import VideoReader
+from datasets.video.probe import probe
+from datasets.video.pyav_reader import PyAVReader
 
 CONTAINERS = ["h264_bframes_mp4", "mpeg4_avi", "h264_mkv", "vp9_webm"]
 
@@ -30,7 +35,7 @@ def test_frames_are_exact_after_seeks_grabs_and_backward_jumps(barcode_videos, n
         assert [read_barcode(f) for f in frames] == list(indices), f"{name}: asked {indices}"
     assert reader.stats["seeks"] > 0 and reader.stats["grabbed"] > 0
     assert reader.seeks_exactly
-    assert path not in video_reader._PYAV_UNRELIABLE  # with pyav: PyAV read them all, no fallback to OpenCV
+    assert path not in pyav_reader._PYAV_UNRELIABLE  # with pyav: PyAV read them all, no fallback to OpenCV
 
 
 @pytest.mark.parametrize("name", CONTAINERS)
@@ -147,7 +152,7 @@ class LyingCapture:
 def test_an_inexact_seek_is_detected_once_and_reading_falls_back_to_sequential(barcode_videos, monkeypatch, caplog,
                                                                               tmp_path):
     path = shutil.copy(barcode_videos["h264_bframes_mp4"][0], tmp_path / "lying.mp4")
-    monkeypatch.setattr(video_reader, "_open_capture", lambda p, threads: LyingCapture(p))
+    monkeypatch.setattr(capture, "open_capture", lambda p, threads: LyingCapture(p))
     reader = VideoReader(str(path))
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         frames = reader.read([300, 301, 50, 390])
@@ -160,7 +165,7 @@ def test_an_inexact_seek_is_detected_once_and_reading_falls_back_to_sequential(b
 
 def test_timestamps_offset_but_frames_right_is_accepted(barcode_videos, monkeypatch):
     path, _ = barcode_videos["mpeg4_avi"]
-    real_open = video_reader._open_capture
+    real_open = capture.open_capture
 
     class Shifted:
         def __init__(self, cap):
@@ -173,7 +178,7 @@ def test_timestamps_offset_but_frames_right_is_accepted(barcode_videos, monkeypa
         def __getattr__(self, name):
             return getattr(self.cap, name)
 
-    monkeypatch.setattr(video_reader, "_open_capture", lambda p, threads: Shifted(real_open(p, threads)))
+    monkeypatch.setattr(capture, "open_capture", lambda p, threads: Shifted(real_open(p, threads)))
     reader = VideoReader(path)
     assert [read_barcode(f) for f in reader.read([200, 100, 300])] == [200, 100, 300]
     assert reader.seeks_exactly and reader.stats["seek_checks"] == 1  # one pixel check, then the offset is known
@@ -329,7 +334,7 @@ def test_index_cache_is_reused_and_invalidated_by_changes(barcode_videos, tmp_pa
     first = cache.info(str(path))
     cache.save()
     calls = []
-    monkeypatch.setattr(video_reader, "probe", lambda p, decoder="opencv": calls.append(p) or first)
+    monkeypatch.setattr(index_cache.probing, "probe", lambda p, decoder="opencv": calls.append(p) or first)
     assert VideoIndexCache(cache_file).info(str(path)) == first and calls == []  # from the file, no probe
     os.utime(path, ns=(1, 1))
     VideoIndexCache(cache_file).info(str(path))
@@ -354,7 +359,8 @@ def test_auto_picks_the_measured_decoder_for_each_access_pattern(tmp_path, codec
     for every sequential pass; the frames are the same either way."""
     from config import load_config
     from datasets.synthetic import write_h264
-    from datasets.video_reader import PyAVReader, choose_decoder
+    from datasets.video.choice import choose_decoder
+    from datasets.video.pyav_reader import PyAVReader
     assert load_config(None, [])["data"]["decoder"] == "auto"
     path = write_h264(str(tmp_path / f"v.{ext}"), 40, 160, 96, codec=codec)
     info = probe(path, "auto")
@@ -371,7 +377,8 @@ def test_auto_picks_the_measured_decoder_for_each_access_pattern(tmp_path, codec
 
 
 def test_auto_reads_a_codec_only_pyav_decodes_with_pyav():
-    from datasets.video_reader import VideoInfo, choose_decoder
+    from datasets.video.choice import choose_decoder
+    from datasets.video.info import VideoInfo
     only_pyav = VideoInfo("a.mkv", 10, 25.0, 64, 64, "av01", opencv_decodes=False)
     assert choose_decoder("auto", only_pyav, "sequential") == "pyav" == choose_decoder("auto", only_pyav, "random")
 
@@ -389,7 +396,7 @@ def test_pyav_reads_an_avi_with_b_frames_exactly_by_seeking_earlier(tmp_path):
         indices = sorted(order[start:start + 8])
         for got, index in zip(reader.read(indices), indices):
             np.testing.assert_array_equal(got, sequential[index])
-    assert path not in video_reader._PYAV_UNRELIABLE  # read by PyAV throughout, no fall-back
+    assert path not in pyav_reader._PYAV_UNRELIABLE  # read by PyAV throughout, no fall-back
 
 
 def test_pyav_tries_every_seek_margin_before_giving_a_file_up(barcode_videos, monkeypatch):
@@ -405,9 +412,9 @@ def test_pyav_tries_every_seek_margin_before_giving_a_file_up(barcode_videos, mo
         return real_seek(self, index, margin)
 
     def until(self, index, dst):  # lands "after" the frame until seeked from the last margin
-        return real_until(self, index, dst) if margins[-1] == video_reader.SEEK_MARGINS[-1] else None
+        return real_until(self, index, dst) if margins[-1] == pyav_reader.SEEK_MARGINS[-1] else None
     monkeypatch.setattr(PyAVReader, "_seek", seek)
     monkeypatch.setattr(PyAVReader, "_decode_until", until)
     frame = reader.read([200])
-    assert margins == [0, *video_reader.SEEK_MARGINS] and read_barcode(frame[0]) == 200
-    assert path not in video_reader._PYAV_UNRELIABLE
+    assert margins == [0, *pyav_reader.SEEK_MARGINS] and read_barcode(frame[0]) == 200
+    assert path not in pyav_reader._PYAV_UNRELIABLE

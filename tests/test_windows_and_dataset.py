@@ -10,8 +10,9 @@ from conftest import read_barcode, write_with_opencv
 from config import load_config
 from datasets.keypoints import KeypointError, read_keypoints
 from datasets.manifest import ManifestError, read_manifest
+from datasets.video.info import VideoReadError
+from datasets.video.probe import probe
 from datasets.video_dataset import VideoWindowDataset, build_dataset
-from datasets.video_reader import VideoReadError, probe
 from datasets.windows import clip_indices, split_into_windows
 
 

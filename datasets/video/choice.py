@@ -1,0 +1,54 @@
+"""``data.decoder``: which exact decoder reads a file (``auto`` picks by codec and access pattern), and the reader
+that does."""
+from __future__ import annotations
+
+import importlib.util
+from typing import Sequence
+
+from datasets.video.info import VideoInfo
+from datasets.video.opencv_reader import VideoReader
+from datasets.video.probe import probe
+from datasets.video.pyav_reader import PyAVReader
+
+DECODERS = ("opencv", "pyav")  # the two exact decoders; data.decoder may also say auto (choose_decoder)
+# Codec families by the FourCC OpenCV reports (the probe's VideoInfo.codec)
+_CODEC_FAMILIES = {"h264": ("h264", "avc1", "avc3", "x264", "davc"), "hevc": ("hevc", "hev1", "hvc1", "h265"),
+                   "mpeg4": ("fmp4", "xvid", "divx", "dx50", "mp4v"), "vp9": ("vp90", "vp09"), "vp8": ("vp80",)}
+# data.decoder: auto, from bench/loader.py --part codecs (2-core CPU, one decoder thread, 2026-11-22; pyav's
+# frames/s over opencv's, random 16-frame clips / 64-frame windows): random reads go to PyAV, whose seek to the
+# right keyframe and skipped non-reference frames win on H.264 (360p 1.59x / 1.30x, 720p 1.51x / 1.48x), H.265
+# (1.43x / 1.27x), MPEG-4 Part 2 in AVI with its 12-frame GOPs (2.36x / 1.38x: OpenCV's seek goes a whole GOP
+# back) and VP9 (1.02x / 1.05x). A sequential pass goes to OpenCV: pyav was 0.89-1.16x of it, and faster in both
+# runs only on 720p H.264 (1.07x, 1.16x), slower on MPEG-4 (0.94x, 0.89x). Codecs not measured keep OpenCV.
+AUTO_DECODER = {"random": {"h264": "pyav", "hevc": "pyav", "mpeg4": "pyav", "vp9": "pyav"}, "sequential": {}}
+
+
+def codec_family(info: VideoInfo) -> str:
+    code = info.codec.lower()
+    return next((family for family, codes in _CODEC_FAMILIES.items() if code in codes), code)
+
+
+def choose_decoder(decoder: str, info: VideoInfo, access: str = "random") -> str:
+    """``data.decoder`` for this file: auto picks the faster exact decoder for its codec and the access pattern
+    (AUTO_DECODER); a codec only PyAV decodes (AV1 in OpenCV's wheel) goes to PyAV whatever was asked."""
+    if decoder != "auto":
+        return decoder
+    if not info.opencv_decodes:
+        return "pyav"
+    choice = AUTO_DECODER[access].get(codec_family(info), "opencv")
+    return choice if choice == "opencv" or importlib.util.find_spec("av") is not None else "opencv"
+
+
+def open_reader(path: str, size: Sequence[int] | None = None, threads: int | None = None,
+                info: VideoInfo | None = None, decoder: str = "opencv", access: str = "random",
+                autorotate: bool = True) -> VideoReader:
+    """The reader of ``data.decoder``: ``opencv`` (VideoReader), ``pyav`` (PyAVReader), or ``auto`` (the faster
+    of the two for the file's codec and ``access``: random clips or a sequential pass). Either gives the same
+    pixels, turned as displayed unless ``autorotate`` is False (data.autorotate)."""
+    if decoder not in ("auto", *DECODERS):
+        raise ValueError(f"unknown decoder {decoder!r}; choose one of auto, {', '.join(DECODERS)}")
+    if decoder == "auto":
+        info = info or probe(path, "auto")
+        decoder = choose_decoder(decoder, info, access)
+    return (PyAVReader if decoder == "pyav" else VideoReader)(path, size, threads=threads, info=info,
+                                                              autorotate=autorotate)
