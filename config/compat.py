@@ -1,0 +1,26 @@
+"""Configs saved with older checkpoints: keys they predate get the behaviour they were trained with."""
+from __future__ import annotations
+
+from config.schema import defaults
+from config.validation import validate
+
+# keys added since a saved config may have been written, with the value that reproduces what the code did then
+# (before data.resize, every frame was stretched to data.img_size)
+# model.norm_groups: GroupNorm had gcd(8, channels) groups before the key (the same for 16 channels or more)
+_BEFORE_THE_KEY = {"data.resize": "stretch", "model.norm_groups": 8}
+
+
+def saved_config(cfg: dict) -> dict:
+    """A config saved with a checkpoint, validated; keys it predates get the behaviour it was trained with (or
+    the default), so an older checkpoint evaluates as it was trained."""
+    full = defaults()
+    for dotted, value in _BEFORE_THE_KEY.items():
+        section, key = dotted.split(".")
+        if key not in cfg.get(section, {}):
+            full[section][key] = value
+    for section, values in cfg.items():
+        if isinstance(values, dict) and isinstance(full.get(section), dict):
+            full[section].update(values)
+        else:
+            full[section] = values
+    return validate(full)

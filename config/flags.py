@@ -1,0 +1,27 @@
+"""Command-line flags over a checkpoint's config: eval.py's and infer_chunked.py's flags and the keys they set."""
+from __future__ import annotations
+
+from config.validation import apply_flags
+from core.errors import ConfigError
+
+# The one table from eval.py's and infer_chunked.py's flags to the config keys they override.
+INFERENCE_FLAGS = {
+    "--chunk": "train.chunk_infer_size",
+    "--overlap": "train.chunk_overlap",
+    "--agg": "train.chunk_aggregation",
+    "--batch": "train.video_batch_size",
+    "--num-frames": "data.num_frames",
+    "--crops": "data.test_crops",
+    "--clips": "data.test_clips",
+    "--sample-timeout": "data.sample_timeout_s",
+}
+
+
+def apply_inference_flags(cfg: dict, values: dict) -> dict:
+    """A validated copy of ``cfg`` with ``{"--chunk": 32, ...}`` applied (None leaves the key); errors name
+    the flag."""
+    head = cfg["model"]["temporal_head"]
+    if values.get("--agg") is not None and head != "none":
+        raise ConfigError(f"--agg {values['--agg']}: this model has a temporal head (model.temporal_head: {head}), "
+                          f"which is the aggregation over its chunks; leave --agg out")
+    return apply_flags(cfg, {INFERENCE_FLAGS[flag]: (flag, value) for flag, value in values.items()})
