@@ -27,7 +27,7 @@ from datasets.shape import DataShape
 from datasets.video.capture import quiet_decoder_logs
 from datasets.video_dataset import BAD_INPUT_ERRORS, DATA_LAYOUTS
 from engine.loop import build_trainer, fit, stop_on_ctrl_c
-from engine.step import RunStopped
+from engine.trainer import RunStopped
 from planner.disk import DiskPlan, bytes_written, disk_plan, state_disk_plan
 from planner.fit import fit_budget
 from planner.host import warn_if_host_memory_short

@@ -44,7 +44,7 @@ def real_step(overrides: list[str], frames: int, batch: int) -> dict:
     import torch
 
     from config import load_config
-    from engine.step import build_optimizer
+    from engine.optim import build_optimizer
     from planner import project as memory_estimate
 
     torch.manual_seed(0)

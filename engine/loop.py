@@ -1,6 +1,6 @@
 """The training loop: ``fit`` runs epochs of ``train_one_epoch`` and the shared ``evaluate``, each returning a
 dict of plain floats; ``build_trainer`` wires data, model, optimizer, schedule and run directory. The step
-itself (forward, backward, accumulation, OOM back-off) is ``engine.step``'s.
+itself (forward, backward, accumulation) is ``engine.step``'s, the OOM back-off ``engine.oom``'s.
 """
 from __future__ import annotations
 
@@ -34,19 +34,10 @@ from datasets.video_dataset import BadInputReport
 from engine.chunking import ChunkedTrainingForward
 from engine.data import GuardedBatches, build_data, cap_workers, make_loader
 from engine.evaluate import evaluate
+from engine.optim import build_optimizer, build_scheduler, gradient_clip
 from engine.precise_bn import precise_bn_before_validation
-from engine.step import (
-    NonFiniteLossError,
-    RunReport,
-    RunStopped,
-    Trainer,
-    build_optimizer,
-    build_scheduler,
-    clips_per_forward,
-    gradient_clip,
-    optimizer_step,
-    train_batch,
-)
+from engine.step import clips_per_forward, optimizer_step, train_batch
+from engine.trainer import NonFiniteLossError, RunReport, RunStopped, Trainer
 from models import ModelConfigError, build_model
 from models.norms import convert_norms
 
@@ -272,7 +263,7 @@ def wrap_for_training(model: torch.nn.Module, prepare: InputPreparer, cfg: dict,
     """The training forward (chunks, recomputed) around the classifier (compiled on request), DDP-wrapped under
     torchrun. DDP neither broadcasts buffers in forward nor all-reduces in backward here: a rank that backs off
     after an out-of-memory error runs more forwards than the others, so no collective may hide in them;
-    ``engine.step.agree_and_reduce`` averages the gradients, ``sync_buffers`` the BatchNorm statistics."""
+    ``engine.oom.agree_and_reduce`` averages the gradients, ``sync_buffers`` the BatchNorm statistics."""
     wrapped = ChunkedTrainingForward(torch.compile(model) if cfg["trainer"]["compile"] else model, prepare.normalize,
                                      cfg["data"]["frame_stride"])
     if runtime.distributed:

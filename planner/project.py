@@ -12,7 +12,8 @@ from config import apply_flags
 from core.runtime import Runtime
 from datasets.transforms import InputPreparer
 from engine.chunking import ChunkedTrainingForward, ChunkSpec
-from engine.step import build_optimizer, step_loss
+from engine.optim import build_optimizer
+from engine.step import step_loss
 from models import build_model
 from planner.estimate import StepEstimate, estimate_inference, estimate_training_step
 

@@ -24,7 +24,8 @@ from datasets.sampler import EpochSampler
 from datasets.shape import DataShape
 from datasets.transforms import InputPreparer
 from engine import loop
-from engine.step import OutOfMemoryAdvice, OutOfMemoryError, Trainer
+from engine.oom import OutOfMemoryAdvice, OutOfMemoryError
+from engine.trainer import Trainer
 from models.norms import convert_norms
 
 where, out = sys.argv[1], sys.argv[2]

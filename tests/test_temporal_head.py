@@ -24,7 +24,8 @@ from datasets.video.choice import open_reader
 from engine import loop
 from engine.chunking import ChunkedTrainingForward, ChunkSpec, chunk_positions, chunk_windows, forward_chunked
 from engine.inference import InferenceSpec, classify_video
-from engine.step import OutOfMemoryError, training_loss
+from engine.oom import OutOfMemoryError
+from engine.step import training_loss
 from models import build_model
 from models.temporal import TemporalHead
 from planner import project
@@ -358,7 +359,7 @@ def decode_frames(path: str) -> list:
 
 # ------------------------------------------------------------------------------- the head's training defaults
 def test_the_head_trains_in_parameter_groups_of_its_own_at_the_configured_rate():
-    from engine.step import build_optimizer, build_scheduler, gradient_clip
+    from engine.optim import build_optimizer, build_scheduler, gradient_clip
     model = head_model()
     train_cfg = load_config(None, ["train.lr=0.004", "train.temporal_lr_scale=0.25", "train.warmup_epochs=1",
                                    "train.weight_decay=0.02"])["train"]
@@ -386,7 +387,7 @@ def test_the_head_trains_in_parameter_groups_of_its_own_at_the_configured_rate()
 def test_without_a_head_the_optimizer_is_the_one_of_before():
     """model.temporal_head: none (and a scale of 1) gives the two groups the optimizer always had, so training is
     unchanged bit for bit: the same parameters in the same order, the same rates and decays."""
-    from engine.step import build_optimizer
+    from engine.optim import build_optimizer
     for model, scale in ((head_model("none"), 0.25), (head_model("transformer"), 1.0)):
         train_cfg = load_config(None, [f"train.temporal_lr_scale={scale}"])["train"]
         groups = build_optimizer(model, train_cfg).param_groups
@@ -400,7 +401,7 @@ def test_a_head_at_chance_is_said_once_with_the_switches(caplog):
     import logging
     from types import SimpleNamespace
 
-    from engine.step import RunReport
+    from engine.trainer import RunReport
     history = [{"epoch": e, "val_clip_acc": acc} for e, acc in enumerate([0.34, 0.333, 0.36, 0.333], start=1)]
     trainer = SimpleNamespace(report=RunReport(), has_temporal_head=True, runtime=SimpleNamespace(is_main=True),
                               class_names=["a", "b", "c"], state=SimpleNamespace(history=history[:2], epoch=2),
@@ -427,7 +428,7 @@ def test_resuming_with_the_other_group_layout_says_which_setting_to_use(tmp_path
     """A checkpoint whose head trained at the backbone's rate (one pair of groups), resumed with the default scale
     (the head's own groups): one clear error naming the key, not torch's "different number of parameter groups"."""
     from artifacts.checkpoint import CHECKPOINT_FORMAT, CheckpointError, restore_training, save_checkpoint
-    from engine.step import build_optimizer
+    from engine.optim import build_optimizer
     model = head_model()
     one_rate = build_optimizer(model, load_config(None, ["train.temporal_lr_scale=1"])["train"])
     path = str(tmp_path / "last.pt")

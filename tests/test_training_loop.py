@@ -22,7 +22,8 @@ from datasets.shape import DataShape
 from datasets.transforms import InputPreparer
 from engine import loop
 from engine.chunking import ChunkedTrainingForward
-from engine.step import NonFiniteLossError, OutOfMemoryAdvice, OutOfMemoryError, Trainer
+from engine.oom import OutOfMemoryAdvice, OutOfMemoryError
+from engine.trainer import NonFiniteLossError, Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,0 +1,95 @@
+"""``Trainer``: what every training step needs, built once by ``engine.loop.build_trainer``; and the conditions
+that end a run (``RunStopped``)."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from artifacts.checkpoint import TrainState, training_checkpoint
+from artifacts.csv_log import CsvLog
+from artifacts.run_dir import RunDirectory
+from core.runtime import Runtime, unwrap_model
+from datasets.shape import DataShape
+from datasets.transforms import InputPreparer
+from datasets.video_dataset import BadInputReport
+from engine.chunking import ChunkSpec
+
+
+@dataclass
+class RunReport:
+    """What a run tells besides its checkpoints and metrics: the log file, memory.csv, the skipped files, the clock."""
+    log_file: logging.Handler | None = None  # <run>/train.log: what the console shows, with timestamps
+    memory_log: CsvLog | None = None  # memory.csv
+    bad_inputs: BadInputReport | None = None  # skipped files and data warnings, reported once per run
+    started: float = field(default_factory=time.time)
+    last_progress: float = field(default_factory=time.time)  # the last progress line's time
+    said_head_at_chance: bool = False  # the warning of a temporal head that does not learn, given once a run
+
+
+@dataclass
+class Trainer:
+    """What every step needs, built once in main()."""
+    model: torch.nn.Module  # a ChunkedTrainingForward around the classifier, possibly DDP-wrapped
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    prepare: InputPreparer
+    runtime: Runtime
+    cfg: dict
+    run: RunDirectory | None  # None on ranks other than 0: only rank 0 writes
+    class_names: list
+    shape: DataShape
+    criterion: torch.nn.Module
+    state: TrainState
+    pending_rng: dict | None = None
+    pending_advice: Exception | None = None  # DDP: this rank could back off no further; raised at the group's end
+    stop_after_steps: int | None = None
+    report: RunReport = field(default_factory=RunReport)
+
+    @property
+    def has_temporal_head(self) -> bool:
+        return getattr(unwrap_model(self.model), "temporal", None) is not None
+
+    @property
+    def synced_norm(self) -> bool:
+        """SyncBatchNorm under DDP: a collective in every forward (no OOM back-off then)."""
+        return self.runtime.distributed and self.cfg["model"]["norm"] == "sync"
+
+    def checkpoint_dict(self) -> dict:
+        return training_checkpoint(self.model, self.optimizer, self.scheduler, self.scaler, self.state, self.cfg,
+                                   self.class_names, self.shape.checkpoint_fields())
+
+    def chunk_spec(self) -> ChunkSpec:
+        """The training chunks now: the config's, or the shorter ones the OOM back-off chose."""
+        train_cfg = self.cfg["train"]
+        size = train_cfg["chunk_train_size"] if self.state.chunk_train_size is None else self.state.chunk_train_size
+        overlap = train_cfg["chunk_train_overlap"]
+        if size != -1 and overlap >= size:  # a chunk shortened by the back-off keeps half of itself shared at most
+            overlap = size // 2
+        return ChunkSpec(size, overlap)
+
+    def save(self, name: str) -> str:
+        if not self.runtime.is_main:
+            return name
+        return self.run.save(self.checkpoint_dict(), name)  # only a run with a checkpoint becomes "latest"
+
+
+
+class RunStopped(RuntimeError):
+    """A condition that ends the run. Whoever meets it raises and writes nothing; ``engine.loop.saved_on_stop``
+    (around fit) saves last.pt once and names it in the message (``note_checkpoint``)."""
+    saves_checkpoint = True
+
+    def __init__(self, reason: str, advice: str = ""):
+        super().__init__(f"{reason}. {advice}" if advice else reason)
+        self.reason, self.advice = reason, advice
+
+    def note_checkpoint(self, path: str) -> None:
+        self.args = (f"{self.reason}; saved {path}" + (f". {self.advice}" if self.advice else ""),)
+
+
+class NonFiniteLossError(RunStopped):
+    pass
