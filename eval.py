@@ -19,8 +19,8 @@ from artifacts.checkpoint import CheckpointError
 from core.cli import exit_on_usage_error
 from core.errors import ConfigError
 from core.logs import setup_logging
+from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.video.capture import quiet_decoder_logs
-from datasets.video_dataset import BAD_INPUT_ERRORS
 from engine.chunking import AGGREGATIONS
 from engine.evaluate import EvaluationSpec, evaluate_checkpoint, format_report, write_outputs
 from engine.watch import WatchSpec, watch

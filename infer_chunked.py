@@ -31,11 +31,11 @@ from core.errors import ConfigError
 from core.files import append_whole, atomic_write_bytes, file_sha256
 from core.logs import setup_logging
 from core.runtime import resolve_device, setup_runtime
+from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.shape import DataShape
 from datasets.transforms import InputPreparer
 from datasets.video.capture import quiet_decoder_logs
 from datasets.video.info import StalledFile
-from datasets.video_dataset import BAD_INPUT_ERRORS
 from engine.chunking import AGGREGATIONS
 from engine.features import DTYPES as FEATURE_DTYPES
 from engine.features import (

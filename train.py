@@ -23,9 +23,10 @@ from core.errors import ConfigError
 from core.files import DiskFullError
 from core.logs import detach_log_file, setup_logging
 from core.runtime import setup_runtime, unwrap_model
+from datasets.bad_input import BAD_INPUT_ERRORS
+from datasets.records import DATA_LAYOUTS
 from datasets.shape import DataShape
 from datasets.video.capture import quiet_decoder_logs
-from datasets.video_dataset import BAD_INPUT_ERRORS, DATA_LAYOUTS
 from engine.loop import build_trainer, fit, stop_on_ctrl_c
 from engine.trainer import RunStopped
 from planner.disk import DiskPlan, bytes_written, disk_plan, state_disk_plan

@@ -6,8 +6,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.keypoints import read_keypoints
-from datasets.video_dataset import BAD_INPUT_ERRORS, VideoWindowDataset, read_split, resolve_class_names
+from datasets.records import read_split, resolve_class_names
+from datasets.video_dataset import VideoWindowDataset
 
 log = logging.getLogger("longvideo")
 

@@ -19,131 +19,30 @@ A sample (``VideoWindowDataset[i]``), T = the clip's frames (``data.num_frames``
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
 
-import cv2
 import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from core.files import atomic_write_bytes
+from datasets.bad_input import BAD_INPUT_ERRORS, MAX_CONSECUTIVE_FAILURES
 from datasets.clip_transform import ClipTransform
 from datasets.decode import read_clip, read_clip_keypoints
-from datasets.keypoints import KeypointError, keypoint_length
+from datasets.keypoints import keypoint_length
 from datasets.manifest import ManifestError, VideoRecord, read_manifest
+from datasets.records import check_labels, read_split, segment_frames
 from datasets.video.index_cache import VideoIndexCache
 from datasets.video.info import StalledFile, VideoReadError, several_streams_note
 from datasets.video.prober import Prober
 from datasets.video.reader_cache import ReaderCache
 from datasets.windows import clip_indices, split_into_windows
+from datasets.workers import WORKER_NOTES, StallWatch
 
 log = logging.getLogger("longvideo." + __name__)  # printed through the project logger
-
-BAD_INPUT_ERRORS = (VideoReadError, KeypointError, ManifestError)
-MAX_CONSECUTIVE_FAILURES = 50  # samples skipped in a row (on_bad_video: skip) before the data is called broken
-_WORKER_NOTES: list[str] = []  # warnings met in a DataLoader worker, handed to the main process with a sample
-
-
-class _NotesHandler(logging.Handler):
-    def emit(self, record: logging.LogRecord) -> None:
-        _WORKER_NOTES.append(record.getMessage())
-
-
-def worker_init(worker_id: int) -> None:
-    """A worker's warnings (a file shorter than its container says, ...) go to the main process with the next
-    sample instead of the console: printed once per run there, not once per worker and epoch. With
-    data.sample_timeout_s, a watchdog thread ends the worker whose sample passes the deadline (``StallWatch``)."""
-    logging.getLogger("longvideo").handlers = [_NotesHandler()]
-    info = torch.utils.data.get_worker_info()
-    if info is not None and isinstance(info.dataset, VideoWindowDataset):
-        info.dataset.start_watch(worker_id)
-
-
-class StallWatch:
-    """The deadline of a sample in a DataLoader worker.
-
-    A sample blocked inside FFmpeg (a file on a stalled network mount, a decoder that never returns) cannot be
-    interrupted from Python: no exception reaches a thread waiting in C, and a signal only runs its handler once
-    the C call returns. What can always be stopped is the process. So each worker runs this watchdog thread; when
-    the sample being loaded passes ``timeout`` seconds it writes a report (file, window, worker) into ``folder``
-    and ends the worker (``os._exit``). The main process sees the worker gone, reads the report
-    (``take_stall_report``) and acts as data.on_bad_video says (engine.data.GuardedBatches). A watchdog in the
-    worker, not one decode process per sample: the usual path costs one thread and a timestamp per sample.
-    """
-
-    def __init__(self, timeout: float, folder: str, worker_id: int, describe):
-        self.timeout, self.folder, self.worker_id, self.describe = timeout, folder, worker_id, describe
-        self.loading: tuple[float, int] | None = None  # (start, sample index) of the sample being loaded
-        threading.Thread(target=self._watch, daemon=True, name="sample-deadline").start()
-
-    def _watch(self) -> None:
-        while True:
-            time.sleep(min(1.0, self.timeout / 4))
-            loading = self.loading
-            if loading is not None and time.monotonic() - loading[0] > self.timeout:
-                report = {"index": loading[1], "message": f"{self.describe(loading[1])} still loading after "
-                          f"{self.timeout:g} s (data.sample_timeout_s) in DataLoader worker {self.worker_id} "
-                          f"(pid {os.getpid()}): a stalled mount or a decoder that does not return"}
-                atomic_write_bytes(os.path.join(self.folder, f"{os.getpid()}.json"), json.dumps(report).encode())
-                os._exit(3)  # the only way out of a call blocked in C; the main process takes it from here
-
-
-def take_stall_report(dataset) -> dict | None:
-    """The report of a worker that ended itself on a stalled sample ({"index", "message"}), removed once read."""
-    folder = getattr(dataset, "stall_folder", None)
-    for name in sorted(os.listdir(folder)) if folder and os.path.isdir(folder) else []:
-        path = os.path.join(folder, name)
-        if name.endswith(".json"):
-            with open(path) as f:
-                report = json.load(f)
-            os.unlink(path)
-            return report
-    return None
-
-
-class BadInputReport:
-    """In the main process: the warnings the samples carry, printed once per run; the files skipped
-    (data.on_bad_video: skip) with their reasons, listed at the end of each epoch and of the run, those rejected
-    while indexing included."""
-
-    def __init__(self, *datasets):
-        self.indexed = {path: reason for d in datasets if d is not None for path, reason in d.skipped.items()}
-        self.skipped: dict[str, str] = dict(self.indexed)  # the run's
-        self.epoch: dict[str, str] = {}
-        self.seen: set[str] = set()
-
-    def take(self, batch: dict) -> None:
-        for note in batch.pop("notes", []):
-            if note not in self.seen:
-                self.seen.add(note)
-                log.warning("%s", note)
-        for path, reason in batch.pop("skipped", {}).items():
-            if path not in self.skipped:
-                log.warning("skipping %s", reason)
-            self.skipped.setdefault(path, reason)
-            self.epoch.setdefault(path, reason)
-
-    def end_epoch(self, epoch: int) -> None:
-        listed = {**self.indexed, **self.epoch}
-        if listed:
-            log.warning("epoch %d: %d file(s) skipped: %s", epoch, len(listed), self._text(listed))
-        self.epoch = {}
-
-    def end_run(self) -> None:
-        if self.skipped:
-            log.warning("run: %d file(s) skipped (data.on_bad_video: skip): %s", len(self.skipped),
-                        self._text(self.skipped))
-
-    @staticmethod
-    def _text(files: dict) -> str:
-        return "; ".join(f"{path} ({reason})" for path, reason in sorted(files.items()))
 
 
 def collate_samples(samples: list[dict]) -> dict:
@@ -166,15 +65,6 @@ class SampleWindow:
     end: int
     label: int  # the label covering most frames of the window
     segments: list  # [(start, end, class index)] of the timeline, clipped to the window
-
-
-def before_workers_fork(num_workers: int) -> None:
-    """Workers x decoder threads must not oversubscribe the cores: one OpenCV thread per worker. Set in the
-    parent before the workers fork: cv2.setNumThreads in a forked worker deadlocked once the parent had used
-    OpenCV's thread pool (one cvtColor of a 720p frame was enough), since the pool's threads are not copied by
-    fork but its locks are."""
-    if num_workers > 0:
-        cv2.setNumThreads(1)
 
 
 class VideoWindowDataset(Dataset):
@@ -316,8 +206,8 @@ class VideoWindowDataset(Dataset):
             raise VideoReadError(f"{len(skipped)} consecutive samples failed to load (data.on_bad_video: skip), the "
                                  f"last: {list(skipped.values())[-1]}; check the data")
         # reported by the main process (BadInputReport): once per run, whichever worker met it
-        sample["skipped"], sample["notes"] = skipped, list(_WORKER_NOTES)
-        _WORKER_NOTES.clear()
+        sample["skipped"], sample["notes"] = skipped, list(WORKER_NOTES)
+        WORKER_NOTES.clear()
         return sample
 
     # ---------------------------------------------------------------------------------------- the deadline
@@ -407,92 +297,9 @@ class VideoWindowDataset(Dataset):
         return int(kpt.shape[1]), int(kpt.shape[2])
 
 
-def check_labels(record: VideoRecord, class_names: list[str], unlabelled_ok: bool = False) -> None:
-    """Every label of a manifest line (its label, its segments') is a known class; shared by training,
-    evaluation and infer_chunked.py (where a line may have no label: ``unlabelled_ok``), so they refuse the
-    same lines with the same message."""
-    for label in record.labels():
-        if label is None and unlabelled_ok:
-            continue
-        if label not in class_names:
-            raise ManifestError(f"{record.where}: label '{label}' is not a known class ({', '.join(class_names)})")
-
-
-def segment_frames(record: VideoRecord, length: int, fps: float, class_names: list[str]) -> list[tuple]:
-    """A line's segments as (start, end, class index) frames, cut at the video's ``length``; a segment that
-    starts after the video's end is an error."""
-    timeline = []
-    for seg in record.segments:
-        start, end = seg.in_frames(fps)
-        if start >= length:
-            raise ManifestError(f"{record.where}: segment [{start}, {end}) '{seg.label}' starts after "
-                                f"the video's {length} frames")
-        timeline.append((start, min(end, length), class_names.index(seg.label)))
-    return timeline
-
-
-def manifest_path(data_cfg: dict, split: str) -> str | None:
-    name = data_cfg[f"{split}_manifest"]
-    if name is None:
-        return None
-    return name if os.path.isabs(name) else os.path.join(data_cfg["data_dir"], name)
-
-
-def resolve_class_names(data_cfg: dict, train_records) -> list[str]:
-    if data_cfg["class_names"] is not None:
-        return [str(n) for n in data_cfg["class_names"]]
-    return sorted({label for r in train_records for label in r.labels()})
-
-
 def index_cache_for(cfg: dict) -> VideoIndexCache:
     path = cfg["data"]["index_cache"] or os.path.join(cfg["trainer"]["output_dir"], ".video_index.json")
     return VideoIndexCache(path)
-
-
-DATA_LAYOUTS = ('a JSONL manifest ({"video": "videos/a.mp4", "label": "left"} a line), a CSV with video,label '
-                'columns, or a folder root/<class>/<video>')
-
-
-def read_split(data_cfg: dict, split: str) -> list[VideoRecord]:
-    """The manifest of ``data.<split>_manifest``; a missing one names the key and the accepted forms."""
-    path = manifest_path(data_cfg, split)
-    if path is None:
-        raise ManifestError(f"data.{split}_manifest is null; set it to {DATA_LAYOUTS}")
-    if not os.path.exists(path):
-        raise ManifestError(f"{path}: not found (data.{split}_manifest, resolved against data.data_dir="
-                            f"{data_cfg['data_dir']}); give {DATA_LAYOUTS}")
-    return read_manifest(path)
-
-
-def training_records(data_cfg: dict) -> tuple[list[VideoRecord], list[VideoRecord] | None]:
-    """(training, validation) records: the two manifests, or one split by ``data.val_fraction``."""
-    records = read_split(data_cfg, "train")
-    fraction = data_cfg["val_fraction"]
-    if fraction:
-        chosen = [_in_validation(r, data_cfg["data_dir"], fraction) for r in records]
-        train = [r for r, v in zip(records, chosen) if not v]
-        val = [r for r, v in zip(records, chosen) if v]
-        if not train or not val:
-            raise ManifestError(f"data.val_fraction={fraction:g} leaves {len(train)} training and {len(val)} "
-                                f"validation videos of {len(records)}; choose a fraction that leaves both")
-        log.info("data.val_fraction=%g: %d videos for training, %d for validation (split by path, the same every "
-                 "run)", fraction, len(train), len(val))
-        return train, val
-    if data_cfg["val_manifest"] is None:
-        return records, None
-    train_path, val_path = manifest_path(data_cfg, "train"), manifest_path(data_cfg, "val")
-    if os.path.realpath(train_path) == os.path.realpath(val_path):
-        log.warning("data.val_manifest and data.train_manifest are the same data (%s): validation measures the "
-                    "training set; set data.val_fraction: 0.1 (a split by video) or give a separate manifest",
-                    train_path)
-    return records, read_split(data_cfg, "val")
-
-
-def _in_validation(record: VideoRecord, data_dir: str, fraction: float) -> bool:
-    """Whether a video goes to validation: a hash of its path relative to data.data_dir, so the split is the
-    same on every run and machine, and a video's windows never land on both sides."""
-    relative = os.path.relpath(record.first_path, data_dir)
-    return int(hashlib.sha1(relative.encode()).hexdigest()[:8], 16) / 2 ** 32 < fraction
 
 
 def build_dataset(cfg: dict, split: str, class_names: list[str], training: bool, manifest: str | None = None,

@@ -11,20 +11,13 @@ from config import apply_flags
 from core.errors import ConfigError
 from core.files import process_temp_dir, remove_own_temp_dir
 from core.runtime import Runtime, available_cores
+from datasets.bad_input import BadInputReport
+from datasets.records import resolve_class_names, training_records
 from datasets.sampler import EpochSampler
 from datasets.shape import DataShape
 from datasets.video.info import StalledFile
-from datasets.video_dataset import (
-    BadInputReport,
-    before_workers_fork,
-    build_dataset,
-    collate_samples,
-    index_cache_for,
-    resolve_class_names,
-    take_stall_report,
-    training_records,
-    worker_init,
-)
+from datasets.video_dataset import build_dataset, collate_samples, index_cache_for
+from datasets.workers import before_workers_fork, take_stall_report, worker_init
 
 log = logging.getLogger("longvideo")
 STALL_FOLDER_PREFIX = "longvideo-stalls-"  # + the pid of the run that made it (removed when it ends)
@@ -69,7 +62,7 @@ class GuardedBatches:
     """The batches of a loader, with the sample deadline's consequences handled in the main process.
 
     A DataLoader worker whose sample passes data.sample_timeout_s ends itself after leaving a report
-    (datasets.video_dataset.StallWatch); the loader then fails with "worker exited unexpectedly". Here:
+    (datasets.workers.StallWatch); the loader then fails with "worker exited unexpectedly". Here:
     data.on_bad_video raise: StalledFile (one line naming the file, window and worker; exit 2), the other workers
     ended with the iterator; skip: the sample is recorded as a bad file (reported like any, once) and the loader
     restarts at the batch that was not delivered, without that sample (its place taken as a bad file's is), so

@@ -15,9 +15,10 @@ from artifacts.trained_model import load_trained_model
 from config import apply_inference_flags
 from core.files import atomic_write_bytes
 from core.runtime import Runtime, resolve_device, setup_runtime, unwrap_model
+from datasets.bad_input import BadInputReport
 from datasets.shape import DataShape
 from datasets.transforms import InputPreparer
-from datasets.video_dataset import BadInputReport, build_dataset, index_cache_for
+from datasets.video_dataset import build_dataset, index_cache_for
 from engine.chunking import forward_chunked
 from engine.data import GuardedBatches, cap_workers, make_loader
 from engine.metrics import ClassificationMeter

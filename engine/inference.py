@@ -22,10 +22,10 @@ from datasets.clip_transform import ClipTransform
 from datasets.decode import read_clip, read_clip_keypoints
 from datasets.keypoints import KeypointError
 from datasets.manifest import VIDEO_EXTENSIONS, VideoRecord, read_manifest
+from datasets.records import check_labels, manifest_path, segment_frames
 from datasets.video.choice import open_reader
 from datasets.video.info import StalledFile, several_streams_note
 from datasets.video.probe import probe
-from datasets.video_dataset import check_labels, manifest_path, segment_frames
 from engine.chunking import (
     LogitAggregator,
     chunk_positions,

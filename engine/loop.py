@@ -28,9 +28,9 @@ from core.errors import ConfigError
 from core.files import atomic_write_bytes, remove_stale_temp_files
 from core.logs import attach_log_file, detach_log_file
 from core.runtime import Runtime
+from datasets.bad_input import BadInputReport
 from datasets.shape import DataShape
 from datasets.transforms import InputPreparer
-from datasets.video_dataset import BadInputReport
 from engine.chunking import ChunkedTrainingForward
 from engine.data import GuardedBatches, build_data, cap_workers, make_loader
 from engine.evaluate import evaluate

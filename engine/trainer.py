@@ -12,9 +12,9 @@ from artifacts.checkpoint import TrainState, training_checkpoint
 from artifacts.csv_log import CsvLog
 from artifacts.run_dir import RunDirectory
 from core.runtime import Runtime, unwrap_model
+from datasets.bad_input import BadInputReport
 from datasets.shape import DataShape
 from datasets.transforms import InputPreparer
-from datasets.video_dataset import BadInputReport
 from engine.chunking import ChunkSpec
 
 

@@ -8,8 +8,9 @@ import time
 import torch
 
 from core.errors import ConfigError
+from datasets.bad_input import BAD_INPUT_ERRORS
+from datasets.records import read_split
 from datasets.shape import DataShape
-from datasets.video_dataset import BAD_INPUT_ERRORS, read_split
 from planner.disk import disk_plan, model_on_meta, state_disk_plan
 from planner.estimate import GiB, MiB, margin_text, usable_bytes
 from planner.host import loader_host_bytes

@@ -137,7 +137,7 @@ def test_a_gpu_preset_does_not_fall_back_to_the_demo_data(monkeypatch):
 
 def test_a_missing_manifest_names_its_key_and_the_accepted_forms(tmp_path):
     from datasets.manifest import ManifestError
-    from datasets.video_dataset import training_records
+    from datasets.records import training_records
     data = load_config(None, [f"data.data_dir={tmp_path}"])["data"]
     with pytest.raises(ManifestError) as info:
         training_records(data)
@@ -148,7 +148,7 @@ def test_a_missing_manifest_names_its_key_and_the_accepted_forms(tmp_path):
 
 
 def test_val_fraction_splits_the_videos_the_same_way_every_run(synthetic_root, caplog):
-    from datasets.video_dataset import training_records
+    from datasets.records import training_records
     data = load_config(None, [f"data.data_dir={synthetic_root}", "data.val_fraction=0.3"])["data"]
     train_a, val_a = training_records(data)
     train_b, val_b = training_records(data)

@@ -185,7 +185,8 @@ def test_a_column_that_appears_later_is_kept(tmp_path):
 FORK_SCRIPT = textwrap.dedent("""
     import sys, numpy as np, cv2, torch
     from datasets.manifest import VideoRecord
-    from datasets.video_dataset import VideoWindowDataset, before_workers_fork, collate_samples
+    from datasets.video_dataset import collate_samples, VideoWindowDataset
+    from datasets.workers import before_workers_fork
     from config import load_config
     cfg = load_config(None, ["data.img_size=64", "data.num_frames=8", "data.frame_stride=3",
                              "data.max_video_frames=80", "data.decoder={decoder}", "data.index_cache=null"])["data"]
@@ -299,7 +300,7 @@ def test_a_checkpoint_of_another_format_is_refused_with_the_way_out(tmp_path):
 
 def test_a_val_fraction_that_empties_a_side_is_refused(synthetic_root):
     from datasets.manifest import ManifestError
-    from datasets.video_dataset import training_records
+    from datasets.records import training_records
     data = load_config(None, [f"data.data_dir={synthetic_root}", "data.val_fraction=0.0001"])["data"]
     with pytest.raises(ManifestError) as info:
         training_records(data)

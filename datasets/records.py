@@ -1,0 +1,94 @@
+"""A run's manifests: which file each split reads, the training/validation split, the class names, and the checks of
+a line's labels and segments shared by training, evaluation and streaming inference."""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+
+from datasets.manifest import ManifestError, VideoRecord, read_manifest
+
+log = logging.getLogger("longvideo." + __name__)  # printed through the project logger
+
+
+def check_labels(record: VideoRecord, class_names: list[str], unlabelled_ok: bool = False) -> None:
+    """Every label of a manifest line (its label, its segments') is a known class; shared by training,
+    evaluation and infer_chunked.py (where a line may have no label: ``unlabelled_ok``), so they refuse the
+    same lines with the same message."""
+    for label in record.labels():
+        if label is None and unlabelled_ok:
+            continue
+        if label not in class_names:
+            raise ManifestError(f"{record.where}: label '{label}' is not a known class ({', '.join(class_names)})")
+
+
+def segment_frames(record: VideoRecord, length: int, fps: float, class_names: list[str]) -> list[tuple]:
+    """A line's segments as (start, end, class index) frames, cut at the video's ``length``; a segment that
+    starts after the video's end is an error."""
+    timeline = []
+    for seg in record.segments:
+        start, end = seg.in_frames(fps)
+        if start >= length:
+            raise ManifestError(f"{record.where}: segment [{start}, {end}) '{seg.label}' starts after "
+                                f"the video's {length} frames")
+        timeline.append((start, min(end, length), class_names.index(seg.label)))
+    return timeline
+
+
+def manifest_path(data_cfg: dict, split: str) -> str | None:
+    name = data_cfg[f"{split}_manifest"]
+    if name is None:
+        return None
+    return name if os.path.isabs(name) else os.path.join(data_cfg["data_dir"], name)
+
+
+def resolve_class_names(data_cfg: dict, train_records) -> list[str]:
+    if data_cfg["class_names"] is not None:
+        return [str(n) for n in data_cfg["class_names"]]
+    return sorted({label for r in train_records for label in r.labels()})
+
+
+DATA_LAYOUTS = ('a JSONL manifest ({"video": "videos/a.mp4", "label": "left"} a line), a CSV with video,label '
+                'columns, or a folder root/<class>/<video>')
+
+
+def read_split(data_cfg: dict, split: str) -> list[VideoRecord]:
+    """The manifest of ``data.<split>_manifest``; a missing one names the key and the accepted forms."""
+    path = manifest_path(data_cfg, split)
+    if path is None:
+        raise ManifestError(f"data.{split}_manifest is null; set it to {DATA_LAYOUTS}")
+    if not os.path.exists(path):
+        raise ManifestError(f"{path}: not found (data.{split}_manifest, resolved against data.data_dir="
+                            f"{data_cfg['data_dir']}); give {DATA_LAYOUTS}")
+    return read_manifest(path)
+
+
+def training_records(data_cfg: dict) -> tuple[list[VideoRecord], list[VideoRecord] | None]:
+    """(training, validation) records: the two manifests, or one split by ``data.val_fraction``."""
+    records = read_split(data_cfg, "train")
+    fraction = data_cfg["val_fraction"]
+    if fraction:
+        chosen = [_in_validation(r, data_cfg["data_dir"], fraction) for r in records]
+        train = [r for r, v in zip(records, chosen) if not v]
+        val = [r for r, v in zip(records, chosen) if v]
+        if not train or not val:
+            raise ManifestError(f"data.val_fraction={fraction:g} leaves {len(train)} training and {len(val)} "
+                                f"validation videos of {len(records)}; choose a fraction that leaves both")
+        log.info("data.val_fraction=%g: %d videos for training, %d for validation (split by path, the same every "
+                 "run)", fraction, len(train), len(val))
+        return train, val
+    if data_cfg["val_manifest"] is None:
+        return records, None
+    train_path, val_path = manifest_path(data_cfg, "train"), manifest_path(data_cfg, "val")
+    if os.path.realpath(train_path) == os.path.realpath(val_path):
+        log.warning("data.val_manifest and data.train_manifest are the same data (%s): validation measures the "
+                    "training set; set data.val_fraction: 0.1 (a split by video) or give a separate manifest",
+                    train_path)
+    return records, read_split(data_cfg, "val")
+
+
+def _in_validation(record: VideoRecord, data_dir: str, fraction: float) -> bool:
+    """Whether a video goes to validation: a hash of its path relative to data.data_dir, so the split is the
+    same on every run and machine, and a video's windows never land on both sides."""
+    relative = os.path.relpath(record.first_path, data_dir)
+    return int(hashlib.sha1(relative.encode()).hexdigest()[:8], 16) / 2 ** 32 < fraction
