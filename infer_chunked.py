@@ -16,7 +16,6 @@ import os
 import sys
 import time
 from collections import Counter
-from dataclasses import replace
 
 import torch
 from tqdm import tqdm
@@ -99,16 +98,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def inference_spec(args, cfg: dict, runtime, state: dict) -> InferenceSpec:
-    """The flags over the checkpoint config's defaults, validated by config (its messages name the flag)."""
-    train = apply_inference_flags(cfg, {"--chunk": args.chunk, "--overlap": args.overlap, "--agg": args.agg,
-                                        "--batch": None if args.batch == "auto" else args.batch})["train"]
-    spec = InferenceSpec(train["chunk_infer_size"], train["chunk_overlap"], train["chunk_aggregation"],
-                         train["video_batch_size"], args.topk, args.timeline, args.decode_threads or None)
+def inference_config(args, cfg: dict, runtime, state: dict) -> dict:
+    """The checkpoint's config with the flags applied, validated by config (its messages name the flag); with
+    --batch auto, the most chunks per forward that fit the budget. What runs is this config: the features files
+    store it, and the InferenceSpec is read from it."""
+    cfg = apply_inference_flags(cfg, {"--chunk": args.chunk, "--overlap": args.overlap, "--agg": args.agg,
+                                      "--batch": None if args.batch == "auto" else args.batch})
     if args.batch == "auto":
-        batch = fit_inference_batch(cfg, runtime, DataShape.of_checkpoint(state), spec.chunk, args.memory_budget_gb)
-        spec = replace(spec, batch=batch)
-    return spec
+        batch = fit_inference_batch(cfg, runtime, DataShape.of_checkpoint(state), cfg["train"]["chunk_infer_size"],
+                                    args.memory_budget_gb)
+        cfg = apply_inference_flags(cfg, {"--batch": batch})
+    return cfg
 
 
 def find_checkpoint(args) -> tuple[str, str]:
@@ -150,7 +150,8 @@ def main(argv=None) -> int:
     model, cfg, class_names, state = load_trained_model(checkpoint_path, device)
     cfg = apply_inference_flags(cfg, {"--sample-timeout": args.sample_timeout})
     runtime = setup_runtime(cfg["trainer"], device=str(device), precision=args.precision)
-    spec = inference_spec(args, cfg, runtime, state)
+    cfg = inference_config(args, cfg, runtime, state)
+    spec = InferenceSpec.of_config(cfg["train"], args.topk, args.timeline, args.decode_threads or None)
     source, records = resolve_inputs(args.input, cfg)
     if args.max_videos:
         records = records[:args.max_videos]

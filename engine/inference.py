@@ -51,6 +51,14 @@ class InferenceSpec:
     timeline: bool = False
     decode_threads: int | None = None  # None: FFmpeg's choice
 
+    @classmethod
+    def of_config(cls, train_cfg: dict, topk: int = 3, timeline: bool = False,
+                  decode_threads: int | None = None) -> InferenceSpec:
+        """The inference chunks of a config (``train.chunk_infer_size``, ``chunk_overlap``, ``chunk_aggregation``,
+        ``video_batch_size``): one representation, so what runs is what the config says."""
+        return cls(train_cfg["chunk_infer_size"], train_cfg["chunk_overlap"], train_cfg["chunk_aggregation"],
+                   train_cfg["video_batch_size"], topk, timeline, decode_threads)
+
 
 def resolve_inputs(input_arg: str | None, cfg: dict) -> tuple[str, list[VideoRecord]]:
     if input_arg is None:

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from artifacts.trained_model import load_trained_model
 from datasets.clip_transform import ClipTransform
@@ -68,6 +69,9 @@ def test_a_features_file_reads_back_against_the_chunk_arithmetic_and_a_direct_fo
     np.testing.assert_allclose(saved["windows_seconds"], np.array(expected) / float(saved["fps"]))
     assert (int(saved["chunk"]), int(saved["overlap"]), str(saved["view_fusion"])) == (12, 4, "none")
     assert json.loads(str(saved["settings"]))["checkpoint_sha256"] == str(saved["checkpoint_sha256"])
+    stored = yaml.safe_load(str(saved["config"]))["train"]  # the config that ran: --chunk 12 --overlap 4
+    assert (stored["chunk_infer_size"], stored["chunk_overlap"]) == (12, 4) != (cfg["train"]["chunk_infer_size"],
+                                                                           cfg["train"]["chunk_overlap"])
     # a direct forward of the same frames: decoded at evaluation's geometry, the first and the last chunk
     transform = ClipTransform({**cfg["data"], "test_crops": 1}, training=False)
     plan = transform.plan([(reader_info.height, reader_info.width)], None)[0]
