@@ -26,7 +26,7 @@ from artifacts.trained_model import load_trained_model
 from config import apply_inference_flags, load_config
 from core import memory_monitor
 from core.cli import exit_on_usage_error
-from core.errors import ConfigError
+from core.errors import UsageError
 from core.files import append_whole, atomic_write_bytes, file_sha256
 from core.logs import setup_logging
 from core.runtime import resolve_device, setup_runtime
@@ -92,9 +92,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         try:
             args.batch = int(args.batch)
         except ValueError:
-            raise ConfigError(f"--batch {args.batch}: expected a number of chunks, or auto")
+            raise UsageError(f"--batch {args.batch}: expected a number of chunks, or auto")
     if args.topk < 1:
-        raise ConfigError(f"--topk {args.topk}: must be >= 1")
+        raise UsageError(f"--topk {args.topk}: must be >= 1")
     return args
 
 

@@ -16,7 +16,7 @@ import os
 import time
 
 from artifacts.checkpoint import save_checkpoint
-from core.errors import ConfigError
+from core.errors import ConfigError, UsageError
 from core.files import atomic_link, atomic_symlink
 
 CHECKPOINTS = "checkpoints"
@@ -116,7 +116,7 @@ class ExperimentDirectory:
         """``--resume auto``: last.pt of the latest run; an error when there is none."""
         path = self.latest.checkpoint("last.pt")
         if not os.path.exists(path):
-            raise ConfigError(f"--resume auto: no {path} to continue from; start without --resume, or give a "
+            raise UsageError(f"--resume auto: no {path} to continue from; start without --resume, or give a "
                               f"checkpoint path")
         return path
 
@@ -143,7 +143,7 @@ def resolve_resume(resume: str, cfg: dict) -> str:
     if resume == "auto":
         return ExperimentDirectory.of_config(cfg).resume_checkpoint()
     if not os.path.exists(resume):
-        raise ConfigError(f"--resume {resume}: checkpoint not found")
+        raise UsageError(f"--resume {resume}: checkpoint not found")
     return resume
 
 

@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import Callable
 
-from core.errors import ConfigError, one_line
+from core.errors import UserError, one_line
 from core.files import DiskFullError
 
 
@@ -24,12 +24,12 @@ def add_config_arguments(parser: argparse.ArgumentParser, required: bool = True)
 
 
 def exit_on_usage_error(main: Callable[[], int | None], input_errors: tuple = (), disk_advice: str = "") -> None:
-    """Run a script's main(); a ConfigError or one of ``input_errors`` (a bad file the user gave) becomes
-    one line on stderr and exit code 2, a full disk (DiskFullError) one line and exit code 1 (``disk_advice``: what
-    to do then, after "; "), never a traceback."""
+    """Run a script's main(); a UserError (a config or usage error) or one of ``input_errors`` (a bad file the user
+    gave) becomes one line on stderr and exit code 2, a full disk (DiskFullError) one line and exit code 1
+    (``disk_advice``: what to do then, after "; "), never a traceback."""
     try:
         code = main()
-    except (ConfigError, *input_errors) as e:
+    except (UserError, *input_errors) as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(2)
     except DiskFullError as e:

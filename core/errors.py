@@ -2,8 +2,16 @@
 from __future__ import annotations
 
 
-class ConfigError(Exception):
-    """A config, a flag or a file the user gave that cannot be used; the scripts print it as one line and exit 2."""
+class UserError(Exception):
+    """Something the user gave that cannot be used; the scripts print it as one line and exit 2."""
+
+
+class ConfigError(UserError):
+    """A config (a preset, a key, a --set) that cannot be used, or a checkpoint's config."""
+
+
+class UsageError(UserError):
+    """A command-line flag or argument that cannot be used (--input, --shard, --resume, ...)."""
 
 
 def one_line(error: Exception) -> str:

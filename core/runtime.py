@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from core.errors import ConfigError
+from core.errors import ConfigError, UsageError
 
 log = logging.getLogger("longvideo")
 
@@ -97,7 +97,7 @@ def setup_runtime(trainer_cfg: dict, device: str | None = None, precision: str |
         torch.backends.cudnn.benchmark = True
     normal = PRECISION_ALIASES.get(str(precision or trainer_cfg["precision"]).lower())
     if normal is None:
-        raise ConfigError(f"--precision: {precision!r} is not one of 32, 16, bf16, amp")
+        raise UsageError(f"--precision: {precision!r} is not one of 32, 16, bf16, amp")
     return Runtime(dev, resolve_precision(normal, dev), rank, world_size)
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from config import dump
-from core.errors import ConfigError
+from core.errors import UsageError
 from core.files import atomic_open
 from datasets.manifest import VideoRecord
 
@@ -45,10 +45,10 @@ def parse_shard(text: str | None) -> tuple[int, int]:
         return 0, 1
     parts = text.split("/")
     if len(parts) != 2 or not all(p.isdigit() for p in parts) or int(parts[1]) < 1:
-        raise ConfigError(f"--shard {text}: expected i/N with 0 <= i < N, e.g. --shard 0/4 (the first of 4 shards)")
+        raise UsageError(f"--shard {text}: expected i/N with 0 <= i < N, e.g. --shard 0/4 (the first of 4 shards)")
     index, count = int(parts[0]), int(parts[1])
     if index >= count:
-        raise ConfigError(f"--shard {text}: i must be below N ({count} shards are numbered 0 to {count - 1})")
+        raise UsageError(f"--shard {text}: i must be below N ({count} shards are numbered 0 to {count - 1})")
     return index, count
 
 
@@ -68,7 +68,7 @@ def feature_names(records: list[VideoRecord]) -> list[str]:
 
 def prepare_directory(directory: str) -> None:
     if os.path.exists(directory) and not os.path.isdir(directory):
-        raise ConfigError(f"--features {directory}: a file, not a directory; give a directory (created if missing)")
+        raise UsageError(f"--features {directory}: a file, not a directory; give a directory (created if missing)")
     os.makedirs(directory, exist_ok=True)
 
 

@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from core import memory_monitor
-from core.errors import ConfigError
+from core.errors import UsageError
 from datasets.clip_transform import ClipTransform
 from datasets.decode import read_clip, read_clip_keypoints
 from datasets.keypoints import KeypointError
@@ -66,19 +66,19 @@ def resolve_inputs(input_arg: str | None, cfg: dict) -> tuple[str, list[VideoRec
             path = manifest_path(cfg["data"], split)
             if path and os.path.exists(path):
                 return path, read_manifest(path)
-        raise ConfigError("no --input given and the checkpoint's config has no test or val manifest on this machine")
+        raise UsageError("no --input given and the checkpoint's config has no test or val manifest on this machine")
     if os.path.isdir(input_arg):
         files = sorted(f for f in os.listdir(input_arg) if f.lower().endswith(VIDEO_EXTENSIONS))
         if files:
             return input_arg, [VideoRecord({"video": os.path.join(input_arg, f)}, where=input_arg) for f in files]
         if any(os.path.isdir(os.path.join(input_arg, d)) for d in os.listdir(input_arg)):
             return input_arg, read_manifest(input_arg)  # root/<class>/<video>, as training reads it: labelled
-        raise ConfigError(f"--input {input_arg}: no videos in this directory nor in class folders under it "
+        raise UsageError(f"--input {input_arg}: no videos in this directory nor in class folders under it "
                           f"({', '.join(VIDEO_EXTENSIONS)})")
     if input_arg.endswith((".jsonl", ".json", ".csv")):
         return input_arg, read_manifest(input_arg)
     if not os.path.exists(input_arg):
-        raise ConfigError(f"--input {input_arg}: file not found")
+        raise UsageError(f"--input {input_arg}: file not found")
     return input_arg, [VideoRecord({"video": input_arg}, where=input_arg)]
 
 

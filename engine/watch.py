@@ -22,7 +22,7 @@ from artifacts.checkpoint import CheckpointError
 from artifacts.ledger import DirectoryLock, append_ledger, read_ledger
 from artifacts.plots import eval_history_plot
 from artifacts.run_dir import WatchedDirectory
-from core.errors import ConfigError
+from core.errors import UsageError
 from core.files import file_sha256, remove_stale_temp_files
 
 log = logging.getLogger("longvideo")
@@ -94,7 +94,7 @@ def plot_history(run_dir: str) -> str | None:
 def watch(spec: WatchSpec, evaluate) -> int:
     """Evaluate every new checkpoint under spec.run_dir once: ``evaluate(path)`` returns an EvaluationResult."""
     if not os.path.isdir(spec.run_dir):
-        raise ConfigError(f"--watch {spec.run_dir}: not a directory (expected runs/<experiment> or one run)")
+        raise UsageError(f"--watch {spec.run_dir}: not a directory (expected runs/<experiment> or one run)")
     log.setLevel(logging.INFO if spec.verbose else logging.WARNING)
     while True:
         lock = DirectoryLock(WatchedDirectory(spec.run_dir).lock)

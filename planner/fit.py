@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from config import apply_flags
-from core.errors import ConfigError
+from core.errors import ConfigError, UsageError
 from core.runtime import Runtime
 from datasets.shape import DataShape
 from planner.estimate import margin_text, usable_bytes
@@ -54,7 +54,7 @@ def fit_inference_batch(cfg: dict, runtime: Runtime, data_shape: DataShape, chun
     config's trainer.memory_budget_gb)."""
     budget = budget_gb or cfg["trainer"]["memory_budget_gb"]
     if not budget:
-        raise ConfigError("--batch auto needs a memory budget: --memory-budget-gb N (the checkpoint's config has no "
+        raise UsageError("--batch auto needs a memory budget: --memory-budget-gb N (the checkpoint's config has no "
                           "trainer.memory_budget_gb)")
     cuda = runtime.device.type == "cuda"
     usable = usable_bytes(budget, cuda)
@@ -62,7 +62,7 @@ def fit_inference_batch(cfg: dict, runtime: Runtime, data_shape: DataShape, chun
     shape = data_shape.model_args()
     batch = largest_inference_batch(cfg, frames, usable, precision=runtime.precision, **shape)
     if not batch:
-        raise ConfigError(f"--batch auto: even 1 chunk of {frames} frames does not fit the "
+        raise UsageError(f"--batch auto: even 1 chunk of {frames} frames does not fit the "
                           f"{margin_text(budget, cuda)}; use a shorter --chunk")
     print(f"--batch auto: {batch} chunks of {frames} frames per forward ({margin_text(budget, cuda)})")
     return batch

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from core.errors import ConfigError
+from core.errors import UsageError
 from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.records import read_split
 from datasets.shape import DataShape
@@ -31,7 +31,7 @@ def probe_memory(cfg: dict, device: str | None, frames_arg: str | None, batches_
         try:
             return sorted({int(v) for v in text.split(",")}) if text else None
         except ValueError:
-            raise ConfigError(f"--probe-frames/--probe-batches: {text!r} is not a comma-separated list of integers")
+            raise UsageError(f"--probe-frames/--probe-batches: {text!r} is not a comma-separated list of integers")
     for_gpu = (device or cfg["trainer"]["device"]) != "cpu"  # the budget of a GPU (its context set aside)
     if cfg["trainer"]["precision"] == "amp":
         cfg = with_value(cfg, "trainer.precision", "16")  # what --use_amp means on a GPU, which the estimate is for
