@@ -1,7 +1,7 @@
 """Configs saved with older checkpoints: keys they predate get the behaviour they were trained with."""
 from __future__ import annotations
 
-from config.schema import defaults
+from config.schema import defaults, with_new_names
 from config.validation import validate
 
 # keys added since a saved config may have been written, with the value that reproduces what the code did then
@@ -13,6 +13,7 @@ _BEFORE_THE_KEY = {"data.resize": "stretch", "model.norm_groups": 8}
 def saved_config(cfg: dict) -> dict:
     """A config saved with a checkpoint, validated; keys it predates get the behaviour it was trained with (or
     the default), so an older checkpoint evaluates as it was trained."""
+    cfg = with_new_names(cfg)
     full = defaults()
     for dotted, value in _BEFORE_THE_KEY.items():
         section, key = dotted.split(".")

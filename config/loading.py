@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from config.schema import defaults, flat_keys
+from config.schema import defaults, flat_keys, with_new_names
 from config.validation import validate
 from core.errors import ConfigError
 
@@ -82,7 +82,7 @@ def load_config(path: str | None, overrides: list[str] = (), use_amp: bool = Fal
     origins = {} if origins is None else origins
     if path is not None:
         for file_path, data in _load_chain(path):
-            _merge(cfg, data, origins, file_path)
+            _merge(cfg, with_new_names(data, file_path), origins, file_path)
     for text in overrides:
         key, value = parse_override(text)
         update: dict = {}
@@ -91,7 +91,7 @@ def load_config(path: str | None, overrides: list[str] = (), use_amp: bool = Fal
         for part in parts[:-1]:
             node = node.setdefault(part, {})
         node[parts[-1]] = value
-        _merge(cfg, update, origins, f"--set {text}")
+        _merge(cfg, with_new_names(update, f"--set {text}"), origins, f"--set {text}")
     if use_amp:
         cfg["trainer"]["precision"] = "amp"
         origins["trainer.precision"] = "--use_amp"

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import copy
 import difflib
+import logging
 from dataclasses import dataclass
 from typing import Any
+
+from core.errors import ConfigError
+
+log = logging.getLogger("longvideo")
 
 # The RGB backbones a config may name. The schema owns the names; models/ registers one builder for each, and
 # registering a name missing here fails at import (so config never imports the model registry above it).
@@ -121,7 +126,7 @@ SCHEMA: dict[str, Any] = {
         "load_kpt": Key(False, "bool", "load per-frame keypoints"),
         "max_video_frames": _int(None, "split videos into sample windows of at most this many frames; "
                                        "null = whole videos", minimum=1, nullable=True),
-        "video_chunk_overlap": _int(0, "frames shared by consecutive sample windows", minimum=0),
+        "sample_window_overlap": _int(0, "frames shared by consecutive sample windows", minimum=0),
         "decoder": _choice("auto", "video decoder: auto (the faster exact one for each codec and access pattern, "
                                    "measured by bench/loader.py), opencv, or pyav (same frames and pixels; also reads "
                                    "AV1)", "auto", "opencv", "pyav"),
@@ -203,6 +208,29 @@ SCHEMA: dict[str, Any] = {
         "leak_tolerance_mb": _float(256.0, "total growth (MB) over those epochs that triggers it", minimum=0.0),
     },
 }
+
+# Keys renamed, old name -> new: the old name keeps working (a preset with a one-line notice, a checkpoint's saved
+# config silently). "chunk" is the window of one forward pass; a sample window was once called a chunk too.
+RENAMED_KEYS = {"data.video_chunk_overlap": "data.sample_window_overlap"}
+
+
+def with_new_names(data: dict, source: str | None = None) -> dict:
+    """``data`` (a config's sections) with each renamed key under its new name; with ``source`` (a file or a
+    --set), each old name found is said once, naming the new one."""
+    for old, new in RENAMED_KEYS.items():
+        section, old_key = old.split(".")
+        values = data.get(section)
+        if not isinstance(values, dict) or old_key not in values:
+            continue
+        new_key = new.split(".")[1]
+        if new_key in values:
+            raise ConfigError(f"{source or 'a saved config'}: {old} and {new} are the same key (renamed); keep {new}")
+        values = {(new_key if k == old_key else k): v for k, v in values.items()}
+        data = {**data, section: values}
+        if source is not None:
+            log.warning("%s: %s is now called %s (the old name still works)", source, old, new)
+    return data
+
 
 def defaults() -> dict:
     def build(node):

@@ -198,10 +198,10 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     if data["batch_size"] == "auto" and not cfg["trainer"]["memory_budget_gb"]:
         raise ConfigError(f"{origin('data.batch_size')}: data.batch_size: auto needs trainer.memory_budget_gb (the "
                           f"memory to fit, in GiB); set it, or give a number")
-    window, window_overlap = data["max_video_frames"], data["video_chunk_overlap"]
+    window, window_overlap = data["max_video_frames"], data["sample_window_overlap"]
     if window is not None and window_overlap >= window:
-        raise ConfigError(f"{origin('data.video_chunk_overlap')}: data.video_chunk_overlap={window_overlap} must be "
-                          f"smaller than data.max_video_frames={window}")
+        raise ConfigError(f"{origin('data.sample_window_overlap')}: data.sample_window_overlap={window_overlap} "
+                          f"must be smaller than data.max_video_frames={window}")
     if data["decoder"] == "pyav" and data["load_rgb"] and importlib.util.find_spec("av") is None:
         raise ConfigError(f"{origin('data.decoder')}: data.decoder: pyav needs PyAV, which is not installed; "
                           f"pip install av, or set data.decoder: opencv")

@@ -99,8 +99,8 @@ class VideoWindowDataset(Dataset):
         window = data_cfg["max_video_frames"]
         if window is not None:
             usable = sum(1 for n in self.lengths if n > 0)
-            log.info("Video chunking enabled: %d videos -> %d chunks (max %d frames/chunk)", usable,
-                     len(self.windows), window)
+            log.info("sample windows: %d videos -> %d windows of at most %d frames", usable, len(self.windows),
+                     window)
 
     # ------------------------------------------------------------------------------------------ the index
     def _record_length(self, record: VideoRecord, cache: VideoIndexCache, prober=None) -> int:
@@ -161,7 +161,7 @@ class VideoWindowDataset(Dataset):
         if record.segments is not None:
             timeline = segment_frames(record, length, self.fps.get(record.first_path, 25.0), self.class_names)
         windows = []
-        for start, end in split_into_windows(length, self.cfg["max_video_frames"], self.cfg["video_chunk_overlap"]):
+        for start, end in split_into_windows(length, self.cfg["max_video_frames"], self.cfg["sample_window_overlap"]):
             if timeline is None:
                 windows.append(SampleWindow(record_index, start, end, self.class_index[record.label], []))
                 continue

@@ -152,3 +152,27 @@ def test_the_pyav_decoder_without_pyav_installed_is_a_config_error(tmp_path, mon
     assert error_of(path) == (f"{path}: data.decoder: pyav needs PyAV, which is not installed; pip install av, or "
                               f"set data.decoder: opencv")
     assert load_config(path, ["data.load_rgb=false", "data.load_kpt=true", "model.input_type=kpt"])  # no video
+
+
+def test_a_renamed_key_keeps_working_under_its_old_name_with_a_notice(tmp_path, caplog):
+    import logging  # only this test reads the log
+    path = write(tmp_path, "old.yaml", "data:\n  max_video_frames: 100\n  video_chunk_overlap: 20\n")
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
+        cfg = load_config(path, ["data.video_chunk_overlap=30"])
+    assert cfg["data"]["sample_window_overlap"] == 30 and "video_chunk_overlap" not in cfg["data"]
+    notices = [r.getMessage() for r in caplog.records]
+    assert notices == [f"{path}: data.video_chunk_overlap is now called data.sample_window_overlap (the old name "
+                       f"still works)", "--set data.video_chunk_overlap=30: data.video_chunk_overlap is now called "
+                       "data.sample_window_overlap (the old name still works)"]
+    # its errors name the new key where it came from
+    assert error_of(write(tmp_path, "bad.yaml", "data:\n  max_video_frames: 10\n  video_chunk_overlap: 10\n")) == (
+        f"{tmp_path}/bad.yaml: data.sample_window_overlap=10 must be smaller than data.max_video_frames=10")
+    assert "are the same key" in error_of(write(tmp_path, "both.yaml", "data:\n  video_chunk_overlap: 1\n"
+                                                                      "  sample_window_overlap: 2\n"))
+
+
+def test_a_checkpoint_config_with_the_old_name_loads_silently(caplog):
+    from config import saved_config
+    old = defaults()
+    old["data"]["video_chunk_overlap"] = old["data"].pop("sample_window_overlap") + 4
+    assert saved_config(old)["data"]["sample_window_overlap"] == 4 and not caplog.records

@@ -75,7 +75,7 @@ def test_timeline_is_clipped_to_each_window_and_keypoints_align(long_video, capl
     cfg = data_cfg(max_video_frames=100, video_chunk_overlap=20, num_frames=-1, img_size=[48, 120])
     with caplog.at_level(logging.INFO, logger="longvideo"):
         dataset = VideoWindowDataset(read_manifest(manifest), ["a", "b", "c"], cfg, training=False)
-    assert "Video chunking enabled: 1 videos -> 3 chunks (max 100 frames/chunk)" in caplog.text
+    assert "sample windows: 1 videos -> 3 windows of at most 100 frames" in caplog.text
     assert [(w.start, w.end, w.label) for w in dataset.windows] == [(0, 100, 0), (80, 180, 1), (160, 250, 2)]
     assert dataset.windows[0].segments == [(0, 60, 0), (60, 100, 1)]
     assert dataset.windows[2].segments == [(160, 180, 1), (180, 250, 2)]  # 7.2 s at 25 fps = frame 180
