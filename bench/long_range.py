@@ -100,6 +100,8 @@ def families(args) -> None:
         data, shape = family_data(family, os.path.join(ROOT, "data"))
         frames, chunk = FAMILY_SHAPES[family]
         for name, (config, overrides) in PRESETS.items():
+            if name not in args.presets.split(","):
+                continue
             runs = [train_variant(shape + overrides, data, args.epochs, seed, config) for seed in seeds]
             reached = [r["to_0.9"] for r in runs]
             print(f"{family:12s} {frames // chunk:6d} {name:18s} {sum(r['best'] for r in runs) / len(runs):6.3f} "
@@ -115,6 +117,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--seeds", default="0", help="train.seed values, comma-separated: accuracy is averaged")
     parser.add_argument("--families", default=",".join(FAMILY_SHAPES), help="--part families: which, comma-separated")
+    parser.add_argument("--presets", default=",".join(PRESETS), help="--part families: which variants, comma-separated")
     args = parser.parse_args()
     if args.part == "families":
         families(args)

@@ -91,7 +91,7 @@ def measure(args) -> dict:
 
 
 def step_cell(backbone: str, width: int, size: int, length: int, chunk: int, overlap: int = 0, repeat: int = 3,
-              device: str = "cpu", temporal_head: str = "none", temporal_width: int = 128) -> dict | str:
+              device: str = "cpu", temporal_head: str = "none", temporal_width: int = 64) -> dict | str:
     """One cell of the table: {"peak_mb", "step_s", "input_mb"} of one training step, or the error's last line.
     Memory: every allocation above 64 KB its own mapping, returned when freed, so resident memory follows the
     live tensors (glibc would keep freed blocks of the warm-up step resident and hide the measured one); time: a
@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--chunks", default="16,32", help="chunk_train_size values beside the whole clip")
     parser.add_argument("--overlap", type=int, default=0)
     parser.add_argument("--temporal-head", default="none", help="model.temporal_head: none, attention, transformer")
-    parser.add_argument("--temporal-width", type=int, default=128, help="model.temporal_width")
+    parser.add_argument("--temporal-width", type=int, default=64, help="model.temporal_width")
     parser.add_argument("--repeat", type=int, default=3, help="timed steps after the measured one; the fastest kept")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     args = parse_or_measure(parser, measure, length=int, chunk=int)

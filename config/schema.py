@@ -73,7 +73,7 @@ SCHEMA: dict[str, Any] = {
                                          "train.chunk_aggregation, blind to order), attention (attention pooling with "
                                          "positions) or transformer (an encoder over the chunks, then that pooling)",
                                  "none", "attention", "transformer"),
-        "temporal_width": _int(128, "temporal head: token width", minimum=2),
+        "temporal_width": _int(64, "temporal head: token width", minimum=2),
         "temporal_layers": _int(2, "temporal head (transformer): encoder layers", minimum=1),
         "temporal_heads": _int(4, "temporal head: attention heads (must divide temporal_width)", minimum=1),
         "temporal_dropout": _float(0.1, "temporal head: dropout in attention, feed-forward and before its classifier",

@@ -403,9 +403,10 @@ def _warn_if_head_at_chance(trainer: Trainer) -> None:
     clip = gradient_clip(train_cfg, True)
     log.warning("epoch %d: validation accuracy has stayed at chance (%.3f) for %d validations with the temporal head "
                 "on; a head that does not learn usually trains too fast: lower train.temporal_lr_scale (now %g) or "
-                "train.lr (now %g), or set train.temporal_grad_clip (now %s); model.temporal_head: none shows what "
-                "the chunks alone give", trainer.state.epoch, chance, len(recent), train_cfg["temporal_lr_scale"],
-                train_cfg["lr"], "off" if clip is None else f"{clip:g}")
+                "train.lr (now %g), set train.temporal_grad_clip (now %s), or narrow model.temporal_width (now %d; "
+                "64 learnt where 128 did not); model.temporal_head: none shows what the chunks alone give",
+                trainer.state.epoch, chance, len(recent), train_cfg["temporal_lr_scale"], train_cfg["lr"],
+                "off" if clip is None else f"{clip:g}", trainer.cfg["model"]["temporal_width"])
 
 
 def _validation_due(cfg: dict, epoch: int) -> bool:

@@ -39,7 +39,7 @@ def sinusoidal(values: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class TemporalHead(nn.Module):
-    def __init__(self, kind: str, feature_dim: int, num_classes: int, width: int = 128, layers: int = 2,
+    def __init__(self, kind: str, feature_dim: int, num_classes: int, width: int = 64, layers: int = 2,
                  heads: int = 4, dropout: float = 0.1):
         super().__init__()
         if kind not in HEADS[1:]:

@@ -240,7 +240,7 @@ def test_a_head_with_last_aggregation_or_late_fusion_is_refused_with_the_reason(
         load_config(None, ["model.temporal_head=attention", "train.chunk_aggregation=last"])
     with pytest.raises(ConfigError, match="model.view_fusion: late keeps one feature vector per view"):
         load_config(None, ["model.temporal_head=transformer", "model.view_fusion=late"])
-    with pytest.raises(ConfigError, match="model.temporal_heads=3 must divide model.temporal_width=128"):
+    with pytest.raises(ConfigError, match="model.temporal_heads=3 must divide model.temporal_width=64"):
         load_config(None, ["model.temporal_head=transformer", "model.temporal_heads=3"])
 
 
@@ -310,6 +310,29 @@ def test_on_the_order_task_the_transformer_head_learns_what_mean_pooled_chunks_c
                 "--set", f"trainer.output_dir={out}", "--set", "data.num_frames=128", "--set",
                 "train.chunk_train_size=16", "--set", "train.chunk_infer_size=16", "--set", "trainer.max_epochs=10",
                 "--set", "data.img_size=16", "--set", f"model.temporal_head={head}"]
+        assert train.main(args) == 0
+        with open(os.path.join(out, "long_range", "latest", "metrics.csv")) as f:
+            accuracy[head] = max(float(row["val_clip_acc"]) for row in csv.DictReader(f))
+    assert accuracy["none"] <= 0.70, accuracy
+    assert accuracy["transformer"] >= 0.85 and accuracy["transformer"] >= accuracy["none"] + 0.2, accuracy
+
+
+def test_on_another_task_family_the_head_learns_with_its_defaults(tmp_path):
+    """Not the order task the head was first tuned on: the colour of the last of four events (two red, two green;
+    an order-blind bag of chunks sees the same events under both labels). 64 videos of 320 frames at 16x16, the
+    whole video at stride 4 in 5 chunks, 10 epochs, the long-range preset with nothing about the head set: the
+    defaults (train.temporal_lr_scale, train.temporal_grad_clip, model.temporal_width) must learn it."""
+    from datasets.synthetic import generate_task
+    data = generate_task(str(tmp_path / "last"), "last", num_train=64, num_val=32, frames=320, event_frames=8,
+                         min_gap=32, size=16, quiet=True)
+    accuracy = {}
+    for head in ("none", "transformer"):
+        out = tmp_path / head
+        args = ["--config", os.path.join(ROOT, "configs", "long-range.yaml"), "--set", f"data.data_dir={data}",
+                "--set", f"trainer.output_dir={out}", "--set", "data.train_manifest=last_train.jsonl", "--set",
+                "data.val_manifest=last_val.jsonl", "--set", "data.class_names=null", "--set", "data.num_frames=80",
+                "--set", "train.chunk_train_size=16", "--set", "train.chunk_infer_size=16", "--set",
+                "trainer.max_epochs=10", "--set", "data.img_size=16", "--set", f"model.temporal_head={head}"]
         assert train.main(args) == 0
         with open(os.path.join(out, "long_range", "latest", "metrics.csv")) as f:
             accuracy[head] = max(float(row["val_clip_acc"]) for row in csv.DictReader(f))
@@ -415,7 +438,7 @@ def test_a_head_at_chance_is_said_once_with_the_switches(caplog):
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and warnings[0].startswith("epoch 3: validation accuracy has stayed at chance (0.333) "
                                                          "for 3 validations with the temporal head on")
-    assert "train.temporal_lr_scale (now 0.5)" in warnings[0]
+    assert "train.temporal_lr_scale (now 0.5)" in warnings[0] and "model.temporal_width (now 64" in warnings[0]
     caplog.clear()
     trainer.report.said_head_at_chance = False
     trainer.state.history = history[:2] + [{"epoch": 3, "val_clip_acc": 0.5}]  # learning: nothing said
