@@ -31,8 +31,8 @@ from core.files import append_whole, atomic_write_bytes, file_sha256
 from core.logs import setup_logging
 from core.runtime import resolve_device, setup_runtime
 from datasets.bad_input import BAD_INPUT_ERRORS
+from datasets.device_input import InputPreparer
 from datasets.shape import DataShape
-from datasets.transforms import InputPreparer
 from datasets.video.capture import quiet_decoder_logs
 from datasets.video.info import StalledFile
 from engine.chunking import AGGREGATIONS

@@ -36,8 +36,8 @@ def measure(args) -> dict:
 
     from config import load_config
     from core.runtime import setup_runtime
+    from datasets.device_input import InputPreparer
     from datasets.manifest import VideoRecord
-    from datasets.transforms import InputPreparer
     from engine import inference as infer_chunked
     from models import build_model
     torch.set_num_threads(args.torch_threads)

@@ -39,7 +39,7 @@ def measure(args) -> dict:
     import torch
 
     from config import load_config
-    from datasets.transforms import InputPreparer
+    from datasets.device_input import InputPreparer
     from engine.chunking import ChunkedTrainingForward, ChunkSpec, aggregate_chunk_logits
     from models import build_model
 

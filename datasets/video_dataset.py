@@ -1,7 +1,7 @@
 """The windowed video dataset: long videos split into sample windows, one clip decoded per sample.
 
 The index is built from metadata only (frame counts from the containers, cached). A sample returns a
-dict of uint8 frames (converted to float on the device, see ``datasets.transforms``), the keypoints of
+dict of uint8 frames (converted to float on the device, see ``datasets.device_input``), the keypoints of
 the same frames, the label of the part of the timeline it covers, and where it came from.
 
 A sample (``VideoWindowDataset[i]``), T = the clip's frames (``data.num_frames``, or the window's with -1):

@@ -16,8 +16,8 @@ from config import apply_inference_flags
 from core.files import atomic_write_bytes
 from core.runtime import Runtime, resolve_device, setup_runtime, unwrap_model
 from datasets.bad_input import BadInputReport
+from datasets.device_input import InputPreparer
 from datasets.shape import DataShape
-from datasets.transforms import InputPreparer
 from datasets.video_dataset import build_dataset, index_cache_for
 from engine.chunking import forward_chunked
 from engine.data import GuardedBatches, cap_workers, make_loader

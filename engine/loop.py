@@ -29,8 +29,8 @@ from core.files import atomic_write_bytes, remove_stale_temp_files
 from core.logs import attach_log_file, detach_log_file
 from core.runtime import Runtime
 from datasets.bad_input import BadInputReport
+from datasets.device_input import InputPreparer
 from datasets.shape import DataShape
-from datasets.transforms import InputPreparer
 from engine.chunking import ChunkedTrainingForward
 from engine.data import GuardedBatches, build_data, cap_workers, make_loader
 from engine.evaluate import evaluate

@@ -13,8 +13,8 @@ from artifacts.csv_log import CsvLog
 from artifacts.run_dir import RunDirectory
 from core.runtime import Runtime, unwrap_model
 from datasets.bad_input import BadInputReport
+from datasets.device_input import InputPreparer
 from datasets.shape import DataShape
-from datasets.transforms import InputPreparer
 from engine.chunking import ChunkSpec
 
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from config import apply_flags
 from core.runtime import Runtime
-from datasets.transforms import InputPreparer
+from datasets.device_input import InputPreparer
 from engine.chunking import ChunkedTrainingForward, ChunkSpec
 from engine.optim import build_optimizer
 from engine.step import step_loss

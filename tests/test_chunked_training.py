@@ -10,7 +10,7 @@ from torch import nn
 import train
 from artifacts.checkpoint import load_checkpoint
 from config import ConfigError, load_config
-from datasets.transforms import InputPreparer
+from datasets.device_input import InputPreparer
 from engine.chunking import ChunkedTrainingForward, ChunkSpec, aggregate_chunk_logits, chunk_labels, chunk_windows
 from engine.step import training_loss
 from models import build_model

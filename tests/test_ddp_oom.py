@@ -22,7 +22,7 @@ from core.logs import setup_logging
 from core.runtime import setup_runtime
 from datasets.sampler import EpochSampler
 from datasets.shape import DataShape
-from datasets.transforms import InputPreparer
+from datasets.device_input import InputPreparer
 from engine import loop
 from engine.oom import OutOfMemoryAdvice, OutOfMemoryError
 from engine.trainer import Trainer

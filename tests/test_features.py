@@ -12,8 +12,8 @@ import yaml
 
 from artifacts.trained_model import load_trained_model
 from datasets.clip_transform import ClipTransform
+from datasets.device_input import InputPreparer
 from datasets.manifest import VideoRecord, read_manifest
-from datasets.transforms import InputPreparer
 from datasets.video.choice import open_reader
 from datasets.video.probe import probe
 from engine.chunking import chunk_windows

@@ -17,9 +17,9 @@ import train
 from artifacts.checkpoint import load_checkpoint
 from config import ConfigError, load_config
 from core.runtime import Runtime
+from datasets.device_input import InputPreparer
 from datasets.manifest import VideoRecord
 from datasets.synthetic import ORDER_CLASSES, generate_long_range, order_video
-from datasets.transforms import InputPreparer
 from datasets.video.choice import open_reader
 from engine import loop
 from engine.chunking import ChunkedTrainingForward, ChunkSpec, chunk_positions, chunk_windows, forward_chunked

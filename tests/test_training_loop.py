@@ -18,8 +18,8 @@ from artifacts.run_dir import RunDirectory
 from config import load_config
 from core import memory_monitor
 from core.runtime import Runtime
+from datasets.device_input import InputPreparer
 from datasets.shape import DataShape
-from datasets.transforms import InputPreparer
 from engine import loop
 from engine.chunking import ChunkedTrainingForward
 from engine.oom import OutOfMemoryAdvice, OutOfMemoryError
