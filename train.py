@@ -27,7 +27,9 @@ from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.records import DATA_LAYOUTS
 from datasets.shape import DataShape
 from datasets.video.capture import quiet_decoder_logs
-from engine.loop import build_trainer, fit, stop_on_ctrl_c
+from engine.build import build_trainer
+from engine.interrupt import stop_on_ctrl_c
+from engine.loop import fit
 from engine.trainer import RunStopped
 from planner.disk import DiskPlan, bytes_written, disk_plan, state_disk_plan
 from planner.fit import fit_budget

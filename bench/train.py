@@ -30,7 +30,7 @@ def measure(args) -> dict:
     from core import memory_monitor
     from core.logs import setup_logging
     from core.runtime import setup_runtime
-    from engine import loop
+    from engine import build, loop
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(args.config, [f"trainer.precision={args.precision}",
@@ -38,7 +38,7 @@ def measure(args) -> dict:
                                         "train.log_every=1000000", *args.set])
         runtime = setup_runtime(cfg["trainer"])
         setup_logging(is_main=False)  # errors only: the table is the output
-        trainer, loader, _ = loop.build_trainer(cfg, runtime, stop_after_steps=args.steps)
+        trainer, loader, _ = build.build_trainer(cfg, runtime, stop_after_steps=args.steps)
         if runtime.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         with memory_monitor.PeakRssSampler() as sampler:

@@ -1,45 +1,31 @@
 """The training loop: ``fit`` runs epochs of ``train_one_epoch`` and the shared ``evaluate``, each returning a
-dict of plain floats; ``build_trainer`` wires data, model, optimizer, schedule and run directory. The step
-itself (forward, backward, accumulation) is ``engine.step``'s, the OOM back-off ``engine.oom``'s.
+dict of plain floats. ``engine.build.build_trainer`` wires data, model, optimizer, schedule and run directory;
+the step itself (forward, backward, accumulation) is ``engine.step``'s, the OOM back-off ``engine.oom``'s, Ctrl-C
+``engine.interrupt``'s.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import math
-import signal
 import sys
-import threading
 import time
 
-import numpy as np
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from artifacts.checkpoint import TrainState, restore_rng_state, restore_training
+from artifacts.checkpoint import restore_rng_state
 from artifacts.csv_log import CsvLog
 from artifacts.plots import training_plots
-from artifacts.run_dir import ExperimentDirectory, RunDirectory
-from config import dump
 from core import memory_monitor
-from core.errors import ConfigError
-from core.files import atomic_write_bytes, remove_stale_temp_files
-from core.logs import attach_log_file, detach_log_file
-from core.runtime import Runtime
-from datasets.bad_input import BadInputReport
-from datasets.device_input import InputPreparer
-from datasets.shape import DataShape
-from engine.chunking import ChunkedTrainingForward
-from engine.data import GuardedBatches, build_data, cap_workers, make_loader
+from engine.data import GuardedBatches
 from engine.evaluate import evaluate
-from engine.optim import build_optimizer, build_scheduler, gradient_clip
+from engine.interrupt import next_batch, stop_if_asked
+from engine.optim import gradient_clip
 from engine.precise_bn import precise_bn_before_validation
 from engine.step import clips_per_forward, optimizer_step, train_batch
-from engine.trainer import NonFiniteLossError, RunReport, RunStopped, Trainer
-from models import ModelConfigError, build_model
-from models.norms import convert_norms
+from engine.trainer import NonFiniteLossError, RunStopped, Trainer
 
 log = logging.getLogger("longvideo")
 PROGRESS_EVERY_S = 60.0
@@ -61,7 +47,7 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
     mid_epoch_memory = None  # for the leak check: returned, popped by fit()
     for batch_index in range(state.batches_done, num_batches):
         tick = time.perf_counter()
-        batch = _next_batch(iterator)
+        batch = next_batch(iterator)
         totals["data_time"] += time.perf_counter() - tick
         if trainer.report.bad_inputs is not None:
             trainer.report.bad_inputs.take(batch)
@@ -91,47 +77,6 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
             "data_time_share": totals["data_time"] / elapsed, "lr": trainer.scheduler.get_last_lr()[0],
             "skipped_steps": state.skipped_steps, "clips_per_forward": clips_per_forward(trainer),
             "chunk_train_size": trainer.chunk_spec().size, "memory": mid_epoch_memory}
-
-
-STOP_REQUESTED = threading.Event()  # set by the first Ctrl-C (see stop_on_ctrl_c)
-
-
-@contextlib.contextmanager
-def stop_on_ctrl_c():
-    """Ctrl-C during training: the first one asks the loop to stop after the current batch (checked between
-    batches and epochs, where raising cannot be lost: a KeyboardInterrupt raised inside a finalizer, such as the
-    previous epoch's DataLoader iterator shutting its workers down, is printed and dropped by Python), a second
-    one stops at once."""
-    def request_stop(signum, frame):
-        if STOP_REQUESTED.is_set():
-            raise KeyboardInterrupt
-        STOP_REQUESTED.set()
-        log.warning("Ctrl-C: stopping after this batch and saving last.pt (Ctrl-C again to stop at once)")
-
-    STOP_REQUESTED.clear()
-    if threading.current_thread() is not threading.main_thread():  # signals reach only the main thread
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, request_stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _stop_if_asked() -> None:
-    if STOP_REQUESTED.is_set():
-        raise KeyboardInterrupt
-
-
-def _next_batch(iterator):
-    """The next loader batch; after a Ctrl-C the workers (which got it too) may be gone: stop, do not crash."""
-    _stop_if_asked()
-    try:
-        return next(iterator)
-    except RuntimeError:
-        _stop_if_asked()
-        raise
 
 
 def _iterate_resumed(trainer: Trainer, loader: DataLoader):
@@ -211,66 +156,6 @@ def saved_on_stop(trainer: Trainer, resume_command: str = "--resume auto"):
                     state.global_step, path, resume_command)
         raise
 
-def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None,
-                  stop_after_steps: int | None = None) -> tuple[Trainer, DataLoader, DataLoader | None]:
-    """Data, model, optimizer, schedule and run directory (or the resumed ones), wired into a Trainer.
-    ``cfg`` has a number for data.batch_size (the planner resolves ``auto`` before)."""
-    torch.manual_seed(cfg["train"]["seed"])
-    np.random.seed(cfg["train"]["seed"])
-    train_set, val_set, class_names, shape = build_data(cfg)
-    model, channels_last = _model_on_device(cfg, runtime, shape)
-    cfg = cap_workers(cfg)
-    train_loader = make_loader(train_set, cfg, runtime, cfg["data"]["batch_size"], shuffle=True, pad=True)
-    val_loader = (make_loader(val_set, cfg, runtime, 1, shuffle=False, pad=False)  # clips vary in length
-                  if val_set is not None else None)
-    optimizer = build_optimizer(model, cfg["train"])
-    if runtime.is_main and getattr(model, "temporal", None) is not None:
-        _log_temporal_head_settings(optimizer, cfg["train"])
-    steps_per_epoch = math.ceil(len(train_loader) / cfg["train"]["accumulate_grad_batches"])
-    scheduler = build_scheduler(optimizer, cfg["train"], steps_per_epoch, cfg["trainer"]["max_epochs"])
-    scaler = runtime.grad_scaler()
-    state, pending_rng, run = TrainState(), None, None
-    if resume_path:
-        state, pending_rng = restore_training(resume_path, model, optimizer, scheduler, scaler)
-        run = RunDirectory.of_checkpoint(resume_path)
-        if run is None:  # a checkpoint from elsewhere: nothing is written beside the user's file
-            log.info("%s is not inside a run directory of this project (<run>/checkpoints/, with config.yaml): "
-                     "continuing in a new run directory", resume_path)
-    if run is None and runtime.is_main:
-        run = RunDirectory.create(ExperimentDirectory.of_config(cfg))
-    prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"], channels_last)
-    wrapped = wrap_for_training(model, prepare, cfg, runtime)
-    criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg["train"]["label_smoothing"])
-    trainer = Trainer(model=wrapped, optimizer=optimizer, scheduler=scheduler, scaler=scaler, prepare=prepare,
-                      runtime=runtime, cfg=cfg, run=run, class_names=class_names, shape=shape,
-                      criterion=criterion, state=state, pending_rng=pending_rng, stop_after_steps=stop_after_steps,
-                      report=RunReport(bad_inputs=BadInputReport(train_set, val_set)))
-    if runtime.is_main:
-        _start_run_files(trainer, len(train_set))
-    return trainer, train_loader, val_loader
-
-
-def _log_temporal_head_settings(optimizer: torch.optim.Optimizer, train_cfg: dict) -> None:
-    """The learning rates a run with a temporal head trains with (the head has its own unless its scale is 1)."""
-    rates = {group.get("name", "model"): group["lr"] for group in optimizer.param_groups}
-    head_lr = rates.get("temporal head", train_cfg["lr"])
-    clip = gradient_clip(train_cfg, True)
-    log.info("learning rates: backbone %.2e, temporal head %.2e (train.temporal_lr_scale %g); gradient norm clip %s",
-             rates["model"], head_lr, train_cfg["temporal_lr_scale"], "off" if clip is None else f"{clip:g}")
-
-
-def wrap_for_training(model: torch.nn.Module, prepare: InputPreparer, cfg: dict, runtime: Runtime) -> torch.nn.Module:
-    """The training forward (chunks, recomputed) around the classifier (compiled on request), DDP-wrapped under
-    torchrun. DDP neither broadcasts buffers in forward nor all-reduces in backward here: a rank that backs off
-    after an out-of-memory error runs more forwards than the others, so no collective may hide in them;
-    ``engine.oom.agree_and_reduce`` averages the gradients, ``sync_buffers`` the BatchNorm statistics."""
-    wrapped = ChunkedTrainingForward(torch.compile(model) if cfg["trainer"]["compile"] else model, prepare.normalize,
-                                     cfg["data"]["frame_stride"])
-    if runtime.distributed:
-        wrapped = DistributedDataParallel(wrapped, broadcast_buffers=False,
-                                          device_ids=[runtime.device.index] if runtime.device.type == "cuda" else None)
-    return wrapped
-
 
 def sync_buffers(trainer: Trainer) -> None:
     """Under DDP, rank 0's buffers (BatchNorm running statistics) to every rank before validation: each rank
@@ -278,63 +163,6 @@ def sync_buffers(trainer: Trainer) -> None:
     if trainer.runtime.distributed:
         for buffer in trainer.model.buffers():
             torch.distributed.broadcast(buffer, 0)
-
-
-def _model_on_device(cfg: dict, runtime: Runtime, shape: DataShape) -> tuple:
-    """(the classifier on the device, whether it is in channels_last_3d)."""
-    try:
-        model = build_model(cfg["model"], **shape.model_args())
-    except ModelConfigError as e:  # a model section that does not fit the data or the backbone
-        raise ConfigError(str(e))
-    if cfg["model"]["norm"] == "sync":
-        _synchronize_norms(model, cfg, runtime)
-    model.to(runtime.device)
-    channels_last = cfg["trainer"]["channels_last_3d"] and runtime.device.type == "cuda"
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last_3d)
-    return model, channels_last
-
-
-def _synchronize_norms(model: torch.nn.Module, cfg: dict, runtime: Runtime) -> None:
-    """model.norm: sync: SyncBatchNorm under torchrun with more than one process, BatchNorm on one. Every
-    synchronized forward is a collective, so every rank must run as many training chunks."""
-    if not runtime.distributed:
-        log.info("model.norm: sync on one process: BatchNorm (statistics of this process's micro-batch)")
-        return
-    if cfg["data"]["num_frames"] == -1 and cfg["train"]["chunk_train_size"] != -1:
-        raise ConfigError("model.norm: sync synchronizes each training chunk's forward across processes, so every "
-                          "process must run as many chunks, but data.num_frames: -1 gives clips of any length; set "
-                          "data.num_frames to a number, train.chunk_train_size: -1, or model.norm: batch")
-    count = convert_norms(model, "sync")
-    log.info("model.norm: sync: %d BatchNorm layers synchronized over %d processes (the out-of-memory back-off "
-             "is off: one process cannot retry a synchronized forward alone)", count, runtime.world_size)
-
-
-def _start_run_files(trainer: Trainer, num_samples: int) -> None:
-    """train.log, stale temporary files removed, the resolved config.yaml, memory.csv, the run's first line."""
-    trainer.report.log_file = attach_log_file(trainer.run.train_log)
-    try:
-        _write_first_files(trainer, num_samples)
-    except BaseException:  # e.g. a full disk: the log file is not left attached to the process's logger
-        detach_log_file(trainer.report.log_file)
-        raise
-
-
-def _write_first_files(trainer: Trainer, num_samples: int) -> None:
-    run, cfg, runtime = trainer.run, trainer.cfg, trainer.runtime
-    removed = remove_stale_temp_files(run.path, recursive=True)
-    if removed:
-        log.warning("removed %d temporary file(s) left by writers that were killed: %s", len(removed),
-                    ", ".join(removed))
-    # as run: the precision resolved for this device (the capped workers and a fitted batch are in cfg already)
-    atomic_write_bytes(run.config_yaml,
-                       dump({**cfg, "trainer": {**cfg["trainer"], "precision": runtime.precision}}).encode())
-    trainer.report.memory_log = CsvLog(run.memory_csv)
-    global_batch = cfg["data"]["batch_size"] * cfg["train"]["accumulate_grad_batches"] * runtime.world_size
-    log.info("run %s | %s on %s, precision %s | %d training samples, %d classes | global batch %d = %d x %d "
-             "accumulated x %d processes", run, cfg["model"]["backbone"], runtime.device, runtime.precision,
-             num_samples, len(trainer.class_names), global_batch, cfg["data"]["batch_size"],
-             cfg["train"]["accumulate_grad_batches"], runtime.world_size)
 
 
 def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | None,
@@ -367,7 +195,7 @@ def _fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | No
             trainer.save("last.pt")
             log.info("stopped after %d steps (--stop-after-steps); last.pt saved", state.global_step)
             return
-        _stop_if_asked()
+        stop_if_asked()
         if val_loader is not None and _validation_due(cfg, state.epoch):
             precise_bn_before_validation(trainer, train_loader.dataset)
             sync_buffers(trainer)
@@ -449,5 +277,3 @@ def _end_run(trainer: Trainer, confusion: list | None) -> None:
 def _save_epoch(trainer: Trainer, improved: bool) -> None:
     trainer.save("last.pt")
     trainer.run.link_epoch(trainer.state.epoch, improved, trainer.cfg["train"]["keep_last_k"])
-
-

@@ -1,4 +1,4 @@
-"""``Trainer``: what every training step needs, built once by ``engine.loop.build_trainer``; and the conditions
+"""``Trainer``: what every training step needs, built once by ``engine.build.build_trainer``; and the conditions
 that end a run (``RunStopped``)."""
 from __future__ import annotations
 

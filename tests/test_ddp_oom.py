@@ -23,7 +23,7 @@ from core.runtime import setup_runtime
 from datasets.sampler import EpochSampler
 from datasets.shape import DataShape
 from datasets.device_input import InputPreparer
-from engine import loop
+from engine import build, loop
 from engine.oom import OutOfMemoryAdvice, OutOfMemoryError
 from engine.trainer import Trainer
 from models.norms import convert_norms
@@ -77,7 +77,7 @@ model = Model()
 if where == "sync":
     convert_norms(model, "sync")
 prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
-wrapped = loop.wrap_for_training(model, prepare, cfg, runtime)
+wrapped = build.wrap_for_training(model, prepare, cfg, runtime)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
 scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 os.makedirs(os.path.join(out, "checkpoints"), exist_ok=True)

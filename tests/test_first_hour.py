@@ -16,7 +16,7 @@ import train
 from config import ConfigError, load_config
 from core.logs import detach_log_file
 from core.runtime import setup_runtime
-from engine.loop import build_trainer
+from engine.build import build_trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
