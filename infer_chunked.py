@@ -208,12 +208,9 @@ def run_videos(model, records: list, names: list[str], cfg: dict, spec: Inferenc
                 counts["failed"] += len(records) - number - 1
                 break
         if features and "error" not in result:
-            write_features(path, result, record, cfg, features[1], class_names)
             chunks += len(result["features"])
             counts["done"] += 1
-            print(f"features: {path} ({len(result['features'])} chunks; {reason})")
-            result = {k: v for k, v in result.items() if k not in ("features", "chunk_logits", "frame_windows",
-                                                                   "stride")}
+            result = save_features(path, result, record, cfg, features, class_names, reason)
         if "correct" in result:
             labelled += 1
             correct += int(result["correct"])
@@ -227,6 +224,13 @@ def run_videos(model, records: list, names: list[str], cfg: dict, spec: Inferenc
         print(f"features: {counts['done']} done, {counts['skipped']} skipped (already there), {counts['failed']} "
               f"failed; {chunks / max(time.perf_counter() - start, 1e-9):.1f} chunks/s")
     return counts["failed"]
+
+
+def save_features(path: str, result: dict, record, cfg: dict, features: tuple, class_names, reason: str) -> dict:
+    """A video's features file written (atomically); returns its result without the arrays, for the output line."""
+    write_features(path, result, record, cfg, features[1], class_names)
+    print(f"features: {path} ({len(result['features'])} chunks; {reason})")
+    return {k: v for k, v in result.items() if k not in ("features", "chunk_logits", "frame_windows", "stride")}
 
 
 if __name__ == "__main__":
