@@ -127,7 +127,7 @@ def find_checkpoint(args) -> tuple[str, str]:
 def print_result(result: dict, show_timeline: bool) -> None:
     top = ", ".join(f"{t['label']} {t['prob']:.2f}" for t in result["topk"])
     truth = f"  (true: {result['label']})" if "label" in result else ""
-    print(f"{result['video']}: {result['num_frames']} frames @ {result['fps']:.1f} fps, {result['windows']} chunks "
+    print(f"{result['video']}: {result['num_frames']} frames @ {result['fps']:.1f} fps, {result['chunks']} chunks "
           f"-> {top}{truth}")
     if "timeline_agreement" in result:
         print(f"  timeline agreement with the annotated segments: {100 * result['timeline_agreement']:.1f}% of frames")

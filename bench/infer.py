@@ -62,11 +62,11 @@ def measure(args) -> dict:
             with tempfile.TemporaryDirectory() as folder:
                 write_features(os.path.join(folder, "v.npz"), out, record, cfg,
                                settings_of(cfg, args.chunk, args.overlap, "float16", "-"), [str(i) for i in range(6)])
-        result.update(decode_s=out["decode_s"], compute_s=out["compute_s"], windows=out["windows"])
+        result.update(decode_s=out["decode_s"], compute_s=out["compute_s"], chunks=out["chunks"])
     elif args.mode == "decode":
         stream = infer_chunked.ChunkStream(record, {**cfg["data"], "frame_stride": 1, "load_rgb": True,
                                                     "load_kpt": False, "decoder": "opencv"}, spec)
-        result["windows"] = sum(len(windows) for windows, _ in stream)
+        result["chunks"] = sum(len(windows) for windows, _ in stream)
         stream.close()
     else:  # compute alone: the same number of chunks, already decoded
         from datasets.video.probe import probe
@@ -79,7 +79,7 @@ def measure(args) -> dict:
         with torch.inference_mode():
             for _ in range(0, len(windows), args.batch):
                 model(prepare(dummy))
-        result["windows"] = len(windows)
+        result["chunks"] = len(windows)
     result["wall_s"] = time.perf_counter() - start
     # VmHWM, not ru_maxrss: a child started by this benchmark inherits the parent's ru_maxrss through fork and exec
     with open("/proc/self/status") as f:
@@ -151,7 +151,7 @@ def main() -> None:
         full, decode, compute, last = run_interleaved(video, ("full", "decode", "compute", "last"), args)
         first_rss = first_rss or full["peak_rss_mb"]
         ratio = full["wall_s"] / max(full["decode_s"], full["compute_s"])
-        print(f"{length:7d} {full['windows']:6d} {full['peak_rss_mb']:7.0f}MB {full['wall_s']:7.1f}s "
+        print(f"{length:7d} {full['chunks']:6d} {full['peak_rss_mb']:7.0f}MB {full['wall_s']:7.1f}s "
               f"{full['decode_s']:7.1f}s {full['compute_s']:7.1f}s {ratio:7.2f}x | {decode['wall_s']:11.1f}s "
               f"{compute['wall_s']:12.1f}s | {last['peak_rss_mb']:7.0f}MB {last['wall_s']:6.2f}s"
               + (f"  device peak {full['device_peak_mb']:.0f} MB" if "device_peak_mb" in full else ""))
@@ -177,8 +177,8 @@ def compare_features(args) -> None:
         video = write_h264(os.path.join(CACHE, f"h264_{width}x{height}_{length}.mp4"), length, width, height)
         features, plain = run_interleaved(video, ("features", "full"), args)
         rss.append(features["peak_rss_mb"])
-        speed = [r["windows"] / r["wall_s"] for r in (features, plain)]
-        print(f"{length:7d} {features['windows']:6d} | {speed[0]:18.1f} {features['peak_rss_mb']:7.0f}MB | "
+        speed = [r["chunks"] / r["wall_s"] for r in (features, plain)]
+        print(f"{length:7d} {features['chunks']:6d} | {speed[0]:18.1f} {features['peak_rss_mb']:7.0f}MB | "
               f"{speed[1]:18.1f} {plain['peak_rss_mb']:7.0f}MB | {speed[0] / speed[1]:22.3f}x")
     print(f"feature extraction's peak RSS, longest vs shortest video: {rss[-1] / rss[0]:.3f}x")
 

@@ -102,14 +102,14 @@ def temporal_head_of(model) -> nn.Module | None:
 
 
 def forward_chunked(model, inputs: dict, chunk_size: int, overlap: int = 0, aggregation: str = "mean",
-                    video_batch_size: int = 1, window_logits: list | None = None,
+                    video_batch_size: int = 1, chunk_logits_out: list | None = None,
                     frame_stride: int = 1) -> torch.Tensor:
     """Logits [B, K] for clips longer than the model's memory allows in one pass.
 
-    ``video_batch_size`` chunks go through one forward call (throughput versus memory). If
-    ``window_logits`` is a list, each chunk's (start, end, logits on the CPU) is appended to it. A model with a
-    temporal head (``model.temporal``) runs its backbone chunk by chunk and the head once over all chunk features
-    (``aggregation`` is the head's then; ``frame_stride`` places the chunks in video frames).
+    ``video_batch_size`` chunks go through one forward call (throughput versus memory). If ``chunk_logits_out`` is
+    a list, each inference chunk's (start, end, logits on the CPU) is appended to it. A model with a temporal head
+    (``model.temporal``) runs its backbone chunk by chunk and the head once over all chunk features (``aggregation``
+    is the head's then; ``frame_stride`` places the chunks in video frames).
     """
     length = clip_length(inputs)
     min_frames = getattr(model, "min_frames", 1)
@@ -117,14 +117,14 @@ def forward_chunked(model, inputs: dict, chunk_size: int, overlap: int = 0, aggr
         windows = chunk_windows(length, chunk_size, overlap)
         features = chunk_features(model, inputs, windows, video_batch_size, min_frames)  # [B, n, D]
         logits, per_chunk = model.temporal(features, chunk_positions(windows, frame_stride))
-        if window_logits is not None:
+        if chunk_logits_out is not None:
             for (s, e), chunk_logits in zip(windows, per_chunk.detach().float().cpu().transpose(0, 1)):
-                window_logits.append((s, e, chunk_logits))
+                chunk_logits_out.append((s, e, chunk_logits))
         return logits
     if chunk_size == -1 or chunk_size >= length:
         logits = model(slice_time(inputs, 0, length, min_frames))
-        if window_logits is not None:
-            window_logits.append((0, length, logits.detach().float().cpu()))
+        if chunk_logits_out is not None:
+            chunk_logits_out.append((0, length, logits.detach().float().cpu()))
         return logits
     windows = inference_windows(length, chunk_size, overlap, aggregation)
     aggregator = LogitAggregator(aggregation)
@@ -135,9 +135,9 @@ def forward_chunked(model, inputs: dict, chunk_size: int, overlap: int = 0, aggr
         logits = model(stacked)
         logits = logits.view(len(group), -1, logits.shape[-1])  # [n, B, K]
         aggregator.update(logits)
-        if window_logits is not None:
+        if chunk_logits_out is not None:
             for (s, e), chunk_logits in zip(group, logits.detach().float().cpu()):
-                window_logits.append((s, e, chunk_logits))
+                chunk_logits_out.append((s, e, chunk_logits))
     return aggregator.result()
 
 

@@ -283,7 +283,7 @@ def classify_video(model, record: VideoRecord, cfg: dict, spec: InferenceSpec, r
     probs = aggregator.result()[0].softmax(dim=0)
     top = probs.topk(min(spec.topk, len(class_names)))
     result = {"video": record.first_path if len(record.views) == 1 else record.views,
-              "num_frames": stream.num_frames, "fps": stream.fps, "windows": len(timeline),
+              "num_frames": stream.num_frames, "fps": stream.fps, "chunks": len(timeline),
               "topk": [{"label": class_names[int(i)], "prob": round(float(v), 4)} for v, i in zip(top.values,
                                                                                               top.indices)],
               "decode_s": round(stream.decode_seconds, 3), "compute_s": round(compute_seconds, 3)}

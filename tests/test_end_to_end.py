@@ -92,7 +92,7 @@ def test_infer_chunked_streams_a_long_video_with_a_timeline(trained_run, synthet
     line = json.loads(output.read_text().splitlines()[0])
     assert line["num_frames"] == 300 and line["fps"] == 25.0
     # 300 frames at stride 2 = 150 clip frames; chunks of 8 with overlap 2: 1 + ceil((150 - 8) / 6) = 25
-    assert line["windows"] == len(line["timeline"]) == 25
+    assert line["chunks"] == len(line["timeline"]) == 25
     assert line["timeline"][0]["start"] == 0 and line["timeline"][-1]["end"] == 299
     assert line["segments"][0]["start"] == 0 and line["segments"][-1]["end"] == 300
     assert all(a["end"] == b["start"] for a, b in zip(line["segments"], line["segments"][1:]))

@@ -131,7 +131,7 @@ def test_a_head_trained_on_short_windows_runs_on_a_video_ten_times_longer():
     long_clip = prepare(clip_batch(length=64 * 10 + 13, batch=1))  # 21 chunks where training saw 2
     per_window = []
     with torch.no_grad():
-        logits = forward_chunked(model, long_clip, 32, 0, video_batch_size=4, window_logits=per_window)
+        logits = forward_chunked(model, long_clip, 32, 0, video_batch_size=4, chunk_logits_out=per_window)
     assert logits.shape == (1, 3) and torch.isfinite(logits).all()
     assert len(per_window) == 21 and all(torch.isfinite(chunk).all() for _, _, chunk in per_window)
     far = chunk_positions([(0, 32), (99_968, 100_000)])  # a 100,000-frame video's first and last chunk
@@ -161,7 +161,7 @@ def test_streaming_inference_with_a_head_equals_the_whole_forward(tmp_path):
     clip = torch.from_numpy(reader.read(range(0, reader.num_frames, 2))).permute(3, 0, 1, 2).unsqueeze(0)
     per_window = []
     with torch.no_grad():
-        logits = forward_chunked(model, prepare({"video": clip}), 8, 2, window_logits=per_window, frame_stride=2)
+        logits = forward_chunked(model, prepare({"video": clip}), 8, 2, chunk_logits_out=per_window, frame_stride=2)
     probs = logits.softmax(dim=1)[0]
     assert [t["label"] for t in streamed["topk"]] == [ORDER_CLASSES[int(i)] for i in probs.argsort(descending=True)]
     assert streamed["topk"][0]["prob"] == pytest.approx(float(probs.max()), abs=1e-4)
