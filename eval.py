@@ -24,7 +24,7 @@ from datasets.video.capture import quiet_decoder_logs
 from engine.chunking import AGGREGATIONS
 from engine.evaluate import EvaluationSpec, evaluate_checkpoint, format_report, write_outputs
 from engine.watch import WatchSpec, watch
-from planner.fit import fit_inference_batch
+from planner.batch_size import fit_inference_batch
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -48,7 +48,7 @@ from engine.features import (
     write_features,
 )
 from engine.inference import InferenceSpec, classify_video, resolve_inputs
-from planner.fit import fit_inference_batch
+from planner.batch_size import fit_inference_batch
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -31,10 +31,10 @@ from engine.build import build_trainer
 from engine.interrupt import stop_on_ctrl_c
 from engine.loop import fit
 from engine.trainer import RunStopped
+from planner.batch_size import fit_budget
 from planner.disk import DiskPlan, bytes_written, disk_plan, state_disk_plan
-from planner.fit import fit_budget
 from planner.host import warn_if_host_memory_short
-from planner.probe import probe_memory
+from planner.memory_table import probe_memory
 
 log = logging.getLogger("longvideo")  # set up by main(): importing train configures nothing
 

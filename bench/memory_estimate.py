@@ -81,7 +81,7 @@ def main() -> None:
     import torch
 
     from config import load_config
-    from planner import probe as memory_estimate
+    from planner import memory_table as memory_estimate
     from planner import project
     print(f"(a) one fp32 training step on the CPU (torch {torch.__version__}, {os.cpu_count()} CPUs): resident "
           f"memory growth of the real step vs the estimate's growth")

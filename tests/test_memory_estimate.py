@@ -17,7 +17,7 @@ from models import build_model
 from models.norms import batch_norms
 from planner import estimate as me
 from planner import project
-from planner.fit import fit_budget
+from planner.batch_size import fit_budget
 from planner.project import with_value
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

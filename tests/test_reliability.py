@@ -311,7 +311,7 @@ def test_a_val_fraction_that_empties_a_side_is_refused(synthetic_root):
 def test_a_global_batch_that_the_processes_cannot_share_is_refused():
     from core.runtime import Runtime
     from datasets.shape import DataShape
-    from planner.fit import fit_budget
+    from planner.batch_size import fit_budget
     cfg = load_config(os.path.join(ROOT, "configs", "quickstart.yaml"),
                       ["trainer.memory_budget_gb=1", "data.batch_size=auto", "train.global_batch_size=15"])
     with pytest.raises(ConfigError) as info:

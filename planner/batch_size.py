@@ -9,7 +9,7 @@ from core.errors import ConfigError, UsageError
 from core.runtime import Runtime
 from datasets.shape import DataShape
 from planner.estimate import margin_text, usable_bytes
-from planner.probe import nothing_fits
+from planner.memory_table import nothing_fits
 from planner.project import clip_frames, config_training_estimate, largest_batch, largest_inference_batch
 
 log = logging.getLogger("longvideo")
