@@ -135,7 +135,7 @@ def main() -> None:
         return
     if args.features:
         return compare_features(args)
-    from datasets.synthetic import write_h264
+    from datasets.video_files import write_h264
     os.makedirs(CACHE, exist_ok=True)
     width, height = map(int, args.size.split("x"))
     print(f"tiny3d width {args.width} at {args.img}x{args.img} on {args.device} ({args.torch_threads} torch threads); "
@@ -165,7 +165,7 @@ def main() -> None:
 def compare_features(args) -> None:
     """Feature extraction against infer_chunked.py's plain classification of the same video: chunks per second
     and peak host RSS of each, interleaved, the fastest of --repeat kept."""
-    from datasets.synthetic import write_h264
+    from datasets.video_files import write_h264
     os.makedirs(CACHE, exist_ok=True)
     width, height = map(int, args.size.split("x"))
     print(f"tiny3d width {args.width} at {args.img}x{args.img} on {args.device}; chunk {args.chunk} overlap "

@@ -28,8 +28,8 @@ import cv2
 import numpy as np
 import torch
 
-from datasets.synthetic import write_h264
 from datasets.video.choice import open_reader
+from datasets.video_files import write_h264
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

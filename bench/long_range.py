@@ -4,7 +4,7 @@
     python -m bench.long_range --epochs 20 --seeds 0,1,2
     python -m bench.long_range --part families --epochs 30   # every task family, two presets' defaults
 
---part families: each task family of ``datasets/synthetic.py`` (the order of two events, the middle colour, the
+--part families: each task family of ``datasets/long_range_tasks.py`` (the order of two events, the middle colour, the
 last colour, the first of two among distractors: each at chance for any order-blind pooling, by construction),
 at its own shape (video length, event length, number of chunks), trained with the head's defaults from two
 presets (configs/quickstart.yaml with model.temporal_head: transformer; configs/long-range.yaml) beside the
@@ -12,7 +12,7 @@ order-blind baseline (the long-range preset with chunk logits averaged). Printed
 accuracy, the first epoch at 0.9 or more, seconds per epoch.
 
 Data: ``python -m datasets.synthetic --long-range`` (written to data/long_range if missing): 1,024-frame videos
-with two brief events at least 320 frames apart; the label is their order (datasets/synthetic.py says why no
+with two brief events at least 320 frames apart; the label is their order (datasets/long_range_tasks.py says why no
 single chunk and no order-blind pooling can beat chance). Each variant is configs/long-range.yaml with:
 
     (a) short clips     16 frames at stride 4 (64 video frames), one forward, no head
@@ -35,7 +35,7 @@ import sys
 import tempfile
 
 from bench.train_chunked import step_cell
-from datasets.synthetic import generate_long_range, generate_task
+from datasets.long_range_tasks import generate_long_range, generate_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "long-range.yaml")

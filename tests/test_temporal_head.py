@@ -18,8 +18,8 @@ from artifacts.checkpoint import load_checkpoint
 from config import ConfigError, load_config
 from core.runtime import Runtime
 from datasets.device_input import InputPreparer
+from datasets.long_range_tasks import ORDER_CLASSES, generate_long_range, generate_task, order_video
 from datasets.manifest import VideoRecord
-from datasets.synthetic import ORDER_CLASSES, generate_long_range, order_video
 from datasets.video.choice import open_reader
 from engine import loop
 from engine.chunking import ChunkedTrainingForward, ChunkSpec, chunk_positions, chunk_windows, forward_chunked
@@ -297,22 +297,29 @@ def test_the_order_task_puts_two_events_far_apart_the_same_way_for_both_labels()
         assert green == list(range(events["B"], events["B"] + 5))
 
 
+def best_accuracy_with_and_without_a_head(data: str, tmp_path, *settings: str) -> dict:
+    """The best validation accuracy of the long-range preset (16x16, 10 epochs, chunks of 16 clip frames) on
+    ``data`` with ``settings``, with chunk logits averaged and with the transformer head."""
+    accuracy = {}
+    for head in ("none", "transformer"):
+        out = tmp_path / head
+        args = ["--config", os.path.join(ROOT, "configs", "long-range.yaml"), "--set", f"data.data_dir={data}",
+                "--set", f"trainer.output_dir={out}", "--set", "train.chunk_train_size=16", "--set",
+                "train.chunk_infer_size=16", "--set", "trainer.max_epochs=10", "--set", "data.img_size=16",
+                "--set", f"model.temporal_head={head}"] + [item for s in settings for item in ("--set", s)]
+        assert train.main(args) == 0
+        with open(os.path.join(out, "long_range", "latest", "metrics.csv")) as f:
+            accuracy[head] = max(float(row["val_clip_acc"]) for row in csv.DictReader(f))
+    return accuracy
+
+
 def test_on_the_order_task_the_transformer_head_learns_what_mean_pooled_chunks_cannot(tmp_path):
     """A small long-range setup (64 videos of 512 frames at 16x16, clips of 128 frames at stride 4 in chunks of
     16, 10 epochs: about 25 s each here): the order-blind baseline stays near chance, the transformer head learns
     the order (python -m bench.long_range is the full comparison)."""
     data = generate_long_range(str(tmp_path / "order"), num_train=64, num_val=32, frames=512, event_frames=16,
                                min_gap=160, size=16, quiet=True)
-    accuracy = {}
-    for head in ("none", "transformer"):
-        out = tmp_path / head
-        args = ["--config", os.path.join(ROOT, "configs", "long-range.yaml"), "--set", f"data.data_dir={data}",
-                "--set", f"trainer.output_dir={out}", "--set", "data.num_frames=128", "--set",
-                "train.chunk_train_size=16", "--set", "train.chunk_infer_size=16", "--set", "trainer.max_epochs=10",
-                "--set", "data.img_size=16", "--set", f"model.temporal_head={head}"]
-        assert train.main(args) == 0
-        with open(os.path.join(out, "long_range", "latest", "metrics.csv")) as f:
-            accuracy[head] = max(float(row["val_clip_acc"]) for row in csv.DictReader(f))
+    accuracy = best_accuracy_with_and_without_a_head(data, tmp_path, "data.num_frames=128")
     assert accuracy["none"] <= 0.70, accuracy
     assert accuracy["transformer"] >= 0.85 and accuracy["transformer"] >= accuracy["none"] + 0.2, accuracy
 
@@ -320,22 +327,14 @@ def test_on_the_order_task_the_transformer_head_learns_what_mean_pooled_chunks_c
 def test_on_another_task_family_the_head_learns_with_its_defaults(tmp_path):
     """Not the order task the head was first tuned on: the colour of the last of four events (two red, two green;
     an order-blind bag of chunks sees the same events under both labels). 64 videos of 320 frames at 16x16, the
-    whole video at stride 4 in 5 chunks, 10 epochs, the long-range preset with nothing about the head set: the
-    defaults (train.temporal_lr_scale, train.temporal_grad_clip, model.temporal_width) must learn it."""
-    from datasets.synthetic import generate_task
+    whole video at stride 4 in 5 chunks, 10 epochs (about 13 s each here), the long-range preset with nothing
+    about the head set: the defaults (train.temporal_lr_scale, train.temporal_grad_clip, model.temporal_width)
+    must learn it."""
     data = generate_task(str(tmp_path / "last"), "last", num_train=64, num_val=32, frames=320, event_frames=8,
                          min_gap=32, size=16, quiet=True)
-    accuracy = {}
-    for head in ("none", "transformer"):
-        out = tmp_path / head
-        args = ["--config", os.path.join(ROOT, "configs", "long-range.yaml"), "--set", f"data.data_dir={data}",
-                "--set", f"trainer.output_dir={out}", "--set", "data.train_manifest=last_train.jsonl", "--set",
-                "data.val_manifest=last_val.jsonl", "--set", "data.class_names=null", "--set", "data.num_frames=80",
-                "--set", "train.chunk_train_size=16", "--set", "train.chunk_infer_size=16", "--set",
-                "trainer.max_epochs=10", "--set", "data.img_size=16", "--set", f"model.temporal_head={head}"]
-        assert train.main(args) == 0
-        with open(os.path.join(out, "long_range", "latest", "metrics.csv")) as f:
-            accuracy[head] = max(float(row["val_clip_acc"]) for row in csv.DictReader(f))
+    accuracy = best_accuracy_with_and_without_a_head(data, tmp_path, "data.train_manifest=last_train.jsonl",
+                                                     "data.val_manifest=last_val.jsonl", "data.class_names=null",
+                                                     "data.num_frames=80")
     assert accuracy["none"] <= 0.70, accuracy
     assert accuracy["transformer"] >= 0.85 and accuracy["transformer"] >= accuracy["none"] + 0.2, accuracy
 
@@ -345,7 +344,7 @@ def test_each_task_family_gives_every_label_the_same_events_and_puts_the_label_i
     """What makes a family long-range by construction: the events' colours form the same multiset under every
     label (an order-blind pooling of chunks sees the same bag), their times do not depend on the label, and the
     label follows from their order alone."""
-    from datasets.synthetic import TASKS, generate_task
+    from datasets.long_range_tasks import TASKS  # the families (only this test reads their table)
     args = dict(size=8, num_train=24, num_val=6, frames=160, event_frames=4, min_gap=8, quiet=True)
     data = generate_task(str(tmp_path / task), task, **args)
     assert generate_task(str(tmp_path / task), task, **args) == data  # complete with these arguments: kept

@@ -358,9 +358,9 @@ def test_auto_picks_the_measured_decoder_for_each_access_pattern(tmp_path, codec
     """data.decoder: auto (the default): PyAV for random clips where bench/loader.py measured it faster, OpenCV
     for every sequential pass; the frames are the same either way."""
     from config import load_config
-    from datasets.synthetic import write_h264
     from datasets.video.choice import choose_decoder
     from datasets.video.pyav_reader import PyAVReader
+    from datasets.video_files import write_h264
     assert load_config(None, [])["data"]["decoder"] == "auto"
     path = write_h264(str(tmp_path / f"v.{ext}"), 40, 160, 96, codec=codec)
     info = probe(path, "auto")
@@ -387,7 +387,7 @@ def test_pyav_reads_an_avi_with_b_frames_exactly_by_seeking_earlier(tmp_path):
     """AVI indexes packets by decode time: with B-frames a keyframe carries the decode time of the frames shown
     before it, so a seek to frame i can land on the keyframe after i. The reader seeks again from earlier (it
     used to give the file up to OpenCV, whose seek goes a whole 12-frame GOP back before every clip)."""
-    from datasets.synthetic import write_h264
+    from datasets.video_files import write_h264
     path = write_h264(str(tmp_path / "b_frames.avi"), 120, 160, 96, codec="mpeg4")  # GOP 12, 2 B-frames
     sequential = decode_sequentially(path)
     reader = open_reader(path, decoder="pyav")

@@ -1,0 +1,160 @@
+"""The long-range tasks: a label that depends on what happens across chunks (``bench/long_range.py`` trains on them).
+
+The order of two events (``generate_long_range``, ``python -m datasets.synthetic --long-range``):
+
+- ``videos/order_{split}_NNNN.mp4`` of ``--long-frames`` frames (default 1,024): grey, with fresh noise in every
+  frame (no frame tells its time), and two brief, distinct events: A (the frame tinted red) and B (tinted green),
+  ``--event-frames`` long, at least ``--min-gap`` frames apart. The label is their order: ``A_then_B`` or
+  ``B_then_A``. ``order_train.jsonl``, ``order_val.jsonl``.
+- Why no short view can solve it: the two event times are drawn once (first < second, the same distribution for
+  both labels) and the label only decides which event comes first. A clip or chunk shorter than the gap holds at
+  most one event, and sees the same A (or B) whatever the label, at no time it can read: any single chunk is at
+  chance. Any order-blind pooling of chunks (mean, max, a sum of per-chunk scores) sees the same multiset of chunks
+  (one with A, one with B, the rest empty) under both labels: at chance too, by construction. Only a model that
+  knows which chunk came first can tell.
+
+Three more families (``generate_task``, ``TASKS``), each at chance for order-blind pooling by the same construction.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from datasets.video_files import build_once, write_jsonl, write_video
+
+ORDER_CLASSES = ("A_then_B", "B_then_A")
+EVENT_COLOURS = {"A": (0, 0, 255), "B": (0, 255, 0), "C": (255, 0, 0)}  # BGR: A red, B green, C blue
+
+
+def order_video(rng: np.random.Generator, label: str, frames: int, size: int, event_frames: int,
+                min_gap: int) -> tuple[list[np.ndarray], dict]:
+    """The frames (BGR) of one long-range order video and where its events are: the two event times are drawn
+    the same way for both labels (first < second); ``label`` only decides which event is first."""
+    first = int(rng.integers(0, frames - 2 * event_frames - min_gap + 1))
+    second = int(rng.integers(first + event_frames + min_gap, frames - event_frames + 1))
+    names = ("A", "B") if label == "A_then_B" else ("B", "A")
+    events = {names[0]: first, names[1]: second}
+    return events_video(rng, list(events.items()), frames, size, event_frames), events
+
+
+def event_times(rng: np.random.Generator, count: int, frames: int, event_frames: int, min_gap: int) -> list[int]:
+    """``count`` event starts in ``[0, frames - event_frames]``, in order, at least ``min_gap`` frames between one
+    event's end and the next one's start; every spacing that fits is equally likely, whatever the label."""
+    slack = frames - count * event_frames - (count - 1) * min_gap
+    if slack < 0:
+        raise ValueError(f"{count} events of {event_frames} frames {min_gap} apart do not fit in {frames} frames")
+    cuts = np.sort(rng.integers(0, slack + 1, size=count))
+    return [int(cuts[i]) + i * (event_frames + min_gap) for i in range(count)]
+
+
+def events_video(rng: np.random.Generator, events: list[tuple[str, int]], frames: int, size: int,
+                 event_frames: int) -> list[np.ndarray]:
+    """Grey frames with fresh noise (no frame tells its time) and each (colour, start) event tinting
+    ``event_frames`` frames."""
+    video = []
+    for t in range(frames):
+        frame = rng.integers(90, 166, size=(size, size, 3), dtype=np.uint8)
+        for name, start in events:
+            if start <= t < start + event_frames:
+                frame = (0.4 * frame + 0.6 * np.array(EVENT_COLOURS[name])).astype(np.uint8)
+        video.append(frame)
+    return video
+
+
+# Long-range task families beside the order of two events. Each draws its event times without looking at the label
+# and gives every label the same multiset of events, so a bag of chunks (mean, max or any order-blind pooling of
+# per-chunk scores) sees the same thing under every label: at chance by construction. The label is in the order.
+#   middle       three events, one of each colour A, B, C, in a random order: the colour of the middle one
+#   last         four events, two A and two B, in a random order: the colour of the last one
+#   distractors  A and B once each among 2 to 4 C events, all in a random order: which of A and B came first
+# Each has its own shape (video length, event length, gap), so no single shape is tuned.
+TASKS = {
+    "middle": {"classes": ("middle_A", "middle_B", "middle_C"), "frames": 384, "event_frames": 8, "min_gap": 96},
+    "last": {"classes": ("last_A", "last_B"), "frames": 640, "event_frames": 12, "min_gap": 64},
+    "distractors": {"classes": ("A_first", "B_first"), "frames": 1024, "event_frames": 6, "min_gap": 48},
+}
+
+
+def task_events(rng: np.random.Generator, task: str, label: str) -> list[str]:
+    """The colours of a ``task`` video's events in time order, for ``label``."""
+    if task == "middle":
+        others = [c for c in "ABC" if c != label[-1]]
+        rng.shuffle(others)
+        return [others[0], label[-1], others[1]]
+    if task == "last":
+        first = ["A", "A", "B", "B"]
+        first.remove(label[-1])
+        rng.shuffle(first)
+        return first + [label[-1]]
+    distractors = ["C"] * int(rng.integers(2, 5))
+    order = ["A", "B"] if label == "A_first" else ["B", "A"]
+    slots = sorted(rng.choice(len(distractors) + 2, size=2, replace=False))
+    colours = distractors[:]
+    for slot, name in zip(slots, order):
+        colours.insert(slot, name)
+    return colours
+
+
+def generate_task(out: str, task: str, seed: int = 0, size: int = 32, fps: float = 25.0, num_train: int = 96,
+                  num_val: int = 48, quiet: bool = False, **shape) -> str:
+    """Write a long-range task family (``TASKS``) to ``out``: ``videos/``, ``{task}_train.jsonl``,
+    ``{task}_val.jsonl`` (each line with its events), ``classes.txt``; skipped when complete with the same
+    arguments. ``shape``: frames, event_frames or min_gap other than the family's (small tests)."""
+    spec = {**TASKS[task], **shape}
+    args = dict(kind=f"task_{task}", seed=seed, size=size, fps=fps, num_train=num_train, num_val=num_val,
+                **{**spec, "classes": list(spec["classes"])})  # as the marker's JSON gives it back
+
+    def write(root: str) -> None:
+        rng = np.random.default_rng(seed)
+        os.makedirs(os.path.join(root, "videos"))
+        with open(os.path.join(root, "classes.txt"), "w") as f:
+            f.write("\n".join(spec["classes"]) + "\n")
+        for split, count in (("train", num_train), ("val", num_val)):
+            lines = []
+            for i in range(count):
+                label = spec["classes"][i % len(spec["classes"])]
+                colours = task_events(rng, task, label)
+                times = event_times(rng, len(colours), spec["frames"], spec["event_frames"], spec["min_gap"])
+                events = list(zip(colours, times))
+                path = f"videos/{task}_{split}_{i:04d}.mp4"
+                write_video(os.path.join(root, path),
+                            events_video(rng, events, spec["frames"], size, spec["event_frames"]), size, fps)
+                lines.append({"video": path, "label": label, "events": events})
+            write_jsonl(os.path.join(root, f"{task}_{split}.jsonl"), lines)
+            if not quiet:
+                print(f"  {task} {split}: {count} videos of {spec['frames']} frames")
+
+    return build_once(out, args, write, quiet)
+
+
+def generate_long_range(out: str, seed: int = 0, size: int = 32, fps: float = 25.0, num_train: int = 96,
+                        num_val: int = 48, frames: int = 1024, event_frames: int = 12, min_gap: int = 320,
+                        quiet: bool = False) -> str:
+    """Write the long-range order task (module docstring) to ``out``; skipped when a complete one with the same
+    arguments is there."""
+    if frames < 2 * event_frames + min_gap:
+        raise SystemExit(f"error: --long-frames {frames} cannot hold two events of {event_frames} frames "
+                         f"{min_gap} apart; give at least {2 * event_frames + min_gap}")
+    args = dict(kind="long_range", seed=seed, size=size, fps=fps, num_train=num_train, num_val=num_val,
+                frames=frames, event_frames=event_frames, min_gap=min_gap)
+
+    def write(root: str) -> None:
+        rng = np.random.default_rng(seed)
+        os.makedirs(os.path.join(root, "videos"))
+        with open(os.path.join(root, "classes.txt"), "w") as f:
+            f.write("\n".join(ORDER_CLASSES) + "\n")
+        for split, count in (("train", num_train), ("val", num_val)):
+            lines = []
+            for i in range(count):
+                label = ORDER_CLASSES[i % 2]
+                video, events = order_video(rng, label, frames, size, event_frames, min_gap)
+                path = f"videos/order_{split}_{i:04d}.mp4"
+                write_video(os.path.join(root, path), video, size, fps)
+                lines.append({"video": path, "label": label, "events": events})
+            write_jsonl(os.path.join(root, f"order_{split}.jsonl"), lines)
+            if not quiet:
+                print(f"  {split}: {count} videos of {frames} frames, events of {event_frames} frames at least "
+                      f"{min_gap} apart")
+
+    return build_once(out, args, write, quiet)
