@@ -76,7 +76,7 @@ class VideoWindowDataset(Dataset):
         self.transform = ClipTransform(data_cfg, training)  # decode size, crops, augmentation
         self.crops = self.transform.crops  # evaluation crops per sample window (data.test_crops), each a sample
         self.clips = 1 if training else data_cfg["test_clips"]  # evaluation clips per sample window, each crops
-        self.views = self.clips * self.crops  # samples per sample window: clip-major, crop-minor
+        self.samples_per_window = self.clips * self.crops  # test clips x crops: clip-major, crop-minor
         self.skipped: dict[str, str] = {}  # file -> error, for samples dropped at index time
         self.timed_out: dict[int, str] = {}  # sample -> report, of samples whose worker was stopped (skip)
         self.stall_folder: str | None = None  # where workers report a stalled sample (set by the loader)
@@ -181,7 +181,7 @@ class VideoWindowDataset(Dataset):
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return len(self.windows) * self.views
+        return len(self.windows) * self.samples_per_window
 
     def __getitem__(self, index: int) -> dict:
         skipped: dict[str, str] = {}
@@ -195,7 +195,7 @@ class VideoWindowDataset(Dataset):
                 sample = self._load(candidate)
                 break
             except BAD_INPUT_ERRORS as e:
-                record = self.records[self.windows[candidate // self.views].record]
+                record = self.records[self.windows[candidate // self.samples_per_window].record]
                 if self.cfg["on_bad_video"] == "raise":
                     raise type(e)(f"{e} (sample at {record.where})") from None
                 skipped[record.first_path] = f"{e} (sample at {record.where})"
@@ -217,17 +217,17 @@ class VideoWindowDataset(Dataset):
             self.watch = StallWatch(self.cfg["sample_timeout_s"], self.stall_folder, worker_id, self.describe)
 
     def describe(self, index: int) -> str:
-        window = self.windows[index // self.views]
+        window = self.windows[index // self.samples_per_window]
         record = self.records[window.record]
         return f"{record.first_path}: sample window [{window.start}, {window.end}) ({record.where})"
 
     def path_of(self, index: int) -> str:
-        return self.records[self.windows[index // self.views].record].first_path
+        return self.records[self.windows[index // self.samples_per_window].record].first_path
 
     def _load(self, index: int) -> dict:
-        window = self.windows[index // self.views]
+        window = self.windows[index // self.samples_per_window]
         record = self.records[window.record]
-        clip = (index % self.views) // self.crops  # which of data.test_clips (evaluation)
+        clip = (index % self.samples_per_window) // self.crops  # which of data.test_clips (evaluation)
 
         def place_clip(end: int) -> np.ndarray:
             rng = np.random.default_rng([self.seed, self.epoch, index]) if self.training else None

@@ -58,9 +58,9 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer,
 
 def evaluate_dataset(model, dataset, cfg: dict, runtime, class_names: list[str]) -> tuple[dict, list, list]:
     """(metrics, per-clip rows, per-view rows): train.py's evaluation loop with the rows eval.py writes.
-    The views of one sample window (data.test_clips x data.test_crops, all of one length) go through the model
-    together, in chunks of ``train.video_batch_size``; predictions go to the CPU as they are made."""
-    loader = make_loader(dataset, cfg, runtime, dataset.views, shuffle=False, pad=False)
+    The test clips x crops of one sample window (data.test_clips x data.test_crops, all of one length) go through
+    the model together, in chunks of ``train.video_batch_size``; predictions go to the CPU as they are made."""
+    loader = make_loader(dataset, cfg, runtime, dataset.samples_per_window, shuffle=False, pad=False)
     prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
     meter, clip_rows, bad_inputs = ClassificationMeter(len(class_names)), [], BadInputReport(dataset)
 
