@@ -103,7 +103,8 @@ def inference_config(args, cfg: dict, runtime, state: dict) -> dict:
     --batch auto, the most chunks per forward that fit the budget. What runs is this config: the features files
     store it, and the InferenceSpec is read from it."""
     cfg = apply_inference_flags(cfg, {"--chunk": args.chunk, "--overlap": args.overlap, "--agg": args.agg,
-                                      "--batch": None if args.batch == "auto" else args.batch})
+                                      "--batch": None if args.batch == "auto" else args.batch,
+                                      "--sample-timeout": args.sample_timeout})
     if args.batch == "auto":
         batch = fit_inference_batch(cfg, runtime, DataShape.of_checkpoint(state), cfg["train"]["chunk_infer_size"],
                                     args.memory_budget_gb)
@@ -148,7 +149,6 @@ def main(argv=None) -> int:
     checkpoint_path, why = find_checkpoint(args)
     device = resolve_device(args.device or "auto")
     model, cfg, class_names, state = load_trained_model(checkpoint_path, device)
-    cfg = apply_inference_flags(cfg, {"--sample-timeout": args.sample_timeout})
     runtime = setup_runtime(cfg["trainer"], device=str(device), precision=args.precision)
     cfg = inference_config(args, cfg, runtime, state)
     spec = InferenceSpec.of_config(cfg["train"], args.topk, args.timeline, args.decode_threads or None)
@@ -209,8 +209,8 @@ def run_videos(model, records: list, names: list[str], cfg: dict, spec: Inferenc
                 break
         if features and "error" not in result:
             chunks += len(result["features"])
-            counts["done"] += 1
             result = save_features(path, result, record, cfg, features, class_names, reason)
+            counts["done"] += 1
         if "correct" in result:
             labelled += 1
             correct += int(result["correct"])

@@ -84,11 +84,14 @@ class RunStopped(RuntimeError):
     saves_checkpoint = True
 
     def __init__(self, reason: str, advice: str = ""):
-        super().__init__(f"{reason}. {advice}" if advice else reason)
         self.reason, self.advice = reason, advice
+        super().__init__(self._text())
+
+    def _text(self, saved: str | None = None) -> str:
+        return self.reason + (f"; saved {saved}" if saved else "") + (f". {self.advice}" if self.advice else "")
 
     def note_checkpoint(self, path: str) -> None:
-        self.args = (f"{self.reason}; saved {path}" + (f". {self.advice}" if self.advice else ""),)
+        self.args = (self._text(path),)
 
 
 class NonFiniteLossError(RunStopped):
