@@ -111,7 +111,8 @@ def families(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench.long_range", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", choices=("order", "families"), default="order")
     parser.add_argument("--data", default=os.path.join(ROOT, "data", "long_range"), help="the order task's directory")
     parser.add_argument("--epochs", type=int, default=12)
@@ -119,6 +120,10 @@ def main() -> None:
     parser.add_argument("--families", default=",".join(FAMILY_SHAPES), help="--part families: which, comma-separated")
     parser.add_argument("--presets", default=",".join(PRESETS), help="--part families: which variants, comma-separated")
     args = parser.parse_args()
+    for option, known in (("--families", FAMILY_SHAPES), ("--presets", PRESETS)):
+        unknown = [name for name in getattr(args, option[2:]).split(",") if name not in known]
+        if unknown:
+            parser.error(f"{option}: unknown {', '.join(repr(n) for n in unknown)}; choose from {', '.join(known)}")
     if args.part == "families":
         families(args)
         return

@@ -324,6 +324,14 @@ def test_on_the_order_task_the_transformer_head_learns_what_mean_pooled_chunks_c
     assert accuracy["transformer"] >= 0.85 and accuracy["transformer"] >= accuracy["none"] + 0.2, accuracy
 
 
+def test_the_long_range_bench_names_an_unknown_family_or_preset():
+    for option, value in (("--families", "middle,midle"), ("--presets", "quickstart")):
+        done = subprocess.run([sys.executable, "-m", "bench.long_range", "--part", "families", option, value],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(
+            f"python -m bench.long_range: error: {option}: unknown "), done.stderr
+
+
 def test_on_another_task_family_the_head_learns_with_its_defaults(tmp_path):
     """Not the order task the head was first tuned on: the colour of the last of four events (two red, two green;
     an order-blind bag of chunks sees the same events under both labels). 64 videos of 320 frames at 16x16, the
