@@ -82,8 +82,8 @@ def evaluation_spec(args: argparse.Namespace) -> EvaluationSpec:
     fit = None
     if auto:
         def fit(cfg, shape, runtime):
-            views = cfg["data"]["test_clips"] * cfg["data"]["test_crops"]
-            chunk = cfg["train"]["chunk_infer_size"]
+            views = cfg.data.test_clips * cfg.data.test_crops
+            chunk = cfg.train.chunk_infer_size
             chunks = fit_inference_batch(cfg, runtime, shape, chunk, args.memory_budget_gb)
             return max(1, chunks // views)  # each forward holds every view of the window
     return EvaluationSpec(args.split, args.data, args.device, args.precision, fit_batch=fit, flags=flags)
@@ -106,11 +106,11 @@ def main(argv=None) -> int:
                             args.lock_limit)
         return watch(watched, lambda path: evaluate_checkpoint(path, spec))
     result = evaluate_checkpoint(args.checkpoint, spec)
-    train, state = result.cfg["train"], result.state
-    head = result.cfg["model"]["temporal_head"]
-    aggregation = f"temporal head {head}" if head != "none" else f"agg {train['chunk_aggregation']}"
+    train, state = result.cfg.train, result.state
+    head = result.cfg.model.temporal_head
+    aggregation = f"temporal head {head}" if head != "none" else f"agg {train.chunk_aggregation}"
     print(f"{args.checkpoint} (epoch {state.get('epoch')}, step {state.get('global_step')}) on "
-          f"{args.data or args.split}: chunk {train['chunk_infer_size']} overlap {train['chunk_overlap']} "
+          f"{args.data or args.split}: chunk {train.chunk_infer_size} overlap {train.chunk_overlap} "
           f"{aggregation}")
     print(format_report(result.metrics, result.class_names))
     if args.output:

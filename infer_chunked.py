@@ -23,7 +23,7 @@ from tqdm import tqdm
 from artifacts.checkpoint import CheckpointError
 from artifacts.run_dir import ExperimentDirectory, most_recent_best
 from artifacts.trained_model import load_trained_model
-from config import apply_inference_flags, load_config
+from config import Config, apply_inference_flags, load_config
 from core import memory_monitor
 from core.cli import exit_on_usage_error
 from core.errors import UsageError
@@ -98,7 +98,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def inference_config(args, cfg: dict, runtime, state: dict) -> dict:
+def inference_config(args, cfg: Config, runtime, state: dict) -> Config:
     """The checkpoint's config with the flags applied, validated by config (its messages name the flag); with
     --batch auto, the most chunks per forward that fit the budget. What runs is this config: the features files
     store it, and the InferenceSpec is read from it."""
@@ -106,7 +106,7 @@ def inference_config(args, cfg: dict, runtime, state: dict) -> dict:
                                       "--batch": None if args.batch == "auto" else args.batch,
                                       "--sample-timeout": args.sample_timeout})
     if args.batch == "auto":
-        batch = fit_inference_batch(cfg, runtime, DataShape.of_checkpoint(state), cfg["train"]["chunk_infer_size"],
+        batch = fit_inference_batch(cfg, runtime, DataShape.of_checkpoint(state), cfg.train.chunk_infer_size,
                                     args.memory_budget_gb)
         cfg = apply_inference_flags(cfg, {"--batch": batch})
     return cfg
@@ -120,7 +120,7 @@ def find_checkpoint(args) -> tuple[str, str]:
     if args.config:
         cfg = load_config(args.config)
         path = ExperimentDirectory.of_config(cfg).latest_best(f"--config {args.config}")
-        return path, f"the latest run of experiment '{cfg['experiment']}' ({args.config})"
+        return path, f"the latest run of experiment '{cfg.experiment}' ({args.config})"
     return most_recent_best(args.runs), (f"the most recently written best.pt under {args.runs}/ (--config or "
                                          f"--checkpoint to choose another)")
 
@@ -149,15 +149,15 @@ def main(argv=None) -> int:
     checkpoint_path, why = find_checkpoint(args)
     device = resolve_device(args.device or "auto")
     model, cfg, class_names, state = load_trained_model(checkpoint_path, device)
-    runtime = setup_runtime(cfg["trainer"], device=str(device), precision=args.precision)
+    runtime = setup_runtime(cfg.trainer, device=str(device), precision=args.precision)
     cfg = inference_config(args, cfg, runtime, state)
-    spec = InferenceSpec.of_config(cfg["train"], args.topk, args.timeline, args.decode_threads or None)
-    source, records = resolve_inputs(args.input, cfg)
+    spec = InferenceSpec.of_config(cfg.train, args.topk, args.timeline, args.decode_threads or None)
+    source, records = resolve_inputs(args.input, cfg.data)
     if args.max_videos:
         records = records[:args.max_videos]
     names = feature_names(records)  # over the whole list: every shard names a file alike
     records, names = shard(records, shard_index, shard_count), shard(names, shard_index, shard_count)
-    head = cfg["model"]["temporal_head"]
+    head = cfg.model.temporal_head
     aggregation = f"temporal head {head}" if head != "none" else f"agg {spec.aggregation}"
     part = f", shard {shard_index}/{shard_count}" if shard_count > 1 else ""
     print(f"checkpoint: {checkpoint_path} ({why})\ninput: {source} ({len(records)} videos{part})\n"
@@ -175,11 +175,11 @@ def main(argv=None) -> int:
     return 1 if failures else 0
 
 
-def run_videos(model, records: list, names: list[str], cfg: dict, spec: InferenceSpec, runtime, class_names,
+def run_videos(model, records: list, names: list[str], cfg: Config, spec: InferenceSpec, runtime, class_names,
                output: str | None, features: tuple | None) -> int:
     """Each video classified (and with ``features``, its features written, or skipped when already there);
     prints each result and the summary; returns the number that failed."""
-    prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
+    prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
     counts, correct, labelled, chunks, start = Counter(), 0, 0, 0, time.perf_counter()
     if output:
         atomic_write_bytes(output, b"")  # this run's results only; each line is appended whole
@@ -192,7 +192,7 @@ def run_videos(model, records: list, names: list[str], cfg: dict, spec: Inferenc
             counts["skipped"] += 1
             continue
         try:
-            result = classify_video(model, record, cfg, spec, runtime, prepare, class_names,
+            result = classify_video(model, record, cfg.data, spec, runtime, prepare, class_names,
                                     keep_features=features is not None)
         except BAD_INPUT_ERRORS as e:
             if len(records) == 1:
@@ -226,7 +226,7 @@ def run_videos(model, records: list, names: list[str], cfg: dict, spec: Inferenc
     return counts["failed"]
 
 
-def save_features(path: str, result: dict, record, cfg: dict, features: tuple, class_names, reason: str) -> dict:
+def save_features(path: str, result: dict, record, cfg: Config, features: tuple, class_names, reason: str) -> dict:
     """A video's features file written (atomically); returns its result without the arrays, for the output line."""
     write_features(path, result, record, cfg, features[1], class_names)
     print(f"features: {path} ({len(result['features'])} chunks; {reason})")

@@ -17,7 +17,7 @@ import torch
 
 from artifacts.checkpoint import CheckpointError
 from artifacts.run_dir import resolve_resume
-from config import dump, load_config
+from config import Config, dump, load_config
 from core.cli import add_config_arguments, exit_on_usage_error
 from core.errors import ConfigError
 from core.files import DiskFullError
@@ -60,23 +60,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def refuse_gpu_preset_without_cuda(cfg: dict, config_path: str | None, device: str | None) -> None:
+def refuse_gpu_preset_without_cuda(cfg: Config, config_path: str | None, device: str | None) -> None:
     """A preset sized for a GPU (trainer.memory_budget_gb, device auto or cuda) on a machine without CUDA would
     train for hours on the CPU without a word: stop at once, unless --device cpu says that is meant."""
-    budget, wanted = cfg["trainer"]["memory_budget_gb"], device or cfg["trainer"]["device"]
+    budget, wanted = cfg.trainer.memory_budget_gb, device or cfg.trainer.device
     if budget and wanted != "cpu" and not torch.cuda.is_available():
         raise ConfigError(f"{config_path or 'the config'}: this machine has no CUDA device, and the preset is for a "
                           f"{budget:g} GB GPU (trainer.memory_budget_gb); use configs/cpu.yaml, or add --device cpu "
                           f"to run it on the CPU anyway")
 
 
-def refuse_demo_data_for_gpu_preset(cfg: dict, origins: dict, config_path: str | None) -> None:
+def refuse_demo_data_for_gpu_preset(cfg: Config, origins: dict, config_path: str | None) -> None:
     """A GPU preset names no data of its own: without data.data_dir set (in the user's preset or by --set) it
     would train on the demo's synthetic clips without a word."""
     origin = origins.get("data.data_dir", "defaults")
-    if cfg["trainer"]["memory_budget_gb"] and (origin == "defaults" or os.path.basename(origin) == "base.yaml"):
+    if cfg.trainer.memory_budget_gb and (origin == "defaults" or os.path.basename(origin) == "base.yaml"):
         raise ConfigError(f"{config_path or 'the config'}: data.data_dir is not set, and a GPU preset does not fall "
-                          f"back to the demo's {cfg['data']['data_dir']}: set data.data_dir (and data.train_manifest, "
+                          f"back to the demo's {cfg.data.data_dir}: set data.data_dir (and data.train_manifest, "
                           f"data.val_manifest or data.val_fraction) to your data, e.g. --set "
                           f"data.data_dir=/data/clips; a manifest may be {DATA_LAYOUTS}")
 
@@ -94,10 +94,10 @@ def main(argv=None) -> int:
     refuse_gpu_preset_without_cuda(cfg, args.config, args.device)
     refuse_demo_data_for_gpu_preset(cfg, origins, args.config)
     resume_path = resolve_resume(args.resume, cfg) if args.resume else None
-    runtime = setup_runtime(cfg["trainer"], device=args.device)
+    runtime = setup_runtime(cfg.trainer, device=args.device)
     setup_logging(runtime.is_main)
     shape = DataShape.of_manifest(cfg)  # read once (manifest, keypoints) for both decisions below
-    if args.fit_budget or cfg["data"]["batch_size"] == "auto":  # the same decision again on resume: deterministic
+    if args.fit_budget or cfg.data.batch_size == "auto":  # the same decision again on resume: deterministic
         cfg = fit_budget(cfg, runtime, shape)
     if runtime.is_main:
         warn_if_host_memory_short(cfg, shape, runtime.device.type == "cuda")
@@ -128,9 +128,9 @@ def main(argv=None) -> int:
 def state_disk_needs(trainer, loader_batches: int, resumed: bool) -> DiskPlan:
     """The disk the run needs, stated (and a warning if the free space is short) before the first step."""
     cfg = trainer.cfg
-    steps_per_epoch = math.ceil(loader_batches / cfg["train"]["accumulate_grad_batches"])
+    steps_per_epoch = math.ceil(loader_batches / cfg.train.accumulate_grad_batches)
     plan = disk_plan(cfg, unwrap_model(trainer.model), steps_per_epoch)
-    state_disk_plan(plan, cfg["trainer"]["output_dir"], written=bytes_written(trainer.run.path) if resumed else 0)
+    state_disk_plan(plan, cfg.trainer.output_dir, written=bytes_written(trainer.run.path) if resumed else 0)
     return plan
 
 

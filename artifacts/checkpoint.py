@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 import torch
 
+from config import Config
 from core.files import atomic_open
 from core.runtime import unwrap_model
 from core.tensor_files import UnreadableFile, UnsafeFile, load_tensors
@@ -52,7 +53,7 @@ class TrainState:
         return cls(**{name: ckpt[name] for name in names if name in ckpt})
 
 
-def training_checkpoint(model, optimizer, scheduler, scaler, state: TrainState, cfg: dict, class_names: list,
+def training_checkpoint(model, optimizer, scheduler, scaler, state: TrainState, cfg: Config, class_names: list,
                         data_info: dict) -> dict:
     """What a training checkpoint holds: the unwrapped model, optimizer, scheduler and scaler, the training state
     by field name (``TrainState.from_checkpoint`` reads it back the same way), the config, the class names, the
@@ -60,7 +61,7 @@ def training_checkpoint(model, optimizer, scheduler, scaler, state: TrainState, 
     progress = {f.name: getattr(state, f.name) for f in fields(TrainState) if f.name != "nonfinite_streak"}
     return {"format": CHECKPOINT_FORMAT, "model": unwrap_model(model).state_dict(),
             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-            **progress, "config": cfg, "class_names": class_names, "rng": rng_state(), **data_info}
+            **progress, "config": cfg.to_dict(), "class_names": class_names, "rng": rng_state(), **data_info}
 
 
 def restore_training(path: str, model, optimizer, scheduler, scaler) -> tuple[TrainState, dict]:

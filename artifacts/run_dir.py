@@ -16,6 +16,7 @@ import os
 import time
 
 from artifacts.checkpoint import save_checkpoint
+from config import Config
 from core.errors import ConfigError, UsageError
 from core.files import atomic_link, atomic_symlink
 
@@ -105,8 +106,8 @@ class ExperimentDirectory:
         self.path, self.experiment = os.path.join(output_dir, experiment), experiment
 
     @classmethod
-    def of_config(cls, cfg: dict) -> "ExperimentDirectory":
-        return cls(cfg["trainer"]["output_dir"], cfg["experiment"])
+    def of_config(cls, cfg: Config) -> "ExperimentDirectory":
+        return cls(cfg.trainer.output_dir, cfg.experiment)
 
     @property
     def latest(self) -> RunDirectory:
@@ -138,7 +139,7 @@ def most_recent_best(runs_root: str) -> str:
     return max(candidates, key=os.path.getmtime)
 
 
-def resolve_resume(resume: str, cfg: dict) -> str:
+def resolve_resume(resume: str, cfg: Config) -> str:
     """--resume auto|PATH: the checkpoint to continue from."""
     if resume == "auto":
         return ExperimentDirectory.of_config(cfg).resume_checkpoint()

@@ -17,6 +17,7 @@ have a core of a 2-core machine).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -43,17 +44,17 @@ def measure(args) -> dict:
     torch.set_num_threads(args.torch_threads)
     cfg = load_config(None, ["model.backbone=tiny3d", f"model.width={args.width}", f"data.img_size={args.img}",
                              "data.frame_stride=1", f"trainer.device={args.device}"])
-    runtime = setup_runtime(cfg["trainer"])
-    model = build_model(cfg["model"], num_classes=6).to(runtime.device).eval()
+    runtime = setup_runtime(cfg.trainer)
+    model = build_model(cfg.model, num_classes=6).to(runtime.device).eval()
     record = VideoRecord({"video": args.video}, where=args.video)
     spec = infer_chunked.InferenceSpec(args.chunk, args.overlap, "last" if args.mode == "last" else "mean",
                                        args.batch, decode_threads=args.decode_threads or None)
-    prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
+    prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
     start = time.perf_counter()
     result: dict = {}
     if args.mode in ("full", "last", "features"):
         features = args.mode == "features"  # infer_chunked.py --features: the features kept, then written
-        out = infer_chunked.classify_video(model, record, cfg, spec, runtime, prepare, [str(i) for i in range(6)],
+        out = infer_chunked.classify_video(model, record, cfg.data, spec, runtime, prepare, [str(i) for i in range(6)],
                                            keep_features=features)
         if features:
             import tempfile
@@ -64,15 +65,15 @@ def measure(args) -> dict:
                                settings_of(cfg, args.chunk, args.overlap, "float16", "-"), [str(i) for i in range(6)])
         result.update(decode_s=out["decode_s"], compute_s=out["compute_s"], chunks=out["chunks"])
     elif args.mode == "decode":
-        stream = infer_chunked.ChunkStream(record, {**cfg["data"], "frame_stride": 1, "load_rgb": True,
-                                                    "load_kpt": False, "decoder": "opencv"}, spec)
+        stream = infer_chunked.ChunkStream(record, dataclasses.replace(
+            cfg.data, frame_stride=1, load_rgb=True, load_kpt=False, decoder="opencv"), spec)
         result["chunks"] = sum(len(windows) for windows, _ in stream)
         stream.close()
     else:  # compute alone: the same number of chunks, already decoded
         from datasets.video.probe import probe
         from engine.chunking import inference_windows
         windows = inference_windows(probe(args.video).num_frames, args.chunk, args.overlap, "mean")
-        size = cfg["data"]["img_size"]
+        size = cfg.data.img_size
         # the layout the stream hands over: decoded [n, L, H, W, 3] frames, permuted (not copied) to [n, C, L, H, W]
         frames = torch.randint(0, 256, (args.batch, args.chunk, size[0], size[1], 3), dtype=torch.uint8)
         dummy = {"video": frames.permute(0, 4, 1, 2, 3)}

@@ -19,6 +19,7 @@ and the peak RSS of a process that loads one 16-frame clip from a 300-frame and 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
@@ -174,9 +175,9 @@ def sample_path(frames: int, count: int, repeat: int, rng) -> None:
     path = write_h264(os.path.join(CACHE, f"h264_640x360_{frames}.mp4"), frames, 640, 360)
     data = load_config(os.path.join(ROOT, "configs", "rtx5080.yaml"),
                        ["data.augment=true", "data.color_jitter=0.2", "data.index_cache=null",
-                        "data.max_video_frames=200"])["data"]
+                        "data.max_video_frames=200"]).data
     samples = {decoder: VideoWindowDataset([VideoRecord({"video": path}, label="a", where="bench")], ["a"],
-                                           {**data, "decoder": decoder}, training=True)
+                                           dataclasses.replace(data, decoder=decoder), training=True)
                for decoder in ("opencv", "pyav", "auto")}
     order = rng.permutation(len(samples["auto"]))[:count]
     placed = [samples["auto"][int(i)]["frame_indices"].numpy() for i in order]  # the same clips for the recipe
@@ -187,8 +188,8 @@ def sample_path(frames: int, count: int, repeat: int, rng) -> None:
         return run
     modes = {"PyAV seek+decode (full size, no transform)": (pyav_clips, placed)}
     modes.update({f"dataset sample, {decoder}": (dataset_reads(decoder), order) for decoder in samples})
-    print(f"\ntraining samples: {data['num_frames']} frames at stride {data['frame_stride']} -> "
-          f"{data['img_size'][0]}x{data['img_size'][1]} from 640x360 H.264 ({frames} frames, {len(order)} samples), "
+    print(f"\ntraining samples: {data.num_frames} frames at stride {data.frame_stride} -> "
+          f"{data.img_size[0]}x{data.img_size[1]} from 640x360 H.264 ({frames} frames, {len(order)} samples), "
           f"augment on (random resized crop, flip, colour jitter 0.2), one process")
     print_table("decode + geometry + augmentation", fastest(modes, path, repeat), next(iter(modes)))
     # the transform's own cost per clip, beside the decode's

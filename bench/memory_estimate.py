@@ -52,7 +52,7 @@ def real_step(overrides: list[str], frames: int, batch: int) -> dict:
     device = torch.device("cpu")
     project = memory_estimate.ProjectStep(cfg)  # the step the estimate runs, here on real tensors
     classifier = project.classifier().train()
-    optimizer = build_optimizer(classifier, cfg["train"])
+    optimizer = build_optimizer(classifier, cfg.train)
     for group in optimizer.param_groups:
         group["foreach"] = True  # as on CUDA, where torch picks it: the step the estimate models
     inputs = project.inputs(frames, batch, device)

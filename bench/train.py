@@ -36,7 +36,7 @@ def measure(args) -> dict:
         cfg = load_config(args.config, [f"trainer.precision={args.precision}",
                                         f"model.grad_checkpointing={args.checkpointing}", f"trainer.output_dir={out}",
                                         "train.log_every=1000000", *args.set])
-        runtime = setup_runtime(cfg["trainer"])
+        runtime = setup_runtime(cfg.trainer)
         setup_logging(is_main=False)  # errors only: the table is the output
         trainer, loader, _ = build.build_trainer(cfg, runtime, stop_after_steps=args.steps)
         if runtime.device.type == "cuda":
@@ -65,7 +65,7 @@ def main() -> None:
     args.config = args.config or os.path.join(ROOT, "configs", "rtx5080.yaml" if cuda else "quickstart.yaml")
     from config import load_config
     from datasets.synthetic import generate
-    data_dir = load_config(args.config, args.set)["data"]["data_dir"]
+    data_dir = load_config(args.config, args.set).data.data_dir
     if not os.path.isabs(data_dir):
         data_dir = os.path.join(ROOT, data_dir)
     if data_dir.endswith(os.path.join("data", "synthetic")) and not os.path.exists(data_dir):

@@ -47,8 +47,8 @@ def measure(args) -> dict:
     device = torch.device(args.device)
     cfg = load_config(None, [f"model.backbone={args.backbone}", f"model.width={args.width}",
                              f"model.temporal_head={args.temporal_head}", f"model.temporal_width={args.temporal_width}"])
-    model = build_model(cfg["model"], num_classes=10).to(device).train()
-    prepare = InputPreparer(device, cfg["data"]["mean"], cfg["data"]["std"])
+    model = build_model(cfg.model, num_classes=10).to(device).train()
+    prepare = InputPreparer(device, cfg.data.mean, cfg.data.std)
     forward = ChunkedTrainingForward(model, prepare.normalize)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     clip = {"video": torch.randint(0, 255, (1, 3, args.length, args.size, args.size), dtype=torch.uint8)}

@@ -1,13 +1,15 @@
 """YAML presets: inheritance, strict validation, command-line overrides.
 
-A config is a plain nested dict (``cfg["data"]["batch_size"]``). Every key, its default, its type and
-its allowed range are declared once, in ``SCHEMA`` (config/schema.py); ``configs/base.yaml`` mirrors the defaults
-for readers and a test keeps the two equal.
+A config is a typed ``Config``: one dataclass per section (``cfg.data.batch_size``), built from the YAML and
+``--set`` and validated once. Every key, its type, default and allowed range are declared once, as the fields of
+those dataclasses (config/schema.py); ``configs/base.yaml`` mirrors the defaults for readers and a test keeps the
+two equal. Code below the scripts takes the section it uses (``DataConfig``, ...), not the whole config.
 
 Errors are ``ConfigError``: one line naming the file (or ``--set``), the key, what is wrong and how to
 fix it. The scripts print it and exit with code 2. The modules:
 
-    schema      every key (SCHEMA), its default and range; the backbone and norm names
+    schema      the sections (Config, ModelConfig, DataConfig, TrainConfig, TrainerConfig), every key as a field
+                (SCHEMA: the same as a mapping), its default and range; the backbone and norm names
     loading     YAML presets with base:, --set, dump
     validation  each value, then the checks across keys; apply_flags
     compat      configs of older checkpoints (saved_config)
@@ -16,9 +18,22 @@ fix it. The scripts print it and exit with code 2. The modules:
 from config.compat import saved_config
 from config.flags import INFERENCE_FLAGS, apply_inference_flags
 from config.loading import dump, load_config, parse_override
-from config.schema import ALL_KEYS, BACKBONES, NORMS, SCHEMA, Key, defaults
+from config.schema import (
+    ALL_KEYS,
+    BACKBONES,
+    NORMS,
+    SCHEMA,
+    Config,
+    DataConfig,
+    Key,
+    ModelConfig,
+    TrainConfig,
+    TrainerConfig,
+    defaults,
+)
 from config.validation import apply_flags, validate
 from core.errors import ConfigError
 
-__all__ = ["ALL_KEYS", "BACKBONES", "INFERENCE_FLAGS", "NORMS", "SCHEMA", "ConfigError", "Key", "apply_flags",
-           "apply_inference_flags", "defaults", "dump", "load_config", "parse_override", "saved_config", "validate"]
+__all__ = ["ALL_KEYS", "BACKBONES", "INFERENCE_FLAGS", "NORMS", "SCHEMA", "Config", "ConfigError", "DataConfig", "Key",
+           "ModelConfig", "TrainConfig", "TrainerConfig", "apply_flags", "apply_inference_flags", "defaults", "dump",
+           "load_config", "parse_override", "saved_config", "validate"]

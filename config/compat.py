@@ -1,7 +1,7 @@
 """Configs saved with older checkpoints: keys they predate get the behaviour they were trained with."""
 from __future__ import annotations
 
-from config.schema import defaults, with_new_names
+from config.schema import Config, defaults, with_new_names
 from config.validation import validate
 
 # keys added since a saved config may have been written, with the value that reproduces what the code did then
@@ -10,7 +10,7 @@ from config.validation import validate
 _BEFORE_THE_KEY = {"data.resize": "stretch", "model.norm_groups": 8}
 
 
-def saved_config(cfg: dict) -> dict:
+def saved_config(cfg: dict) -> Config:
     """A config saved with a checkpoint, validated; keys it predates get the behaviour it was trained with (or
     the default), so an older checkpoint evaluates as it was trained."""
     cfg = with_new_names(cfg)
@@ -24,4 +24,4 @@ def saved_config(cfg: dict) -> dict:
             full[section].update(values)
         else:
             full[section] = values
-    return validate(full)
+    return Config.from_dict(validate(full))

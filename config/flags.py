@@ -1,6 +1,7 @@
 """Command-line flags over a checkpoint's config: eval.py's and infer_chunked.py's flags and the keys they set."""
 from __future__ import annotations
 
+from config.schema import Config
 from config.validation import apply_flags
 from core.errors import ConfigError
 
@@ -17,10 +18,10 @@ INFERENCE_FLAGS = {
 }
 
 
-def apply_inference_flags(cfg: dict, values: dict) -> dict:
+def apply_inference_flags(cfg: Config, values: dict) -> Config:
     """A validated copy of ``cfg`` with ``{"--chunk": 32, ...}`` applied (None leaves the key); errors name
     the flag."""
-    head = cfg["model"]["temporal_head"]
+    head = cfg.model.temporal_head
     if values.get("--agg") is not None and head != "none":
         raise ConfigError(f"--agg {values['--agg']}: this model has a temporal head (model.temporal_head: {head}), "
                           f"which is the aggregation over its chunks; leave --agg out")

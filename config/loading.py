@@ -1,5 +1,5 @@
 """A config from YAML presets (``base:`` inheritance, deep-merged; lists are replaced) and ``--set`` overrides,
-then validated; and back to YAML (``dump``)."""
+then validated into a typed ``Config``; and back to YAML (``dump``)."""
 from __future__ import annotations
 
 import copy
@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from config.schema import defaults, flat_keys, with_new_names
+from config.schema import Config, defaults, flat_keys, with_new_names
 from config.validation import validate
 from core.errors import ConfigError
 
@@ -75,7 +75,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def load_config(path: str | None, overrides: list[str] = (), use_amp: bool = False,
-                origins: dict | None = None) -> dict:
+                origins: dict | None = None) -> Config:
     """Defaults <- the preset's base chain <- the preset <- each --set; then validated. ``origins``, if given, is
     filled with where each key was set (a file, or "--set KEY=VALUE"; keys left at their defaults are absent)."""
     cfg = defaults()
@@ -95,8 +95,9 @@ def load_config(path: str | None, overrides: list[str] = (), use_amp: bool = Fal
     if use_amp:
         cfg["trainer"]["precision"] = "amp"
         origins["trainer.precision"] = "--use_amp"
-    return validate(cfg, origins)
+    return Config.from_dict(validate(cfg, origins))
 
 
-def dump(cfg: dict) -> str:
-    return yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None)
+def dump(cfg: Config | dict) -> str:
+    values = cfg.to_dict() if isinstance(cfg, Config) else cfg
+    return yaml.safe_dump(values, sort_keys=False, default_flow_style=None)

@@ -2,11 +2,10 @@
 the file (or ``--set``, or the flag), the key, what is wrong and how to fix it."""
 from __future__ import annotations
 
-import copy
 import importlib.util
 from typing import Any, Callable
 
-from config.schema import BACKBONES, SCHEMA, Key, did_you_mean
+from config.schema import BACKBONES, SCHEMA, Config, Key, did_you_mean
 from core.errors import ConfigError
 from core.runtime import PRECISION_ALIASES
 
@@ -239,14 +238,14 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
                           f"known: {', '.join(sorted(BACKBONES))}")
 
 
-def apply_flags(cfg: dict, flags: dict) -> dict:
+def apply_flags(cfg: Config, flags: dict) -> Config:
     """A validated copy of ``cfg`` with command-line flags applied: ``{"train.chunk_overlap": ("--overlap", 8)}``
     (a value of None leaves the key as it is). Errors name the flag, as --set's name --set."""
-    changed, origins = copy.deepcopy(cfg), {}
+    changed, origins = cfg.to_dict(), {}
     for dotted, (flag, value) in flags.items():
         if value is None:
             continue
         section, key = dotted.split(".")
         changed[section][key] = value
         origins[dotted] = flag
-    return validate(changed, origins)
+    return Config.from_dict(validate(changed, origins))

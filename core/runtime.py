@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -80,22 +81,30 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return precision
 
 
-def setup_runtime(trainer_cfg: dict, device: str | None = None, precision: str | None = None) -> Runtime:
+class RuntimeSettings(Protocol):
+    """What setup_runtime reads of the trainer section (config.TrainerConfig; core sits below config)."""
+
+    device: str
+    precision: str
+    allow_tf32: bool
+
+
+def setup_runtime(trainer_cfg: RuntimeSettings, device: str | None = None, precision: str | None = None) -> Runtime:
     """Device, precision and (under torchrun) the process group; TF32 where allowed."""
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if world_size > 1 and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() and (device or trainer_cfg["device"]) != "cpu" else "gloo"
+        backend = "nccl" if torch.cuda.is_available() and (device or trainer_cfg.device) != "cpu" else "gloo"
         dist.init_process_group(backend)
-    dev = resolve_device(device or trainer_cfg["device"])
+    dev = resolve_device(device or trainer_cfg.device)
     if dev.type == "cuda" and world_size > 1:
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
         # TF32 keeps fp32 range with a 10-bit mantissa on Ampere+: faster matmuls/convs, same memory
-        torch.backends.cuda.matmul.allow_tf32 = trainer_cfg["allow_tf32"]
-        torch.backends.cudnn.allow_tf32 = trainer_cfg["allow_tf32"]
+        torch.backends.cuda.matmul.allow_tf32 = trainer_cfg.allow_tf32
+        torch.backends.cudnn.allow_tf32 = trainer_cfg.allow_tf32
         torch.backends.cudnn.benchmark = True
-    normal = PRECISION_ALIASES.get(str(precision or trainer_cfg["precision"]).lower())
+    normal = PRECISION_ALIASES.get(str(precision or trainer_cfg.precision).lower())
     if normal is None:
         raise UsageError(f"--precision: {precision!r} is not one of 32, 16, bf16, amp")
     return Runtime(dev, resolve_precision(normal, dev), rank, world_size)

@@ -35,6 +35,8 @@ import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as F
 
+from config import DataConfig
+
 RANDOM_CROP_ATTEMPTS = 10  # torchvision's RandomResizedCrop: then the largest centred box of the allowed ratio
 
 
@@ -58,19 +60,19 @@ class ViewGeometry:
     flipped: bool = False
 
 
-def output_size(data_cfg: dict) -> tuple[int, int]:
-    size = data_cfg["img_size"]
+def output_size(data_cfg: DataConfig) -> tuple[int, int]:
+    size = data_cfg.img_size
     return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
 
 
-def decode_size(height: int, width: int, data_cfg: dict) -> tuple[int, int]:
+def decode_size(height: int, width: int, data_cfg: DataConfig) -> tuple[int, int]:
     """(h, w) the reader decodes a ``height`` x ``width`` video to."""
     out_h, out_w = output_size(data_cfg)
-    if data_cfg["resize"] == "stretch":
+    if data_cfg.resize == "stretch":
         return out_h, out_w
     scale = max(out_h / height, out_w / width)  # the least scale at which the crop fits
-    if data_cfg["short_side"] is not None:
-        scale = max(scale, data_cfg["short_side"] / min(height, width))
+    if data_cfg.short_side is not None:
+        scale = max(scale, data_cfg.short_side / min(height, width))
     # rounding can land one pixel short of the crop: never below it
     return max(out_h, round(height * scale)), max(out_w, round(width * scale))
 
@@ -114,32 +116,32 @@ def random_resized_box(decoded: tuple, out: tuple, scale, ratio, rng: np.random.
 class ClipTransform:
     """Decode sizes, crops and augmentation of one dataset (``data`` config, training or not)."""
 
-    def __init__(self, data_cfg: dict, training: bool):
+    def __init__(self, data_cfg: DataConfig, training: bool):
         self.cfg, self.training = data_cfg, training
         self.out = output_size(data_cfg)
-        self.augment = training and data_cfg["augment"]
-        self.crops = 1 if training else data_cfg["test_crops"]
-        pairs = data_cfg["kpt_flip_pairs"] or []
+        self.augment = training and data_cfg.augment
+        self.crops = 1 if training else data_cfg.test_crops
+        pairs = data_cfg.kpt_flip_pairs or []
         self.joint_swap = [(int(a), int(b)) for a, b in pairs]
 
     def plan(self, sources: list[tuple], rng: np.random.Generator | None, crop: int = 0) -> list[ViewGeometry]:
         """The geometry of each view (``sources``: each view's stored (h, w)); ``rng`` for training's draws,
         ``crop``: which of the evaluation crops."""
-        flipped = bool(self.augment and self.cfg["flip"] and rng.random() < 0.5)
+        flipped = bool(self.augment and self.cfg.flip and rng.random() < 0.5)
         plans = []
         for source in sources:
             decoded = decode_size(*source, self.cfg)
             if not self.training:
                 box = evaluation_boxes(decoded, self.out, self.crops)[crop]
             elif self.augment:
-                box = random_resized_box(decoded, self.out, self.cfg["crop_scale"], self.cfg["crop_ratio"], rng)
+                box = random_resized_box(decoded, self.out, self.cfg.crop_scale, self.cfg.crop_ratio, rng)
             else:
                 box = random_box(decoded, self.out, rng)
             plans.append(ViewGeometry(tuple(source), decoded, box, self.out, flipped))
         return plans
 
     def colour_factors(self, rng: np.random.Generator | None) -> tuple | None:
-        strength = self.cfg["color_jitter"]
+        strength = self.cfg.color_jitter
         if not (self.augment and strength > 0):
             return None
         return tuple(float(rng.uniform(1 - strength, 1 + strength)) for _ in range(3))
@@ -165,7 +167,7 @@ class ClipTransform:
 
     def keypoints(self, kpt: np.ndarray, geometry: ViewGeometry) -> np.ndarray:
         """[T, J, C] keypoints (x, y first) of the stored frame -> the same points in the output frame."""
-        return transform_keypoints(kpt, geometry, self.cfg["kpt_coords"], self.joint_swap)
+        return transform_keypoints(kpt, geometry, self.cfg.kpt_coords, self.joint_swap)
 
 
 def transform_keypoints(kpt: np.ndarray, geometry: ViewGeometry, coords: str, joint_swap=()) -> np.ndarray:

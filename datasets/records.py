@@ -6,6 +6,7 @@ import hashlib
 import logging
 import os
 
+from config import DataConfig
 from datasets.manifest import ManifestError, VideoRecord, read_manifest
 
 log = logging.getLogger("longvideo." + __name__)  # printed through the project logger
@@ -35,16 +36,16 @@ def segment_frames(record: VideoRecord, length: int, fps: float, class_names: li
     return timeline
 
 
-def manifest_path(data_cfg: dict, split: str) -> str | None:
-    name = data_cfg[f"{split}_manifest"]
+def manifest_path(data_cfg: DataConfig, split: str) -> str | None:
+    name = {"train": data_cfg.train_manifest, "val": data_cfg.val_manifest, "test": data_cfg.test_manifest}[split]
     if name is None:
         return None
-    return name if os.path.isabs(name) else os.path.join(data_cfg["data_dir"], name)
+    return name if os.path.isabs(name) else os.path.join(data_cfg.data_dir, name)
 
 
-def resolve_class_names(data_cfg: dict, train_records) -> list[str]:
-    if data_cfg["class_names"] is not None:
-        return [str(n) for n in data_cfg["class_names"]]
+def resolve_class_names(data_cfg: DataConfig, train_records) -> list[str]:
+    if data_cfg.class_names is not None:
+        return [str(n) for n in data_cfg.class_names]
     return sorted({label for r in train_records for label in r.labels()})
 
 
@@ -52,23 +53,23 @@ DATA_LAYOUTS = ('a JSONL manifest ({"video": "videos/a.mp4", "label": "left"} a 
                 'columns, or a folder root/<class>/<video>')
 
 
-def read_split(data_cfg: dict, split: str) -> list[VideoRecord]:
+def read_split(data_cfg: DataConfig, split: str) -> list[VideoRecord]:
     """The manifest of ``data.<split>_manifest``; a missing one names the key and the accepted forms."""
     path = manifest_path(data_cfg, split)
     if path is None:
         raise ManifestError(f"data.{split}_manifest is null; set it to {DATA_LAYOUTS}")
     if not os.path.exists(path):
         raise ManifestError(f"{path}: not found (data.{split}_manifest, resolved against data.data_dir="
-                            f"{data_cfg['data_dir']}); give {DATA_LAYOUTS}")
+                            f"{data_cfg.data_dir}); give {DATA_LAYOUTS}")
     return read_manifest(path)
 
 
-def training_records(data_cfg: dict) -> tuple[list[VideoRecord], list[VideoRecord] | None]:
+def training_records(data_cfg: DataConfig) -> tuple[list[VideoRecord], list[VideoRecord] | None]:
     """(training, validation) records: the two manifests, or one split by ``data.val_fraction``."""
     records = read_split(data_cfg, "train")
-    fraction = data_cfg["val_fraction"]
+    fraction = data_cfg.val_fraction
     if fraction:
-        chosen = [_in_validation(r, data_cfg["data_dir"], fraction) for r in records]
+        chosen = [_in_validation(r, data_cfg.data_dir, fraction) for r in records]
         train = [r for r, v in zip(records, chosen) if not v]
         val = [r for r, v in zip(records, chosen) if v]
         if not train or not val:
@@ -77,7 +78,7 @@ def training_records(data_cfg: dict) -> tuple[list[VideoRecord], list[VideoRecor
         log.info("data.val_fraction=%g: %d videos for training, %d for validation (split by path, the same every "
                  "run)", fraction, len(train), len(val))
         return train, val
-    if data_cfg["val_manifest"] is None:
+    if data_cfg.val_manifest is None:
         return records, None
     train_path, val_path = manifest_path(data_cfg, "train"), manifest_path(data_cfg, "val")
     if os.path.realpath(train_path) == os.path.realpath(val_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from config import Config
 from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.keypoints import read_keypoints
 from datasets.records import read_split, resolve_class_names
@@ -27,21 +28,21 @@ class DataShape:
         return cls(len(class_names), len(dataset.view_names), tuple(dataset.view_names), kpt)
 
     @classmethod
-    def of_manifest(cls, cfg: dict) -> "DataShape":
+    def of_manifest(cls, cfg: Config) -> "DataShape":
         """From the training manifest, no video opened (the planner runs before any decoding); the model's
         defaults, with a warning, where the manifest cannot be read."""
         try:
-            records = read_split(cfg["data"], "train")
-            kpt = (tuple(read_keypoints(records[0].keypoints, [0]).shape[1:]) if cfg["data"]["load_kpt"]
+            records = read_split(cfg.data, "train")
+            kpt = (tuple(read_keypoints(records[0].keypoints, [0]).shape[1:]) if cfg.data.load_kpt
                    and records[0].keypoints else None)
-            return cls(len(resolve_class_names(cfg["data"], records)), len(records[0].views),
+            return cls(len(resolve_class_names(cfg.data, records)), len(records[0].views),
                        tuple(records[0].views), kpt)
         except BAD_INPUT_ERRORS + (OSError, IndexError) as e:
-            views = 1 if cfg["model"]["view_fusion"] == "none" else 3
+            views = 1 if cfg.model.view_fusion == "none" else 3
             log.warning("the training manifest cannot be read (%s): estimating for %d view(s), keypoints [17, 3], "
                         "10 classes", str(e).splitlines()[0], views)
             return cls(10, views, tuple(f"view{i}" for i in range(views)),
-                       (17, 3) if cfg["data"]["load_kpt"] else None)
+                       (17, 3) if cfg.data.load_kpt else None)
 
     @classmethod
     def of_checkpoint(cls, ckpt: dict) -> "DataShape":

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from config import Config, DataConfig
 from datasets.bad_input import BAD_INPUT_ERRORS, MAX_CONSECUTIVE_FAILURES
 from datasets.clip_transform import ClipTransform
 from datasets.decode import read_clip, read_clip_keypoints
@@ -68,14 +69,14 @@ class SampleWindow:
 
 
 class VideoWindowDataset(Dataset):
-    def __init__(self, records: list[VideoRecord], class_names: list[str], data_cfg: dict, training: bool,
+    def __init__(self, records: list[VideoRecord], class_names: list[str], data_cfg: DataConfig, training: bool,
                  seed: int = 0, index_cache: VideoIndexCache | None = None):
         self.records, self.class_names = records, list(class_names)
         self.class_index = {name: i for i, name in enumerate(self.class_names)}
         self.cfg, self.training, self.seed, self.epoch = data_cfg, training, seed, 0
         self.transform = ClipTransform(data_cfg, training)  # decode size, crops, augmentation
         self.crops = self.transform.crops  # evaluation crops per sample window (data.test_crops), each a sample
-        self.clips = 1 if training else data_cfg["test_clips"]  # evaluation clips per sample window, each crops
+        self.clips = 1 if training else data_cfg.test_clips  # evaluation clips per sample window, each crops
         self.samples_per_window = self.clips * self.crops  # test clips x crops: clip-major, crop-minor
         self.skipped: dict[str, str] = {}  # file -> error, for samples dropped at index time
         self.timed_out: dict[int, str] = {}  # sample -> report, of samples whose worker was stopped (skip)
@@ -84,7 +85,7 @@ class VideoWindowDataset(Dataset):
         self.video_info: dict = {}  # path -> VideoInfo from the index: readers in the workers do not probe again
         self.fps: dict[str, float] = {}  # first view's path -> frame rate (segments given in seconds)
         cache = index_cache or VideoIndexCache(None)
-        prober = Prober(data_cfg["sample_timeout_s"])  # a header that never comes stops in a child, not here
+        prober = Prober(data_cfg.sample_timeout_s)  # a header that never comes stops in a child, not here
         try:
             self.lengths = [self._record_length(r, cache, prober) for r in records]
         finally:
@@ -96,7 +97,7 @@ class VideoWindowDataset(Dataset):
             raise ManifestError(f"{records[0].where.rsplit(':', 1)[0]}: no usable samples")
         self.mirror = self._class_mirror()  # class index -> the class a flip turns it into (flip_label_pairs)
         self._check_joint_pairs()
-        window = data_cfg["max_video_frames"]
+        window = data_cfg.max_video_frames
         if window is not None:
             usable = sum(1 for n in self.lengths if n > 0)
             log.info("sample windows: %d videos -> %d windows of at most %d frames", usable, len(self.windows),
@@ -107,11 +108,11 @@ class VideoWindowDataset(Dataset):
         """Frames usable in every view (the shortest view; a shorter view is reported); 0 = skipped."""
         try:
             check_labels(record, self.class_names)
-            if not self.cfg["load_rgb"]:
+            if not self.cfg.load_rgb:
                 if record.keypoints is None:
                     raise ManifestError(f"{record.where}: no 'keypoints' given, and data.load_rgb is false")
                 return keypoint_length(record.keypoints)
-            infos = {name: cache.info(path, self.cfg["decoder"], prober) for name, path in record.views.items()}
+            infos = {name: cache.info(path, self.cfg.decoder, prober) for name, path in record.views.items()}
             self.video_info.update({path: infos[name] for name, path in record.views.items()})
             for info in infos.values():
                 for note in filter(None, (several_streams_note(info), info.header_note())):
@@ -122,7 +123,7 @@ class VideoWindowDataset(Dataset):
             self.fps[record.first_path] = next(iter(infos.values())).fps
             return min(lengths.values())
         except BAD_INPUT_ERRORS as e:
-            if self.cfg["on_bad_video"] == "raise":
+            if self.cfg.on_bad_video == "raise":
                 raise type(e)(f"{e} (sample at {record.where})") from None
             log.warning("skipping %s: %s", record.where, e)
             self.skipped[record.first_path] = f"{e} (sample at {record.where})"
@@ -131,7 +132,7 @@ class VideoWindowDataset(Dataset):
     def _class_mirror(self) -> np.ndarray:
         """data.flip_label_pairs as an index array: each class, or the one a flip swaps it with."""
         mirror = np.arange(len(self.class_names))
-        for pair in self.cfg["flip_label_pairs"] or []:
+        for pair in self.cfg.flip_label_pairs or []:
             unknown = [str(name) for name in pair if str(name) not in self.class_index]
             if unknown:
                 raise ManifestError(f"data.flip_label_pairs names {', '.join(unknown)}, not a class of the data "
@@ -142,7 +143,7 @@ class VideoWindowDataset(Dataset):
 
     def _check_joint_pairs(self) -> None:
         """The joints data.kpt_flip_pairs names exist in this data's keypoints."""
-        joints = max((j for pair in self.cfg["kpt_flip_pairs"] or [] for j in pair), default=-1)
+        joints = max((j for pair in self.cfg.kpt_flip_pairs or [] for j in pair), default=-1)
         shape = self.keypoint_shape() if joints >= 0 else None
         if shape is not None and joints >= shape[0]:
             raise ManifestError(f"data.kpt_flip_pairs names joint {joints}, but the keypoints have {shape[0]} "
@@ -161,7 +162,7 @@ class VideoWindowDataset(Dataset):
         if record.segments is not None:
             timeline = segment_frames(record, length, self.fps.get(record.first_path, 25.0), self.class_names)
         windows = []
-        for start, end in split_into_windows(length, self.cfg["max_video_frames"], self.cfg["sample_window_overlap"]):
+        for start, end in split_into_windows(length, self.cfg.max_video_frames, self.cfg.sample_window_overlap):
             if timeline is None:
                 windows.append(SampleWindow(record_index, start, end, self.class_index[record.label], []))
                 continue
@@ -196,7 +197,7 @@ class VideoWindowDataset(Dataset):
                 break
             except BAD_INPUT_ERRORS as e:
                 record = self.records[self.windows[candidate // self.samples_per_window].record]
-                if self.cfg["on_bad_video"] == "raise":
+                if self.cfg.on_bad_video == "raise":
                     raise type(e)(f"{e} (sample at {record.where})") from None
                 skipped[record.first_path] = f"{e} (sample at {record.where})"
             finally:
@@ -213,8 +214,8 @@ class VideoWindowDataset(Dataset):
     # ---------------------------------------------------------------------------------------- the deadline
     def start_watch(self, worker_id: int) -> None:
         """In a DataLoader worker: the watchdog of data.sample_timeout_s (``StallWatch``), if one is set."""
-        if self.cfg["sample_timeout_s"] is not None and self.stall_folder is not None:
-            self.watch = StallWatch(self.cfg["sample_timeout_s"], self.stall_folder, worker_id, self.describe)
+        if self.cfg.sample_timeout_s is not None and self.stall_folder is not None:
+            self.watch = StallWatch(self.cfg.sample_timeout_s, self.stall_folder, worker_id, self.describe)
 
     def describe(self, index: int) -> str:
         window = self.windows[index // self.samples_per_window]
@@ -231,12 +232,12 @@ class VideoWindowDataset(Dataset):
 
         def place_clip(end: int) -> np.ndarray:
             rng = np.random.default_rng([self.seed, self.epoch, index]) if self.training else None
-            return clip_indices(window.start, end, self.cfg["num_frames"], self.cfg["frame_stride"], rng, clip,
+            return clip_indices(window.start, end, self.cfg.num_frames, self.cfg.frame_stride, rng, clip,
                                 self.clips)
 
         # augmentation draws its own stream: the clip's placement stays what it was without augmentation
         rng = np.random.default_rng([self.seed, self.epoch, index, 1]) if self.training else None
-        plans = self.transform.plan(self._sources(record), rng, index % self.crops) if self.cfg["load_rgb"] else []
+        plans = self.transform.plan(self._sources(record), rng, index % self.crops) if self.cfg.load_rgb else []
         colour = self.transform.colour_factors(rng)  # drawn after the geometry, as ever: samples stay the same
         indices, views = place_clip(window.end), []
         if plans:
@@ -253,19 +254,19 @@ class VideoWindowDataset(Dataset):
         }
         if views:
             sample["video"] = views[0] if len(views) == 1 else torch.stack(views)
-        if self.cfg["load_kpt"]:
+        if self.cfg.load_kpt:
             sample["kpt"] = torch.from_numpy(read_clip_keypoints(record, indices, plans, self.transform))
         return sample
 
     def _sources(self, record: VideoRecord) -> list[tuple[int, int]]:
         """Each view's (height, width) as read: displayed, or stored with data.autorotate false."""
-        return [self.video_info[path].frame_size(self.cfg["autorotate"]) for path in record.views.values()]
+        return [self.video_info[path].frame_size(self.cfg.autorotate) for path in record.views.values()]
 
     def _read_frames(self, record: VideoRecord, window: SampleWindow, place_clip, plans: list,
                      colour: tuple | None) -> tuple[np.ndarray, list]:
         """(frame indices, each view's uint8 [C, T, H, W] clip: ``datasets.decode.read_clip``)."""
-        readers = [_READERS.get(path, plan.decoded, self.video_info.get(path), self.cfg["decoder"],
-                                self.cfg["autorotate"])
+        readers = [_READERS.get(path, plan.decoded, self.video_info.get(path), self.cfg.decoder,
+                                self.cfg.autorotate)
                    for path, plan in zip(record.views.values(), plans)]
         end = min([window.end] + [r.num_frames for r in readers])
         while True:  # at most twice: a read can find the video shorter than its container says
@@ -290,22 +291,22 @@ class VideoWindowDataset(Dataset):
 
     # ------------------------------------------------------------------------------------------- helpers
     def keypoint_shape(self) -> tuple[int, int] | None:
-        if not self.cfg["load_kpt"]:
+        if not self.cfg.load_kpt:
             return None
         window = self.windows[0]
         kpt = read_clip_keypoints(self.records[window.record], [window.start], [], self.transform)  # no decoding
         return int(kpt.shape[1]), int(kpt.shape[2])
 
 
-def index_cache_for(cfg: dict) -> VideoIndexCache:
-    path = cfg["data"]["index_cache"] or os.path.join(cfg["trainer"]["output_dir"], ".video_index.json")
+def index_cache_for(cfg: Config) -> VideoIndexCache:
+    path = cfg.data.index_cache or os.path.join(cfg.trainer.output_dir, ".video_index.json")
     return VideoIndexCache(path)
 
 
-def build_dataset(cfg: dict, split: str, class_names: list[str], training: bool, manifest: str | None = None,
+def build_dataset(cfg: Config, split: str, class_names: list[str], training: bool, manifest: str | None = None,
                   index_cache: VideoIndexCache | None = None,
                   records: list[VideoRecord] | None = None) -> VideoWindowDataset:
     if records is None:
-        records = read_manifest(manifest) if manifest else read_split(cfg["data"], split)
-    return VideoWindowDataset(records, class_names, cfg["data"], training=training, seed=cfg["train"]["seed"],
+        records = read_manifest(manifest) if manifest else read_split(cfg.data, split)
+    return VideoWindowDataset(records, class_names, cfg.data, training=training, seed=cfg.train.seed,
                               index_cache=index_cache)

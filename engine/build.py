@@ -2,6 +2,7 @@
 a ``Trainer``."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 
@@ -13,7 +14,7 @@ from torch.utils.data import DataLoader
 from artifacts.checkpoint import TrainState, restore_training
 from artifacts.csv_log import CsvLog
 from artifacts.run_dir import ExperimentDirectory, RunDirectory
-from config import dump
+from config import Config, TrainConfig, dump
 from core.errors import ConfigError
 from core.files import atomic_write_bytes, remove_stale_temp_files
 from core.logs import attach_log_file, detach_log_file
@@ -31,23 +32,24 @@ from models.norms import convert_norms
 log = logging.getLogger("longvideo")
 
 
-def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None,
+def build_trainer(cfg: Config, runtime: Runtime, resume_path: str | None = None,
                   stop_after_steps: int | None = None) -> tuple[Trainer, DataLoader, DataLoader | None]:
     """Data, model, optimizer, schedule and run directory (or the resumed ones), wired into a Trainer.
     ``cfg`` has a number for data.batch_size (the planner resolves ``auto`` before)."""
-    torch.manual_seed(cfg["train"]["seed"])
-    np.random.seed(cfg["train"]["seed"])
+    torch.manual_seed(cfg.train.seed)
+    np.random.seed(cfg.train.seed)
     train_set, val_set, class_names, shape = build_data(cfg)
     model, channels_last = _model_on_device(cfg, runtime, shape)
     cfg = cap_workers(cfg)
-    train_loader = make_loader(train_set, cfg, runtime, cfg["data"]["batch_size"], shuffle=True, pad=True)
-    val_loader = (make_loader(val_set, cfg, runtime, 1, shuffle=False, pad=False)  # clips vary in length
+    seed = cfg.train.seed
+    train_loader = make_loader(train_set, cfg.data, seed, runtime, cfg.data.batch_size, shuffle=True, pad=True)
+    val_loader = (make_loader(val_set, cfg.data, seed, runtime, 1, shuffle=False, pad=False)  # clips vary in length
                   if val_set is not None else None)
-    optimizer = build_optimizer(model, cfg["train"])
+    optimizer = build_optimizer(model, cfg.train)
     if runtime.is_main and getattr(model, "temporal", None) is not None:
-        _log_temporal_head_settings(optimizer, cfg["train"])
-    steps_per_epoch = math.ceil(len(train_loader) / cfg["train"]["accumulate_grad_batches"])
-    scheduler = build_scheduler(optimizer, cfg["train"], steps_per_epoch, cfg["trainer"]["max_epochs"])
+        _log_temporal_head_settings(optimizer, cfg.train)
+    steps_per_epoch = math.ceil(len(train_loader) / cfg.train.accumulate_grad_batches)
+    scheduler = build_scheduler(optimizer, cfg.train, steps_per_epoch, cfg.trainer.max_epochs)
     scaler = runtime.grad_scaler()
     state, pending_rng, run = TrainState(), None, None
     if resume_path:
@@ -58,9 +60,9 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None,
                      "continuing in a new run directory", resume_path)
     if run is None and runtime.is_main:
         run = RunDirectory.create(ExperimentDirectory.of_config(cfg))
-    prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"], channels_last)
+    prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std, channels_last)
     wrapped = wrap_for_training(model, prepare, cfg, runtime)
-    criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg["train"]["label_smoothing"])
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing)
     trainer = Trainer(model=wrapped, optimizer=optimizer, scheduler=scheduler, scaler=scaler, prepare=prepare,
                       runtime=runtime, cfg=cfg, run=run, class_names=class_names, shape=shape,
                       criterion=criterion, state=state, pending_rng=pending_rng, stop_after_steps=stop_after_steps,
@@ -70,50 +72,50 @@ def build_trainer(cfg: dict, runtime: Runtime, resume_path: str | None = None,
     return trainer, train_loader, val_loader
 
 
-def _log_temporal_head_settings(optimizer: torch.optim.Optimizer, train_cfg: dict) -> None:
+def _log_temporal_head_settings(optimizer: torch.optim.Optimizer, train_cfg: TrainConfig) -> None:
     """The learning rates a run with a temporal head trains with (the head has its own unless its scale is 1)."""
     rates = {group.get("name", "model"): group["lr"] for group in optimizer.param_groups}
-    head_lr = rates.get("temporal head", train_cfg["lr"])
+    head_lr = rates.get("temporal head", train_cfg.lr)
     clip = gradient_clip(train_cfg, True)
     log.info("learning rates: backbone %.2e, temporal head %.2e (train.temporal_lr_scale %g); gradient norm clip %s",
-             rates["model"], head_lr, train_cfg["temporal_lr_scale"], "off" if clip is None else f"{clip:g}")
+             rates["model"], head_lr, train_cfg.temporal_lr_scale, "off" if clip is None else f"{clip:g}")
 
 
-def wrap_for_training(model: torch.nn.Module, prepare: InputPreparer, cfg: dict, runtime: Runtime) -> torch.nn.Module:
+def wrap_for_training(model: torch.nn.Module, prepare: InputPreparer, cfg: Config, runtime: Runtime) -> torch.nn.Module:
     """The training forward (chunks, recomputed) around the classifier (compiled on request), DDP-wrapped under
     torchrun. DDP neither broadcasts buffers in forward nor all-reduces in backward here: a rank that backs off
     after an out-of-memory error runs more forwards than the others, so no collective may hide in them;
     ``engine.oom.agree_and_reduce`` averages the gradients, ``sync_buffers`` the BatchNorm statistics."""
-    wrapped = ChunkedTrainingForward(torch.compile(model) if cfg["trainer"]["compile"] else model, prepare.normalize,
-                                     cfg["data"]["frame_stride"])
+    wrapped = ChunkedTrainingForward(torch.compile(model) if cfg.trainer.compile else model, prepare.normalize,
+                                     cfg.data.frame_stride)
     if runtime.distributed:
         wrapped = DistributedDataParallel(wrapped, broadcast_buffers=False,
                                           device_ids=[runtime.device.index] if runtime.device.type == "cuda" else None)
     return wrapped
 
 
-def _model_on_device(cfg: dict, runtime: Runtime, shape: DataShape) -> tuple:
+def _model_on_device(cfg: Config, runtime: Runtime, shape: DataShape) -> tuple:
     """(the classifier on the device, whether it is in channels_last_3d)."""
     try:
-        model = build_model(cfg["model"], **shape.model_args())
+        model = build_model(cfg.model, **shape.model_args())
     except ModelConfigError as e:  # a model section that does not fit the data or the backbone
         raise ConfigError(str(e))
-    if cfg["model"]["norm"] == "sync":
+    if cfg.model.norm == "sync":
         _synchronize_norms(model, cfg, runtime)
     model.to(runtime.device)
-    channels_last = cfg["trainer"]["channels_last_3d"] and runtime.device.type == "cuda"
+    channels_last = cfg.trainer.channels_last_3d and runtime.device.type == "cuda"
     if channels_last:
         model = model.to(memory_format=torch.channels_last_3d)
     return model, channels_last
 
 
-def _synchronize_norms(model: torch.nn.Module, cfg: dict, runtime: Runtime) -> None:
+def _synchronize_norms(model: torch.nn.Module, cfg: Config, runtime: Runtime) -> None:
     """model.norm: sync: SyncBatchNorm under torchrun with more than one process, BatchNorm on one. Every
     synchronized forward is a collective, so every rank must run as many training chunks."""
     if not runtime.distributed:
         log.info("model.norm: sync on one process: BatchNorm (statistics of this process's micro-batch)")
         return
-    if cfg["data"]["num_frames"] == -1 and cfg["train"]["chunk_train_size"] != -1:
+    if cfg.data.num_frames == -1 and cfg.train.chunk_train_size != -1:
         raise ConfigError("model.norm: sync synchronizes each training chunk's forward across processes, so every "
                           "process must run as many chunks, but data.num_frames: -1 gives clips of any length; set "
                           "data.num_frames to a number, train.chunk_train_size: -1, or model.norm: batch")
@@ -139,11 +141,11 @@ def _write_first_files(trainer: Trainer, num_samples: int) -> None:
         log.warning("removed %d temporary file(s) left by writers that were killed: %s", len(removed),
                     ", ".join(removed))
     # as run: the precision resolved for this device (the capped workers and a fitted batch are in cfg already)
-    atomic_write_bytes(run.config_yaml,
-                       dump({**cfg, "trainer": {**cfg["trainer"], "precision": runtime.precision}}).encode())
+    as_run = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, precision=runtime.precision))
+    atomic_write_bytes(run.config_yaml, dump(as_run).encode())
     trainer.report.memory_log = CsvLog(run.memory_csv)
-    global_batch = cfg["data"]["batch_size"] * cfg["train"]["accumulate_grad_batches"] * runtime.world_size
+    global_batch = cfg.data.batch_size * cfg.train.accumulate_grad_batches * runtime.world_size
     log.info("run %s | %s on %s, precision %s | %d training samples, %d classes | global batch %d = %d x %d "
-             "accumulated x %d processes", run, cfg["model"]["backbone"], runtime.device, runtime.precision,
-             num_samples, len(trainer.class_names), global_batch, cfg["data"]["batch_size"],
-             cfg["train"]["accumulate_grad_batches"], runtime.world_size)
+             "accumulated x %d processes", run, cfg.model.backbone, runtime.device, runtime.precision,
+             num_samples, len(trainer.class_names), global_batch, cfg.data.batch_size,
+             cfg.train.accumulate_grad_batches, runtime.world_size)

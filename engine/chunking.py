@@ -1,5 +1,6 @@
-"""The one chunked forward: training (``ChunkedTrainingForward``), and evaluation, shared by train.py's
-validation, eval.py and infer_chunked.py (``forward_chunked``).
+"""The one chunked forward: training (``ChunkedTrainingForward``), and evaluation (``run_chunks``), shared by
+train.py's validation and eval.py (``forward_chunked``: a clip in memory) and infer_chunked.py (chunks streamed
+from the decoder).
 
 A clip of T frames goes through the model in chunks of ``chunk_size`` frames that share ``overlap`` frames;
 the last chunk is aligned to the clip's end so every chunk is full length (``chunk_windows``). The chunk
@@ -9,6 +10,7 @@ softmax probabilities, returned as log-probabilities so argmax, softmax and the 
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -101,10 +103,51 @@ def temporal_head_of(model) -> nn.Module | None:
     return getattr(unwrap_model(model), "temporal", None)
 
 
+@dataclass
+class ChunkedOutput:
+    """What ``run_chunks`` gives: ``logits`` [B, K] of the clip; ``chunk_logits`` [n, B, K] on the CPU, each
+    chunk's (the head's per-chunk outputs with a temporal head); ``features`` [B, n, ...] of each chunk (with a
+    head, or when asked for; None otherwise)."""
+
+    logits: torch.Tensor
+    chunk_logits: torch.Tensor
+    features: torch.Tensor | None
+
+
+def run_chunks(model, groups: Iterable[tuple[list, dict]], windows: list[tuple[int, int]], aggregation: str = "mean",
+               frame_stride: int = 1, keep_features: bool = False, features_on_host: bool = False) -> ChunkedOutput:
+    """The one chunked forward of evaluation: training's validation, eval.py (``forward_chunked``: the chunks are
+    slices of a clip in memory) and infer_chunked.py (the chunks come from a decoding thread, ``ChunkStream``).
+
+    ``groups`` yields (the group's windows, its inputs with the chunks stacked on the batch axis: [n * B, ...]) in
+    window order; ``windows`` are all of them. Without a temporal head each group's logits are aggregated as they
+    come (one [B, K] state). With one, each chunk's features are kept (on the host with ``features_on_host``: 4
+    bytes x D a chunk, whatever the video's length) and the head runs once over them all at the end, so its
+    per-chunk logits see context from both sides; ``frame_stride`` places the chunks in video frames."""
+    head = temporal_head_of(model)
+    aggregator, chunk_logits, features, device = LogitAggregator(aggregation), [], [], None
+    for group, stacked in groups:
+        device = next(iter(stacked.values())).device
+        if head is not None or keep_features:
+            chunk_features = model.features(stacked)  # [n * B, (V,) D]
+            kept = chunk_features.view(len(group), -1, *chunk_features.shape[1:])  # [n, B, (V,) D]
+            features.append(kept.float().cpu() if features_on_host else kept)
+        if head is None:
+            logits = model.head(chunk_features) if keep_features else model(stacked)
+            logits = logits.view(len(group), -1, logits.shape[-1])  # [n, B, K]
+            aggregator.update(logits)
+            chunk_logits.append(logits.detach().float().cpu())
+    kept = torch.cat(features).transpose(0, 1) if features else None  # [B, n, ...]
+    if head is None:
+        return ChunkedOutput(aggregator.result(), torch.cat(chunk_logits), kept)
+    logits, per_chunk = head(kept.to(device), chunk_positions(windows, frame_stride))
+    return ChunkedOutput(logits, per_chunk.detach().float().cpu().transpose(0, 1), kept)
+
+
 def forward_chunked(model, inputs: dict, chunk_size: int, overlap: int = 0, aggregation: str = "mean",
                     video_batch_size: int = 1, chunk_logits_out: list | None = None,
                     frame_stride: int = 1) -> torch.Tensor:
-    """Logits [B, K] for clips longer than the model's memory allows in one pass.
+    """Logits [B, K] of clips in memory, longer than the model's memory allows in one pass (``run_chunks``).
 
     ``video_batch_size`` chunks go through one forward call (throughput versus memory). If ``chunk_logits_out`` is
     a list, each inference chunk's (start, end, logits on the CPU) is appended to it. A model with a temporal head
@@ -113,46 +156,25 @@ def forward_chunked(model, inputs: dict, chunk_size: int, overlap: int = 0, aggr
     """
     length = clip_length(inputs)
     min_frames = getattr(model, "min_frames", 1)
-    if temporal_head_of(model) is not None:
-        windows = chunk_windows(length, chunk_size, overlap)
-        features = chunk_features(model, inputs, windows, video_batch_size, min_frames)  # [B, n, D]
-        logits, per_chunk = model.temporal(features, chunk_positions(windows, frame_stride))
-        if chunk_logits_out is not None:
-            for (s, e), chunk_logits in zip(windows, per_chunk.detach().float().cpu().transpose(0, 1)):
-                chunk_logits_out.append((s, e, chunk_logits))
-        return logits
-    if chunk_size == -1 or chunk_size >= length:
+    has_head = temporal_head_of(model) is not None
+    if not has_head and (chunk_size == -1 or chunk_size >= length):  # exactly the plain forward
         logits = model(slice_time(inputs, 0, length, min_frames))
         if chunk_logits_out is not None:
             chunk_logits_out.append((0, length, logits.detach().float().cpu()))
         return logits
-    windows = inference_windows(length, chunk_size, overlap, aggregation)
-    aggregator = LogitAggregator(aggregation)
-    for first in range(0, len(windows), video_batch_size):
-        group = windows[first:first + video_batch_size]
-        parts = [slice_time(inputs, s, e, min_frames) for s, e in group]
-        stacked = {key: torch.cat([p[key] for p in parts]) for key in inputs}  # [n * B, ...]
-        logits = model(stacked)
-        logits = logits.view(len(group), -1, logits.shape[-1])  # [n, B, K]
-        aggregator.update(logits)
-        if chunk_logits_out is not None:
-            for (s, e), chunk_logits in zip(group, logits.detach().float().cpu()):
-                chunk_logits_out.append((s, e, chunk_logits))
-    return aggregator.result()
+    windows = (chunk_windows(length, chunk_size, overlap) if has_head
+               else inference_windows(length, chunk_size, overlap, aggregation))
 
+    def groups():
+        for first in range(0, len(windows), video_batch_size):
+            group = windows[first:first + video_batch_size]
+            parts = [slice_time(inputs, s, e, min_frames) for s, e in group]
+            yield group, {key: torch.cat([p[key] for p in parts]) for key in inputs}  # [n * B, ...]
 
-def chunk_features(model, inputs: dict, windows: list[tuple[int, int]], video_batch_size: int = 1,
-                   min_frames: int = 1) -> torch.Tensor:
-    """[B, n, D]: the backbone features (views and keypoints fused) of each chunk, ``video_batch_size`` chunks
-    per forward call."""
-    parts = []
-    for first in range(0, len(windows), video_batch_size):
-        group = windows[first:first + video_batch_size]
-        chunks = [slice_time(inputs, s, e, min_frames) for s, e in group]
-        stacked = {key: torch.cat([c[key] for c in chunks]) for key in inputs}  # [n * B, ...]
-        features = model.features(stacked)
-        parts.append(features.view(len(group), -1, features.shape[-1]))  # [n, B, D]
-    return torch.cat(parts).transpose(0, 1)
+    out = run_chunks(model, groups(), windows, aggregation, frame_stride)
+    if chunk_logits_out is not None:
+        chunk_logits_out.extend((s, e, logits) for (s, e), logits in zip(windows, out.chunk_logits))
+    return out.logits
 
 
 # ---------------------------------------------------------------------------------------------- training

@@ -7,7 +7,7 @@ import weakref
 import torch
 from torch.utils.data import DataLoader
 
-from config import apply_flags
+from config import Config, DataConfig, apply_flags
 from core.errors import ConfigError
 from core.files import process_temp_dir, remove_own_temp_dir
 from core.runtime import Runtime, available_cores
@@ -23,31 +23,31 @@ log = logging.getLogger("longvideo")
 STALL_FOLDER_PREFIX = "longvideo-stalls-"  # + the pid of the run that made it (removed when it ends)
 
 
-def make_loader(dataset, cfg: dict, runtime: Runtime, batch_size: int, shuffle: bool, pad: bool) -> DataLoader:
+def make_loader(dataset, data: DataConfig, seed: int, runtime: Runtime, batch_size: int, shuffle: bool,
+                pad: bool) -> DataLoader:
     """shuffle: a new permutation every epoch (training); pad: equal shards for every rank (training, where DDP
     needs equal step counts; evaluation shards are not padded, so no sample counts twice). Iterate it through
     ``GuardedBatches`` (the sample deadline)."""
-    data = cfg["data"]
-    if data["sample_timeout_s"] is not None and dataset.stall_folder is None:
+    if data.sample_timeout_s is not None and dataset.stall_folder is None:
         dataset.stall_folder = process_temp_dir(STALL_FOLDER_PREFIX)  # workers' reports (StallWatch)
         weakref.finalize(dataset, remove_own_temp_dir, dataset.stall_folder)  # or at exit
-    sampler = EpochSampler(len(dataset), shuffle=shuffle, seed=cfg["train"]["seed"], rank=runtime.rank,
+    sampler = EpochSampler(len(dataset), shuffle=shuffle, seed=seed, rank=runtime.rank,
                            world_size=runtime.world_size, pad=pad)
-    before_workers_fork(data["num_workers"])
+    before_workers_fork(data.num_workers)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler,
-                      num_workers=data["num_workers"], worker_init_fn=worker_init, collate_fn=collate_samples,
-                      prefetch_factor=data["prefetch_factor"] if data["num_workers"] > 0 else None,
-                      pin_memory=data["pin_memory"] and runtime.device.type == "cuda",
+                      num_workers=data.num_workers, worker_init_fn=worker_init, collate_fn=collate_samples,
+                      prefetch_factor=data.prefetch_factor if data.num_workers > 0 else None,
+                      pin_memory=data.pin_memory and runtime.device.type == "cuda",
                       drop_last=False, persistent_workers=False)
 
 
-def cap_workers(cfg: dict) -> dict:
+def cap_workers(cfg: Config) -> Config:
     """No more DataLoader workers than cores (a preset for a 16-core workstation on a 2-core laptop): one line,
     instead of PyTorch's warning once per loader; and at least one with data.sample_timeout_s (a sample blocked
     in the decoder can only be stopped with its process, never in the main one). A new config (the validated one
     is not changed), so the run's config.yaml records what ran."""
-    cores, wanted = available_cores(), cfg["data"]["num_workers"]
-    if wanted == 0 and cfg["data"]["sample_timeout_s"] is not None:
+    cores, wanted = available_cores(), cfg.data.num_workers
+    if wanted == 0 and cfg.data.sample_timeout_s is not None:
         log.info("data.num_workers=0 with data.sample_timeout_s: samples load in 1 DataLoader worker, a process "
                  "that can be stopped when a sample stalls (data.sample_timeout_s: null loads them in this process)")
         return apply_flags(cfg, {"data.num_workers": ("data.num_workers (1 for data.sample_timeout_s)", 1)})
@@ -94,7 +94,7 @@ class GuardedBatches:
     def _restart(self, report: dict) -> None:
         del self.iterator  # its workers are shut down
         dataset = self.loader.dataset
-        if dataset.cfg["on_bad_video"] == "raise":
+        if dataset.cfg.on_bad_video == "raise":
             raise StalledFile(report["message"] + "; set data.on_bad_video: skip to go on without it")
         dataset.timed_out[report["index"]] = report["message"]
         skipped = {"skipped": {dataset.path_of(report["index"]): report["message"]}}
@@ -109,16 +109,16 @@ class GuardedBatches:
         torch.set_rng_state(rng)
 
 
-def build_data(cfg: dict) -> tuple:
+def build_data(cfg: Config) -> tuple:
     """(training set, validation set or None, class names, the data's shape)."""
     index_cache = index_cache_for(cfg)
-    train_records, val_records = training_records(cfg["data"])
-    class_names = resolve_class_names(cfg["data"], train_records)
+    train_records, val_records = training_records(cfg.data)
+    class_names = resolve_class_names(cfg.data, train_records)
     train_set = build_dataset(cfg, "train", class_names, training=True, index_cache=index_cache,
                               records=train_records)
     val_set = build_dataset(cfg, "val", class_names, training=False, index_cache=index_cache,
                             records=val_records) if val_records is not None else None
-    if cfg["model"]["model_class_num"] not in (None, len(class_names)):
-        raise ConfigError(f"model.model_class_num={cfg['model']['model_class_num']} but the data has "
+    if cfg.model.model_class_num not in (None, len(class_names)):
+        raise ConfigError(f"model.model_class_num={cfg.model.model_class_num} but the data has "
                           f"{len(class_names)} classes ({', '.join(class_names)}); set it to null or fix the data")
     return train_set, val_set, class_names, DataShape.of_dataset(train_set, class_names)

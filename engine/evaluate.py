@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from artifacts.trained_model import load_trained_model
-from config import apply_inference_flags
+from config import Config, TrainConfig, apply_inference_flags
 from core.files import atomic_write_bytes
 from core.runtime import Runtime, resolve_device, setup_runtime, unwrap_model
 from datasets.bad_input import BadInputReport
@@ -26,7 +26,7 @@ from engine.metrics import ClassificationMeter
 
 @torch.inference_mode()
 def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer, runtime: Runtime,
-             train_cfg: dict, num_classes: int, bad_inputs: BadInputReport | None = None,
+             train_cfg: TrainConfig, num_classes: int, bad_inputs: BadInputReport | None = None,
              meter: ClassificationMeter | None = None, on_clips=None, frame_stride: int = 1) -> dict:
     """Clip- and video-level metrics with the shared chunked forward; predictions move to the CPU at once.
     The one evaluation loop: training's validation and eval.py (which passes its own ``meter``, for the
@@ -42,8 +42,8 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer,
         if bad_inputs is not None:
             bad_inputs.take(batch)
         with runtime.autocast():
-            logits = forward_chunked(model, prepare(batch), train_cfg["chunk_infer_size"], train_cfg["chunk_overlap"],
-                                     train_cfg["chunk_aggregation"], train_cfg["video_batch_size"],
+            logits = forward_chunked(model, prepare(batch), train_cfg.chunk_infer_size, train_cfg.chunk_overlap,
+                                     train_cfg.chunk_aggregation, train_cfg.video_batch_size,
                                      frame_stride=frame_stride)
         logits = logits.float().cpu()
         meter.update(logits, batch["label"], batch["video_index"])
@@ -56,12 +56,13 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer,
     return meter.compute()
 
 
-def evaluate_dataset(model, dataset, cfg: dict, runtime, class_names: list[str]) -> tuple[dict, list, list]:
+def evaluate_dataset(model, dataset, cfg: Config, runtime, class_names: list[str]) -> tuple[dict, list, list]:
     """(metrics, per-clip rows, per-view rows): train.py's evaluation loop with the rows eval.py writes.
     The test clips x crops of one sample window (data.test_clips x data.test_crops, all of one length) go through
     the model together, in chunks of ``train.video_batch_size``; predictions go to the CPU as they are made."""
-    loader = make_loader(dataset, cfg, runtime, dataset.samples_per_window, shuffle=False, pad=False)
-    prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
+    loader = make_loader(dataset, cfg.data, cfg.train.seed, runtime, dataset.samples_per_window, shuffle=False,
+                         pad=False)
+    prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
     meter, clip_rows, bad_inputs = ClassificationMeter(len(class_names)), [], BadInputReport(dataset)
 
     def add_clip_rows(batch, logits):
@@ -71,8 +72,8 @@ def evaluate_dataset(model, dataset, cfg: dict, runtime, class_names: list[str])
                               "window_end": int(window[1]), "label": class_names[int(label)],
                               "predicted": class_names[int(p.argmax())], "probability": round(float(p.max()), 6)})
 
-    metrics = evaluate(model, loader, prepare, runtime, cfg["train"], len(class_names), bad_inputs, meter,
-                       add_clip_rows, frame_stride=cfg["data"]["frame_stride"])
+    metrics = evaluate(model, loader, prepare, runtime, cfg.train, len(class_names), bad_inputs, meter,
+                       add_clip_rows, frame_stride=cfg.data.frame_stride)
     bad_inputs.end_run()
     video_rows = [{"video": _video_name(dataset, v["video_index"]), "label": class_names[v["label"]],
                    "predicted": class_names[v["predicted"]], "probability": round(v["probability"], 6),
@@ -114,7 +115,7 @@ def write_outputs(prefix: str, metrics: dict, clip_rows: list[dict], video_rows:
 class EvaluationResult:
     """One checkpoint evaluated: its metrics, the config used, its class names and checkpoint dict, the rows."""
     metrics: dict
-    cfg: dict
+    cfg: Config
     class_names: list
     state: dict
     clip_rows: list
@@ -139,7 +140,7 @@ def evaluate_checkpoint(path: str, spec: EvaluationSpec) -> EvaluationResult:
     device = resolve_device(spec.device or "auto")
     model, cfg, class_names, state = load_trained_model(path, device)
     cfg = cap_workers(apply_inference_flags(cfg, spec.flags))
-    runtime = setup_runtime(cfg["trainer"], device=str(device), precision=spec.precision)
+    runtime = setup_runtime(cfg.trainer, device=str(device), precision=spec.precision)
     if spec.fit_batch is not None:
         batch = spec.fit_batch(cfg, DataShape.of_checkpoint(state), runtime)
         cfg = apply_inference_flags(cfg, {"--batch": batch})

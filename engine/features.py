@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from config import dump
+from config import Config, dump
 from core.errors import UsageError
 from core.files import atomic_open
 from datasets.manifest import VideoRecord
@@ -72,13 +72,13 @@ def prepare_directory(directory: str) -> None:
     os.makedirs(directory, exist_ok=True)
 
 
-def settings_of(cfg: dict, chunk: int, overlap: int, dtype: str, checkpoint_sha256: str) -> dict:
+def settings_of(cfg: Config, chunk: int, overlap: int, dtype: str, checkpoint_sha256: str) -> dict:
     """What decides a video's features: a file with other settings is recomputed."""
-    data, model = cfg["data"], cfg["model"]
+    data, model = cfg.data, cfg.model
     return {"checkpoint_sha256": checkpoint_sha256, "chunk": chunk, "overlap": overlap, "dtype": dtype,
-            "frame_stride": data["frame_stride"], "img_size": data["img_size"], "resize": data["resize"],
-            "short_side": data["short_side"], "decoder": data["decoder"], "view_fusion": model["view_fusion"],
-            "temporal_head": model["temporal_head"]}
+            "frame_stride": data.frame_stride, "img_size": data.img_size, "resize": data.resize,
+            "short_side": data.short_side, "decoder": data.decoder, "view_fusion": model.view_fusion,
+            "temporal_head": model.temporal_head}
 
 
 def done_before(path: str, settings: dict) -> str | None:
@@ -96,7 +96,7 @@ def done_before(path: str, settings: dict) -> str | None:
     return f"written with other settings ({', '.join(changed)})"
 
 
-def write_features(path: str, result: dict, record: VideoRecord, cfg: dict, settings: dict,
+def write_features(path: str, result: dict, record: VideoRecord, cfg: Config, settings: dict,
                    class_names: list[str]) -> None:
     frames = np.asarray(result["frame_windows"], dtype=np.int64).reshape(-1, 2)
     arrays = {

@@ -4,6 +4,8 @@ command line.
 """
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
 import os
 import queue
@@ -16,6 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from config import DataConfig, TrainConfig
 from core import memory_monitor
 from core.errors import UsageError
 from datasets.clip_transform import ClipTransform
@@ -26,14 +29,7 @@ from datasets.records import check_labels, manifest_path, segment_frames
 from datasets.video.choice import open_reader
 from datasets.video.info import StalledFile, several_streams_note
 from datasets.video.probe import probe
-from engine.chunking import (
-    LogitAggregator,
-    chunk_positions,
-    clip_length,
-    inference_windows,
-    slice_time,
-    temporal_head_of,
-)
+from engine.chunking import clip_length, inference_windows, run_chunks, slice_time
 from engine.timeline import merge_segments, timeline_agreement
 
 log = logging.getLogger("longvideo")
@@ -53,18 +49,18 @@ class InferenceSpec:
     decode_threads: int | None = None  # None: FFmpeg's choice
 
     @classmethod
-    def of_config(cls, train_cfg: dict, topk: int = 3, timeline: bool = False,
+    def of_config(cls, train_cfg: TrainConfig, topk: int = 3, timeline: bool = False,
                   decode_threads: int | None = None) -> InferenceSpec:
         """The inference chunks of a config (``train.chunk_infer_size``, ``chunk_overlap``, ``chunk_aggregation``,
         ``video_batch_size``): one representation, so what runs is what the config says."""
-        return cls(train_cfg["chunk_infer_size"], train_cfg["chunk_overlap"], train_cfg["chunk_aggregation"],
-                   train_cfg["video_batch_size"], topk, timeline, decode_threads)
+        return cls(train_cfg.chunk_infer_size, train_cfg.chunk_overlap, train_cfg.chunk_aggregation,
+                   train_cfg.video_batch_size, topk, timeline, decode_threads)
 
 
-def resolve_inputs(input_arg: str | None, cfg: dict) -> tuple[str, list[VideoRecord]]:
+def resolve_inputs(input_arg: str | None, data_cfg: DataConfig) -> tuple[str, list[VideoRecord]]:
     if input_arg is None:
         for split in ("test", "val"):
-            path = manifest_path(cfg["data"], split)
+            path = manifest_path(data_cfg, split)
             if path and os.path.exists(path):
                 return path, read_manifest(path)
         raise UsageError("no --input given and the checkpoint's config has no test or val manifest on this machine")
@@ -94,9 +90,9 @@ class ChunkStream:
     chunks, not a hang; the blocked thread is left behind (a daemon: it cannot be interrupted inside FFmpeg).
     """
 
-    def __init__(self, record: VideoRecord, data_cfg: dict, spec: InferenceSpec, prefetch: int = 2):
+    def __init__(self, record: VideoRecord, data_cfg: DataConfig, spec: InferenceSpec, prefetch: int = 2):
         """data_cfg: the frame size, stride, decoder and what to load (RGB, keypoints) of the config."""
-        self.record, self.stride, self.timeout = record, data_cfg["frame_stride"], data_cfg["sample_timeout_s"]
+        self.record, self.stride, self.timeout = record, data_cfg.frame_stride, data_cfg.sample_timeout_s
         self.readers: dict = {}
         self.waiting_for = "its header"  # what the thread is reading, for the stall's message
         self.queue: queue.Queue = queue.Queue(maxsize=prefetch)
@@ -109,7 +105,7 @@ class ChunkStream:
             self.close()
             raise ready
 
-    def _run(self, data_cfg: dict, spec: InferenceSpec) -> None:
+    def _run(self, data_cfg: DataConfig, spec: InferenceSpec) -> None:
         try:
             self._open(data_cfg, spec)
         except BaseException as e:  # hand the error to the consumer
@@ -118,15 +114,15 @@ class ChunkStream:
         self._put("ready")
         self._produce()
 
-    def _open(self, data_cfg: dict, spec: InferenceSpec) -> None:
+    def _open(self, data_cfg: DataConfig, spec: InferenceSpec) -> None:
         record = self.record
         # evaluation's geometry: aspect-true decode size and the centre crop (data.test_crops is eval.py's)
-        self.transform = ClipTransform({**data_cfg, "test_crops": 1}, training=False)
-        infos = {name: probe(path, data_cfg["decoder"]) for name, path in record.views.items()}
-        self.plans = self.transform.plan([info.frame_size(data_cfg["autorotate"]) for info in infos.values()], None)
+        self.transform = ClipTransform(dataclasses.replace(data_cfg, test_crops=1), training=False)
+        infos = {name: probe(path, data_cfg.decoder) for name, path in record.views.items()}
+        self.plans = self.transform.plan([info.frame_size(data_cfg.autorotate) for info in infos.values()], None)
         self.readers = {name: open_reader(path, plan.decoded, threads=spec.decode_threads, info=infos[name],
-                                          decoder=data_cfg["decoder"], access="sequential",
-                                          autorotate=data_cfg["autorotate"])
+                                          decoder=data_cfg.decoder, access="sequential",
+                                          autorotate=data_cfg.autorotate)
                         for plan, (name, path) in zip(self.plans, record.views.items())}
         first = next(iter(self.readers.values()))
         for reader in self.readers.values():
@@ -140,7 +136,7 @@ class ChunkStream:
         self.fps = first.info.fps
         clip_length = len(range(0, self.num_frames, self.stride))
         self.windows = inference_windows(clip_length, spec.chunk, spec.overlap, spec.aggregation)
-        self.batch, self.load_rgb, self.load_kpt = spec.batch, data_cfg["load_rgb"], data_cfg["load_kpt"]
+        self.batch, self.load_rgb, self.load_kpt = spec.batch, data_cfg.load_rgb, data_cfg.load_kpt
         if self.load_kpt and record.keypoints is None:
             raise KeypointError(f"{record.where}: the model needs keypoints but the input has none "
                                 f"(give a manifest line with 'keypoints')")
@@ -226,62 +222,54 @@ class ChunkStream:
 
 
 @torch.inference_mode()
-def classify_video(model, record: VideoRecord, cfg: dict, spec: InferenceSpec, runtime, prepare,
+def classify_video(model, record: VideoRecord, data_cfg: DataConfig, spec: InferenceSpec, runtime, prepare,
                    class_names, keep_features: bool = False) -> dict:
     """One video's result: top-k labels, and with ``spec.timeline`` every chunk's and the merged segments.
 
-    Without a temporal head each chunk's logits are aggregated as they come (one [1, K] state). With one, only
-    each chunk's features are kept (``[n, D]`` on the host, 4 bytes x D a chunk) and the head runs once at the
-    end, so its per-chunk logits (the timeline) see context from both sides. ``keep_features``: the result also
+    The chunks go through ``run_chunks``, the chunked forward of evaluation, as they are decoded: without a
+    temporal head their logits are aggregated as they come; with one, only each chunk's features are kept (on the
+    host, 4 bytes x D a chunk) and the head runs once at the end. ``keep_features``: the result also
     holds "features" (float32 [n, D], each chunk's backbone features after view fusion, on the host) and
     "chunk_logits" ([n, K]: the head's per-chunk outputs with a head), numpy arrays for ``engine.features``."""
     check_labels(record, class_names, unlabelled_ok=True)  # the checks and messages of train.py and eval.py
-    stream = ChunkStream(record, cfg["data"], spec)
-    head = temporal_head_of(model)
-    aggregator, chunk_logits, features = LogitAggregator(spec.aggregation), [], []
-    compute_seconds, groups = 0.0, 0
+    stream = ChunkStream(record, data_cfg, spec)
+    waited = 0.0  # seconds spent waiting for the decoder: not compute
+
+    def groups():  # the decoded chunk groups, on the device: the frames run_chunks runs
+        nonlocal waited
+        decoded = iter(tqdm(stream, total=-(-len(stream.windows) // spec.batch), leave=False,
+                            desc=os.path.basename(record.first_path), disable=not sys.stderr.isatty()))
+        for count in itertools.count(1):
+            tick = time.perf_counter()
+            item = next(decoded, None)
+            waited += time.perf_counter() - tick
+            if item is None:
+                return
+            windows, tensors = item
+            inputs = prepare(tensors)
+            # a video shorter than the model's minimum clip: repeat its last frame (docs/long-videos.md)
+            yield windows, slice_time(inputs, 0, clip_length(inputs), getattr(model, "min_frames", 1))
+            if count % TRIM_EVERY == 0:  # freed chunk groups back to the system: RSS flat in video length
+                memory_monitor.trim_freed_memory()
+
     try:
         if record.segments is not None:
             segment_frames(record, stream.num_frames, stream.fps, class_names)
-        for _, tensors in tqdm(stream, total=-(-len(stream.windows) // spec.batch), leave=False,
-                               desc=os.path.basename(record.first_path), disable=not sys.stderr.isatty()):
-            tick = time.perf_counter()
-            inputs = prepare(tensors)
-            # a video shorter than the model's minimum clip: repeat its last frame (docs/long-videos.md)
-            inputs = slice_time(inputs, 0, clip_length(inputs), getattr(model, "min_frames", 1))
-            with runtime.autocast():
-                if head is not None:
-                    features.append(model.features(inputs).float().cpu())  # [n, D]
-                elif keep_features:
-                    chunk_features = model.features(inputs)
-                    features.append(chunk_features.float().cpu())
-                    logits = model.head(chunk_features).float()
-                else:
-                    logits = model(inputs).float()
-                if head is None:
-                    aggregator.update(logits.unsqueeze(1))  # [n, 1, K]
-                    chunk_logits.append(logits.cpu())
-            compute_seconds += time.perf_counter() - tick
-            groups += 1
-            if groups % TRIM_EVERY == 0:  # freed chunk groups back to the system: RSS flat in video length
-                memory_monitor.trim_freed_memory()
-        tick = time.perf_counter()
-        if head is not None:
-            with runtime.autocast():
-                logits, per_chunk = head(torch.cat(features).unsqueeze(0).to(runtime.device),
-                                         chunk_positions(stream.windows, stream.stride))
-            aggregator.update(logits.float().unsqueeze(0))  # [1, 1, K]: the head is the aggregation
-            chunk_logits = [per_chunk[0].float().cpu()]
-        compute_seconds += time.perf_counter() - tick
+        started = time.perf_counter()
+        with runtime.autocast():
+            out = run_chunks(model, groups(), stream.windows, spec.aggregation, stream.stride, keep_features,
+                             features_on_host=True)
+        compute_seconds = time.perf_counter() - started - waited
     finally:
         stream.close()
-    timeline, chunk_logits = [], torch.cat(chunk_logits)
+    chunk_logits = out.chunk_logits[:, 0]  # [n, K]: one video
+    timeline = []
     for (s, e), p in zip(stream.windows, chunk_logits.softmax(dim=1)):
         start, end = s * stream.stride, min((e - 1) * stream.stride + 1, stream.num_frames)
         timeline.append({"start": start, "end": end, "start_sec": round(start / stream.fps, 3),
                          "end_sec": round(end / stream.fps, 3), "label": class_names[int(p.argmax())],
                          "prob": round(float(p.max()), 4)})
-    probs = aggregator.result()[0].softmax(dim=0)
+    probs = out.logits[0].float().softmax(dim=0)
     top = probs.topk(min(spec.topk, len(class_names)))
     result = {"video": record.first_path if len(record.views) == 1 else record.views,
               "num_frames": stream.num_frames, "fps": stream.fps, "chunks": len(timeline),
@@ -298,7 +286,7 @@ def classify_video(model, record: VideoRecord, cfg: dict, spec: InferenceSpec, r
         result["timeline"] = timeline
         result["segments"] = segments
     if keep_features:
-        result["features"], result["chunk_logits"] = torch.cat(features).numpy(), chunk_logits.numpy()
+        result["features"], result["chunk_logits"] = out.features[0].numpy(), chunk_logits.numpy()
         result["frame_windows"] = [(row["start"], row["end"]) for row in timeline]
         result["stride"] = stream.stride
     return result

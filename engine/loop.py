@@ -18,6 +18,7 @@ from tqdm import tqdm
 from artifacts.checkpoint import restore_rng_state
 from artifacts.csv_log import CsvLog
 from artifacts.plots import training_plots
+from config import TrainerConfig
 from core import memory_monitor
 from engine.data import GuardedBatches
 from engine.evaluate import evaluate
@@ -33,7 +34,7 @@ PROGRESS_EVERY_S = 60.0
 
 def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
     state, runtime = trainer.state, trainer.runtime
-    accumulate = trainer.cfg["train"]["accumulate_grad_batches"]
+    accumulate = trainer.cfg.train.accumulate_grad_batches
     trainer.model.train()
     num_batches = len(loader) + state.batches_done
     iterator = _iterate_resumed(trainer, loader)
@@ -108,7 +109,7 @@ def _count_loss(trainer: Trainer, loss_sum: float, clips: int) -> int:
 def _stop_after_nonfinite_losses(trainer: Trainer) -> None:
     """trainer.max_nonfinite_steps non-finite losses in a row stop the run (saved_on_stop saves last.pt)."""
     state = trainer.state
-    if state.nonfinite_streak >= trainer.cfg["trainer"]["max_nonfinite_steps"]:
+    if state.nonfinite_streak >= trainer.cfg.trainer.max_nonfinite_steps:
         raise NonFiniteLossError(
             f"{state.nonfinite_streak} consecutive non-finite losses at step {state.global_step}",
             "Lower train.lr, use trainer.precision: bf16 or 32 instead of 16, or set train.grad_clip")
@@ -116,11 +117,11 @@ def _stop_after_nonfinite_losses(trainer: Trainer) -> None:
 
 
 def _after_step(trainer: Trainer, totals: dict, start: float, progress) -> None:
-    state, train_cfg, runtime = trainer.state, trainer.cfg["train"], trainer.runtime
-    every = train_cfg["checkpoint_every_steps"]
+    state, train_cfg, runtime = trainer.state, trainer.cfg.train, trainer.runtime
+    every = train_cfg.checkpoint_every_steps
     if every and state.global_step % every == 0:
         trainer.save("last.pt")
-    due = (state.global_step % train_cfg["log_every"] == 0
+    due = (state.global_step % train_cfg.log_every == 0
            # a line a minute at least, for nohup and cron logs
            or time.time() - trainer.report.last_progress >= PROGRESS_EVERY_S)
     if due and runtime.is_main:
@@ -150,7 +151,7 @@ def saved_on_stop(trainer: Trainer, resume_command: str = "--resume auto"):
         raise
     except KeyboardInterrupt:
         state = trainer.state
-        state.batches_done -= state.batches_done % trainer.cfg["train"]["accumulate_grad_batches"]
+        state.batches_done -= state.batches_done % trainer.cfg.train.accumulate_grad_batches
         path = trainer.save("last.pt")
         log.warning("interrupted at epoch %d, step %d: saved %s; continue with: %s", state.epoch + 1,
                     state.global_step, path, resume_command)
@@ -175,17 +176,17 @@ def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | Non
 
 def _fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | None) -> None:
     cfg, state, runtime = trainer.cfg, trainer.state, trainer.runtime
-    max_epochs = cfg["trainer"]["max_epochs"]
+    max_epochs = cfg.trainer.max_epochs
     metrics_log = CsvLog(trainer.run.metrics_csv) if runtime.is_main else None
     changed = metrics_log.keep_rows_of(state.history) if metrics_log is not None else 0
     if changed:  # e.g. a run stopped by a full disk between its checkpoint and its row
         log.warning("%s: %d row(s) written or removed to match the %d epochs of the checkpoint resumed from",
                     trainer.run.metrics_csv, changed, len(state.history))
-    leaks = memory_monitor.LeakDetector(cfg["trainer"]["leak_check_epochs"], cfg["trainer"]["leak_tolerance_mb"])
+    leaks = memory_monitor.LeakDetector(cfg.trainer.leak_check_epochs, cfg.trainer.leak_tolerance_mb)
     confusion = None  # of the last validation, for the plot at the end
     while state.epoch < max_epochs:
         train_loader.dataset.set_epoch(state.epoch)
-        train_loader.sampler.set_epoch(state.epoch, start=state.batches_done * cfg["data"]["batch_size"])
+        train_loader.sampler.set_epoch(state.epoch, start=state.batches_done * cfg.data.batch_size)
         row = {"epoch": state.epoch + 1, **train_one_epoch(trainer, train_loader)}
         mid_epoch_memory = row.pop("memory")
         if trainer.report.memory_log is not None:  # at least one memory row per epoch, whatever train.log_every is
@@ -196,12 +197,12 @@ def _fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | No
             log.info("stopped after %d steps (--stop-after-steps); last.pt saved", state.global_step)
             return
         stop_if_asked()
-        if val_loader is not None and _validation_due(cfg, state.epoch):
+        if val_loader is not None and _validation_due(cfg.trainer, state.epoch):
             precise_bn_before_validation(trainer, train_loader.dataset)
             sync_buffers(trainer)
-            metrics = evaluate(trainer.model, val_loader, trainer.prepare, runtime, cfg["train"],
+            metrics = evaluate(trainer.model, val_loader, trainer.prepare, runtime, cfg.train,
                                len(trainer.class_names), trainer.report.bad_inputs,
-                               frame_stride=cfg["data"]["frame_stride"])
+                               frame_stride=cfg.data.frame_stride)
             row.update({f"val_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
             confusion = metrics["confusion"]
         if mid_epoch_memory is not None:
@@ -227,19 +228,19 @@ def _warn_if_head_at_chance(trainer: Trainer) -> None:
     if len(recent) < HEAD_AT_CHANCE_VALIDATIONS or max(recent) > chance + 0.05:
         return
     trainer.report.said_head_at_chance = True
-    train_cfg = trainer.cfg["train"]
+    train_cfg = trainer.cfg.train
     clip = gradient_clip(train_cfg, True)
     log.warning("epoch %d: validation accuracy has stayed at chance (%.3f) for %d validations with the temporal head "
                 "on; a head that does not learn usually trains too fast: lower train.temporal_lr_scale (now %g) or "
                 "train.lr (now %g), set train.temporal_grad_clip (now %s), or narrow model.temporal_width (now %d; "
                 "64 learnt where 128 did not); model.temporal_head: none shows what the chunks alone give",
-                trainer.state.epoch, chance, len(recent), train_cfg["temporal_lr_scale"], train_cfg["lr"],
-                "off" if clip is None else f"{clip:g}", trainer.cfg["model"]["temporal_width"])
+                trainer.state.epoch, chance, len(recent), train_cfg.temporal_lr_scale, train_cfg.lr,
+                "off" if clip is None else f"{clip:g}", trainer.cfg.model.temporal_width)
 
 
-def _validation_due(cfg: dict, epoch: int) -> bool:
+def _validation_due(trainer_cfg: TrainerConfig, epoch: int) -> bool:
     """Every trainer.check_val_every_n_epoch epochs, and after the last."""
-    return (epoch + 1) % cfg["trainer"]["check_val_every_n_epoch"] == 0 or epoch + 1 == cfg["trainer"]["max_epochs"]
+    return (epoch + 1) % trainer_cfg.check_val_every_n_epoch == 0 or epoch + 1 == trainer_cfg.max_epochs
 
 
 def _end_epoch(trainer: Trainer, row: dict, metrics_log) -> None:
@@ -249,16 +250,16 @@ def _end_epoch(trainer: Trainer, row: dict, metrics_log) -> None:
     state.batches_done, state.epoch_loss_sum, state.epoch_clips = 0, 0.0, 0
     row.update(time=time.strftime("%Y-%m-%dT%H:%M:%S"), elapsed_s=round(time.time() - trainer.report.started, 3))
     state.history.append(row)
-    improved = cfg["train"]["monitor"] in row and row[cfg["train"]["monitor"]] > state.best_metric
+    improved = cfg.train.monitor in row and row[cfg.train.monitor] > state.best_metric
     if improved:
-        state.best_metric = row[cfg["train"]["monitor"]]
+        state.best_metric = row[cfg.train.monitor]
     if trainer.runtime.is_main:
         _save_epoch(trainer, improved)
         metrics_log.write(row)
         shown = ("train_loss", "train_clips_per_s", "data_time_share", "val_clip_acc", "val_video_acc")
         # top-5 of 5 classes or fewer is always 1: not worth a column then
         shown += ("val_top5",) if len(trainer.class_names) > 5 else ()
-        log.info("epoch %d/%d: %s", state.epoch, cfg["trainer"]["max_epochs"], "  ".join(
+        log.info("epoch %d/%d: %s", state.epoch, cfg.trainer.max_epochs, "  ".join(
             f"{k} {row[k]:.4f}" for k in shown if k in row))
 
 
@@ -268,12 +269,12 @@ def _end_run(trainer: Trainer, confusion: list | None) -> None:
         trainer.report.bad_inputs.end_run()
     if trainer.runtime.is_main and state.history:
         validated = [row["epoch"] for row in state.history if "val_clip_acc" in row]
-        training_plots(trainer.run, trainer.class_names, confusion, cfg["train"]["monitor"],
+        training_plots(trainer.run, trainer.class_names, confusion, cfg.train.monitor,
                              validated[-1] if validated else None)
-        log.info("done: best %s %.4f; checkpoints in %s", cfg["train"]["monitor"], state.best_metric,
+        log.info("done: best %s %.4f; checkpoints in %s", cfg.train.monitor, state.best_metric,
                  trainer.run.checkpoints)
 
 
 def _save_epoch(trainer: Trainer, improved: bool) -> None:
     trainer.save("last.pt")
-    trainer.run.link_epoch(trainer.state.epoch, improved, trainer.cfg["train"]["keep_last_k"])
+    trainer.run.link_epoch(trainer.state.epoch, improved, trainer.cfg.train.keep_last_k)

@@ -38,20 +38,20 @@ def back_off_after_oom(trainer: Trainer, batch_size: int, length: int) -> None:
     if per_forward <= 1:
         if _shorten_chunks(trainer, length):
             return
-        data, model = cfg["data"], cfg["model"]
+        data, model = cfg.data, cfg.model
         raise OutOfMemoryAdvice(
             f"out of memory with 1 clip per forward pass in chunks of {_frames(_chunk_frames(trainer, length))} "
             f"(the model's shortest)",
             f"To fit, in this order: "
-            f"1) smaller frames (data.img_size={data['img_size']}), "
-            f"2) model.grad_checkpointing: true (now {str(model['grad_checkpointing']).lower()}), "
+            f"1) smaller frames (data.img_size={data.img_size}), "
+            f"2) model.grad_checkpointing: true (now {str(model.grad_checkpointing).lower()}), "
             f"3) trainer.precision 16/bf16 (now {trainer.runtime.precision}), "
             f"4) a smaller model or preset (configs/gtx1650.yaml)")
     state.micro_splits *= 2
     log.warning("out of memory at %d clips per forward: now %d per forward, %d forwards per batch of %d and %d "
                 "batches per step (the effective batch is unchanged); the step is retried", per_forward,
                 math.ceil(batch_size / state.micro_splits), state.micro_splits, batch_size,
-                cfg["train"]["accumulate_grad_batches"])
+                cfg.train.accumulate_grad_batches)
 
 
 def _shorten_chunks(trainer: Trainer, length: int) -> bool:

@@ -5,42 +5,44 @@ import math
 
 import torch
 
+from config import TrainConfig
 
-def build_optimizer(model: torch.nn.Module, train_cfg: dict) -> torch.optim.Optimizer:
+
+def build_optimizer(model: torch.nn.Module, train_cfg: TrainConfig) -> torch.optim.Optimizer:
     """No weight decay on norms and biases (the usual practice for CNNs and transformers). A temporal head's
     parameters form groups of their own at train.lr x train.temporal_lr_scale (the schedule scales every group
     alike); without a head, or with a scale of 1, the model is one pair of groups, as before the scale existed."""
     def decay_groups(name: str, params: list, lr: float) -> list[dict]:
-        return [{"params": [p for p in params if p.dim() > 1], "weight_decay": train_cfg["weight_decay"], "lr": lr,
+        return [{"params": [p for p in params if p.dim() > 1], "weight_decay": train_cfg.weight_decay, "lr": lr,
                  "name": name},
                 {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0, "lr": lr, "name": name}]
 
     trained = [p for p in model.parameters() if p.requires_grad]
     head = getattr(model, "temporal", None)
-    if head is None or train_cfg["temporal_lr_scale"] == 1.0:
-        groups = decay_groups("model", trained, train_cfg["lr"])
+    if head is None or train_cfg.temporal_lr_scale == 1.0:
+        groups = decay_groups("model", trained, train_cfg.lr)
     else:
         in_head = {id(p) for p in head.parameters()}
-        groups = (decay_groups("model", [p for p in trained if id(p) not in in_head], train_cfg["lr"])
+        groups = (decay_groups("model", [p for p in trained if id(p) not in in_head], train_cfg.lr)
                   + decay_groups("temporal head", [p for p in trained if id(p) in in_head],
-                                 train_cfg["lr"] * train_cfg["temporal_lr_scale"]))
-    if train_cfg["optimizer"] == "sgd":
-        return torch.optim.SGD(groups, lr=train_cfg["lr"], momentum=train_cfg["momentum"], nesterov=True)
-    return torch.optim.AdamW(groups, lr=train_cfg["lr"])
+                                 train_cfg.lr * train_cfg.temporal_lr_scale))
+    if train_cfg.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=train_cfg.lr, momentum=train_cfg.momentum, nesterov=True)
+    return torch.optim.AdamW(groups, lr=train_cfg.lr)
 
 
-def gradient_clip(train_cfg: dict, has_temporal_head: bool) -> float | None:
+def gradient_clip(train_cfg: TrainConfig, has_temporal_head: bool) -> float | None:
     """train.grad_clip, else train.temporal_grad_clip when the model has a temporal head."""
-    if train_cfg["grad_clip"] is not None:
-        return train_cfg["grad_clip"]
-    return train_cfg["temporal_grad_clip"] if has_temporal_head else None
+    if train_cfg.grad_clip is not None:
+        return train_cfg.grad_clip
+    return train_cfg.temporal_grad_clip if has_temporal_head else None
 
 
-def build_scheduler(optimizer, train_cfg: dict, steps_per_epoch: int, max_epochs: int):
+def build_scheduler(optimizer, train_cfg: TrainConfig, steps_per_epoch: int, max_epochs: int):
     """Linear warm-up, then cosine decay to min_lr, stepped once per optimizer step."""
     total = max(1, steps_per_epoch * max_epochs)
-    warmup = int(round(train_cfg["warmup_epochs"] * steps_per_epoch))
-    floor = train_cfg["min_lr"] / train_cfg["lr"] if train_cfg["lr"] > 0 else 0.0
+    warmup = int(round(train_cfg.warmup_epochs * steps_per_epoch))
+    floor = train_cfg.min_lr / train_cfg.lr if train_cfg.lr > 0 else 0.0
 
     def factor(step: int) -> float:
         if step < warmup:

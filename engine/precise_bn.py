@@ -88,12 +88,12 @@ def _forward_in_pieces(trainer: Trainer, forward, batch: dict) -> None:
 def precise_bn_before_validation(trainer: Trainer, train_set) -> None:
     """train.precise_bn_batches batches of the training set (the epoch's order, the run's random state left as
     it was) through :func:`precise_batch_norm`, with one line saying so."""
-    wanted = trainer.cfg["train"]["precise_bn_batches"]
+    wanted = trainer.cfg.train.precise_bn_batches
     layers = len(recomputable_norms(trainer.model)) if wanted else 0
     if not layers:
         return
     cfg, runtime = trainer.cfg, trainer.runtime
-    loader = make_loader(train_set, cfg, runtime, cfg["data"]["batch_size"], shuffle=True, pad=True)
+    loader = make_loader(train_set, cfg.data, cfg.train.seed, runtime, cfg.data.batch_size, shuffle=True, pad=True)
     loader.sampler.set_epoch(trainer.state.epoch)
     saved = rng_state()
     try:

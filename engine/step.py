@@ -14,6 +14,7 @@ import warnings
 
 import torch
 
+from config import TrainConfig
 from core.errors import ConfigError
 from engine.chunking import ChunkSpec, aggregate_chunk_logits, chunk_labels, chunk_windows, clip_length
 from engine.oom import (
@@ -82,7 +83,7 @@ def forward_backward(trainer: Trainer, batch: dict, group_size: int) -> tuple[fl
         clips = len(piece["label"])
         with model.no_sync() if runtime.distributed else contextlib.nullcontext():
             with runtime.autocast():
-                loss = step_loss(model, inputs, piece, spec, trainer.cfg["train"], trainer.criterion)
+                loss = step_loss(model, inputs, piece, spec, trainer.cfg.train, trainer.criterion)
             # a piece's mean loss weighted by its share of the batch, over the group: the group's mean loss
             trainer.scaler.scale(loss * (clips / size) / group_size).backward()
         loss_sum += float(loss.detach()) * clips
@@ -96,7 +97,7 @@ def micro_batches(trainer: Trainer, batch: dict) -> list[dict]:
                                                        for k in keys)) if len(parts[0])]
 
 
-def training_loss(outputs: torch.Tensor | dict, piece: dict, spec: ChunkSpec, train_cfg: dict,
+def training_loss(outputs: torch.Tensor | dict, piece: dict, spec: ChunkSpec, train_cfg: TrainConfig,
                   criterion: torch.nn.Module) -> torch.Tensor:
     """train.chunk_loss clip: the aggregated chunk logits (or a temporal head's clip logits) against the clip
     label (the plain loss for one chunk); dense: each chunk (a head's per-chunk logits) against the label
@@ -104,9 +105,9 @@ def training_loss(outputs: torch.Tensor | dict, piece: dict, spec: ChunkSpec, tr
     ``outputs``: ChunkedTrainingForward's, chunk logits [n, B, K] or a head's {"clip", "chunks"}."""
     chunk_logits = outputs["chunks"] if isinstance(outputs, dict) else outputs
     device = chunk_logits.device
-    if train_cfg["chunk_loss"] == "clip":
+    if train_cfg.chunk_loss == "clip":
         logits = (outputs["clip"] if isinstance(outputs, dict)
-                  else aggregate_chunk_logits(chunk_logits, train_cfg["chunk_train_aggregation"]))
+                  else aggregate_chunk_logits(chunk_logits, train_cfg.chunk_train_aggregation))
         return criterion(logits, piece["label"].to(device, non_blocking=True))
     if "frame_labels" not in piece:
         raise ConfigError("train.chunk_loss: dense needs the samples' frame_labels (the dataset provides them); "
@@ -122,7 +123,7 @@ def training_loss(outputs: torch.Tensor | dict, piece: dict, spec: ChunkSpec, tr
 MODEL_KEYS = ("label", "video", "kpt", "frame_labels")  # what a micro-batch split carries
 
 
-def step_loss(model, inputs: dict, piece: dict, spec: ChunkSpec, train_cfg: dict,
+def step_loss(model, inputs: dict, piece: dict, spec: ChunkSpec, train_cfg: TrainConfig,
               criterion: torch.nn.Module) -> torch.Tensor:
     """The forward and loss of one micro-batch, as the training step and the memory planner both run it:
     ``model`` is a ChunkedTrainingForward (DDP-wrapped or not), ``inputs`` the uint8 model inputs on the device,
@@ -131,12 +132,12 @@ def step_loss(model, inputs: dict, piece: dict, spec: ChunkSpec, train_cfg: dict
 
 
 def clips_per_forward(trainer: Trainer) -> int:
-    return math.ceil(trainer.cfg["data"]["batch_size"] / trainer.state.micro_splits)
+    return math.ceil(trainer.cfg.data.batch_size / trainer.state.micro_splits)
 
 
 def optimizer_step(trainer: Trainer) -> None:
     optimizer, scaler, state = trainer.optimizer, trainer.scaler, trainer.state
-    grad_clip = gradient_clip(trainer.cfg["train"], trainer.has_temporal_head)
+    grad_clip = gradient_clip(trainer.cfg.train, trainer.has_temporal_head)
     if grad_clip is not None:
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), grad_clip)

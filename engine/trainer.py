@@ -11,6 +11,7 @@ import torch
 from artifacts.checkpoint import TrainState, training_checkpoint
 from artifacts.csv_log import CsvLog
 from artifacts.run_dir import RunDirectory
+from config import Config
 from core.runtime import Runtime, unwrap_model
 from datasets.bad_input import BadInputReport
 from datasets.device_input import InputPreparer
@@ -38,7 +39,7 @@ class Trainer:
     scaler: torch.amp.GradScaler
     prepare: InputPreparer
     runtime: Runtime
-    cfg: dict
+    cfg: Config
     run: RunDirectory | None  # None on ranks other than 0: only rank 0 writes
     class_names: list
     shape: DataShape
@@ -56,7 +57,7 @@ class Trainer:
     @property
     def synced_norm(self) -> bool:
         """SyncBatchNorm under DDP: a collective in every forward (no OOM back-off then)."""
-        return self.runtime.distributed and self.cfg["model"]["norm"] == "sync"
+        return self.runtime.distributed and self.cfg.model.norm == "sync"
 
     def checkpoint_dict(self) -> dict:
         return training_checkpoint(self.model, self.optimizer, self.scheduler, self.scaler, self.state, self.cfg,
@@ -64,9 +65,9 @@ class Trainer:
 
     def chunk_spec(self) -> ChunkSpec:
         """The training chunks now: the config's, or the shorter ones the OOM back-off chose."""
-        train_cfg = self.cfg["train"]
-        size = train_cfg["chunk_train_size"] if self.state.chunk_train_size is None else self.state.chunk_train_size
-        overlap = train_cfg["chunk_train_overlap"]
+        train_cfg = self.cfg.train
+        size = train_cfg.chunk_train_size if self.state.chunk_train_size is None else self.state.chunk_train_size
+        overlap = train_cfg.chunk_train_overlap
         if size != -1 and overlap >= size:  # a chunk shortened by the back-off keeps half of itself shared at most
             overlap = size // 2
         return ChunkSpec(size, overlap)

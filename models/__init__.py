@@ -8,6 +8,7 @@ float, "kpt": [B, T, J, C] float}``.
 """
 from __future__ import annotations
 
+from config import ModelConfig
 from models import tiny3d, torchvision_video, vgg3d  # noqa: F401  (importing them registers the backbones)
 from models.classifier import VideoClassifier
 from models.keypoint import KeypointTCN
@@ -18,35 +19,35 @@ from models.registry import ModelConfigError, build_rgb_backbone, registered_nam
 __all__ = ["ModelConfigError", "build_model", "build_rgb_backbone", "registered_names"]
 
 
-def build_model(model_cfg: dict, num_classes: int, num_views: int = 1, kpt_shape: tuple[int, int] | None = None):
+def build_model(model_cfg: ModelConfig, num_classes: int, num_views: int = 1, kpt_shape: tuple[int, int] | None = None):
     """The classifier for a config's ``model`` section, its BatchNorm layers converted as model.norm says
     (``sync`` is converted by the engine, which knows whether torchrun started more than one process).
 
     num_views: camera views per sample (from the data); kpt_shape: (joints, channels) of the keypoints.
     """
-    input_type = model_cfg["input_type"]
-    rgb = (build_rgb_backbone(model_cfg["backbone"], model_cfg["width"])
+    input_type = model_cfg.input_type
+    rgb = (build_rgb_backbone(model_cfg.backbone, model_cfg.width)
            if input_type in ("rgb", "rgb_kpt") else None)
     kpt = None
     if input_type in ("kpt", "rgb_kpt"):
         if kpt_shape is None:
             raise ModelConfigError(f"model.input_type={input_type} needs keypoints, but the data has none")
-        kpt = KeypointTCN(num_joints=kpt_shape[0], channels=kpt_shape[1], width=model_cfg["width"] * 2)
-    norm, branches = model_cfg["norm"], [b for b in (rgb, kpt) if b is not None]
-    converted = sum(convert_norms(b, norm, model_cfg["norm_groups"], model_cfg["norm_frozen_affine"])
+        kpt = KeypointTCN(num_joints=kpt_shape[0], channels=kpt_shape[1], width=model_cfg.width * 2)
+    norm, branches = model_cfg.norm, [b for b in (rgb, kpt) if b is not None]
+    converted = sum(convert_norms(b, norm, model_cfg.norm_groups, model_cfg.norm_frozen_affine)
                     for b in branches) if norm in ("frozen", "group") else 0
     if norm != "batch" and not converted and not any(batch_norms(b) for b in branches):
-        raise ModelConfigError(f"model.norm: {norm}: {model_cfg['backbone']} has no BatchNorm layer to convert (it "
+        raise ModelConfigError(f"model.norm: {norm}: {model_cfg.backbone} has no BatchNorm layer to convert (it "
                                f"normalizes with LayerNorm, which the batch size does not affect); use norm: batch")
-    if rgb is not None and model_cfg["pretrained"] is not None:
-        load_pretrained(rgb, model_cfg["pretrained"], model_cfg["backbone"], norm)
+    if rgb is not None and model_cfg.pretrained is not None:
+        load_pretrained(rgb, model_cfg.pretrained, model_cfg.backbone, norm)
     temporal = None
-    if model_cfg["temporal_head"] != "none":
-        temporal = {"kind": model_cfg["temporal_head"], "width": model_cfg["temporal_width"],
-                    "layers": model_cfg["temporal_layers"], "heads": model_cfg["temporal_heads"],
-                    "dropout": model_cfg["temporal_dropout"]}
-    model = VideoClassifier(rgb=rgb, kpt=kpt, num_classes=num_classes, view_fusion=model_cfg["view_fusion"],
-                            num_views=num_views, dropout=model_cfg["dropout"], fusion=model_cfg["fusion"],
+    if model_cfg.temporal_head != "none":
+        temporal = {"kind": model_cfg.temporal_head, "width": model_cfg.temporal_width,
+                    "layers": model_cfg.temporal_layers, "heads": model_cfg.temporal_heads,
+                    "dropout": model_cfg.temporal_dropout}
+    model = VideoClassifier(rgb=rgb, kpt=kpt, num_classes=num_classes, view_fusion=model_cfg.view_fusion,
+                            num_views=num_views, dropout=model_cfg.dropout, fusion=model_cfg.fusion,
                             temporal=temporal)
-    model.set_grad_checkpointing(model_cfg["grad_checkpointing"])
+    model.set_grad_checkpointing(model_cfg.grad_checkpointing)
     return model

@@ -7,13 +7,13 @@ the peak training memory (forward + backward + AdamW step) for fp32 and fp16, wi
 checkpointing: estimated on any machine (the memory planner), and with CUDA measured beside it.
 """
 import argparse
-import copy
+import dataclasses
 import os
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from config import load_config
+from config import Config, ModelConfig, load_config
 from models import build_model, build_rgb_backbone, registered_names
 from planner import project  # python -m models is an entry point, like the scripts: it may use the planner
 
@@ -28,7 +28,7 @@ def clip_shape_for(name: str, frames: int, size: list) -> tuple[int, int, int]:
     return max(frames, backbone.min_frames), size[0], size[1]
 
 
-def forward_gflops(model_cfg: dict, shape) -> float:
+def forward_gflops(model_cfg: ModelConfig, shape) -> float:
     with torch.device("meta"):
         model = build_model(model_cfg, num_classes=10).eval()
         clip = {"video": torch.empty(1, 3, *shape)}
@@ -37,16 +37,16 @@ def forward_gflops(model_cfg: dict, shape) -> float:
     return counter.get_total_flops() / 1e9
 
 
-def training_memory_mb(cfg: dict, name: str, shape, cuda: bool) -> list[str]:
+def training_memory_mb(cfg: Config, name: str, shape, cuda: bool) -> list[str]:
     """Estimated (and with CUDA measured) peak MiB of one training step at batch 1, for fp32 / fp16 x gradient
     checkpointing off / on: the planner's estimate, the one train.py --probe-memory uses."""
     cells = []
     for precision, ckpt in (("32", False), ("32", True), ("16", False), ("16", True)):
-        changed = copy.deepcopy(cfg)
-        changed["model"].update(backbone=name, grad_checkpointing=ckpt, pretrained=None, input_type="rgb",
-                                view_fusion="none")
-        changed["data"]["img_size"] = list(shape[1:])
-        changed["train"]["accumulate_grad_batches"] = 1
+        changed = dataclasses.replace(
+            cfg, model=dataclasses.replace(cfg.model, backbone=name, grad_checkpointing=ckpt, pretrained=None,
+                                           input_type="rgb", view_fusion="none"),
+            data=dataclasses.replace(cfg.data, img_size=list(shape[1:])),
+            train=dataclasses.replace(cfg.train, accumulate_grad_batches=1))
         estimate = project.config_training_estimate(changed, shape[0], 1, precision=precision)
         cells.append(f"{estimate.peak / 2 ** 20:.0f}")
         if cuda:
@@ -70,16 +70,16 @@ def main() -> None:
         return
     cfg = load_config(args.config)
     cuda = torch.cuda.is_available()
-    print(f"clip shape of {os.path.relpath(args.config, ROOT)}: {cfg['data']['num_frames']} frames at "
-          f"{cfg['data']['img_size']}, batch 1, 10 classes; training memory: peak MiB of one step (AdamW), "
+    print(f"clip shape of {os.path.relpath(args.config, ROOT)}: {cfg.data.num_frames} frames at "
+          f"{cfg.data.img_size}, batch 1, 10 classes; training memory: peak MiB of one step (AdamW), "
           + ("estimated/measured allocated" if cuda else "estimated (no GPU)"))
     header = f"{'model':12s} {'params M':>9s} {'GFLOPs':>8s} {'T x H x W':>13s}"
     header += "".join(f" {c:>14s}" for c in ("fp32", "fp32+ckpt", "fp16", "fp16+ckpt"))
     print(header)
     for name in registered_names():
-        model_cfg = {**cfg["model"], "backbone": name, "grad_checkpointing": False, "pretrained": None,
-                     "input_type": "rgb", "view_fusion": "none"}
-        shape = clip_shape_for(name, cfg["data"]["num_frames"], cfg["data"]["img_size"])
+        model_cfg = dataclasses.replace(cfg.model, backbone=name, grad_checkpointing=False, pretrained=None,
+                                        input_type="rgb", view_fusion="none")
+        shape = clip_shape_for(name, cfg.data.num_frames, cfg.data.img_size)
         params = sum(p.numel() for p in build_model(model_cfg, num_classes=10).parameters())
         line = (f"{name:12s} {params / 1e6:9.2f} {forward_gflops(model_cfg, shape):8.1f} "
                 f"{'x'.join(map(str, shape)):>13s}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from config import apply_flags
+from config import Config, apply_flags
 from core.errors import ConfigError, UsageError
 from core.runtime import Runtime
 from datasets.shape import DataShape
@@ -15,23 +15,23 @@ from planner.project import clip_frames, config_training_estimate, largest_batch
 log = logging.getLogger("longvideo")
 
 
-def fit_budget(cfg: dict, runtime: Runtime, data_shape: DataShape) -> dict:
+def fit_budget(cfg: Config, runtime: Runtime, data_shape: DataShape) -> Config:
     """data.batch_size: auto (or --fit-budget): the largest micro-batch whose estimate fits the budget, and the
     accumulation that keeps the global batch (train.global_batch_size, or batch x accumulation as written).
     Returns a new config holding the decision (the run's config.yaml and checkpoints record it)."""
     shape = data_shape.model_args()
-    data, train_cfg, budget = cfg["data"], cfg["train"], cfg["trainer"]["memory_budget_gb"]
+    data, train_cfg, budget = cfg.data, cfg.train, cfg.trainer.memory_budget_gb
     cuda = runtime.device.type == "cuda"
     usable = usable_bytes(budget, cuda)
-    frames = clip_frames(cfg)
+    frames = clip_frames(cfg.data)
     fitting, tried = largest_batch(cfg, frames, usable, **shape)
     if not fitting:
         raise ConfigError(nothing_fits(cfg, frames, tried[0][1].peak, usable, budget, cuda, shape))
-    global_batch = train_cfg["global_batch_size"]
-    if global_batch is None and data["batch_size"] != "auto":
-        global_batch = data["batch_size"] * train_cfg["accumulate_grad_batches"] * runtime.world_size
+    global_batch = train_cfg.global_batch_size
+    if global_batch is None and data.batch_size != "auto":
+        global_batch = data.batch_size * train_cfg.accumulate_grad_batches * runtime.world_size
     if global_batch is None:  # batch_size: auto without a global batch: the accumulation stays as written
-        batch, accumulate = fitting, train_cfg["accumulate_grad_batches"]
+        batch, accumulate = fitting, train_cfg.accumulate_grad_batches
     else:
         if global_batch % runtime.world_size:
             raise ConfigError(f"train.global_batch_size={global_batch} must be a multiple of the {runtime.world_size} "
@@ -48,17 +48,17 @@ def fit_budget(cfg: dict, runtime: Runtime, data_shape: DataShape) -> dict:
     return apply_flags(cfg, {"data.batch_size": (fitted, batch), "train.accumulate_grad_batches": (fitted, accumulate)})
 
 
-def fit_inference_batch(cfg: dict, runtime: Runtime, data_shape: DataShape, chunk: int,
+def fit_inference_batch(cfg: Config, runtime: Runtime, data_shape: DataShape, chunk: int,
                         budget_gb: float | None = None) -> int:
     """--batch auto: the most chunks per forward whose estimated peak fits the budget (``budget_gb``, else the
     config's trainer.memory_budget_gb)."""
-    budget = budget_gb or cfg["trainer"]["memory_budget_gb"]
+    budget = budget_gb or cfg.trainer.memory_budget_gb
     if not budget:
         raise UsageError("--batch auto needs a memory budget: --memory-budget-gb N (the checkpoint's config has no "
                           "trainer.memory_budget_gb)")
     cuda = runtime.device.type == "cuda"
     usable = usable_bytes(budget, cuda)
-    frames = chunk if chunk != -1 else clip_frames(cfg)
+    frames = chunk if chunk != -1 else clip_frames(cfg.data)
     shape = data_shape.model_args()
     batch = largest_inference_batch(cfg, frames, usable, precision=runtime.precision, **shape)
     if not batch:

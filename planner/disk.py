@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from config import Config
 from core.files import free_bytes
 from planner.estimate import OPTIMIZER_STATES, MiB
 
@@ -51,10 +52,10 @@ def checkpoint_bytes(model: nn.Module, optimizer: str) -> int:
     return state + OPTIMIZER_STATES[optimizer] * trained * 4 + CHECKPOINT_EXTRAS
 
 
-def disk_plan(cfg: dict, model: nn.Module, steps_per_epoch: int) -> DiskPlan:
-    train, epochs = cfg["train"], cfg["trainer"]["max_epochs"]
-    logged_steps = epochs * math.ceil(steps_per_epoch / train["log_every"])
-    return DiskPlan(checkpoint_bytes(model, train["optimizer"]), train["keep_last_k"] + 3,
+def disk_plan(cfg: Config, model: nn.Module, steps_per_epoch: int) -> DiskPlan:
+    train, epochs = cfg.train, cfg.trainer.max_epochs
+    logged_steps = epochs * math.ceil(steps_per_epoch / train.log_every)
+    return DiskPlan(checkpoint_bytes(model, train.optimizer), train.keep_last_k + 3,
                     logged_steps * LOG_BYTES_PER_STEP + epochs * LOG_BYTES_PER_EPOCH + PLOT_BYTES)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from config import Config
 from core import memory_monitor
 from datasets.shape import DataShape
 from planner.project import clip_frames
@@ -43,34 +44,34 @@ class HostEstimate:
                 f"decoders (a batch: {self.batch / MB:.0f} MB)")
 
 
-def loader_host_bytes(cfg: dict, shape: DataShape, cuda: bool) -> HostEstimate:
-    data, train_cfg = cfg["data"], cfg["train"]
-    height, width = data["img_size"]
-    frames = clip_frames(cfg)
-    batch_size = data["batch_size"] if isinstance(data["batch_size"], int) else 1
-    clip = shape.num_views * 3 * frames * height * width if data["load_rgb"] else 0
-    if data["load_kpt"]:
+def loader_host_bytes(cfg: Config, shape: DataShape, cuda: bool) -> HostEstimate:
+    data, train_cfg = cfg.data, cfg.train
+    height, width = data.img_size
+    frames = clip_frames(cfg.data)
+    batch_size = data.batch_size if isinstance(data.batch_size, int) else 1
+    clip = shape.num_views * 3 * frames * height * width if data.load_rgb else 0
+    if data.load_kpt:
         joints, channels = shape.kpt_shape or (17, 3)
         clip += 4 * frames * joints * channels
     batch = batch_size * clip
-    workers = data["num_workers"]
-    in_flight = batch * (workers * data["prefetch_factor"] if workers else 1)
-    pinned = in_flight if cuda and data["pin_memory"] else 0
-    return HostEstimate(batch, in_flight, pinned, batch * train_cfg["accumulate_grad_batches"],
+    workers = data.num_workers
+    in_flight = batch * (workers * data.prefetch_factor if workers else 1)
+    pinned = in_flight if cuda and data.pin_memory else 0
+    return HostEstimate(batch, in_flight, pinned, batch * train_cfg.accumulate_grad_batches,
                         DECODER_PROCESS_BYTES * max(workers, 1))
 
 
-def warn_if_host_memory_short(cfg: dict, shape: DataShape, cuda: bool) -> str | None:
+def warn_if_host_memory_short(cfg: Config, shape: DataShape, cuda: bool) -> str | None:
     """One warning at the start of training when the loader's estimate exceeds the memory this machine has
     available (MemAvailable), naming the switches that lower it; returns it (None when it fits or is unknown)."""
     available = memory_monitor.available_host_bytes()
     estimate = loader_host_bytes(cfg, shape, cuda)
     if available is None or estimate.total <= available:
         return None
-    data = cfg["data"]
+    data = cfg.data
     warning = (f"host memory: the training loader is estimated at {estimate.text()}, more than the "
-               f"{available / GB:.2f} GB this machine has available; lower data.num_workers ({data['num_workers']}), "
-               f"data.prefetch_factor ({data['prefetch_factor']}), data.batch_size ({data['batch_size']}) or the "
-               f"clip (data.num_frames {data['num_frames']}, data.max_video_frames {data['max_video_frames']})")
+               f"{available / GB:.2f} GB this machine has available; lower data.num_workers ({data.num_workers}), "
+               f"data.prefetch_factor ({data.prefetch_factor}), data.batch_size ({data.batch_size}) or the "
+               f"clip (data.num_frames {data.num_frames}, data.max_video_frames {data.max_video_frames})")
     log.warning("%s", warning)
     return warning

@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from config import Config, ModelConfig
 from core.errors import UsageError
 from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.records import read_split
@@ -24,7 +25,7 @@ from planner.project import (
 )
 
 
-def probe_memory(cfg: dict, device: str | None, frames_arg: str | None, batches_arg: str | None) -> int:
+def probe_memory(cfg: Config, device: str | None, frames_arg: str | None, batches_arg: str | None) -> int:
     """--probe-memory: estimated (and with CUDA measured) peak memory per num_frames x batch_size, and the
     largest batch that fits the budget."""
     def grid(text):
@@ -32,8 +33,8 @@ def probe_memory(cfg: dict, device: str | None, frames_arg: str | None, batches_
             return sorted({int(v) for v in text.split(",")}) if text else None
         except ValueError:
             raise UsageError(f"--probe-frames/--probe-batches: {text!r} is not a comma-separated list of integers")
-    for_gpu = (device or cfg["trainer"]["device"]) != "cpu"  # the budget of a GPU (its context set aside)
-    if cfg["trainer"]["precision"] == "amp":
+    for_gpu = (device or cfg.trainer.device) != "cpu"  # the budget of a GPU (its context set aside)
+    if cfg.trainer.precision == "amp":
         cfg = with_value(cfg, "trainer.precision", "16")  # what --use_amp means on a GPU, which the estimate is for
     shape = DataShape.of_manifest(cfg).model_args()
     def out(line: str) -> None:
@@ -41,39 +42,39 @@ def probe_memory(cfg: dict, device: str | None, frames_arg: str | None, batches_
     code = probe(cfg, for_gpu and torch.cuda.is_available(), grid(frames_arg), grid(batches_arg), out=out,
                  for_gpu=for_gpu, **shape)
     classifier = model_on_meta(ProjectStep(cfg, **shape).classifier)
-    state_disk_plan(disk_plan(cfg, classifier, _steps_per_epoch(cfg)), cfg["trainer"]["output_dir"], out)
+    state_disk_plan(disk_plan(cfg, classifier, _steps_per_epoch(cfg)), cfg.trainer.output_dir, out)
     return code
 
 
-def _steps_per_epoch(cfg: dict) -> int:
+def _steps_per_epoch(cfg: Config) -> int:
     """Optimizer steps of an epoch if each training manifest line is one sample (more with sample windows)."""
     try:
-        samples = len(read_split(cfg["data"], "train"))
+        samples = len(read_split(cfg.data, "train"))
     except BAD_INPUT_ERRORS + (OSError,):
         samples = 1
-    batch = cfg["data"]["batch_size"] if isinstance(cfg["data"]["batch_size"], int) else 1
-    return math.ceil(samples / (batch * cfg["train"]["accumulate_grad_batches"]))
+    batch = cfg.data.batch_size if isinstance(cfg.data.batch_size, int) else 1
+    return math.ceil(samples / (batch * cfg.train.accumulate_grad_batches))
 
 
-def probe(cfg: dict, cuda: bool, frames_grid: list[int] | None = None, batch_grid: list[int] | None = None,
+def probe(cfg: Config, cuda: bool, frames_grid: list[int] | None = None, batch_grid: list[int] | None = None,
           out=print, for_gpu: bool = True, **shape) -> int:
     """The table of ``train.py --probe-memory``: estimated peak per num_frames x batch_size, gradient
     checkpointing off and on (with CUDA: measured beside the estimate for the preset's setting), then the
     largest batch within the budget at the preset's clip (``for_gpu``: the CUDA context set aside from it).
     Rows are printed as they are computed."""
-    data, model_cfg = cfg["data"], cfg["model"]
-    frames = clip_frames(cfg)
-    batch = data["batch_size"] if isinstance(data["batch_size"], int) else 8
+    data, model_cfg = cfg.data, cfg.model
+    frames = clip_frames(cfg.data)
+    batch = data.batch_size if isinstance(data.batch_size, int) else 8
     frames_grid = frames_grid or sorted({max(1, round(frames * f)) for f in (0.5, 0.75, 1, 1.25, 1.5)})
     batch_grid = batch_grid or sorted({max(1, round(batch * f)) for f in (2 / 3, 1, 4 / 3)})
-    precision = cfg["trainer"]["precision"]
-    out(f"peak device memory of one training step: {model_cfg['backbone']} at {data['img_size'][0]}x"
-        f"{data['img_size'][1]}, precision {precision}, norm {_norm_text(model_cfg)}, {cfg['train']['optimizer']}, "
+    precision = cfg.trainer.precision
+    out(f"peak device memory of one training step: {model_cfg.backbone} at {data.img_size[0]}x"
+        f"{data.img_size[1]}, precision {precision}, norm {_norm_text(model_cfg)}, {cfg.train.optimizer}, "
         f"chunk_train_size "
-        f"{cfg['train']['chunk_train_size']}, accumulate_grad_batches {cfg['train']['accumulate_grad_batches']}")
+        f"{cfg.train.chunk_train_size}, accumulate_grad_batches {cfg.train.accumulate_grad_batches}")
     out(f"estimated{'' if cuda else ', no GPU'} (torch {torch.__version__.split('+')[0]}, fake tensors, CUDA's "
         f"autocast policy): peak allocated memory, without the CUDA context, cuDNN workspaces and fragmentation")
-    preset_ckpt = model_cfg["grad_checkpointing"]
+    preset_ckpt = model_cfg.grad_checkpointing
     header = f"{'num_frames':>10s} {'batch':>5s} {'ckpt off MiB':>12s} {'ckpt on MiB':>11s}"
     if cuda:
         header += (f" | measured (ckpt {'on' if preset_ckpt else 'off'}): {'allocated':>9s} {'reserved':>9s} "
@@ -96,7 +97,7 @@ def probe(cfg: dict, cuda: bool, frames_grid: list[int] | None = None, batch_gri
     out(f"({len(frames_grid) * len(batch_grid) * 2} estimates in {time.perf_counter() - start:.0f} s)")
     host = loader_host_bytes(cfg, DataShape(**shape), cuda=for_gpu)
     out(f"host memory of the training loader (estimated, planner/host.py): {host.text()}")
-    budget = cfg["trainer"]["memory_budget_gb"]
+    budget = cfg.trainer.memory_budget_gb
     if not budget:
         out("trainer.memory_budget_gb is not set: no largest batch computed")
         return 0
@@ -108,23 +109,23 @@ def probe(cfg: dict, cuda: bool, frames_grid: list[int] | None = None, batch_gri
     return 0
 
 
-def _norm_text(model_cfg: dict) -> str:
-    if model_cfg["norm"] == "sync":  # the same tensors saved per layer; its all-reduced statistics are 2C+1 floats
+def _norm_text(model_cfg: ModelConfig) -> str:
+    if model_cfg.norm == "sync":  # the same tensors saved per layer; its all-reduced statistics are 2C+1 floats
         return "sync (estimated as BatchNorm on this process's micro-batch)"
-    if model_cfg["norm"] == "frozen" and model_cfg["norm_frozen_affine"]:
+    if model_cfg.norm == "frozen" and model_cfg.norm_frozen_affine:
         return "frozen, affine frozen"
-    return model_cfg["norm"]
+    return model_cfg.norm
 
 
-def nothing_fits(cfg: dict, frames: int, one_clip: int, usable: int, budget: float, cuda: bool, shape: dict) -> str:
+def nothing_fits(cfg: Config, frames: int, one_clip: int, usable: int, budget: float, cuda: bool, shape: dict) -> str:
     """The one-line error when even 1 clip does not fit: which switch would, each with its estimate."""
-    data, model_cfg, train_cfg = cfg["data"], cfg["model"], cfg["train"]
-    height, width = data["img_size"]
+    data, model_cfg, train_cfg = cfg.data, cfg.model, cfg.train
+    height, width = data.img_size
     options = []
-    if not model_cfg["grad_checkpointing"]:
+    if not model_cfg.grad_checkpointing:
         options.append(("model.grad_checkpointing: true", with_value(cfg, "model.grad_checkpointing", True), frames))
     chunk = 16 if frames > 16 else None
-    if chunk and (train_cfg["chunk_train_size"] == -1 or train_cfg["chunk_train_size"] > chunk):
+    if chunk and (train_cfg.chunk_train_size == -1 or train_cfg.chunk_train_size > chunk):
         chunked = with_value(with_value(cfg, "train.chunk_train_size", chunk), "train.chunk_train_overlap", 0)
         options.append((f"train.chunk_train_size: {chunk}", chunked, frames))
     if frames > 1:

@@ -3,12 +3,13 @@ largest batch whose estimate fits a budget. Imports the engine's step, never a s
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
 from torch import nn
 
-from config import apply_flags
+from config import Config, DataConfig, apply_flags
 from core.runtime import Runtime
 from datasets.device_input import InputPreparer
 from engine.chunking import ChunkedTrainingForward, ChunkSpec
@@ -26,15 +27,15 @@ class ProjectStep:
     ``train.chunk_loss: dense`` is run as ``clip`` (the loss sees [chunks, batch, classes] logits either way: no
     memory to speak of)."""
 
-    def __init__(self, cfg: dict, num_classes: int = 10, num_views: int = 1, kpt_shape: tuple | None = None):
-        train_cfg = cfg["train"]
+    def __init__(self, cfg: Config, num_classes: int = 10, num_views: int = 1, kpt_shape: tuple | None = None):
+        train_cfg = cfg.train
         self.cfg, self.num_classes, self.num_views, self.kpt_shape = cfg, num_classes, num_views, kpt_shape
-        self.spec = ChunkSpec(train_cfg["chunk_train_size"], train_cfg["chunk_train_overlap"])
-        self.loss_cfg = {**train_cfg, "chunk_loss": "clip"}
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=train_cfg["label_smoothing"])
+        self.spec = ChunkSpec(train_cfg.chunk_train_size, train_cfg.chunk_train_overlap)
+        self.loss_cfg = dataclasses.replace(train_cfg, chunk_loss="clip")
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=train_cfg.label_smoothing)
 
     def classifier(self) -> nn.Module:
-        return build_model({**self.cfg["model"], "pretrained": None}, self.num_classes, self.num_views,
+        return build_model(dataclasses.replace(self.cfg.model, pretrained=None), self.num_classes, self.num_views,
                            self.kpt_shape)
 
     def inputs(self, frames: int, batch: int, device) -> dict:
@@ -42,42 +43,42 @@ class ProjectStep:
 
     def loss(self, classifier: nn.Module, inputs: dict, device) -> torch.Tensor:
         """The forward and loss of train.py's step; frames normalized on ``device`` per chunk."""
-        data = self.cfg["data"]
-        forward = ChunkedTrainingForward(classifier, InputPreparer(device, data["mean"], data["std"]).normalize,
-                                         data["frame_stride"])
+        data = self.cfg.data
+        forward = ChunkedTrainingForward(classifier, InputPreparer(device, data.mean, data.std).normalize,
+                                         data.frame_stride)
         model_inputs = {k: v for k, v in inputs.items() if k in ("video", "kpt")}
         return step_loss(forward, model_inputs, inputs, self.spec, self.loss_cfg, self.criterion)
 
 
-def config_training_estimate(cfg: dict, num_frames: int | None = None, batch_size: int | None = None,
+def config_training_estimate(cfg: Config, num_frames: int | None = None, batch_size: int | None = None,
                              num_classes: int = 10, num_views: int = 1, kpt_shape: tuple | None = None,
                              precision: str | None = None, fake: bool = True) -> StepEstimate:
     """One training step of a config as train.py runs it (``ProjectStep``), with the preset's precision,
     checkpointing, AdamW/SGD state and accumulation, the uint8 clip (views, keypoints) on the device."""
-    frames = num_frames or cfg["data"]["num_frames"]
+    frames = num_frames or cfg.data.num_frames
     if frames < 1:
         raise ValueError("num_frames -1 (every frame of the window): give the clip length to estimate")
-    batch = batch_size or cfg["data"]["batch_size"]
+    batch = batch_size or cfg.data.batch_size
     step, device = ProjectStep(cfg, num_classes, num_views, kpt_shape), torch.device("cpu")
     return estimate_training_step(lambda: step.classifier().train(), lambda: step.inputs(frames, batch, device),
                                   lambda model, inputs: step.loss(model, inputs, device),
-                                  precision or cfg["trainer"]["precision"], cfg["train"]["optimizer"],
-                                  cfg["train"]["accumulate_grad_batches"], fake=fake)
+                                  precision or cfg.trainer.precision, cfg.train.optimizer,
+                                  cfg.train.accumulate_grad_batches, fake=fake)
 
 
-def measure_training_step_cuda(cfg: dict, num_frames: int, batch_size: int, num_classes: int = 10,
+def measure_training_step_cuda(cfg: Config, num_frames: int, batch_size: int, num_classes: int = 10,
                                num_views: int = 1, kpt_shape: tuple | None = None,
                                precision: str | None = None) -> dict | None:
     """The same step on the GPU, really allocated: a warm-up step first (cuDNN's algorithm search with
     ``cudnn.benchmark``, the optimizer state), then the measured one. {"allocated", "reserved"} peak bytes of
     the measured step, or None if it ran out of memory."""
     device = torch.device("cuda")
-    runtime = Runtime(device, precision or cfg["trainer"]["precision"])
+    runtime = Runtime(device, precision or cfg.trainer.precision)
     step = ProjectStep(cfg, num_classes, num_views, kpt_shape)
     classifier = optimizer = inputs = None
     try:
         classifier = step.classifier().to(device).train()
-        optimizer = build_optimizer(classifier, cfg["train"])
+        optimizer = build_optimizer(classifier, cfg.train)
         scaler = runtime.grad_scaler()
         inputs = step.inputs(num_frames, batch_size, device)
 
@@ -93,7 +94,7 @@ def measure_training_step_cuda(cfg: dict, num_frames: int, batch_size: int, num_
 
         forward_backward()
         optimizer_step()
-        if cfg["train"]["accumulate_grad_batches"] > 1:
+        if cfg.train.accumulate_grad_batches > 1:
             forward_backward()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -108,19 +109,19 @@ def measure_training_step_cuda(cfg: dict, num_frames: int, batch_size: int, num_
         torch.cuda.empty_cache()
 
 
-def _step_inputs(cfg: dict, frames: int, batch: int, num_views: int, kpt_shape, device) -> dict:
+def _step_inputs(cfg: Config, frames: int, batch: int, num_views: int, kpt_shape, device) -> dict:
     """A batch as it sits on the device: uint8 frames ([B, (V,) C, T, H, W]), float keypoints, labels."""
-    height, width = cfg["data"]["img_size"]
+    height, width = cfg.data.img_size
     inputs = {"label": torch.zeros(batch, dtype=torch.long, device=device)}
-    if cfg["model"]["input_type"] in ("rgb", "rgb_kpt"):
+    if cfg.model.input_type in ("rgb", "rgb_kpt"):
         shape = (batch, 3, frames, height, width) if num_views == 1 else (batch, num_views, 3, frames, height, width)
         inputs["video"] = torch.zeros(shape, dtype=torch.uint8, device=device)
-    if cfg["model"]["input_type"] in ("kpt", "rgb_kpt"):
+    if cfg.model.input_type in ("kpt", "rgb_kpt"):
         inputs["kpt"] = torch.zeros(batch, frames, *(kpt_shape or (17, 3)), device=device)
     return inputs
 
 
-def largest_batch(cfg: dict, num_frames: int, usable: int, limit: int = 1024, **shape) -> tuple[int, list]:
+def largest_batch(cfg: Config, num_frames: int, usable: int, limit: int = 1024, **shape) -> tuple[int, list]:
     """The largest micro-batch whose estimate fits ``usable`` bytes (0 if not even 1), by doubling then
     bisection (the estimate grows with the batch), and the (batch, estimate) pairs tried."""
     tried = []
@@ -150,25 +151,25 @@ def _largest(fits, limit: int) -> int:
 
 # ------------------------------------------------------------------------------- inference: --batch auto
 
-def config_inference_estimate(cfg: dict, chunk_frames: int, windows: int, num_classes: int = 10,
+def config_inference_estimate(cfg: Config, chunk_frames: int, windows: int, num_classes: int = 10,
                               num_views: int = 1, kpt_shape: tuple | None = None, precision: str = "32",
                               fake: bool = True) -> int:
     """Peak device bytes of one inference forward of ``windows`` chunks of ``chunk_frames`` frames, as
     infer_chunked.py runs it: the uint8 chunks on the device, normalized, through the model in eval mode."""
-    data, device = cfg["data"], torch.device("cpu")
+    data, device = cfg.data, torch.device("cpu")
     frames, step = max(chunk_frames, 1), ProjectStep(cfg, num_classes, num_views, kpt_shape)
 
     def make_inputs():
         return {k: v for k, v in step.inputs(frames, windows, device).items() if k != "label"}
 
     def forward(model, inputs):
-        prepare = InputPreparer(device, data["mean"], data["std"])
+        prepare = InputPreparer(device, data.mean, data.std)
         return model(prepare(inputs))
 
     return estimate_inference(step.classifier, make_inputs, forward, precision, fake=fake)
 
 
-def largest_inference_batch(cfg: dict, chunk_frames: int, usable: int, limit: int = 256, **shape) -> int:
+def largest_inference_batch(cfg: Config, chunk_frames: int, usable: int, limit: int = 256, **shape) -> int:
     """The most chunks per forward whose estimate fits ``usable`` bytes (0 if not even 1)."""
     def fits(windows: int) -> bool:
         return config_inference_estimate(cfg, chunk_frames, windows, **shape) <= usable
@@ -176,14 +177,14 @@ def largest_inference_batch(cfg: dict, chunk_frames: int, usable: int, limit: in
     return _largest(fits, limit)
 
 
-def clip_frames(cfg: dict) -> int:
+def clip_frames(data_cfg: DataConfig) -> int:
     """The clip length to estimate: data.num_frames, or for -1 (every frame of the window) the sample window."""
-    frames = cfg["data"]["num_frames"]
+    frames = data_cfg.num_frames
     if frames > 0:
         return frames
-    return cfg["data"]["max_video_frames"] or 32
+    return data_cfg.max_video_frames or 32
 
 
-def with_value(cfg: dict, dotted: str, value) -> dict:
+def with_value(cfg: Config, dotted: str, value) -> Config:
     """A validated copy of ``cfg`` with one key changed (config.apply_flags)."""
     return apply_flags(cfg, {dotted: (f"{dotted}: {value}", value)})

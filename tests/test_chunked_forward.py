@@ -59,7 +59,7 @@ def test_aggregations_equal_a_hand_computation(aggregation):
 def test_chunk_at_least_the_clip_length_is_exactly_the_plain_forward():
     torch.manual_seed(0)
     cfg = load_config(None, ["model.width=4"])
-    model = build_model(cfg["model"], num_classes=5).eval()
+    model = build_model(cfg.model, num_classes=5).eval()
     clip = {"video": torch.randn(2, 3, 12, 16, 16)}
     with torch.no_grad():
         plain = model(clip)

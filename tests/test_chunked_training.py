@@ -21,7 +21,7 @@ MEAN, STD = [0.45] * 3, [0.225] * 3
 def small_model(seed=0, views=1, **changes):
     torch.manual_seed(seed)
     kpt = ["data.load_kpt=true"] if changes.get("input_type") == "rgb_kpt" else []
-    cfg = load_config(None, ["model.width=4", *kpt, *[f"model.{k}={v}" for k, v in changes.items()]])["model"]
+    cfg = load_config(None, ["model.width=4", *kpt, *[f"model.{k}={v}" for k, v in changes.items()]]).model
     return build_model(cfg, num_classes=3, num_views=views,
                        kpt_shape=(5, 2) if changes.get("input_type") == "rgb_kpt" else None)
 
@@ -149,7 +149,7 @@ def test_dense_loss_is_the_mean_over_counted_chunks(tmp_path):
     piece = {"video": torch.zeros(2, 3, 12, 1, 1), "label": torch.tensor([0, 0]),
              "frame_labels": torch.tensor([[2, 2, 2, 1, 1, 1, 1, -1, -1, -1, -1, -1],
                                            [0, 0, 0, 0, 0, 0, 3, 3, 3, 3, 3, 0]])}
-    loss = training_loss(chunk_logits, piece, ChunkSpec(4, 1), cfg["train"], nn.CrossEntropyLoss())
+    loss = training_loss(chunk_logits, piece, ChunkSpec(4, 1), cfg.train, nn.CrossEntropyLoss())
     rows = [(0, 0, 2), (0, 1, 0), (1, 0, 1), (1, 1, 0), (2, 0, 1), (2, 1, 3), (3, 1, 3)]  # (chunk, clip, label)
     by_hand = sum(-chunk_logits[c, b].log_softmax(-1)[k] for c, b, k in rows) / len(rows)
     torch.testing.assert_close(loss, by_hand)

@@ -1,5 +1,6 @@
 """Aspect-true geometry, crops and augmentation (datasets/clip_transform.py): exact boxes, keypoints that stay on
 their pixel, one set of random parameters per clip, exact resume."""
+import dataclasses
 import os
 
 import cv2
@@ -30,7 +31,7 @@ SHARED_CLIP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 
 
 def data_cfg(*overrides_):
-    return load_config(None, list(overrides_))["data"]
+    return load_config(None, list(overrides_)).data
 
 
 def test_decode_size_keeps_the_aspect_ratio_and_holds_the_crop():
@@ -129,7 +130,7 @@ def test_every_frame_of_a_clip_gets_the_same_random_parameters():
 
 def test_evaluation_has_no_randomness_and_three_crops_are_three_samples(synthetic_root):
     cfg = load_config(None, [f"data.data_dir={synthetic_root}", "data.img_size=24", "data.num_frames=4",
-                             "data.augment=true", "data.color_jitter=0.5", "data.test_crops=3"])["data"]
+                             "data.augment=true", "data.color_jitter=0.5", "data.test_crops=3"]).data
     from datasets.manifest import read_manifest
     records = read_manifest(os.path.join(synthetic_root, "val.jsonl"))
     names = ["down", "grow", "left", "right", "shrink", "up"]
@@ -144,11 +145,11 @@ def test_evaluation_has_no_randomness_and_three_crops_are_three_samples(syntheti
 def test_a_flipped_clip_swaps_its_label_pair(synthetic_root):
     cfg = load_config(None, [f"data.data_dir={synthetic_root}", "data.img_size=32", "data.num_frames=4",
                              "data.augment=true", "data.crop_scale=[1.0, 1.0]", "data.crop_ratio=[1.0, 1.0]",
-                             "data.flip_label_pairs=[[left, right]]"])["data"]
+                             "data.flip_label_pairs=[[left, right]]"]).data
     names = ["down", "grow", "left", "right", "shrink", "up"]
     from datasets.manifest import read_manifest
     records = [r for r in read_manifest(os.path.join(synthetic_root, "train.jsonl")) if r.label == "left"]
-    plain = VideoWindowDataset(records, names, {**cfg, "augment": False}, training=True)
+    plain = VideoWindowDataset(records, names, dataclasses.replace(cfg, augment=False), training=True)
     augmented = VideoWindowDataset(records, names, cfg, training=True)
     labels = []
     for index in range(len(augmented)):
@@ -215,8 +216,8 @@ def test_a_config_saved_before_data_resize_evaluates_with_stretch():
     for key in ("resize", "short_side", "test_crops", "augment", "kpt_coords"):
         del old["data"][key]
     cfg = saved_config(old)
-    assert cfg["data"]["resize"] == "stretch" and cfg["data"]["test_crops"] == 1 and cfg["data"]["augment"] is False
-    assert saved_config(defaults())["data"]["resize"] == "short_side"  # a new checkpoint keeps its own
+    assert cfg.data.resize == "stretch" and cfg.data.test_crops == 1 and cfg.data.augment is False
+    assert saved_config(defaults()).data.resize == "short_side"  # a new checkpoint keeps its own
 
 
 def test_flip_pairs_must_name_classes_and_joints_of_the_data(synthetic_root):
@@ -224,12 +225,12 @@ def test_flip_pairs_must_name_classes_and_joints_of_the_data(synthetic_root):
     records = read_manifest(os.path.join(synthetic_root, "train.jsonl"))
     names = ["down", "grow", "left", "right", "shrink", "up"]
     cfg = load_config(None, [f"data.data_dir={synthetic_root}", "data.augment=true", "data.load_kpt=true",
-                             "data.kpt_flip_pairs=[[0, 9]]"])["data"]
+                             "data.kpt_flip_pairs=[[0, 9]]"]).data
     with pytest.raises(ManifestError, match=r"^data.kpt_flip_pairs names joint 9, but the keypoints have 5 joints "
                                             r"\(0 to 4\)$"):
         VideoWindowDataset(records, names, cfg, training=True)
     with pytest.raises(ManifestError, match=r"^data.flip_label_pairs names sideways, not a class of the data"):
-        VideoWindowDataset(records, names, {**cfg, "kpt_flip_pairs": [], "flip_label_pairs": [["left", "sideways"]]},
+        VideoWindowDataset(records, names, dataclasses.replace(cfg, kpt_flip_pairs=[], flip_label_pairs=[["left", "sideways"]]),
                            training=True)
 
 

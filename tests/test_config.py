@@ -1,3 +1,4 @@
+import ast
 import os
 import subprocess
 import sys
@@ -5,7 +6,7 @@ import sys
 import pytest
 import yaml
 
-from config import SCHEMA, ConfigError, defaults, load_config
+from config import ALL_KEYS, SCHEMA, ConfigError, defaults, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = sorted(f for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".yaml"))
@@ -71,18 +72,18 @@ def test_unknown_backbone_lists_the_registered_ones(tmp_path):
 def test_set_overrides_are_typed_by_yaml_and_checked():
     cfg = load_config(None, ["data.batch_size=8", "data.img_size=[120, 160]", "trainer.precision=bf16-mixed",
                              "data.max_video_frames=null"])
-    assert cfg["data"]["batch_size"] == 8
-    assert cfg["data"]["img_size"] == [120, 160]
-    assert cfg["trainer"]["precision"] == "bf16"
-    assert cfg["data"]["max_video_frames"] is None
+    assert cfg.data.batch_size == 8
+    assert cfg.data.img_size == [120, 160]
+    assert cfg.trainer.precision == "bf16"
+    assert cfg.data.max_video_frames is None
     assert error_of(None, ["data.batch_size=-1"]) == "--set data.batch_size=-1: data.batch_size must be an integer >= 1 (or auto), got -1"
     assert error_of(None, ["data.batch_size"]) == "--set data.batch_size: expected KEY=VALUE, e.g. --set data.batch_size=8"
 
 
 def test_precision_aliases_and_use_amp():
     for given, normal in (("16-mixed", "16"), (16, "16"), ("bf16-mixed", "bf16"), (32, "32"), ("32-true", "32")):
-        assert load_config(None, [f"trainer.precision={given}"])["trainer"]["precision"] == normal
-    assert load_config(None, use_amp=True)["trainer"]["precision"] == "amp"
+        assert load_config(None, [f"trainer.precision={given}"]).trainer.precision == normal
+    assert load_config(None, use_amp=True).trainer.precision == "amp"
     assert error_of(None, ["trainer.precision=8"]) == \
         "--set trainer.precision=8: trainer.precision: 8 is not one of 32, 16, bf16, 16-mixed, bf16-mixed, amp"
 
@@ -91,7 +92,7 @@ def test_inheritance_deep_merges_and_detects_loops(tmp_path):
     write(tmp_path, "parent.yaml", "data:\n  batch_size: 4\n  num_frames: 8\n")
     child = write(tmp_path, "child.yaml", "base: parent.yaml\ndata:\n  batch_size: 2\n")
     cfg = load_config(child)
-    assert (cfg["data"]["batch_size"], cfg["data"]["num_frames"], cfg["data"]["img_size"]) == (2, 8, [112, 112])
+    assert (cfg.data.batch_size, cfg.data.num_frames, cfg.data.img_size) == (2, 8, [112, 112])
     a = write(tmp_path, "a.yaml", "base: b.yaml\n")
     write(tmp_path, "b.yaml", "base: a.yaml\n")
     assert "inheritance loops back" in error_of(a)
@@ -113,15 +114,15 @@ def test_base_yaml_equals_the_schema_defaults():
 def test_every_preset_validates_and_states_its_memory_budget(preset):
     path = os.path.join(ROOT, "configs", preset)
     cfg = load_config(path)
-    assert set(cfg) == set(SCHEMA)
+    assert set(cfg.to_dict()) == set(SCHEMA)
     if preset != "base.yaml":
         assert "memory budget" in open(path).read().lower()
 
 
 def test_rtx5080_preset_has_the_documented_shape():
     cfg = load_config(os.path.join(ROOT, "configs", "rtx5080.yaml"))
-    assert cfg["data"]["img_size"] == [160, 210]
-    assert (cfg["data"]["num_frames"], cfg["data"]["batch_size"], cfg["trainer"]["precision"]) == (40, 12, "16")
+    assert cfg.data.img_size == [160, 210]
+    assert (cfg.data.num_frames, cfg.data.batch_size, cfg.trainer.precision) == (40, 12, "16")
 
 
 def run_script(*args, cwd=ROOT):
@@ -159,7 +160,7 @@ def test_a_renamed_key_keeps_working_under_its_old_name_with_a_notice(tmp_path, 
     path = write(tmp_path, "old.yaml", "data:\n  max_video_frames: 100\n  video_chunk_overlap: 20\n")
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         cfg = load_config(path, ["data.video_chunk_overlap=30"])
-    assert cfg["data"]["sample_window_overlap"] == 30 and "video_chunk_overlap" not in cfg["data"]
+    assert cfg.data.sample_window_overlap == 30 and not hasattr(cfg.data, "video_chunk_overlap")
     notices = [r.getMessage() for r in caplog.records]
     assert notices == [f"{path}: data.video_chunk_overlap is now called data.sample_window_overlap (the old name "
                        f"still works)", "--set data.video_chunk_overlap=30: data.video_chunk_overlap is now called "
@@ -175,4 +176,41 @@ def test_a_checkpoint_config_with_the_old_name_loads_silently(caplog):
     from config import saved_config
     old = defaults()
     old["data"]["video_chunk_overlap"] = old["data"].pop("sample_window_overlap") + 4
-    assert saved_config(old)["data"]["sample_window_overlap"] == 4 and not caplog.records
+    assert saved_config(old).data.sample_window_overlap == 4 and not caplog.records
+
+
+SECTION_NAMES = {"model", "data", "train", "trainer"}
+CONFIG_WORDS = SECTION_NAMES | {key.rsplit(".", 1)[-1] for key in ALL_KEYS}
+
+
+def string_key_reads(source: str) -> list[str]:
+    """``cfg["data"]``, ``data_cfg["batch_size"]``, ``trainer.cfg["train"]``: a config (a name ending in cfg, or a
+    section's name) read by a string that is a section or a key. Records and checkpoints (``state["model"]``) are
+    other names."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+                and node.slice.value in CONFIG_WORDS):
+            continue
+        value = node.value
+        while isinstance(value, ast.Subscript):
+            value = value.value
+        name = value.id if isinstance(value, ast.Name) else value.attr if isinstance(value, ast.Attribute) else ""
+        if name.endswith("cfg") or name == "config" or name in SECTION_NAMES:
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_code_outside_config_reads_the_configuration_by_string_keys():
+    assert sorted(string_key_reads('x = cfg["data"]["batch_size"]\ny = trainer.cfg["train"]\nz = data_cfg["img_size"]\n'
+                                   'w = state["model"]\nv = record["label"]')) == [
+        "line 1: cfg['data']", "line 1: cfg['data']['batch_size']", "line 2: trainer.cfg['train']",
+        "line 3: data_cfg['img_size']"]
+    sources = [os.path.join(folder, name) for top in ("artifacts", "bench", "core", "datasets", "engine", "models",
+                                                      "planner")
+               for folder, _, names in os.walk(os.path.join(ROOT, top)) for name in names if name.endswith(".py")]
+    sources += [os.path.join(ROOT, f"{script}.py") for script in ("train", "eval", "infer_chunked")]
+    assert len(sources) > 80
+    offenders = {os.path.relpath(path, ROOT): reads for path in sources
+                 for reads in [string_key_reads(open(path, encoding="utf-8").read())] if reads}
+    assert offenders == {}

@@ -60,7 +60,7 @@ def test_chunked_inference_device_memory_does_not_grow_with_clip_length():
     from config import load_config
     from engine.chunking import forward_chunked
     from models import build_model
-    model = build_model(load_config(None, ["model.width=8"])["model"], 5).cuda().eval()
+    model = build_model(load_config(None, ["model.width=8"]).model, 5).cuda().eval()
     peaks = []
     for frames in (64, 512):
         clip = {"video": torch.randn(1, 3, frames, 64, 64)}  # on the host; chunks go to the device one by one

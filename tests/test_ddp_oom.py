@@ -32,7 +32,7 @@ where, out = sys.argv[1], sys.argv[2]
 cfg = load_config(None, ["data.batch_size=4", "train.accumulate_grad_batches=2", "train.weight_decay=0",
                          "trainer.device=cpu", "train.log_every=1000",
                          f"model.norm={'sync' if where == 'sync' else 'batch'}"])
-runtime = setup_runtime(cfg["trainer"])
+runtime = setup_runtime(cfg.trainer)
 setup_logging(is_main=True)  # every rank prints: the test reads both ranks' reports
 
 
@@ -76,7 +76,7 @@ loader = DataLoader(samples, batch_size=4, sampler=sampler)
 model = Model()
 if where == "sync":
     convert_norms(model, "sync")
-prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
+prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
 wrapped = build.wrap_for_training(model, prepare, cfg, runtime)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
 scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)

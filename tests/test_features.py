@@ -1,4 +1,5 @@
 """infer_chunked.py --features: per-chunk features of whole videos, resumable, sharded, read back exactly."""
+import dataclasses
 import json
 import os
 import shutil
@@ -70,13 +71,13 @@ def test_a_features_file_reads_back_against_the_chunk_arithmetic_and_a_direct_fo
     assert (int(saved["chunk"]), int(saved["overlap"]), str(saved["view_fusion"])) == (12, 4, "none")
     assert json.loads(str(saved["settings"]))["checkpoint_sha256"] == str(saved["checkpoint_sha256"])
     stored = yaml.safe_load(str(saved["config"]))["train"]  # the config that ran: --chunk 12 --overlap 4
-    assert (stored["chunk_infer_size"], stored["chunk_overlap"]) == (12, 4) != (cfg["train"]["chunk_infer_size"],
-                                                                           cfg["train"]["chunk_overlap"])
+    assert (stored["chunk_infer_size"], stored["chunk_overlap"]) == (12, 4) != (cfg.train.chunk_infer_size,
+                                                                           cfg.train.chunk_overlap)
     # a direct forward of the same frames: decoded at evaluation's geometry, the first and the last chunk
-    transform = ClipTransform({**cfg["data"], "test_crops": 1}, training=False)
+    transform = ClipTransform(dataclasses.replace(cfg.data, test_crops=1), training=False)
     plan = transform.plan([(reader_info.height, reader_info.width)], None)[0]
     reader = open_reader(video, plan.decoded)
-    prepare = InputPreparer(torch.device("cpu"), cfg["data"]["mean"], cfg["data"]["std"])
+    prepare = InputPreparer(torch.device("cpu"), cfg.data.mean, cfg.data.std)
     for k in (0, len(windows) - 1):
         s, e = windows[k]
         frames = torch.from_numpy(reader.read([i * stride for i in range(s, e)])).permute(0, 3, 1, 2)
@@ -161,7 +162,7 @@ def test_clips_times_crops_views_read_the_right_frames_and_average_by_hand(barco
     cfg = load_config(None, ["data.num_workers=0", "data.sample_timeout_s=null", "data.num_frames=4",
                              "data.frame_stride=3", "data.test_clips=3", "data.test_crops=3", "data.resize=stretch",
                              "data.img_size=[48, 120]", "train.chunk_infer_size=-1"])
-    dataset = VideoWindowDataset([VideoRecord({"video": path}, label="b", where="v")], ["a", "b"], cfg["data"],
+    dataset = VideoWindowDataset([VideoRecord({"video": path}, label="b", where="v")], ["a", "b"], cfg.data,
                                  training=False)
     assert len(dataset) == 9  # 3 clips x 3 crops of the one window
     span = 3 * 3 + 1
@@ -184,7 +185,7 @@ def test_clips_times_crops_views_read_the_right_frames_and_average_by_hand(barco
     runtime = Runtime(torch.device("cpu"), "32")
     metrics, view_rows, video_rows = evaluate_dataset(Brightness(), dataset, cfg, runtime, ["a", "b"])
     assert metrics["num_clips"] == 9 and len(view_rows) == 9
-    prepare = InputPreparer(torch.device("cpu"), cfg["data"]["mean"], cfg["data"]["std"])
+    prepare = InputPreparer(torch.device("cpu"), cfg.data.mean, cfg.data.std)
     by_hand = torch.stack([Brightness()(prepare({"video": dataset[v]["video"].unsqueeze(0)}))[0].softmax(0)
                            for v in range(9)]).mean(dim=0)
     assert video_rows[0]["probability"] == pytest.approx(float(by_hand.max()), abs=1e-6)

@@ -44,7 +44,7 @@ def test_dataloader_workers_are_capped_to_the_cores(monkeypatch, caplog):
     cfg = load_config(None, ["data.num_workers=8"])
     with caplog.at_level("INFO", logger="longvideo"):
         capped = engine.data.cap_workers(cfg)
-    assert capped["data"]["num_workers"] == 2 and cfg["data"]["num_workers"] == 8  # a new config, not an edit
+    assert capped.data.num_workers == 2 and cfg.data.num_workers == 8  # a new config, not an edit
     assert "data.num_workers=8 but this machine has 2 CPU cores: using 2 DataLoader workers" in caplog.text
 
 
@@ -96,7 +96,7 @@ def test_a_run_without_a_checkpoint_never_becomes_latest(synthetic_root, tmp_pat
     assert train.main(overrides(synthetic_root, tmp_path) + ["--stop-after-steps", "1"]) == 0
     first = os.path.realpath(os.path.join(tmp_path, "e2e", "latest"))
     cfg = load_config(None, overrides(synthetic_root, tmp_path)[3::2])
-    runtime = setup_runtime(cfg["trainer"])
+    runtime = setup_runtime(cfg.trainer)
     trainer, _, _ = build_trainer(cfg, runtime)  # made its run directory, then "killed": no checkpoint
     assert os.path.isdir(trainer.run.path) and trainer.run.path != first
     assert os.path.realpath(os.path.join(tmp_path, "e2e", "latest")) == first
@@ -138,7 +138,7 @@ def test_a_gpu_preset_does_not_fall_back_to_the_demo_data(monkeypatch):
 def test_a_missing_manifest_names_its_key_and_the_accepted_forms(tmp_path):
     from datasets.manifest import ManifestError
     from datasets.records import training_records
-    data = load_config(None, [f"data.data_dir={tmp_path}"])["data"]
+    data = load_config(None, [f"data.data_dir={tmp_path}"]).data
     with pytest.raises(ManifestError) as info:
         training_records(data)
     assert str(info.value) == (f"{tmp_path}/train.jsonl: not found (data.train_manifest, resolved against "
@@ -149,13 +149,13 @@ def test_a_missing_manifest_names_its_key_and_the_accepted_forms(tmp_path):
 
 def test_val_fraction_splits_the_videos_the_same_way_every_run(synthetic_root, caplog):
     from datasets.records import training_records
-    data = load_config(None, [f"data.data_dir={synthetic_root}", "data.val_fraction=0.3"])["data"]
+    data = load_config(None, [f"data.data_dir={synthetic_root}", "data.val_fraction=0.3"]).data
     train_a, val_a = training_records(data)
     train_b, val_b = training_records(data)
     assert [r.first_path for r in val_a] == [r.first_path for r in val_b] and val_a and train_a
     assert not {r.first_path for r in train_a} & {r.first_path for r in val_a}
     assert len(train_a) + len(val_a) == 18
-    same = load_config(None, [f"data.data_dir={synthetic_root}", "data.val_manifest=train.jsonl"])["data"]
+    same = load_config(None, [f"data.data_dir={synthetic_root}", "data.val_manifest=train.jsonl"]).data
     with caplog.at_level("WARNING", logger="longvideo"):
         training_records(same)
     assert "data.val_manifest and data.train_manifest are the same data" in caplog.text

@@ -86,7 +86,7 @@ def test_the_estimate_knows_each_norm_mode():
     fixed = project.config_training_estimate(frozen, 16, 2, precision="16")
     # no AdamW state (2 tensors each) for the BatchNorm scales and shifts: C floats each, in 512-byte blocks
     affine = sum(2 * math.ceil(norm.num_features * 4 / me.BLOCK) * me.BLOCK
-                 for norm in batch_norms(build_model(cfg["model"], 10)))
+                 for norm in batch_norms(build_model(cfg.model, 10)))
     assert fixed.parameters == batch.parameters and batch.optimizer_state - fixed.optimizer_state == 2 * affine > 0
 
 
@@ -111,9 +111,9 @@ def test_cuda_autocast_policy_is_emulated_on_cpu_tensors():
 
 
 def fit(cfg, budget_bytes, world_size=1):
-    cfg["trainer"]["memory_budget_gb"] = budget_bytes / (1 - me.SAFETY_MARGIN) / me.GiB
+    cfg.trainer.memory_budget_gb = budget_bytes / (1 - me.SAFETY_MARGIN) / me.GiB
     fitted = fit_budget(cfg, Runtime(torch.device("cpu"), "32", 0, world_size), DataShape(6))
-    return fitted["data"]["batch_size"], fitted["train"]["accumulate_grad_batches"]
+    return fitted.data.batch_size, fitted.train.accumulate_grad_batches
 
 
 def test_auto_batch_takes_the_largest_that_fits_and_keeps_the_global_batch():
@@ -178,9 +178,9 @@ def test_probe_memory_prints_the_estimated_grid_without_a_gpu():
 
 def test_infer_batch_auto_picks_the_most_chunks_that_fit(trained_run, synthetic_root):
     from artifacts.checkpoint import load_checkpoint
-    from config import validate
+    from config import saved_config
     checkpoint = os.path.join(trained_run[0], "checkpoints", "best.pt")
-    cfg = validate(load_checkpoint(checkpoint)["config"])
+    cfg = saved_config(load_checkpoint(checkpoint)["config"])
     peaks = {n: project.config_inference_estimate(cfg, 16, n, num_classes=6) for n in (5, 6)}
     assert peaks[6] > peaks[5]
     budget_gb = (peaks[5] + peaks[6]) / 2 / (1 - me.SAFETY_MARGIN) / me.GiB  # on the CPU: no CUDA context

@@ -7,7 +7,7 @@ from models import build_model, build_rgb_backbone, registered_names
 
 
 def model_cfg(**changes):
-    return load_config(None, [f"model.{k}={v}" for k, v in changes.items()] + ["model.width=4", "data.load_kpt=true"])["model"]
+    return load_config(None, [f"model.{k}={v}" for k, v in changes.items()] + ["model.width=4", "data.load_kpt=true"]).model
 
 
 @pytest.mark.parametrize("input_type", ["rgb", "kpt", "rgb_kpt"])

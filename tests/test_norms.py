@@ -1,4 +1,5 @@
 """model.norm (batch, frozen, sync, group) and precise BN (train.precise_bn_batches)."""
+import dataclasses
 import math
 import os
 import socket
@@ -21,7 +22,7 @@ from models.norms import FrozenBatchNorm, SyncBatchNorm, batch_norms, convert_no
 
 
 def model_cfg(**changes):
-    return load_config(None, [f"model.{k}={v}" for k, v in changes.items()] + ["model.width=4", "data.load_kpt=true"])["model"]
+    return load_config(None, [f"model.{k}={v}" for k, v in changes.items()] + ["model.width=4", "data.load_kpt=true"]).model
 
 
 def config_error(*sets: str) -> str:
@@ -64,7 +65,7 @@ def test_group_converts_the_keypoint_branch_and_counts_divide_odd_channel_number
 def test_a_group_norm_checkpoint_from_before_norm_groups_keeps_its_group_counts():
     old = defaults()
     del old["model"]["norm_groups"]
-    assert saved_config(old)["model"]["norm_groups"] == 8 and saved_config(defaults())["model"]["norm_groups"] == 32
+    assert saved_config(old).model.norm_groups == 8 and saved_config(defaults()).model.norm_groups == 32
     assert all(group_count(c, 8) == math.gcd(8, c) for c in (16, 32, 64, 128, 256, 512))  # the earlier rule
 
 
@@ -73,7 +74,7 @@ def test_a_group_norm_checkpoint_from_before_norm_groups_keeps_its_group_counts(
 def test_a_backbone_without_batch_norm_refuses_other_norms(name, norm, tmp_path):
     cfg = model_cfg(backbone=name, norm=norm, pretrained=tmp_path / "w.pt")
     with pytest.raises(ModelConfigError, match=f"model.norm: {norm}: {name} has no BatchNorm layer to convert"):
-        build_model({**cfg, "pretrained": None}, 3)
+        build_model(dataclasses.replace(cfg, pretrained=None), 3)
 
 
 # ------------------------------------------------------------------------------------------------ frozen

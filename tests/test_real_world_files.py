@@ -106,7 +106,7 @@ def dataset_of(path: str, tmp_path, decoder: str, training: bool, **data) -> Vid
     manifest.write_text(json.dumps({"video": path, "label": "a"}) + "\n")
     cfg = load_config(None, ["data.num_workers=0", f"data.decoder={decoder}"] +
                       [f"data.{k}={json.dumps(v)}" for k, v in data.items()])
-    return VideoWindowDataset(read_manifest(str(manifest)), ["a"], cfg["data"], training=training)
+    return VideoWindowDataset(read_manifest(str(manifest)), ["a"], cfg.data, training=training)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -121,7 +121,7 @@ def test_training_evaluation_and_streaming_see_the_same_upright_pixels_whatever_
                                crop_scale=[0.6, 1.0], color_jitter=0.2)
         augmented.set_epoch(1)
         training[decoder] = augmented[0]["video"]
-        data = load_config(None, [f"data.decoder={decoder}", f"data.img_size={json.dumps(size)}"])["data"]
+        data = load_config(None, [f"data.decoder={decoder}", f"data.img_size={json.dumps(size)}"]).data
         stream = ChunkStream(VideoRecord({"video": path}, where="test"), data, InferenceSpec(chunk=8, overlap=0))
         try:
             streamed[decoder] = np.concatenate([t["video"][k].numpy() for _, t in stream for k in range(len(t["video"]))],
@@ -142,7 +142,7 @@ def test_autorotate_false_reads_the_stored_orientation_everywhere(turned, tmp_pa
     sample = dataset_of(path, tmp_path, "pyav", False, num_frames=-1, img_size=[32, 48], autorotate=False)[0]
     frame = sample["video"].permute(1, 2, 3, 0).numpy()[0]
     assert quadrants(frame).tolist() == LAYOUT.tolist()
-    data = load_config(None, ["data.autorotate=false", "data.img_size=[32, 48]"])["data"]
+    data = load_config(None, ["data.autorotate=false", "data.img_size=[32, 48]"]).data
     stream = ChunkStream(VideoRecord({"video": path}, where="test"), data, InferenceSpec(chunk=8, overlap=0))
     try:
         first = next(iter(stream))[1]["video"][0]
@@ -219,7 +219,7 @@ def test_cut_files_through_the_dataset(cut_files, tmp_path, decoder, on_bad_vide
     lines = [{"video": cut_files[name], "label": "a"} for name in CUTS]
     (tmp_path / "m.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     cfg = load_config(None, ["data.num_workers=0", f"data.decoder={decoder}", f"data.on_bad_video={on_bad_video}",
-                             "data.num_frames=16", "data.max_video_frames=64", "data.img_size=[48, 120]"])["data"]
+                             "data.num_frames=16", "data.max_video_frames=64", "data.img_size=[48, 120]"]).data
     records = read_manifest(str(tmp_path / "m.jsonl"))
     if on_bad_video == "raise":
         with pytest.raises(VideoReadError, match=r"cut_5\.mp4: OpenCV cannot open this file .* \(sample at .*:3\)"):
@@ -278,7 +278,7 @@ def test_a_header_that_misstates_the_length_is_said_and_every_frame_read(tmp_pat
     frames = open_reader(path, decoder=decoder).read([0, 150, 199, 120])
     assert [read_barcode(f) for f in frames] == [0, 150, 199, 120]
     # a sequential pass (inference, features) reads to the real end
-    data = load_config(None, [f"data.decoder={decoder}", "data.img_size=[48, 120]"])["data"]
+    data = load_config(None, [f"data.decoder={decoder}", "data.img_size=[48, 120]"]).data
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         stream = ChunkStream(VideoRecord({"video": path}, where="test"), data, InferenceSpec(chunk=50, overlap=0))
     try:

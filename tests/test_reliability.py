@@ -189,7 +189,7 @@ FORK_SCRIPT = textwrap.dedent("""
     from datasets.workers import before_workers_fork
     from config import load_config
     cfg = load_config(None, ["data.img_size=64", "data.num_frames=8", "data.frame_stride=3",
-                             "data.max_video_frames=80", "data.decoder={decoder}", "data.index_cache=null"])["data"]
+                             "data.max_video_frames=80", "data.decoder={decoder}", "data.index_cache=null"]).data
     cv2.cvtColor(np.zeros((720, 1280, 3), np.uint8), cv2.COLOR_BGR2GRAY)  # the parent uses OpenCV's thread pool
     dataset = VideoWindowDataset([VideoRecord({{"video": {clip!r}}}, label="a", where="clip")], ["a"], cfg,
                                  training=False)
@@ -301,7 +301,7 @@ def test_a_checkpoint_of_another_format_is_refused_with_the_way_out(tmp_path):
 def test_a_val_fraction_that_empties_a_side_is_refused(synthetic_root):
     from datasets.manifest import ManifestError
     from datasets.records import training_records
-    data = load_config(None, [f"data.data_dir={synthetic_root}", "data.val_fraction=0.0001"])["data"]
+    data = load_config(None, [f"data.data_dir={synthetic_root}", "data.val_fraction=0.0001"]).data
     with pytest.raises(ManifestError) as info:
         training_records(data)
     assert str(info.value) == ("data.val_fraction=0.0001 leaves 18 training and 0 validation videos of 18; choose a "

@@ -119,7 +119,7 @@ def index_without_stall(data, tmp_path):
     """The main process indexes from the cache: the stall then comes in a DataLoader worker's open."""
     cfg = load_config(None, [f"data.data_dir={data}", f"data.index_cache={tmp_path / 'index.json'}"])
     VideoWindowDataset(read_manifest(str(data / "train.jsonl")), ["down", "grow", "left", "right", "shrink", "up"],
-                       cfg["data"], training=True, index_cache=index_cache_for(cfg))
+                       cfg.data, training=True, index_cache=index_cache_for(cfg))
 
 
 def train_with_a_stalled_worker(shim, stalled_data, tmp_path, workers, policy):

@@ -1,5 +1,6 @@
 """The temporal head: a model over a clip's chunk features, trained end to end through the recomputed chunks."""
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -38,7 +39,7 @@ def head_model(head="transformer", seed=0, views=1, dropout=0.0, **changes):
     torch.manual_seed(seed)
     cfg = load_config(None, ["model.width=4", f"model.temporal_head={head}", "model.temporal_width=16",
                              "model.temporal_heads=2", f"model.temporal_dropout={dropout}",
-                             *[f"model.{k}={v}" for k, v in changes.items()]])["model"]
+                             *[f"model.{k}={v}" for k, v in changes.items()]]).model
     return build_model(cfg, num_classes=3, num_views=views)
 
 
@@ -80,7 +81,7 @@ def gradients(model, inputs, spec, loss="clip", seed=5):
     torch.manual_seed(seed)  # the same dropout masks in both runs
     outputs = forward(prepare.transfer(inputs), spec)
     piece = {**inputs, "label": torch.tensor([0, 2, 1]), "frame_labels": torch.tensor([[0] * 12 + [1] * 12] * 3)}
-    train_cfg = load_config(None, [f"train.chunk_loss={loss}"])["train"]
+    train_cfg = load_config(None, [f"train.chunk_loss={loss}"]).train
     training_loss(outputs, piece, spec, train_cfg, nn.CrossEntropyLoss()).backward()
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
@@ -119,7 +120,7 @@ def test_a_head_trained_on_short_windows_runs_on_a_video_ten_times_longer():
     prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
     forward = ChunkedTrainingForward(model, prepare.normalize).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    train_cfg = load_config(None)["train"]
+    train_cfg = load_config(None).train
     for step in range(3):  # chunks of 32 frames, windows of 64
         inputs = prepare.transfer(clip_batch(length=64, batch=2, seed=step))
         loss = training_loss(forward(inputs, ChunkSpec(32, 0)), {"label": torch.tensor([0, 1])}, ChunkSpec(32, 0),
@@ -150,11 +151,11 @@ def test_streaming_inference_with_a_head_equals_the_whole_forward(tmp_path):
     cfg = load_config(None, ["data.img_size=32", "data.frame_stride=2", "model.width=4",
                              "model.temporal_head=transformer", "model.temporal_width=16", "model.temporal_heads=2"])
     torch.manual_seed(0)
-    model = build_model(cfg["model"], num_classes=2).eval()
-    prepare = InputPreparer(torch.device("cpu"), cfg["data"]["mean"], cfg["data"]["std"])
+    model = build_model(cfg.model, num_classes=2).eval()
+    prepare = InputPreparer(torch.device("cpu"), cfg.data.mean, cfg.data.std)
     runtime = Runtime(torch.device("cpu"), "32")
     spec = InferenceSpec(chunk=8, overlap=2, batch=3, timeline=True)
-    streamed = classify_video(model, VideoRecord({"video": path}, where=path), cfg, spec, runtime, prepare,
+    streamed = classify_video(model, VideoRecord({"video": path}, where=path), cfg.data, spec, runtime, prepare,
                               list(ORDER_CLASSES))
     # the same frames read at once: every second frame, the whole clip through forward_chunked
     reader = open_reader(path, (32, 32))
@@ -175,8 +176,8 @@ def test_the_planner_counts_the_head():
     without = project.config_training_estimate(load_config(None, base), 64, 2)
     cfg = load_config(None, base + ["model.temporal_head=transformer"])
     with_head = project.config_training_estimate(cfg, 64, 2)
-    head = build_model(cfg["model"], num_classes=10).temporal
-    linear = nn.Linear(build_model(load_config(None, base)["model"], num_classes=10).feature_dim, 10)
+    head = build_model(cfg.model, num_classes=10).temporal
+    linear = nn.Linear(build_model(load_config(None, base).model, num_classes=10).feature_dim, 10)
     head_bytes = sum(p.numel() for p in head.parameters()) * 4
     linear_bytes = sum(p.numel() for p in linear.parameters()) * 4
     # at least the head's parameters and AdamW's two states (less the linear classifier the head replaces)
@@ -392,7 +393,7 @@ def test_the_head_trains_in_parameter_groups_of_its_own_at_the_configured_rate()
     from engine.optim import build_optimizer, build_scheduler, gradient_clip
     model = head_model()
     train_cfg = load_config(None, ["train.lr=0.004", "train.temporal_lr_scale=0.25", "train.warmup_epochs=1",
-                                   "train.weight_decay=0.02"])["train"]
+                                   "train.weight_decay=0.02"]).train
     optimizer = build_optimizer(model, train_cfg)
     head_ids = {id(p) for p in model.temporal.parameters()}
     by_name = {}
@@ -409,9 +410,9 @@ def test_the_head_trains_in_parameter_groups_of_its_own_at_the_configured_rate()
         scheduler.step()
     rates = [g["lr"] for g in optimizer.param_groups]
     assert rates[2] == pytest.approx(rates[0] * 0.25) and 0 < rates[0] < 0.004
-    assert gradient_clip({**train_cfg, "temporal_grad_clip": 1.5}, True) == 1.5
-    assert gradient_clip({**train_cfg, "temporal_grad_clip": 1.5}, False) is None
-    assert gradient_clip({**train_cfg, "temporal_grad_clip": 1.5, "grad_clip": 3.0}, True) == 3.0
+    assert gradient_clip(dataclasses.replace(train_cfg, temporal_grad_clip=1.5), True) == 1.5
+    assert gradient_clip(dataclasses.replace(train_cfg, temporal_grad_clip=1.5), False) is None
+    assert gradient_clip(dataclasses.replace(train_cfg, temporal_grad_clip=1.5, grad_clip=3.0), True) == 3.0
 
 
 def test_without_a_head_the_optimizer_is_the_one_of_before():
@@ -419,12 +420,12 @@ def test_without_a_head_the_optimizer_is_the_one_of_before():
     unchanged bit for bit: the same parameters in the same order, the same rates and decays."""
     from engine.optim import build_optimizer
     for model, scale in ((head_model("none"), 0.25), (head_model("transformer"), 1.0)):
-        train_cfg = load_config(None, [f"train.temporal_lr_scale={scale}"])["train"]
+        train_cfg = load_config(None, [f"train.temporal_lr_scale={scale}"]).train
         groups = build_optimizer(model, train_cfg).param_groups
         before = [[p for p in model.parameters() if p.dim() > 1], [p for p in model.parameters() if p.dim() <= 1]]
         assert [g["params"] for g in groups] == before
-        assert [(g["lr"], g["weight_decay"]) for g in groups] == [(train_cfg["lr"], train_cfg["weight_decay"]),
-                                                                  (train_cfg["lr"], 0.0)]
+        assert [(g["lr"], g["weight_decay"]) for g in groups] == [(train_cfg.lr, train_cfg.weight_decay),
+                                                                  (train_cfg.lr, 0.0)]
 
 
 def test_a_head_at_chance_is_said_once_with_the_switches(caplog):
@@ -460,11 +461,11 @@ def test_resuming_with_the_other_group_layout_says_which_setting_to_use(tmp_path
     from artifacts.checkpoint import CHECKPOINT_FORMAT, CheckpointError, restore_training, save_checkpoint
     from engine.optim import build_optimizer
     model = head_model()
-    one_rate = build_optimizer(model, load_config(None, ["train.temporal_lr_scale=1"])["train"])
+    one_rate = build_optimizer(model, load_config(None, ["train.temporal_lr_scale=1"]).train)
     path = str(tmp_path / "last.pt")
     save_checkpoint({"format": CHECKPOINT_FORMAT, "model": model.state_dict(), "optimizer": one_rate.state_dict()},
                     path)
-    own_rate = build_optimizer(model, load_config(None, [])["train"])
+    own_rate = build_optimizer(model, load_config(None, []).train)
     with pytest.raises(CheckpointError, match=r"last\.pt: its optimizer has 2 parameter groups, this config's has 4 "
                                               r"\(.*\); resume with the checkpoint's setting, e\.g\. --set "
                                               r"train\.temporal_lr_scale=1"):

@@ -64,7 +64,7 @@ def make_trainer(model, batch_size, accumulate, tmp_path, count=8, **cfg_changes
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     runtime = Runtime(torch.device("cpu"), "32")
     os.makedirs(tmp_path / "checkpoints", exist_ok=True)
-    prepare = InputPreparer(runtime.device, cfg["data"]["mean"], cfg["data"]["std"])
+    prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
     trainer = Trainer(ChunkedTrainingForward(model, prepare.normalize), optimizer, scheduler,
                       runtime.grad_scaler(), prepare, runtime, cfg, RunDirectory(str(tmp_path)), ["a", "b", "c"],
                       DataShape(3), nn.CrossEntropyLoss(), TrainState())

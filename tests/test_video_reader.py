@@ -1,3 +1,4 @@
+import dataclasses
 import logging
 import os
 import shutil
@@ -301,7 +302,7 @@ def test_a_file_with_two_video_streams_is_read_from_its_first_by_both_decoders(d
     from datasets.video_dataset import VideoWindowDataset
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         VideoWindowDataset([VideoRecord({"video": SHARED_CLIP}, label="a", where="m.jsonl:1")], ["a"],
-                           {**data_cfg_for_streams(), "decoder": decoder}, training=False)
+                           dataclasses.replace(data_cfg_for_streams(), decoder=decoder), training=False)
     [note] = [r.getMessage() for r in caplog.records if "video streams" in r.getMessage()]
     assert note == (f"{SHARED_CLIP}: 2 video streams (#0 320x180 (325 frames), #1 480x270 (390 frames)); both "
                     f"decoders read #0, the first (OpenCV's FFmpeg backend reads no other); FFmpeg's tools would "
@@ -310,7 +311,7 @@ def test_a_file_with_two_video_streams_is_read_from_its_first_by_both_decoders(d
 
 def data_cfg_for_streams() -> dict:
     from config import load_config
-    return load_config(None, ["data.img_size=64", "data.num_frames=8"])["data"]
+    return load_config(None, ["data.img_size=64", "data.num_frames=8"]).data
 
 
 def test_missing_empty_and_non_video_files(tmp_path):
@@ -361,7 +362,7 @@ def test_auto_picks_the_measured_decoder_for_each_access_pattern(tmp_path, codec
     from datasets.video.choice import choose_decoder
     from datasets.video.pyav_reader import PyAVReader
     from datasets.video_files import write_h264
-    assert load_config(None, [])["data"]["decoder"] == "auto"
+    assert load_config(None, []).data.decoder == "auto"
     path = write_h264(str(tmp_path / f"v.{ext}"), 40, 160, 96, codec=codec)
     info = probe(path, "auto")
     assert choose_decoder("auto", info, "random") == random_choice

@@ -64,7 +64,7 @@ def long_video(tmp_path_factory):
 def data_cfg(**changes):
     cfg = load_config(None, ["data.num_workers=0", "data.load_kpt=true"] +
                       [f"data.{k}={json.dumps(v)}" for k, v in changes.items()])
-    return cfg["data"]
+    return cfg.data
 
 
 def test_timeline_is_clipped_to_each_window_and_keypoints_align(long_video, caplog):
@@ -159,7 +159,7 @@ def test_csv_and_folder_manifests(tmp_path, long_video):
 
 
 def test_multiview_samples_read_every_view_at_the_same_frames(synthetic_root, tiny_cfg):
-    tiny_cfg["data"]["train_manifest"] = "multiview_train.jsonl"
+    tiny_cfg.data.train_manifest = "multiview_train.jsonl"
     dataset = build_dataset(tiny_cfg, "train", ["down", "grow", "left", "right", "shrink", "up"], training=True)
     sample = dataset[0]
     assert dataset.view_names == ["front", "left", "right"]
@@ -168,9 +168,9 @@ def test_multiview_samples_read_every_view_at_the_same_frames(synthetic_root, ti
 
 def test_the_pyav_decoder_loads_the_same_samples(synthetic_root, tiny_cfg):
     names = ["down", "grow", "left", "right", "shrink", "up"]
-    tiny_cfg["data"]["train_manifest"] = "multiview_train.jsonl"
+    tiny_cfg.data.train_manifest = "multiview_train.jsonl"
     by_opencv = build_dataset(tiny_cfg, "train", names, training=True)
-    tiny_cfg["data"]["decoder"] = "pyav"
+    tiny_cfg.data.decoder = "pyav"
     by_pyav = build_dataset(tiny_cfg, "train", names, training=True)
     for index in (0, len(by_pyav) - 1, 2):
         a, b = by_opencv[index], by_pyav[index]
