@@ -14,10 +14,10 @@ import torch
 from datasets.clip_transform import ClipTransform, ViewGeometry
 from datasets.keypoints import KeypointError, read_keypoints
 from datasets.manifest import VideoRecord
-from datasets.video.opencv_reader import VideoReader
+from datasets.video.frame_reader import FrameReader
 
 
-def read_clip(readers: Sequence[VideoReader], indices: Sequence[int], plans: Sequence[ViewGeometry],
+def read_clip(readers: Sequence[FrameReader], indices: Sequence[int], plans: Sequence[ViewGeometry],
               transform: ClipTransform, colour: tuple | None = None) -> list[torch.Tensor]:
     """Each view's frames at ``indices``.
 

@@ -23,7 +23,7 @@ from datasets.clip_transform import (
 )
 from datasets.manifest import VideoRecord
 from datasets.video.choice import open_reader
-from datasets.video.opencv_reader import resize_frame
+from datasets.video.frame_reader import resize_frame
 from datasets.video_dataset import VideoWindowDataset
 
 SHARED_CLIP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data",

@@ -12,7 +12,7 @@ from datasets.video import capture, index_cache, pyav_reader
 from datasets.video.choice import DECODERS, open_reader
 from datasets.video.index_cache import VideoIndexCache
 from datasets.video.info import VideoReadError
-from datasets.video.opencv_reader import VideoReader
+from datasets.video.opencv_reader import OpenCVReader
 from datasets.video.probe import probe
 from datasets.video.pyav_reader import PyAVReader
 
@@ -44,7 +44,7 @@ def test_both_decoders_give_the_same_pixels(barcode_videos, name):
     path, _ = barcode_videos[name]
     indices = [0, 397, 123, 124, 250, 12]
     for size in (None, (24, 60)):
-        np.testing.assert_array_equal(VideoReader(path, size).read(indices), PyAVReader(path, size).read(indices))
+        np.testing.assert_array_equal(OpenCVReader(path, size).read(indices), PyAVReader(path, size).read(indices))
 
 
 def test_pyav_does_not_decode_the_non_reference_frames_before_a_clip(barcode_videos):
@@ -118,14 +118,14 @@ def test_a_frame_equals_the_same_frame_of_a_sequential_decode(barcode_videos):
     cap = cv2.VideoCapture(path)
     sequential = [cap.read()[1] for _ in range(260)]
     cap.release()
-    frames = VideoReader(path).read([259, 3, 251])
+    frames = OpenCVReader(path).read([259, 3, 251])
     for index, frame in zip([259, 3, 251], frames):
         np.testing.assert_array_equal(frame, cv2.cvtColor(sequential[index], cv2.COLOR_BGR2RGB))
 
 
 def test_resize_happens_per_frame_to_the_configured_size(barcode_videos):
     path, _ = barcode_videos["mpeg4_avi"]
-    frames = VideoReader(path, size=(24, 60)).read([10, 11])
+    frames = OpenCVReader(path, size=(24, 60)).read([10, 11])
     assert frames.shape == (2, 24, 60, 3) and frames.dtype == np.uint8
 
 
@@ -154,14 +154,14 @@ def test_an_inexact_seek_is_detected_once_and_reading_falls_back_to_sequential(b
                                                                               tmp_path):
     path = shutil.copy(barcode_videos["h264_bframes_mp4"][0], tmp_path / "lying.mp4")
     monkeypatch.setattr(capture, "open_capture", lambda p, threads: LyingCapture(p))
-    reader = VideoReader(str(path))
+    reader = OpenCVReader(str(path))
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         frames = reader.read([300, 301, 50, 390])
     assert [read_barcode(f) for f in frames] == [300, 301, 50, 390]
     assert not reader.seeks_exactly
     warnings = [r for r in caplog.records if "not frame-exact" in r.getMessage()]
     assert len(warnings) == 1 and str(path) in warnings[0].getMessage()
-    assert [read_barcode(f) for f in VideoReader(str(path)).read([280, 10])] == [280, 10]  # remembered per file
+    assert [read_barcode(f) for f in OpenCVReader(str(path)).read([280, 10])] == [280, 10]  # remembered per file
 
 
 def test_timestamps_offset_but_frames_right_is_accepted(barcode_videos, monkeypatch):
@@ -180,7 +180,7 @@ def test_timestamps_offset_but_frames_right_is_accepted(barcode_videos, monkeypa
             return getattr(self.cap, name)
 
     monkeypatch.setattr(capture, "open_capture", lambda p, threads: Shifted(real_open(p, threads)))
-    reader = VideoReader(path)
+    reader = OpenCVReader(path)
     assert [read_barcode(f) for f in reader.read([200, 100, 300])] == [200, 100, 300]
     assert reader.seeks_exactly and reader.stats["seek_checks"] == 1  # one pixel check, then the offset is known
 
@@ -278,7 +278,7 @@ def test_both_decoders_give_the_same_pixels_on_10_bit_video(tmp_path, codec):
         for packet in stream.encode():
             container.mux(packet)
     for size in (None, (64, 80)):
-        np.testing.assert_array_equal(VideoReader(path, size).read([0, 13, 29]),
+        np.testing.assert_array_equal(OpenCVReader(path, size).read([0, 13, 29]),
                                       PyAVReader(path, size).read([0, 13, 29]))
 
 

@@ -5,8 +5,10 @@
     probe          the header read, checked against the file's packets
     prober         the probe in a child process with a deadline
     index_cache    the probes cached across runs
-    opencv_reader  VideoReader: seek-checked OpenCV reads
-    pyav_reader    PyAVReader: the same reads with PyAV, the OpenCV path as its fallback
+    frame_reader   FrameReader: what both decoders share (the read of chosen frames, the pixels stored as displayed,
+                   a file shorter than its header)
+    opencv_reader  OpenCVReader: seek-checked OpenCV reads
+    pyav_reader    PyAVReader: the same reads with PyAV, an OpenCVReader of the file as its fallback
     choice         data.decoder (auto by codec and access) and open_reader
     reader_cache   the open readers of a process (fork-aware)
 

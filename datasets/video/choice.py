@@ -5,8 +5,9 @@ from __future__ import annotations
 import importlib.util
 from typing import Sequence
 
+from datasets.video.frame_reader import FrameReader
 from datasets.video.info import VideoInfo
-from datasets.video.opencv_reader import VideoReader
+from datasets.video.opencv_reader import OpenCVReader
 from datasets.video.probe import probe
 from datasets.video.pyav_reader import PyAVReader
 
@@ -41,8 +42,8 @@ def choose_decoder(decoder: str, info: VideoInfo, access: str = "random") -> str
 
 def open_reader(path: str, size: Sequence[int] | None = None, threads: int | None = None,
                 info: VideoInfo | None = None, decoder: str = "opencv", access: str = "random",
-                autorotate: bool = True) -> VideoReader:
-    """The reader of ``data.decoder``: ``opencv`` (VideoReader), ``pyav`` (PyAVReader), or ``auto`` (the faster
+                autorotate: bool = True) -> FrameReader:
+    """The reader of ``data.decoder``: ``opencv`` (OpenCVReader), ``pyav`` (PyAVReader), or ``auto`` (the faster
     of the two for the file's codec and ``access``: random clips or a sequential pass). Either gives the same
     pixels, turned as displayed unless ``autorotate`` is False (data.autorotate)."""
     if decoder not in ("auto", *DECODERS):
@@ -50,5 +51,5 @@ def open_reader(path: str, size: Sequence[int] | None = None, threads: int | Non
     if decoder == "auto":
         info = info or probe(path, "auto")
         decoder = choose_decoder(decoder, info, access)
-    return (PyAVReader if decoder == "pyav" else VideoReader)(path, size, threads=threads, info=info,
-                                                              autorotate=autorotate)
+    return (PyAVReader if decoder == "pyav" else OpenCVReader)(path, size, threads=threads, info=info,
+                                                               autorotate=autorotate)

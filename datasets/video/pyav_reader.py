@@ -8,8 +8,9 @@ from typing import Sequence
 
 import numpy as np
 
+from datasets.video.frame_reader import FrameReader
 from datasets.video.info import REENCODE_HINT, VideoReadError
-from datasets.video.opencv_reader import VideoReader
+from datasets.video.opencv_reader import OpenCVReader
 
 log = logging.getLogger("longvideo." + __name__)  # printed through the project logger
 
@@ -21,7 +22,7 @@ class _TimestampsUnreliable(Exception):
     """PyAV's timestamps of this file do not identify frames exactly; the OpenCV path takes over."""
 
 
-class PyAVReader(VideoReader):
+class PyAVReader(FrameReader):
     """The same reads (same frames, same pixels) decoded with PyAV, for faster random clips.
 
     A clip far from the current position costs decoding from the keyframe before it. Two things make that
@@ -31,7 +32,8 @@ class PyAVReader(VideoReader):
     packet: with B-frames, about half of the frames between a keyframe and the clip, and the gaps of a
     strided clip). Frames are identified by their timestamps; every decoded frame is checked to lie on the
     frame-rate grid, in order, with no frame missing that was not skipped on purpose. A file that fails
-    a check is read by the OpenCV path from then on (logged once): never a wrong frame in silence.
+    a check is read by the OpenCV path from then on (logged once): never a wrong frame in silence. That path is
+    an ``OpenCVReader`` of the same file, size and orientation this reader holds and hands the frame to.
 
     Needs PyAV (``pip install av``): ``data.decoder: pyav``.
     """
@@ -49,6 +51,7 @@ class PyAVReader(VideoReader):
         self._skip_below = 0  # packets of frames below this that the read does not want may be skipped
         self._maybe_skipped: set[int] = set()  # frames sent with NONREF (the decoder drops the non-reference ones)
         self._last_out = -1  # index of the last decoded frame since the last seek
+        self._opencv: OpenCVReader | None = None  # the fallback, opened when first needed
 
     def read(self, indices: Sequence[int]) -> np.ndarray:
         indices = [int(i) for i in indices]
@@ -58,15 +61,21 @@ class PyAVReader(VideoReader):
         return super().read(indices)
 
     def close(self) -> None:
-        super().close()
+        if self._opencv is not None:
+            self._opencv.close()
         if self._container is not None:
             self._container.close()
             self._container, self._frames = None, None
 
+    @property
+    def seeks_exactly(self) -> bool:
+        """PyAV's seeks and timestamps read this file frame-exactly (else the OpenCV reader reads it)."""
+        return self.path not in _PYAV_UNRELIABLE and self.info.regular_timestamps
+
     def _read_one(self, index: int, dst: np.ndarray) -> bool:
         if self.path in _PYAV_UNRELIABLE or not self.info.regular_timestamps:
             self._opencv_must_decode("its frame timestamps do not number the frames one by one")
-            return super()._read_one(index, dst)
+            return self._opencv_reads(index, dst)
         import av  # lazy: PyAV is optional at run time (imported by __init__ already)
         try:
             return self._decode_one(index, dst)
@@ -85,11 +94,24 @@ class PyAVReader(VideoReader):
         _PYAV_UNRELIABLE.add(self.path)
         log.warning("%s: %s; reading this file with OpenCV from now on (exact, slower seeks)", self.path, why)
         self.close()
-        return super()._read_one(index, dst)
+        return self._opencv_reads(index, dst)
+
+    def _opencv_reads(self, index: int, dst: np.ndarray) -> bool:
+        """Frame ``index`` read by the OpenCV reader of this file (same size, orientation, pixels); its frame
+        count and statistics are this reader's."""
+        if self._opencv is None:
+            self._opencv = OpenCVReader(self.path, self.size, self.threads, self.info, self.seek_threshold,
+                                        self.autorotate)
+            self._opencv.stats = self.stats
+        self._opencv.num_frames = self.num_frames
+        found = self._opencv._read_one(index, dst)
+        self.num_frames = self._opencv.num_frames  # lowered if the file ended before index
+        return found
 
     def _count_frames(self, limit: int) -> int:
         if self.path in _PYAV_UNRELIABLE or not self.info.regular_timestamps:
-            return super()._count_frames(limit)
+            with OpenCVReader(self.path, None, self.threads, self.info, autorotate=self.autorotate) as counter:
+                return counter._count_frames(limit)
         import av  # lazy: PyAV is optional at run time (imported by __init__ already)
         length = 0
         try:

@@ -5,8 +5,8 @@ import os
 from collections import OrderedDict
 
 from datasets.video.choice import open_reader
+from datasets.video.frame_reader import FrameReader
 from datasets.video.info import VideoInfo
-from datasets.video.opencv_reader import VideoReader
 
 # Readers a forked process inherited from its parent: never used (an OpenCV capture shares its file offset with
 # the parent's, so both read wrong frames and see false ends; PyAV's decoder threads do not exist in the child
@@ -23,7 +23,7 @@ class ReaderCache:
         self._pid = os.getpid()
 
     def get(self, path: str, size, info: VideoInfo | None = None, decoder: str = "opencv",
-            autorotate: bool = True) -> VideoReader:
+            autorotate: bool = True) -> FrameReader:
         if os.getpid() != self._pid:  # a forked DataLoader worker: the parent's readers are not ours (_FORKED_READERS)
             _FORKED_READERS.extend(self._readers.values())
             self._readers.clear()
