@@ -32,6 +32,7 @@ from core.logs import setup_logging
 from core.runtime import resolve_device, setup_runtime
 from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.device_input import InputPreparer
+from datasets.records import resolve_inputs
 from datasets.shape import DataShape
 from datasets.video.capture import quiet_decoder_logs
 from datasets.video.info import StalledFile
@@ -47,7 +48,7 @@ from engine.features import (
     shard,
     write_features,
 )
-from engine.inference import InferenceSpec, classify_video, resolve_inputs
+from engine.inference import InferenceSpec, classify_video
 from planner.batch_size import fit_inference_batch
 
 

@@ -37,6 +37,7 @@ def measure(args) -> dict:
 
     from config import load_config
     from core.runtime import setup_runtime
+    from datasets.chunk_stream import ChunkStream
     from datasets.device_input import InputPreparer
     from datasets.manifest import VideoRecord
     from engine import inference as infer_chunked
@@ -65,13 +66,13 @@ def measure(args) -> dict:
                                settings_of(cfg, args.chunk, args.overlap, "float16", "-"), [str(i) for i in range(6)])
         result.update(decode_s=out["decode_s"], compute_s=out["compute_s"], chunks=out["chunks"])
     elif args.mode == "decode":
-        stream = infer_chunked.ChunkStream(record, dataclasses.replace(
+        stream = ChunkStream(record, dataclasses.replace(
             cfg.data, frame_stride=1, load_rgb=True, load_kpt=False, decoder="opencv"), spec)
         result["chunks"] = sum(len(windows) for windows, _ in stream)
         stream.close()
     else:  # compute alone: the same number of chunks, already decoded
         from datasets.video.probe import probe
-        from engine.chunking import inference_windows
+        from datasets.windows import inference_windows
         windows = inference_windows(probe(args.video).num_frames, args.chunk, args.overlap, "mean")
         size = cfg.data.img_size
         # the layout the stream hands over: decoded [n, L, H, W, 3] frames, permuted (not copied) to [n, C, L, H, W]

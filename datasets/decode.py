@@ -1,5 +1,5 @@
 """Frames and keypoints of a clip, from open readers and a geometry: the one path from a file to model input,
-used by the dataset (``VideoWindowDataset``) and by streaming inference (``engine.inference.ChunkStream``).
+used by the dataset (``VideoWindowDataset``) and by streaming inference (``datasets.chunk_stream.ChunkStream``).
 
 Opening (which reader, at which decode size, random or sequential access) is the caller's; decoding and geometry
 are here (MMAction2 separates ``DecordInit`` from ``DecordDecode`` the same way).

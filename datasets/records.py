@@ -7,7 +7,8 @@ import logging
 import os
 
 from config import DataConfig
-from datasets.manifest import ManifestError, VideoRecord, read_manifest
+from core.errors import UsageError
+from datasets.manifest import VIDEO_EXTENSIONS, ManifestError, VideoRecord, read_manifest
 
 log = logging.getLogger("longvideo." + __name__)  # printed through the project logger
 
@@ -93,3 +94,27 @@ def _in_validation(record: VideoRecord, data_dir: str, fraction: float) -> bool:
     same on every run and machine, and a video's windows never land on both sides."""
     relative = os.path.relpath(record.first_path, data_dir)
     return int(hashlib.sha1(relative.encode()).hexdigest()[:8], 16) / 2 ** 32 < fraction
+
+
+def resolve_inputs(input_arg: str | None, data_cfg: DataConfig) -> tuple[str, list[VideoRecord]]:
+    """infer_chunked.py --input: a video, a folder of videos (or of class folders), a manifest; without one, the
+    config's test or val manifest. (what it names, the records)"""
+    if input_arg is None:
+        for split in ("test", "val"):
+            path = manifest_path(data_cfg, split)
+            if path and os.path.exists(path):
+                return path, read_manifest(path)
+        raise UsageError("no --input given and the checkpoint's config has no test or val manifest on this machine")
+    if os.path.isdir(input_arg):
+        files = sorted(f for f in os.listdir(input_arg) if f.lower().endswith(VIDEO_EXTENSIONS))
+        if files:
+            return input_arg, [VideoRecord({"video": os.path.join(input_arg, f)}, where=input_arg) for f in files]
+        if any(os.path.isdir(os.path.join(input_arg, d)) for d in os.listdir(input_arg)):
+            return input_arg, read_manifest(input_arg)  # root/<class>/<video>, as training reads it: labelled
+        raise UsageError(f"--input {input_arg}: no videos in this directory nor in class folders under it "
+                          f"({', '.join(VIDEO_EXTENSIONS)})")
+    if input_arg.endswith((".jsonl", ".json", ".csv")):
+        return input_arg, read_manifest(input_arg)
+    if not os.path.exists(input_arg):
+        raise UsageError(f"--input {input_arg}: file not found")
+    return input_arg, [VideoRecord({"video": input_arg}, where=input_arg)]

@@ -28,6 +28,18 @@ def split_into_windows(length: int, size: int | None, overlap: int = 0, align_la
     return [(s, min(s + size, length)) for s in starts]
 
 
+def chunk_windows(length: int, chunk_size: int, overlap: int = 0) -> list[tuple[int, int]]:
+    """The chunks of a clip of ``length`` frames: one window [0, length) when ``chunk_size`` is -1 or >= length."""
+    if chunk_size == -1 or chunk_size >= length:
+        return [(0, length)]
+    return split_into_windows(length, chunk_size, overlap, align_last_to_end=True)
+
+
+def inference_windows(length: int, chunk_size: int, overlap: int, aggregation: str) -> list[tuple[int, int]]:
+    windows = chunk_windows(length, chunk_size, overlap)
+    return windows[-1:] if aggregation == "last" else windows
+
+
 def clip_indices(start: int, end: int, num_frames: int, stride: int, rng: np.random.Generator | None,
                  view: int = 0, views: int = 1) -> np.ndarray:
     """Frame indices of one clip inside the window [start, end).

@@ -17,23 +17,11 @@ import torch
 from torch import nn
 
 from core.runtime import unwrap_model
-from datasets.windows import split_into_windows
+from datasets.windows import chunk_windows, inference_windows
 from models.classifier import recompute_in_backward
 
 AGGREGATIONS = ("mean", "max", "last", "prob")
 TIME_AXIS = {"video": -3, "kpt": 1}  # video [B, (V,) C, T, H, W]; kpt [B, T, J, C]
-
-
-def chunk_windows(length: int, chunk_size: int, overlap: int = 0) -> list[tuple[int, int]]:
-    """The chunks of a clip of ``length`` frames: one window [0, length) when ``chunk_size`` is -1 or >= length."""
-    if chunk_size == -1 or chunk_size >= length:
-        return [(0, length)]
-    return split_into_windows(length, chunk_size, overlap, align_last_to_end=True)
-
-
-def inference_windows(length: int, chunk_size: int, overlap: int, aggregation: str) -> list[tuple[int, int]]:
-    windows = chunk_windows(length, chunk_size, overlap)
-    return windows[-1:] if aggregation == "last" else windows
 
 
 def clip_length(inputs: dict) -> int:

@@ -15,12 +15,13 @@ import pytest
 from conftest import decode_sequentially, read_barcode, write_with_pyav
 
 from config import load_config
+from datasets.chunk_stream import ChunkStream
 from datasets.manifest import VideoRecord, read_manifest
 from datasets.video.choice import DECODERS, open_reader
 from datasets.video.info import VideoReadError
 from datasets.video.probe import probe
 from datasets.video_dataset import VideoWindowDataset
-from engine.inference import ChunkStream, InferenceSpec
+from engine.inference import InferenceSpec
 
 STORED_H, STORED_W = 64, 96
 # the stored frame's quadrants: white, red / black, grey; any of the eight orientations moves them differently
