@@ -24,7 +24,7 @@ from datasets.video.capture import quiet_decoder_logs
 from engine.chunking import AGGREGATIONS
 from engine.evaluate import EvaluationSpec, evaluate_checkpoint, format_report, write_outputs
 from engine.watch import WatchSpec, watch
-from planner.batch_size import fit_inference_batch
+from planner.batch_size import inference_batch_for_budget
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -84,7 +84,7 @@ def evaluation_spec(args: argparse.Namespace) -> EvaluationSpec:
         def fit(cfg, shape, runtime):
             views = cfg.data.test_clips * cfg.data.test_crops
             chunk = cfg.train.chunk_infer_size
-            chunks = fit_inference_batch(cfg, runtime, shape, chunk, args.memory_budget_gb)
+            chunks = inference_batch_for_budget(cfg, runtime, shape, chunk, args.memory_budget_gb)
             return max(1, chunks // views)  # each forward holds every view of the window
     return EvaluationSpec(args.split, args.data, args.device, args.precision, fit_batch=fit, flags=flags)
 

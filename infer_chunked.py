@@ -49,7 +49,7 @@ from engine.features import (
     write_features,
 )
 from engine.inference import InferenceSpec, classify_video
-from planner.batch_size import fit_inference_batch
+from planner.batch_size import inference_batch_for_budget
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -107,7 +107,7 @@ def inference_config(args, cfg: Config, runtime, state: dict) -> Config:
                                       "--batch": None if args.batch == "auto" else args.batch,
                                       "--sample-timeout": args.sample_timeout})
     if args.batch == "auto":
-        batch = fit_inference_batch(cfg, runtime, DataShape.of_checkpoint(state), cfg.train.chunk_infer_size,
+        batch = inference_batch_for_budget(cfg, runtime, DataShape.of_checkpoint(state), cfg.train.chunk_infer_size,
                                     args.memory_budget_gb)
         cfg = apply_inference_flags(cfg, {"--batch": batch})
     return cfg

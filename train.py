@@ -31,7 +31,7 @@ from engine.build import build_trainer
 from engine.interrupt import stop_on_ctrl_c
 from engine.loop import fit
 from engine.trainer import RunStopped
-from planner.batch_size import fit_budget
+from planner.batch_size import batch_for_budget
 from planner.disk import DiskPlan, bytes_written, disk_plan, state_disk_plan
 from planner.host import warn_if_host_memory_short
 from planner.memory_table import probe_memory
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     setup_logging(runtime.is_main)
     shape = DataShape.of_manifest(cfg)  # read once (manifest, keypoints) for both decisions below
     if args.fit_budget or cfg.data.batch_size == "auto":  # the same decision again on resume: deterministic
-        cfg = fit_budget(cfg, runtime, shape)
+        cfg = batch_for_budget(cfg, runtime, shape)
     if runtime.is_main:
         warn_if_host_memory_short(cfg, shape, runtime.device.type == "cuda")
     plan = None

@@ -15,7 +15,7 @@ from planner.project import clip_frames, config_training_estimate, largest_batch
 log = logging.getLogger("longvideo")
 
 
-def fit_budget(cfg: Config, runtime: Runtime, data_shape: DataShape) -> Config:
+def batch_for_budget(cfg: Config, runtime: Runtime, data_shape: DataShape) -> Config:
     """data.batch_size: auto (or --fit-budget): the largest micro-batch whose estimate fits the budget, and the
     accumulation that keeps the global batch (train.global_batch_size, or batch x accumulation as written).
     Returns a new config holding the decision (the run's config.yaml and checkpoints record it)."""
@@ -48,7 +48,7 @@ def fit_budget(cfg: Config, runtime: Runtime, data_shape: DataShape) -> Config:
     return apply_flags(cfg, {"data.batch_size": (fitted, batch), "train.accumulate_grad_batches": (fitted, accumulate)})
 
 
-def fit_inference_batch(cfg: Config, runtime: Runtime, data_shape: DataShape, chunk: int,
+def inference_batch_for_budget(cfg: Config, runtime: Runtime, data_shape: DataShape, chunk: int,
                         budget_gb: float | None = None) -> int:
     """--batch auto: the most chunks per forward whose estimated peak fits the budget (``budget_gb``, else the
     config's trainer.memory_budget_gb)."""

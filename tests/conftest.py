@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import cv2
 import numpy as np
@@ -10,6 +12,16 @@ import pytest
 BITS = 12
 BLOCK = 10  # pixels per bit: wide blocks survive lossy codecs
 WIDTH, HEIGHT = BITS * BLOCK, 48
+
+
+def run_python(args, **kwargs) -> subprocess.CompletedProcess:
+    """``python ARGS...`` from the project root, as a user runs the scripts."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, *args], cwd=root, capture_output=True, text=True, timeout=600, **kwargs)
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
 def decode_sequentially(path: str, rgb: bool = True) -> list[np.ndarray]:

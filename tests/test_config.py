@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
 from config import ALL_KEYS, SCHEMA, ConfigError, defaults, load_config
@@ -214,3 +215,36 @@ def test_no_code_outside_config_reads_the_configuration_by_string_keys():
     offenders = {os.path.relpath(path, ROOT): reads for path in sources
                  for reads in [string_key_reads(open(path, encoding="utf-8").read())] if reads}
     assert offenders == {}
+
+
+def test_config_messages_say_how_to_fix(tmp_path):
+    (tmp_path / "child.yaml").write_text("base: missing.yaml\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(tmp_path / "child.yaml"))
+    assert str(info.value) == (f"{tmp_path / 'child.yaml'}: base: missing.yaml not found ({tmp_path / 'missing.yaml'}); "
+                               f"a base is resolved relative to the file that names it: fix the 'base:' line, e.g. "
+                               f"base: base.yaml")
+    (tmp_path / "tabs.yaml").write_text("data:\n\tbatch_size: 4\n")
+    with pytest.raises(ConfigError, match=r"tabs\.yaml: line 2 is not valid YAML .*; indent with spaces, not tabs$"):
+        load_config(str(tmp_path / "tabs.yaml"))
+
+
+def test_a_val_fraction_that_empties_a_side_is_refused(synthetic_root):
+    from datasets.manifest import ManifestError
+    from datasets.records import training_records
+    data = load_config(None, [f"data.data_dir={synthetic_root}", "data.val_fraction=0.0001"]).data
+    with pytest.raises(ManifestError) as info:
+        training_records(data)
+    assert str(info.value) == ("data.val_fraction=0.0001 leaves 18 training and 0 validation videos of 18; choose a "
+                               "fraction that leaves both")
+
+
+def test_a_global_batch_that_the_processes_cannot_share_is_refused():
+    from core.runtime import Runtime
+    from datasets.shape import DataShape
+    from planner.batch_size import batch_for_budget
+    cfg = load_config(os.path.join(ROOT, "configs", "quickstart.yaml"),
+                      ["trainer.memory_budget_gb=1", "data.batch_size=auto", "train.global_batch_size=15"])
+    with pytest.raises(ConfigError) as info:
+        batch_for_budget(cfg, Runtime(torch.device("cpu"), "32", 0, 2), DataShape(6))
+    assert str(info.value) == "train.global_batch_size=15 must be a multiple of the 2 processes"

@@ -17,7 +17,7 @@ from models import build_model
 from models.norms import batch_norms
 from planner import estimate as me
 from planner import project
-from planner.batch_size import fit_budget
+from planner.batch_size import batch_for_budget
 from planner.project import with_value
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -112,7 +112,7 @@ def test_cuda_autocast_policy_is_emulated_on_cpu_tensors():
 
 def fit(cfg, budget_bytes, world_size=1):
     cfg.trainer.memory_budget_gb = budget_bytes / (1 - me.SAFETY_MARGIN) / me.GiB
-    fitted = fit_budget(cfg, Runtime(torch.device("cpu"), "32", 0, world_size), DataShape(6))
+    fitted = batch_for_budget(cfg, Runtime(torch.device("cpu"), "32", 0, world_size), DataShape(6))
     return fitted.data.batch_size, fitted.train.accumulate_grad_batches
 
 
