@@ -31,7 +31,7 @@ from engine.build import build_trainer
 from engine.interrupt import stop_on_ctrl_c
 from engine.loop import fit
 from engine.trainer import RunStopped
-from planner.batch_size import batch_for_budget
+from planner.batch_size import batch_for_budget, chunks_to_keep
 from planner.disk import DiskPlan, bytes_written, disk_plan, state_disk_plan
 from planner.host import warn_if_host_memory_short
 from planner.memory_table import probe_memory
@@ -99,11 +99,13 @@ def main(argv=None) -> int:
     shape = DataShape.of_manifest(cfg)  # read once (manifest, keypoints) for both decisions below
     if args.fit_budget or cfg.data.batch_size == "auto":  # the same decision again on resume: deterministic
         cfg = batch_for_budget(cfg, runtime, shape)
+    kept_chunks = chunks_to_keep(cfg, runtime, shape)  # train.recompute: auto, at the run's batch
     if runtime.is_main:
         warn_if_host_memory_short(cfg, shape, runtime.device.type == "cuda")
     plan = None
     try:
-        trainer, train_loader, val_loader = build_trainer(cfg, runtime, resume_path, args.stop_after_steps)
+        trainer, train_loader, val_loader = build_trainer(cfg, runtime, resume_path, args.stop_after_steps,
+                                                          kept_chunks)
         plan = state_disk_needs(trainer, len(train_loader), resumed=bool(resume_path)) if runtime.is_main else None
     except DiskFullError as e:
         raise disk_full_advice(e, plan, args, resumable=bool(args.resume)) from None

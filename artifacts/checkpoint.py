@@ -42,6 +42,7 @@ class TrainState:
     micro_splits: int = 1  # forward passes per loader batch: doubled after each out-of-memory error
     history: list = field(default_factory=list)
     chunk_train_size: int | None = None  # training chunk length set by the OOM back-off; None = the config's
+    kept_chunks: int | None = None  # training chunks whose activations are kept (train.recompute: auto); None = none
     epoch_loss_sum: float = 0.0  # summed clip losses of this epoch so far: a resumed epoch reports the whole
     epoch_clips: int = 0  # epoch's train_loss, not only the part after the resume
 

@@ -3,6 +3,7 @@
     python -m bench.train_chunked                                 # tiny3d width 32, 64x64, T = 64 ... 1,024
     python -m bench.train_chunked --backbone r3d_18 --size 112 --frames 64,128 --chunks 16
     python -m bench.train_chunked --temporal-head transformer      # with the temporal head over the chunks
+    python -m bench.train_chunked --part recompute --frames 256 --chunks 32   # train.recompute: auto vs all
 
 One training step (forward, backward, AdamW step) of the project's training forward (``ChunkedTrainingForward``,
 the one train.py uses) on a clip of T frames, batch 1, fp32, each cell in a fresh process. Memory: on the CPU
@@ -13,6 +14,13 @@ follows the live tensors); on CUDA the peak allocated device memory of the secon
 before it.
 Time: the fastest of --repeat further steps, per clip frame, in a second process with the usual allocator. Printed as ratios: memory against T = 64 of the
 same mode, time per frame against the whole-clip step at the same T.
+
+``--part recompute``: train.recompute at one T and chunk size, in one run: the whole clip (the plain step), auto
+with a budget that holds every chunk's activations, auto with one that holds half of them (the budgets are the
+planner's estimates of those two steps over 1 - its safety margin, as a user would set them; the kept counts are
+the planner's decisions for them), and all (every chunk recomputed). Time per frame against the plain step;
+memory: the step's peak (the estimate of what the step began with plus the measured growth during it) beside the
+planner's estimate of the peak, and the budget.
 """
 from __future__ import annotations
 
@@ -54,7 +62,7 @@ def measure(args) -> dict:
     clip = {"video": torch.randint(0, 255, (1, 3, args.length, args.size, args.size), dtype=torch.uint8)}
     inputs = prepare.transfer(clip)
     labels = torch.tensor([3], device=device)
-    spec = ChunkSpec(args.chunk, args.overlap)
+    spec = ChunkSpec(args.chunk, args.overlap, kept=args.kept)
 
     def step():
         outputs = forward(inputs, spec)  # a temporal head's {"clip", "chunks"}, else chunk logits
@@ -91,7 +99,7 @@ def measure(args) -> dict:
 
 
 def step_cell(backbone: str, width: int, size: int, length: int, chunk: int, overlap: int = 0, repeat: int = 3,
-              device: str = "cpu", temporal_head: str = "none", temporal_width: int = 64) -> dict | str:
+              device: str = "cpu", temporal_head: str = "none", temporal_width: int = 64, kept: int = 0) -> dict | str:
     """One cell of the table: {"peak_mb", "step_s", "input_mb"} of one training step, or the error's last line.
     Memory: every allocation above 64 KB its own mapping, returned when freed, so resident memory follows the
     live tensors (glibc would keep freed blocks of the warm-up step resident and hide the measured one); time: a
@@ -99,7 +107,7 @@ def step_cell(backbone: str, width: int, size: int, length: int, chunk: int, ove
     command = [sys.executable, "-m", "bench.train_chunked", "--worker", "--backbone", backbone, "--width", str(width),
                "--size", str(size), "--length", str(length), "--chunk", str(chunk), "--overlap", str(overlap),
                "--repeat", str(repeat), "--device", device, "--temporal-head", temporal_head,
-               "--temporal-width", str(temporal_width)]
+               "--temporal-width", str(temporal_width), "--kept", str(kept)]
     runs = [subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
             for env in ({**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}, os.environ)]
     failed = next((r for r in runs if r.returncode != 0), None)
@@ -121,12 +129,17 @@ def main() -> None:
     parser.add_argument("--temporal-width", type=int, default=64, help="model.temporal_width")
     parser.add_argument("--repeat", type=int, default=3, help="timed steps after the measured one; the fastest kept")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    args = parse_or_measure(parser, measure, length=int, chunk=int)
+    parser.add_argument("--part", choices=("growth", "recompute"), default="growth",
+                        help="growth: memory and time as the clip grows; recompute: train.recompute auto vs all")
+    args = parse_or_measure(parser, measure, length=int, chunk=int, kept=int)
     if args is None:
         return
     if args.device is None:
         import torch
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.part == "recompute":
+        recompute_table(args)
+        return
     frames = [int(v) for v in args.frames.split(",")]
     modes = [-1] + [int(v) for v in args.chunks.split(",")]
     memory = "device allocated" if args.device == "cuda" else "host RSS growth"
@@ -162,6 +175,46 @@ def main() -> None:
             line += (f" | {r['peak_mb']:>16.1f} {r['peak_mb'] / base['peak_mb']:>6.2f}x {per_frame:>8.2f} "
                      f"{ratio:>7s}")
         print(line, flush=True)
+
+
+def recompute_table(args) -> None:
+    """train.recompute: auto (budgets holding every chunk, half of them) and all, against the plain step."""
+    from config import load_config
+    from datasets.windows import chunk_windows
+    from planner.estimate import SAFETY_MARGIN
+    from planner.project import config_training_estimate, most_chunks_kept
+    length, chunk = int(args.frames.split(",")[0]), int(args.chunks.split(",")[0])
+    common = [f"model.backbone={args.backbone}", f"model.width={args.width}", f"model.temporal_head={args.temporal_head}",
+              f"model.temporal_width={args.temporal_width}", f"data.img_size={args.size}", f"data.num_frames={length}",
+              "data.batch_size=1"]
+    cfg = load_config(None, [*common, f"train.chunk_train_size={chunk}", f"train.chunk_train_overlap={args.overlap}"])
+    plain = config_training_estimate(load_config(None, common), length, 1)
+    chunks = len(chunk_windows(length, chunk, args.overlap))
+    estimates = {k: config_training_estimate(cfg, length, 1, kept_chunks=k) for k in (0, chunks // 2, chunks)}
+    rows = [("whole clip (plain step)", -1, 0, None)]
+    for name, held in (("auto, budget holds every chunk", chunks), ("auto, budget holds half", chunks // 2)):
+        usable = estimates[held].peak  # the budget a user would set: this, with the planner's margin on top
+        rows.append((name, chunk, most_chunks_kept(cfg, length, 1, usable)[0], usable / (1 - SAFETY_MARGIN)))
+    rows.append(("all (every chunk recomputed)", chunk, 0, None))
+    print(f"{args.backbone} (width {args.width}) at {args.size}x{args.size}, T={length}, training chunks of {chunk} "
+          f"({chunks} chunks), batch 1, fp32, AdamW, on {args.device}, {os.cpu_count()} CPUs")
+    results = [step_cell(args.backbone, args.width, args.size, length, size, args.overlap, args.repeat, args.device,
+                         args.temporal_head, args.temporal_width, kept) for _, size, kept, _ in rows]
+    whole = results[0]
+    print(f"{'train.recompute':<32s} {'kept':>6s} {'ms/frame':>8s} {'x plain':>7s} {'measured MB':>11s} "
+          f"{'estimated MB':>12s} {'budget MB':>9s}")
+    for (name, size, kept, budget), result in zip(rows, results):
+        if isinstance(result, str):
+            print(f"{name:<32s} failed: {result}")
+            continue
+        estimate = plain if size == -1 else (estimates.get(kept)
+                                             or config_training_estimate(cfg, length, 1, kept_chunks=kept))
+        kept_text = "-" if size == -1 else f"{kept}/{chunks}"
+        budget_text = "-" if budget is None else f"{budget / MB:.1f}"
+        measured = estimate.before_step / MB + result["peak_mb"]  # what the step began with, plus its growth
+        print(f"{name:<32s} {kept_text:>6s} {1000 * result['step_s'] / length:>8.2f} "
+              f"{result['step_s'] / whole['step_s']:>6.2f}x {measured:>11.1f} {estimate.peak / MB:>12.1f} "
+              f"{budget_text:>9s}", flush=True)
 
 
 if __name__ == "__main__":

@@ -169,9 +169,14 @@ class TrainConfig:
                                      choices=("mean", "max", "last", "prob"))
     video_batch_size: int = setting(1, "int", "inference chunks per forward call at evaluation", minimum=1)
     chunk_train_size: int = setting(-1, "int", "frames per chunk of a training clip, each chunk recomputed in backward "
-                                    "so training memory no longer grows with the clip; -1 = the whole clip in one "
-                                    "forward", minimum=1, also=(-1,))
+                                    "(train.recompute) so training memory no longer grows with the clip; -1 = the "
+                                    "whole clip in one forward", minimum=1, also=(-1,))
     chunk_train_overlap: int = setting(0, "int", "frames shared by consecutive training chunks", minimum=0)
+    recompute: str = setting("auto", "choice", "training chunks: all recomputes every chunk's activations in "
+                             "backward (the memory of one chunk, each forward run twice); auto keeps the activations "
+                             "of as many chunks as trainer.memory_budget_gb holds (decided before the first step) "
+                             "and recomputes only the rest; without a budget auto recomputes every chunk, as all",
+                             choices=("auto", "all"))
     chunk_train_aggregation: str = setting("mean", "choice", "how the chunk logits of a training clip become its "
                                            "prediction for the loss (chunk_loss: clip)",
                                            choices=("mean", "max", "prob"),

@@ -33,9 +33,12 @@ log = logging.getLogger("longvideo")
 
 
 def build_trainer(cfg: Config, runtime: Runtime, resume_path: str | None = None,
-                  stop_after_steps: int | None = None) -> tuple[Trainer, DataLoader, DataLoader | None]:
+                  stop_after_steps: int | None = None,
+                  kept_chunks: int = 0) -> tuple[Trainer, DataLoader, DataLoader | None]:
     """Data, model, optimizer, schedule and run directory (or the resumed ones), wired into a Trainer.
-    ``cfg`` has a number for data.batch_size (the planner resolves ``auto`` before)."""
+    ``cfg`` has a number for data.batch_size (the planner resolves ``auto`` before); ``kept_chunks``: the
+    training chunks the planner keeps unrecomputed (train.recompute: auto), unless a resumed checkpoint holds
+    its own count (the back-off may have lowered it)."""
     torch.manual_seed(cfg.train.seed)
     np.random.seed(cfg.train.seed)
     train_set, val_set, class_names, shape = build_data(cfg)
@@ -58,6 +61,8 @@ def build_trainer(cfg: Config, runtime: Runtime, resume_path: str | None = None,
         if run is None:  # a checkpoint from elsewhere: nothing is written beside the user's file
             log.info("%s is not inside a run directory of this project (<run>/checkpoints/, with config.yaml): "
                      "continuing in a new run directory", resume_path)
+    if state.kept_chunks is None:
+        state.kept_chunks = kept_chunks
     if run is None and runtime.is_main:
         run = RunDirectory.create(ExperimentDirectory.of_config(cfg))
     prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std, channels_last)

@@ -170,11 +170,19 @@ def forward_chunked(model, inputs: dict, chunk_size: int, overlap: int = 0, aggr
 @dataclass(frozen=True)
 class ChunkSpec:
     """How a training clip goes through the model: ``size`` frames per chunk (-1: the whole clip in one
-    forward), ``overlap`` frames shared by neighbours, and whether each chunk's activations are recomputed
-    in backward (``recompute``; off only to compare gradients in the tests)."""
+    forward), ``overlap`` frames shared by neighbours, and which chunks' activations are recomputed in backward:
+    all but the last ``kept`` (train.recompute: auto, the planner's count), none with ``recompute`` False (to
+    compare gradients in the tests)."""
     size: int = -1
     overlap: int = 0
     recompute: bool = True
+    kept: int = 0
+
+    def recomputed(self, chunk: int, chunks: int) -> bool:
+        """Is chunk ``chunk`` of ``chunks`` recomputed in backward? The kept ones are the last: backward reaches
+        them first (autograd runs the latest nodes first) and frees their activations before it recomputes the
+        others, so the peak holds ``kept`` chunks' activations or one recomputed chunk's, not both."""
+        return self.recompute and chunks > 1 and chunk < chunks - self.kept
 
 
 class ChunkedTrainingForward(nn.Module):
@@ -184,6 +192,8 @@ class ChunkedTrainingForward(nn.Module):
     Each chunk's forward runs under non-reentrant checkpointing: between forward and backward only the chunk
     inputs (views of the uint8 clip, 1 byte a pixel) and the chunk logits stay alive, and in backward one
     chunk is recomputed at a time, so the activation memory is that of one chunk whatever the clip length.
+    The last ``spec.kept`` chunks keep their activations instead (train.recompute: auto, as many as the memory
+    budget holds): no second forward for them.
     The inputs come as uint8 and are normalized per chunk inside the recomputed function (a float copy of a
     1,000-frame clip would be 4x the uint8 one). A clip in one chunk is exactly the plain training forward.
 
@@ -206,9 +216,9 @@ class ChunkedTrainingForward(nn.Module):
             return self.module(self.normalize(inputs)).unsqueeze(0)
         min_frames = getattr(unwrap_model(self.module), "min_frames", 1)
         logits = []
-        for start, end in windows:
+        for i, (start, end) in enumerate(windows):
             chunk = slice_time(inputs, start, end, min_frames)
-            if spec.recompute:
+            if spec.recomputed(i, len(windows)):
                 logits.append(recompute_in_backward(self.module, self._chunk_logits, chunk))
             else:
                 logits.append(self._chunk_logits(chunk))
@@ -225,9 +235,9 @@ class ChunkedTrainingForward(nn.Module):
         head over all of them; only the [B, n, D] features and the head's own activations stay alive."""
         min_frames = getattr(unwrap_model(self.module), "min_frames", 1)
         features = []
-        for start, end in windows:
+        for i, (start, end) in enumerate(windows):
             chunk = slice_time(inputs, start, end, min_frames)
-            if spec.recompute and len(windows) > 1:
+            if spec.recomputed(i, len(windows)):
                 features.append(recompute_in_backward(self.module, self._chunk_features, chunk))
             else:
                 features.append(self._chunk_features(chunk))

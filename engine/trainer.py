@@ -64,13 +64,15 @@ class Trainer:
                                    self.class_names, self.shape.checkpoint_fields())
 
     def chunk_spec(self) -> ChunkSpec:
-        """The training chunks now: the config's, or the shorter ones the OOM back-off chose."""
+        """The training chunks now: the config's, or the shorter ones the OOM back-off chose; the chunks kept
+        unrecomputed (train.recompute: auto) as the planner decided and the back-off lowered."""
         train_cfg = self.cfg.train
         size = train_cfg.chunk_train_size if self.state.chunk_train_size is None else self.state.chunk_train_size
         overlap = train_cfg.chunk_train_overlap
         if size != -1 and overlap >= size:  # a chunk shortened by the back-off keeps half of itself shared at most
             overlap = size // 2
-        return ChunkSpec(size, overlap)
+        kept = self.state.kept_chunks if train_cfg.recompute == "auto" and self.state.kept_chunks else 0
+        return ChunkSpec(size, overlap, kept=kept)
 
     def save(self, name: str) -> str:
         if not self.runtime.is_main:

@@ -1,5 +1,6 @@
 """The decisions taken from the estimates: ``data.batch_size: auto`` / ``--fit-budget`` (the largest micro-batch
-that fits, with the accumulation that keeps the global batch) and ``infer_chunked.py --batch auto``."""
+that fits, with the accumulation that keeps the global batch), ``train.recompute: auto`` (the training chunks whose
+activations the budget holds) and ``infer_chunked.py --batch auto``."""
 from __future__ import annotations
 
 import logging
@@ -8,9 +9,16 @@ from config import Config, apply_flags
 from core.errors import ConfigError, UsageError
 from core.runtime import Runtime
 from datasets.shape import DataShape
+from datasets.windows import chunk_windows
 from planner.estimate import margin_text, usable_bytes
 from planner.memory_table import nothing_fits
-from planner.project import clip_frames, config_training_estimate, largest_batch, largest_inference_batch
+from planner.project import (
+    clip_frames,
+    config_training_estimate,
+    largest_batch,
+    largest_inference_batch,
+    most_chunks_kept,
+)
 
 log = logging.getLogger("longvideo")
 
@@ -48,8 +56,35 @@ def batch_for_budget(cfg: Config, runtime: Runtime, data_shape: DataShape) -> Co
     return apply_flags(cfg, {"data.batch_size": (fitted, batch), "train.accumulate_grad_batches": (fitted, accumulate)})
 
 
+def chunks_to_keep(cfg: Config, runtime: Runtime, data_shape: DataShape) -> int:
+    """train.recompute: auto: how many training chunks keep their activations (the last of each clip; the rest are
+    recomputed in backward): the most whose estimated step fits trainer.memory_budget_gb at the run's batch, so
+    recomputation is paid only where the budget forces it. 0 (every chunk recomputed, as recompute: all) without
+    training chunks, with recompute: all, or without a budget (said in the log)."""
+    train_cfg = cfg.train
+    if train_cfg.recompute == "all" or train_cfg.chunk_train_size == -1:
+        return 0
+    frames = clip_frames(cfg.data)
+    chunks = len(chunk_windows(frames, train_cfg.chunk_train_size, train_cfg.chunk_train_overlap))
+    if chunks <= 1:
+        return 0
+    budget = cfg.trainer.memory_budget_gb
+    if not budget:
+        log.info("train.recompute: auto without trainer.memory_budget_gb: every training chunk is recomputed in "
+                 "backward (as recompute: all); with a budget, the chunks it holds keep their activations")
+        return 0
+    cuda = runtime.device.type == "cuda"
+    kept, peaks = most_chunks_kept(cfg, frames, cfg.data.batch_size, usable_bytes(budget, cuda),
+                                   **data_shape.model_args())
+    peak = peaks[kept]
+    log.info("train.recompute: auto: keeping the activations of %d of %d training chunks, recomputing %d in "
+             "backward (estimated peak %.2f GiB of %s)", kept, chunks, chunks - kept, peak / 2 ** 30,
+             margin_text(budget, cuda))
+    return kept
+
+
 def inference_batch_for_budget(cfg: Config, runtime: Runtime, data_shape: DataShape, chunk: int,
-                        budget_gb: float | None = None) -> int:
+                               budget_gb: float | None = None) -> int:
     """--batch auto: the most chunks per forward whose estimated peak fits the budget (``budget_gb``, else the
     config's trainer.memory_budget_gb)."""
     budget = budget_gb or cfg.trainer.memory_budget_gb

@@ -12,6 +12,7 @@ from core.errors import UsageError
 from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.records import read_split
 from datasets.shape import DataShape
+from datasets.windows import chunk_windows
 from planner.disk import disk_plan, model_on_meta, state_disk_plan
 from planner.estimate import GiB, MiB, margin_text, usable_bytes
 from planner.host import loader_host_bytes
@@ -21,6 +22,7 @@ from planner.project import (
     config_training_estimate,
     largest_batch,
     measure_training_step_cuda,
+    most_chunks_kept,
     with_value,
 )
 
@@ -106,6 +108,14 @@ def probe(cfg: Config, cuda: bool, frames_grid: list[int] | None = None, batch_g
     out(margin_text(budget, cuda=for_gpu))
     out(f"largest batch at num_frames={frames} (checkpointing {'on' if preset_ckpt else 'off'}, as in the preset) "
         f"that fits: {best if best else 'none: even 1 clip does not fit'}")
+    train_cfg = cfg.train
+    if train_cfg.chunk_train_size != -1 and train_cfg.recompute == "auto":
+        kept, peaks = most_chunks_kept(cfg, frames, batch, usable, **shape)
+        chunks = len(chunk_windows(frames, train_cfg.chunk_train_size, train_cfg.chunk_train_overlap))
+        recompute_all = peaks.get(0) or config_training_estimate(cfg, frames, batch, **shape).peak
+        out(f"train.recompute: auto at batch {batch}: keeps the activations of {kept} of {chunks} training chunks "
+            f"(estimated peak {peaks[kept] / MiB:.0f} MiB; every chunk recomputed: {recompute_all / MiB:.0f} MiB; "
+            f"the table's estimates recompute every chunk)")
     return 0
 
 

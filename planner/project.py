@@ -12,6 +12,7 @@ from torch import nn
 from config import Config, DataConfig, apply_flags
 from core.runtime import Runtime
 from datasets.device_input import InputPreparer
+from datasets.windows import chunk_windows
 from engine.chunking import ChunkedTrainingForward, ChunkSpec
 from engine.optim import build_optimizer
 from engine.step import step_loss
@@ -25,12 +26,13 @@ class ProjectStep:
     """The training step of a config, as the estimate and the CUDA measurement both run it: the classifier of
     ``build_model``, the chunked training forward (``train.chunk_train_size``) and ``engine.step.step_loss``.
     ``train.chunk_loss: dense`` is run as ``clip`` (the loss sees [chunks, batch, classes] logits either way: no
-    memory to speak of)."""
+    memory to speak of). ``kept_chunks``: the last chunks whose activations are kept (train.recompute: auto)."""
 
-    def __init__(self, cfg: Config, num_classes: int = 10, num_views: int = 1, kpt_shape: tuple | None = None):
+    def __init__(self, cfg: Config, num_classes: int = 10, num_views: int = 1, kpt_shape: tuple | None = None,
+                 kept_chunks: int = 0):
         train_cfg = cfg.train
         self.cfg, self.num_classes, self.num_views, self.kpt_shape = cfg, num_classes, num_views, kpt_shape
-        self.spec = ChunkSpec(train_cfg.chunk_train_size, train_cfg.chunk_train_overlap)
+        self.spec = ChunkSpec(train_cfg.chunk_train_size, train_cfg.chunk_train_overlap, kept=kept_chunks)
         self.loss_cfg = dataclasses.replace(train_cfg, chunk_loss="clip")
         self.criterion = nn.CrossEntropyLoss(label_smoothing=train_cfg.label_smoothing)
 
@@ -52,14 +54,15 @@ class ProjectStep:
 
 def config_training_estimate(cfg: Config, num_frames: int | None = None, batch_size: int | None = None,
                              num_classes: int = 10, num_views: int = 1, kpt_shape: tuple | None = None,
-                             precision: str | None = None, fake: bool = True) -> StepEstimate:
+                             precision: str | None = None, fake: bool = True, kept_chunks: int = 0) -> StepEstimate:
     """One training step of a config as train.py runs it (``ProjectStep``), with the preset's precision,
-    checkpointing, AdamW/SGD state and accumulation, the uint8 clip (views, keypoints) on the device."""
+    checkpointing, AdamW/SGD state and accumulation, the uint8 clip (views, keypoints) on the device, and
+    ``kept_chunks`` training chunks not recomputed."""
     frames = num_frames or cfg.data.num_frames
     if frames < 1:
         raise ValueError("num_frames -1 (every frame of the window): give the clip length to estimate")
     batch = batch_size or cfg.data.batch_size
-    step, device = ProjectStep(cfg, num_classes, num_views, kpt_shape), torch.device("cpu")
+    step, device = ProjectStep(cfg, num_classes, num_views, kpt_shape, kept_chunks), torch.device("cpu")
     return estimate_training_step(lambda: step.classifier().train(), lambda: step.inputs(frames, batch, device),
                                   lambda model, inputs: step.loss(model, inputs, device),
                                   precision or cfg.trainer.precision, cfg.train.optimizer,
@@ -132,6 +135,29 @@ def largest_batch(cfg: Config, num_frames: int, usable: int, limit: int = 1024, 
         return estimate.peak <= usable
 
     return _largest(fits, limit), tried
+
+
+def most_chunks_kept(cfg: Config, num_frames: int, batch_size: int, usable: int, **shape) -> tuple[int, dict]:
+    """train.recompute: auto: the most training chunks of a clip (the last ones) whose activations can be kept
+    with the step's estimate within ``usable`` bytes (0: every chunk recomputed), and the peaks estimated on the
+    way ({kept: bytes}, the answer's among them). The peak grows with every chunk kept: all of them are tried
+    first, then bisection."""
+    chunks = len(chunk_windows(num_frames, cfg.train.chunk_train_size, cfg.train.chunk_train_overlap))
+    peaks: dict[int, int] = {}
+
+    def fits(kept: int) -> bool:
+        peaks[kept] = config_training_estimate(cfg, num_frames, batch_size, kept_chunks=kept, **shape).peak
+        return peaks[kept] <= usable
+
+    if fits(chunks):
+        return chunks, peaks
+    low, high = 0, chunks
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    if low not in peaks:
+        fits(low)
+    return low, peaks
 
 
 def _largest(fits, limit: int) -> int:

@@ -42,7 +42,8 @@ def gradients_of(model, inputs, spec, aggregation="mean", labels=(0, 2), seed=5,
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        logits = aggregate_chunk_logits(forward(prepare.transfer(inputs), spec), aggregation)
+        outputs = forward(prepare.transfer(inputs), spec)  # a temporal head's {"clip", "chunks"}, else chunk logits
+        logits = outputs["clip"] if isinstance(outputs, dict) else aggregate_chunk_logits(outputs, aggregation)
     nn.functional.cross_entropy(logits, torch.tensor(labels[:len(logits)])).backward()
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
@@ -165,16 +166,20 @@ def test_chunk_train_aggregation_last_is_refused_with_its_reason():
         load_config(None, ["train.chunk_train_size=8", "train.chunk_train_overlap=8"])
 
 
-@pytest.mark.parametrize("dense, head, precise", [(False, "none", False), (True, "none", False),
-                                                  (True, "transformer", False), (False, "none", True)])
-def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(synthetic_root, tmp_path, dense, head, precise):
+@pytest.mark.parametrize("dense, head, precise, budget", [
+    (False, "none", False, False), (True, "none", False, False), (True, "transformer", False, False),
+    (False, "none", True, False), (False, "transformer", False, True)])
+def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(synthetic_root, tmp_path, dense, head, precise,
+                                                                  budget):
     """From epoch_0001.pt of a 2-epoch run, put as last.pt of a fresh run: the same final weights and BatchNorm
     statistics (with a temporal head too: its dropout and the recomputed chunks' draw from the restored RNG; with
-    precise BN: the statistics recomputed before each validation)."""
+    precise BN: the statistics recomputed before each validation; with a budget: chunks kept unrecomputed,
+    train.recompute: auto)."""
     extra = ["model.dropout=0.5", "train.chunk_train_size=4", "train.chunk_train_overlap=1", "train.keep_last_k=2",
              "train.chunk_infer_size=4"] + (["train.chunk_loss=dense", "data.train_manifest=long.jsonl", "data.val_manifest=long.jsonl",
                                               "data.max_video_frames=40"] if dense else [])
     extra += ["train.precise_bn_batches=2"] if precise else []
+    extra += ["trainer.memory_budget_gb=2", "trainer.device=cpu"] if budget else []
     if head != "none":
         extra += [f"model.temporal_head={head}", "model.temporal_dropout=0.3", "model.temporal_width=16"]
     reference_dir = tmp_path / "reference"
@@ -182,6 +187,7 @@ def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(synthetic_root,
     checkpoints = os.path.join(reference_dir, "e2e", "latest", "checkpoints")
     reference = load_checkpoint(os.path.join(checkpoints, "last.pt"))
     assert reference["global_step"] > 0 and reference["config"]["train"]["chunk_train_size"] == 4
+    assert reference["kept_chunks"] == (3 if budget else 0)  # 8 frames in chunks of 4 sharing 1: 3 chunks
     resumed_dir = tmp_path / "resumed" / "e2e" / "run"
     os.makedirs(resumed_dir / "checkpoints")
     shutil.copy(os.path.join(checkpoints, "epoch_0001.pt"), resumed_dir / "checkpoints" / "last.pt")
@@ -193,3 +199,107 @@ def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(synthetic_root,
     assert any(key.startswith("temporal.") for key in reference["model"]) == (head != "none")
     for key, value in reference["model"].items():
         torch.testing.assert_close(resumed["model"][key], value, rtol=0, atol=0, msg=key)
+
+
+# ------------------------------------------------------------------ train.recompute: auto (the chunks kept)
+
+@pytest.mark.parametrize("head", ["none", "transformer"])
+@pytest.mark.parametrize("kept", [0, 1, 2, 3])
+def test_keeping_chunks_gives_the_gradients_of_recomputing_every_chunk(kept, head):
+    """3 chunks of 8 frames, dropout on: keeping the last 0, 1, 2 or all 3 chunks' activations changes no gradient
+    (the recomputed chunks replay their dropout masks)."""
+    changes = {"dropout": 0.5} | ({"temporal_head": head, "temporal_width": 16, "temporal_heads": 2}
+                                  if head != "none" else {})
+    inputs = clip_batch()
+    recompute_all = gradients_of(small_model(**changes), inputs, ChunkSpec(8, 0))
+    keeping = gradients_of(small_model(**changes), inputs, ChunkSpec(8, 0, kept=kept))
+    assert recompute_all.keys() == keeping.keys() and len(keeping) > 0
+    for name, grad in keeping.items():
+        torch.testing.assert_close(grad, recompute_all[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("kept, forwards", [(0, 6), (1, 5), (2, 4), (3, 3), (5, 3)])
+def test_only_the_chunks_not_kept_run_their_forward_again(kept, forwards):
+    """The module's forward calls of one step over 3 chunks: 3, plus one per recomputed chunk (the last chunks
+    are the kept ones)."""
+    from test_training_loop import NoBatchNorm
+    model = NoBatchNorm()
+    prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
+    forward = ChunkedTrainingForward(model, prepare.normalize).train()
+    logits = forward(prepare.transfer(clip_batch(length=12)), ChunkSpec(4, 0, kept=kept))
+    logits.mean().backward()
+    assert len(model.chunk_lengths) == forwards
+    recomputed = [ChunkSpec(4, 0, kept=kept).recomputed(i, 3) for i in range(3)]
+    assert recomputed == [i < 3 - min(kept, 3) for i in range(3)]
+
+
+def test_the_kept_count_follows_the_budget():
+    """The planner keeps the most chunks whose estimate fits: at each kept count's estimate (and just under the
+    next one's) it keeps that many. Each chunk kept adds one chunk's activations, except the first: with every
+    chunk recomputed the peak already holds one chunk's (its recomputation in backward), so one is kept for free."""
+    from planner.project import config_training_estimate, most_chunks_kept
+    cfg = load_config(None, ["model.width=8", "data.num_frames=32", "data.batch_size=2", "train.chunk_train_size=8"])
+    peaks = [config_training_estimate(cfg, 32, 2, kept_chunks=k).peak for k in range(5)]
+    assert peaks[0] == peaks[1] < peaks[2] < peaks[3] < peaks[4]
+    steps = {peaks[k + 1] - peaks[k] for k in range(1, 4)}
+    assert max(steps) - min(steps) < 0.01 * min(steps)  # one chunk's activations each
+    for k in range(1, 5):
+        assert most_chunks_kept(cfg, 32, 2, peaks[k])[0] == k
+        if k < 4:
+            assert most_chunks_kept(cfg, 32, 2, peaks[k + 1] - 1)[0] == k
+    assert most_chunks_kept(cfg, 32, 2, peaks[0] - 1)[0] == 0
+    assert most_chunks_kept(cfg, 32, 2, 10 * peaks[4])[0] == 4
+
+
+def test_without_a_budget_or_with_recompute_all_every_chunk_is_recomputed(caplog):
+    from core.runtime import Runtime
+    from datasets.shape import DataShape
+    from planner.batch_size import chunks_to_keep
+    runtime, shape = Runtime(torch.device("cpu"), "32"), DataShape(3)
+    chunked = ["model.width=8", "data.num_frames=32", "data.batch_size=2", "train.chunk_train_size=8"]
+    with caplog.at_level("INFO", logger="longvideo"):
+        assert chunks_to_keep(load_config(None, chunked), runtime, shape) == 0
+    assert "train.recompute: auto without trainer.memory_budget_gb: every training chunk is recomputed" in caplog.text
+    budget = [*chunked, "trainer.memory_budget_gb=100"]
+    with caplog.at_level("INFO", logger="longvideo"):
+        assert chunks_to_keep(load_config(None, budget), runtime, shape) == 4
+    assert "keeping the activations of 4 of 4 training chunks, recomputing 0 in backward" in caplog.text
+    assert chunks_to_keep(load_config(None, [*budget, "train.recompute=all"]), runtime, shape) == 0
+
+
+def test_the_oom_back_off_first_halves_the_chunks_kept(tmp_path, caplog):
+    from test_training_loop import NoBatchNorm, make_trainer
+
+    from engine import loop
+    from engine.oom import OutOfMemoryError
+
+    class OutOfMemoryOnce(NoBatchNorm):
+        def forward(self, inputs):
+            if not self.chunk_lengths:
+                self.chunk_lengths.append(0)
+                raise OutOfMemoryError("CUDA out of memory (simulated)")
+            return super().forward(inputs)
+
+    trainer, loader = make_trainer(OutOfMemoryOnce(), 2, 1, tmp_path, count=4, **{"train.chunk_train_size": 1})
+    trainer.state.kept_chunks = 4  # 4 frames in chunks of 1: all kept, as a large budget decides
+    assert trainer.chunk_spec().kept == 4
+    with caplog.at_level("WARNING", logger="longvideo"):
+        loop.train_one_epoch(trainer, loader)
+    assert "out of memory with the activations of 4 training chunks kept: now 2 kept" in caplog.text
+    assert (trainer.state.kept_chunks, trainer.state.micro_splits, trainer.state.chunk_train_size) == (2, 1, None)
+    assert trainer.state.global_step == 2  # the step was retried, none lost
+
+
+def test_probe_memory_states_the_chunks_auto_keeps():
+    from planner.estimate import usable_bytes
+    from planner.memory_table import probe
+    from planner.project import most_chunks_kept
+    cfg = load_config(None, ["model.width=8", "data.num_frames=32", "data.batch_size=2", "train.chunk_train_size=8",
+                             "trainer.memory_budget_gb=0.02"])
+    lines = []
+    assert probe(cfg, cuda=False, frames_grid=[32], batch_grid=[2], out=lines.append, for_gpu=False,
+                 num_classes=10) == 0
+    kept = most_chunks_kept(cfg, 32, 2, usable_bytes(0.02, cuda=False), num_classes=10)[0]
+    assert 0 < kept < 4  # this budget holds some chunks, not all
+    assert lines[-1].startswith(f"train.recompute: auto at batch 2: keeps the activations of {kept} of 4 training "
+                                f"chunks (estimated peak ")

@@ -131,3 +131,41 @@ def test_an_oom_under_sync_batch_norm_stops_every_rank_with_the_reason(tmp_path)
     assert "rank 1 error: out of memory with model.norm: sync: every BatchNorm forward is synchronized" in output
     assert "use model.norm: batch" in output
     assert not os.path.exists(tmp_path / "rank0.json")  # rank 0 did not carry on alone
+
+
+AVERAGE_SCRIPT = r'''
+import json, sys
+import torch
+import torch.distributed as dist
+from engine.oom import average_gradients
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(rank)
+grads = [torch.randn(5, 3), torch.randn(40), torch.randn(2, 2).double(), torch.randn(3, 4).t(), torch.randn(7)]
+before = [g.clone() for g in grads]
+pointers = [g.data_ptr() for g in grads]
+average_gradients(grads, 2, bucket_bytes=64)  # 16 floats a bucket: several buckets, one gradient larger than one
+gathered = [None, None]
+dist.all_gather_object(gathered, [b.tolist() for b in before])
+expected = [(torch.tensor(a, dtype=g.dtype) + torch.tensor(b, dtype=g.dtype)) / 2
+            for a, b, g in zip(gathered[0], gathered[1], grads)]
+with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:  # a file a rank: printed lines of two ranks interleave
+    json.dump({"equal": all(torch.equal(g, e) for g, e in zip(grads, expected)),
+               "in_place": [g.data_ptr() for g in grads] == pointers}, f)
+dist.destroy_process_group()
+'''
+
+
+def test_gradients_are_averaged_in_place_bucket_by_bucket(tmp_path):
+    """The averaging agree_and_reduce runs: each rank's gradients summed and halved, written where they are
+    (no second copy of all of them), across buckets, a gradient larger than a bucket, two dtypes and a
+    non-contiguous gradient."""
+    script = tmp_path / "average.py"
+    script.write_text(AVERAGE_SCRIPT)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             str(script), str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = [json.load(open(tmp_path / f"rank{rank}.json")) for rank in (0, 1)]
+    assert reports == [{"equal": True, "in_place": True}] * 2
