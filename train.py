@@ -51,6 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "fits trainer.memory_budget_gb, and exit")
     parser.add_argument("--probe-frames", metavar="N,N,...", help="num_frames values of the probe grid")
     parser.add_argument("--probe-batches", metavar="N,N,...", help="batch sizes of the probe grid")
+    parser.add_argument("--world-size", type=int, metavar="N", default=int(os.environ.get("WORLD_SIZE", 1)),
+                        help="--probe-memory for N processes (torchrun --nproc_per_node=N); default: this "
+                             "launch's WORLD_SIZE, else 1")
     parser.add_argument("--fit-budget", action="store_true",
                         help="before training, pick the largest micro-batch whose estimated memory fits "
                              "trainer.memory_budget_gb and keep the global batch by accumulation (as "
@@ -90,7 +93,7 @@ def main(argv=None) -> int:
         print(dump(cfg), end="")
         return 0
     if args.probe_memory:  # before the runtime: nothing of this machine's is used unless it has CUDA
-        return probe_memory(cfg, args.device, args.probe_frames, args.probe_batches)
+        return probe_memory(cfg, args.device, args.probe_frames, args.probe_batches, args.world_size)
     refuse_gpu_preset_without_cuda(cfg, args.config, args.device)
     refuse_demo_data_for_gpu_preset(cfg, origins, args.config)
     resume_path = resolve_resume(args.resume, cfg) if args.resume else None

@@ -197,8 +197,8 @@ class ChunkedTrainingForward(nn.Module):
     The inputs come as uint8 and are normalized per chunk inside the recomputed function (a float copy of a
     1,000-frame clip would be 4x the uint8 one). A clip in one chunk is exactly the plain training forward.
 
-    DDP wraps this module, so one DDP forward covers all chunks of a micro-batch; the classifier is
-    ``self.module``, which ``unwrap_model`` follows, so checkpoints hold the classifier's state dict alone.
+    The classifier is ``self.module``, which ``unwrap_model`` follows, so checkpoints hold the classifier's state
+    dict alone. Under torchrun no collective runs inside it (``engine.oom.agree_and_reduce`` averages gradients).
     """
 
     def __init__(self, module: nn.Module, normalize, frame_stride: int = 1):

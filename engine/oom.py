@@ -92,7 +92,7 @@ def _frames(count: int) -> str:
 def agree_and_reduce(trainer: Trainer) -> None:
     """DDP, at the end of an accumulation group: one all-reduce of each rank's back-off (micro-batch splits,
     training chunk, whether it gave up) in which every rank takes the most cautious, then one all-reduce of the
-    gradients. Gradients are not all-reduced during backward (DDP's no_sync throughout): a rank that runs out of
+    gradients. Gradients are not all-reduced during backward (no DDP hook in backward): a rank that runs out of
     memory inside a syncing backward would leave the others waiting in a collective it abandoned, and a rank
     that splits its micro-batch runs more forwards than the others. The price: communication no longer overlaps
     the backward. The agreement takes the most cautious of each: the most splits, the shortest chunks, the fewest

@@ -48,7 +48,7 @@ def precise_batch_norm(trainer: Trainer, batches, limit: int) -> int:
         moments[module].add_(channel_moments(args[0]))
 
     hooks = [m.register_forward_pre_hook(record) for m in norms]
-    forward = model.module if runtime.distributed else model  # DDP's own forward is for training steps
+    forward = model
     was_training = model.training
     used = 0
     try:

@@ -7,7 +7,6 @@ optimizer engine/optim.py's.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import warnings
@@ -81,11 +80,10 @@ def forward_backward(trainer: Trainer, batch: dict, group_size: int) -> tuple[fl
     for piece in micro_batches(trainer, batch):
         inputs = trainer.prepare.transfer(piece)  # frames stay uint8 until their chunk runs
         clips = len(piece["label"])
-        with model.no_sync() if runtime.distributed else contextlib.nullcontext():
-            with runtime.autocast():
-                loss = step_loss(model, inputs, piece, spec, trainer.cfg.train, trainer.criterion)
-            # a piece's mean loss weighted by its share of the batch, over the group: the group's mean loss
-            trainer.scaler.scale(loss * (clips / size) / group_size).backward()
+        with runtime.autocast():
+            loss = step_loss(model, inputs, piece, spec, trainer.cfg.train, trainer.criterion)
+        # a piece's mean loss weighted by its share of the batch, over the group: the group's mean loss
+        trainer.scaler.scale(loss * (clips / size) / group_size).backward()
         loss_sum += float(loss.detach()) * clips
     return loss_sum, size
 
@@ -126,7 +124,7 @@ MODEL_KEYS = ("label", "video", "kpt", "frame_labels")  # what a micro-batch spl
 def step_loss(model, inputs: dict, piece: dict, spec: ChunkSpec, train_cfg: TrainConfig,
               criterion: torch.nn.Module) -> torch.Tensor:
     """The forward and loss of one micro-batch, as the training step and the memory planner both run it:
-    ``model`` is a ChunkedTrainingForward (DDP-wrapped or not), ``inputs`` the uint8 model inputs on the device,
+    ``model`` is a ChunkedTrainingForward, ``inputs`` the uint8 model inputs on the device,
     ``piece`` the micro-batch's labels."""
     return training_loss(model(inputs, spec), piece, spec, train_cfg, criterion)
 

@@ -33,7 +33,7 @@ class RunReport:
 @dataclass
 class Trainer:
     """What every step needs, built once in main()."""
-    model: torch.nn.Module  # a ChunkedTrainingForward around the classifier, possibly DDP-wrapped
+    model: torch.nn.Module  # a ChunkedTrainingForward around the classifier
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler

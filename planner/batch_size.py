@@ -27,7 +27,7 @@ def batch_for_budget(cfg: Config, runtime: Runtime, data_shape: DataShape) -> Co
     """data.batch_size: auto (or --fit-budget): the largest micro-batch whose estimate fits the budget, and the
     accumulation that keeps the global batch (train.global_batch_size, or batch x accumulation as written).
     Returns a new config holding the decision (the run's config.yaml and checkpoints record it)."""
-    shape = data_shape.model_args()
+    shape = {**data_shape.model_args(), "world_size": runtime.world_size}  # of each training estimate
     data, train_cfg, budget = cfg.data, cfg.train, cfg.trainer.memory_budget_gb
     cuda = runtime.device.type == "cuda"
     usable = usable_bytes(budget, cuda)
@@ -75,7 +75,7 @@ def chunks_to_keep(cfg: Config, runtime: Runtime, data_shape: DataShape) -> int:
         return 0
     cuda = runtime.device.type == "cuda"
     kept, peaks = most_chunks_kept(cfg, frames, cfg.data.batch_size, usable_bytes(budget, cuda),
-                                   **data_shape.model_args())
+                                   world_size=runtime.world_size, **data_shape.model_args())
     peak = peaks[kept]
     log.info("train.recompute: auto: keeping the activations of %d of %d training chunks, recomputing %d in "
              "backward (estimated peak %.2f GiB of %s)", kept, chunks, chunks - kept, peak / 2 ** 30,

@@ -231,7 +231,8 @@ def _precision_context(precision: str):
 def estimate_training_step(build_model: Callable[[], nn.Module], make_inputs: Callable[[], dict],
                            step_loss: Callable[[nn.Module, dict], torch.Tensor], precision: str = "32",
                            optimizer: str = "adamw", accumulate: int = 1, fake: bool = True,
-                           on_step_start: Callable[[], None] | None = None) -> StepEstimate:
+                           on_step_start: Callable[[], None] | None = None,
+                           average_bucket: int = 0) -> StepEstimate:
     """Peak device bytes of one training step in its steady state (optimizer state present; under gradient
     accumulation the gradients of earlier micro-batches alive through the forward).
 
@@ -241,7 +242,9 @@ def estimate_training_step(build_model: Callable[[], nn.Module], make_inputs: Ca
     check the estimate against a step that really allocates). The optimizer step is modelled, not run (a fake
     step cannot read its step counter): its state, then one parameter-sized set of temporaries as torch's
     foreach implementation on CUDA makes. ``on_step_start`` is called as the measured step begins (a benchmark
-    resets the process's peak memory there).
+    resets the process's peak memory there). ``average_bucket``: under torchrun, the largest bucket the
+    gradients are averaged through after backward (``engine.oom.average_gradients``; the gradients' size at most),
+    alive beside them.
     """
     meta = _on_meta(build_model, fake)
     with (_fake_mode() if fake else contextlib.nullcontext()):
@@ -275,6 +278,10 @@ def estimate_training_step(build_model: Callable[[], nn.Module], make_inputs: Ca
             if on_step_start is not None:
                 on_step_start()
             forward_backward()
+            if average_bucket:  # the gradients averaged across processes through one bucket, then freed
+                gradient_bytes = sum(p.numel() * p.element_size() for p in trained)
+                bucket = torch.empty(min(average_bucket, gradient_bytes), dtype=torch.uint8)
+                del bucket
             temporaries = [torch.empty_like(p) for p in trained]  # foreach: a parameter-sized set at once
             del temporaries
             keys = {

@@ -13,6 +13,7 @@ from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.records import read_split
 from datasets.shape import DataShape
 from datasets.windows import chunk_windows
+from engine.oom import GRADIENT_BUCKET_BYTES
 from planner.disk import disk_plan, model_on_meta, state_disk_plan
 from planner.estimate import GiB, MiB, margin_text, usable_bytes
 from planner.host import loader_host_bytes
@@ -27,14 +28,17 @@ from planner.project import (
 )
 
 
-def probe_memory(cfg: Config, device: str | None, frames_arg: str | None, batches_arg: str | None) -> int:
+def probe_memory(cfg: Config, device: str | None, frames_arg: str | None, batches_arg: str | None,
+                 world_size: int = 1) -> int:
     """--probe-memory: estimated (and with CUDA measured) peak memory per num_frames x batch_size, and the
-    largest batch that fits the budget."""
+    largest batch that fits the budget; for ``world_size`` processes (torchrun)."""
     def grid(text):
         try:
             return sorted({int(v) for v in text.split(",")}) if text else None
         except ValueError:
             raise UsageError(f"--probe-frames/--probe-batches: {text!r} is not a comma-separated list of integers")
+    if world_size < 1:
+        raise UsageError(f"--world-size {world_size}: the number of processes must be 1 or more")
     for_gpu = (device or cfg.trainer.device) != "cpu"  # the budget of a GPU (its context set aside)
     if cfg.trainer.precision == "amp":
         cfg = with_value(cfg, "trainer.precision", "16")  # what --use_amp means on a GPU, which the estimate is for
@@ -42,7 +46,7 @@ def probe_memory(cfg: Config, device: str | None, frames_arg: str | None, batche
     def out(line: str) -> None:
         print(line, flush=True)
     code = probe(cfg, for_gpu and torch.cuda.is_available(), grid(frames_arg), grid(batches_arg), out=out,
-                 for_gpu=for_gpu, **shape)
+                 for_gpu=for_gpu, world_size=world_size, **shape)
     classifier = model_on_meta(ProjectStep(cfg, **shape).classifier)
     state_disk_plan(disk_plan(cfg, classifier, _steps_per_epoch(cfg)), cfg.trainer.output_dir, out)
     return code
@@ -59,11 +63,12 @@ def _steps_per_epoch(cfg: Config) -> int:
 
 
 def probe(cfg: Config, cuda: bool, frames_grid: list[int] | None = None, batch_grid: list[int] | None = None,
-          out=print, for_gpu: bool = True, **shape) -> int:
+          out=print, for_gpu: bool = True, world_size: int = 1, **shape) -> int:
     """The table of ``train.py --probe-memory``: estimated peak per num_frames x batch_size, gradient
     checkpointing off and on (with CUDA: measured beside the estimate for the preset's setting), then the
     largest batch within the budget at the preset's clip (``for_gpu``: the CUDA context set aside from it).
-    Rows are printed as they are computed."""
+    Rows are printed as they are computed. ``world_size`` > 1: the estimates hold the bucket the gradients are
+    averaged through, and a line says what several processes add."""
     data, model_cfg = cfg.data, cfg.model
     frames = clip_frames(cfg.data)
     batch = data.batch_size if isinstance(data.batch_size, int) else 8
@@ -86,7 +91,8 @@ def probe(cfg: Config, cuda: bool, frames_grid: list[int] | None = None, batch_g
     for num_frames in frames_grid:
         for batch_size in batch_grid:
             estimates = {ckpt: config_training_estimate(with_value(cfg, "model.grad_checkpointing", ckpt), num_frames,
-                                                        batch_size, **shape).peak for ckpt in (False, True)}
+                                                        batch_size, world_size=world_size, **shape).peak
+                         for ckpt in (False, True)}
             line = f"{num_frames:>10d} {batch_size:>5d} {estimates[False] / MiB:>12.0f} {estimates[True] / MiB:>11.0f}"
             if cuda:
                 measured = measure_training_step_cuda(cfg, num_frames, batch_size, **shape)
@@ -99,12 +105,14 @@ def probe(cfg: Config, cuda: bool, frames_grid: list[int] | None = None, batch_g
     out(f"({len(frames_grid) * len(batch_grid) * 2} estimates in {time.perf_counter() - start:.0f} s)")
     host = loader_host_bytes(cfg, DataShape(**shape), cuda=for_gpu)
     out(f"host memory of the training loader (estimated, planner/host.py): {host.text()}")
+    if world_size > 1:
+        out(_processes_text(cfg, frames, batch, world_size, shape))
     budget = cfg.trainer.memory_budget_gb
     if not budget:
         out("trainer.memory_budget_gb is not set: no largest batch computed")
         return 0
     usable = usable_bytes(budget, cuda=for_gpu)
-    best, _ = largest_batch(cfg, frames, usable, **shape)
+    best, _ = largest_batch(cfg, frames, usable, world_size=world_size, **shape)
     out(margin_text(budget, cuda=for_gpu))
     out(f"largest batch at num_frames={frames} (checkpointing {'on' if preset_ckpt else 'off'}, as in the preset) "
         f"that fits: {best if best else 'none: even 1 clip does not fit'}")
@@ -117,6 +125,19 @@ def probe(cfg: Config, cuda: bool, frames_grid: list[int] | None = None, batch_g
             f"(estimated peak {peaks[kept] / MiB:.0f} MiB; every chunk recomputed: {recompute_all / MiB:.0f} MiB; "
             f"the table's estimates recompute every chunk)")
     return 0
+
+
+def _processes_text(cfg: Config, frames: int, batch: int, world_size: int, shape: dict) -> str:
+    """What ``world_size`` processes hold beyond one, at the preset's clip and batch."""
+    alone = config_training_estimate(cfg, frames, batch, **shape)
+    several = config_training_estimate(cfg, frames, batch, world_size=world_size, **shape)
+    bucket = min(GRADIENT_BUCKET_BYTES, alone.gradients)
+    added = several.peak - alone.peak
+    return (f"{world_size} processes: gradients averaged in place after backward through one bucket of "
+            f"{bucket / MiB:.0f} MiB (counted above; "
+            f"{'below the peak, which it leaves unchanged' if added <= 0 else f'+{added / MiB:.0f} MiB at the peak'}"
+            f"); no DistributedDataParallel buckets, no second copy of the {alone.gradients / MiB:.0f} MiB of "
+            f"gradients; NCCL's own buffers lie outside PyTorch's allocator and are not counted")
 
 
 def _norm_text(model_cfg: ModelConfig) -> str:

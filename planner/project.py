@@ -14,6 +14,7 @@ from core.runtime import Runtime
 from datasets.device_input import InputPreparer
 from datasets.windows import chunk_windows
 from engine.chunking import ChunkedTrainingForward, ChunkSpec
+from engine.oom import GRADIENT_BUCKET_BYTES
 from engine.optim import build_optimizer
 from engine.step import step_loss
 from models import build_model
@@ -54,10 +55,12 @@ class ProjectStep:
 
 def config_training_estimate(cfg: Config, num_frames: int | None = None, batch_size: int | None = None,
                              num_classes: int = 10, num_views: int = 1, kpt_shape: tuple | None = None,
-                             precision: str | None = None, fake: bool = True, kept_chunks: int = 0) -> StepEstimate:
+                             precision: str | None = None, fake: bool = True, kept_chunks: int = 0,
+                             world_size: int = 1) -> StepEstimate:
     """One training step of a config as train.py runs it (``ProjectStep``), with the preset's precision,
-    checkpointing, AdamW/SGD state and accumulation, the uint8 clip (views, keypoints) on the device, and
-    ``kept_chunks`` training chunks not recomputed."""
+    checkpointing, AdamW/SGD state and accumulation, the uint8 clip (views, keypoints) on the device,
+    ``kept_chunks`` training chunks not recomputed, and with ``world_size`` > 1 the bucket the gradients are
+    averaged through."""
     frames = num_frames or cfg.data.num_frames
     if frames < 1:
         raise ValueError("num_frames -1 (every frame of the window): give the clip length to estimate")
@@ -66,7 +69,8 @@ def config_training_estimate(cfg: Config, num_frames: int | None = None, batch_s
     return estimate_training_step(lambda: step.classifier().train(), lambda: step.inputs(frames, batch, device),
                                   lambda model, inputs: step.loss(model, inputs, device),
                                   precision or cfg.trainer.precision, cfg.train.optimizer,
-                                  cfg.train.accumulate_grad_batches, fake=fake)
+                                  cfg.train.accumulate_grad_batches, fake=fake,
+                                  average_bucket=GRADIENT_BUCKET_BYTES if world_size > 1 else 0)
 
 
 def measure_training_step_cuda(cfg: Config, num_frames: int, batch_size: int, num_classes: int = 10,

@@ -176,6 +176,31 @@ def test_probe_memory_prints_the_estimated_grid_without_a_gpu():
     assert f"that fits: {best}" in result.stdout
 
 
+@pytest.mark.parametrize("overrides", [[], ["model.width=64", "train.accumulate_grad_batches=2"],
+                                       ["train.optimizer=sgd"]])
+def test_several_processes_add_a_bucket_that_leaves_the_peak_unchanged(overrides):
+    """Under torchrun the gradients are averaged in place through one bucket (25 MiB at most, the gradients' size
+    at most) after backward, when the activations are gone: below the optimizer step's parameter-sized
+    temporaries, so the estimated peak stays that of one process (a 25 MiB bucket for quickstart's 0.3 MiB of
+    gradients would not)."""
+    cfg = load_config(os.path.join(ROOT, "configs", "quickstart.yaml"), overrides)
+    alone = project.config_training_estimate(cfg, 16, 4)
+    several = project.config_training_estimate(cfg, 16, 4, world_size=2)
+    assert several.peak == alone.peak and alone.gradients > 0
+
+
+def test_probe_memory_says_what_several_processes_hold():
+    command = [sys.executable, "train.py", "--config", "configs/quickstart.yaml", "--probe-memory", "--probe-frames",
+               "16", "--probe-batches", "4"]
+    result = subprocess.run(command + ["--world-size", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert ("2 processes: gradients averaged in place after backward through one bucket of 0 MiB (counted above; "
+            "below the peak, which it leaves unchanged); no DistributedDataParallel buckets, no second copy of the "
+            "0 MiB of gradients") in result.stdout
+    wrong = subprocess.run(command + ["--world-size", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert (wrong.returncode, wrong.stderr) == (2, "error: --world-size 0: the number of processes must be 1 or more\n")
+
+
 def test_infer_batch_auto_picks_the_most_chunks_that_fit(trained_run, synthetic_root):
     from artifacts.checkpoint import load_checkpoint
     from config import saved_config
