@@ -237,8 +237,8 @@ def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
 def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
     # GroupNorm and SGD: the per-sample model and the linear optimizer make one process and two comparable
     # to float rounding (BatchNorm would see 2 clips per process instead of 4; SyncBatchNorm sees the 4, and
-    # precise BN pools both ranks' batches: the 8 clips of one process's 2 batches). With chunked training, one
-    # DDP forward covers every chunk, each recomputed in backward.
+    # precise BN pools both ranks' batches: the 8 clips of one process's 2 batches). With chunked training, every
+    # chunk is recomputed in backward, and the gradients are averaged once per step.
     common = ["trainer.max_epochs=1", "model.dropout=0", "train.optimizer=sgd", "train.lr=0.05", *chunks]
     one = subprocess.run([sys.executable, "train.py", *overrides(synthetic_root, tmp_path / "one", *common,
                                                                    "data.batch_size=4")],
