@@ -172,6 +172,11 @@ class TrainConfig:
                                     "(train.recompute) so training memory no longer grows with the clip; -1 = the "
                                     "whole clip in one forward", minimum=1, also=(-1,))
     chunk_train_overlap: int = setting(0, "int", "frames shared by consecutive training chunks", minimum=0)
+    ddp_sync: str = setting("agreed", "choice", "several processes: agreed averages the gradients after each "
+                            "accumulation group, once every rank agreed on its out-of-memory back-off (an OOM on one "
+                            "rank is survived; communication does not overlap backward); overlap all-reduces during "
+                            "backward (DistributedDataParallel's hooks, overlapped with it; an OOM on one rank stops "
+                            "every rank, last.pt as the last checkpoint left it)", choices=("agreed", "overlap"))
     recompute: str = setting("auto", "choice", "training chunks: all recomputes every chunk's activations in "
                              "backward (the memory of one chunk, each forward run twice); auto keeps the activations "
                              "of as many chunks as trainer.memory_budget_gb holds (decided before the first step) "
@@ -232,6 +237,9 @@ class TrainerConfig:
     compile: bool = setting(False, "bool", "torch.compile the model")
     channels_last_3d: bool = setting(False, "bool", "channels_last_3d memory format for 3D CNNs on CUDA")
     allow_tf32: bool = setting(True, "bool", "TF32 matmuls and convolutions on Ampere and newer")
+    process_group_timeout_s: float = setting(600.0, "float", "several processes: a collective that waits longer "
+                                             "than this (a rank that died or stopped) ends every rank with an error "
+                                             "instead of a hang", minimum=1.0)
     max_nonfinite_steps: int = setting(20, "int", "consecutive non-finite losses that stop the run", minimum=1)
     leak_check_epochs: int = setting(3, "int", "epochs of steady memory growth before the leak warning", minimum=1)
     leak_tolerance_mb: float = setting(256.0, "float", "total growth (MB) over those epochs that triggers it",

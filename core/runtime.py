@@ -6,6 +6,7 @@ is a no-op when disabled (nanoGPT's pattern).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import os
 from dataclasses import dataclass
@@ -87,6 +88,7 @@ class RuntimeSettings(Protocol):
     device: str
     precision: str
     allow_tf32: bool
+    process_group_timeout_s: float
 
 
 def setup_runtime(trainer_cfg: RuntimeSettings, device: str | None = None, precision: str | None = None) -> Runtime:
@@ -94,7 +96,8 @@ def setup_runtime(trainer_cfg: RuntimeSettings, device: str | None = None, preci
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() and (device or trainer_cfg.device) != "cpu" else "gloo"
-        dist.init_process_group(backend)
+        # a collective that waits past it (a rank died or stopped) raises on every rank instead of hanging
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=trainer_cfg.process_group_timeout_s))
     dev = resolve_device(device or trainer_cfg.device)
     if dev.type == "cuda" and world_size > 1:
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from artifacts.checkpoint import TrainState, restore_training
@@ -91,13 +92,23 @@ def wrap_for_training(model: torch.nn.Module, prepare: InputPreparer, cfg: Confi
     backs off after an out-of-memory error runs more forwards than the others. ``engine.oom.agree_and_reduce``
     averages the gradients at each accumulation group's end, ``sync_buffers`` the BatchNorm statistics.
 
-    No DistributedDataParallel wrapper: with its all-reduce in backward off throughout (no_sync), it did nothing
-    but hold its gradient buckets, a second copy of every gradient (measured: +154 MB at construction for 128 MB of
-    parameters, then the gradients themselves in backward)."""
+    No DistributedDataParallel wrapper then (train.ddp_sync: agreed): with its all-reduce in backward off
+    throughout, it did nothing but hold its gradient buckets, a second copy of every gradient (measured: +154 MB at
+    construction for 128 MB of parameters, then the gradients themselves in backward). With train.ddp_sync:
+    overlap it is there, its all-reduce overlapping backward, the gradients views of its buckets."""
     wrapped = ChunkedTrainingForward(torch.compile(model) if cfg.trainer.compile else model, prepare.normalize,
                                      cfg.data.frame_stride)
     if runtime.distributed:
-        for tensor in [*model.parameters(), *model.buffers()]:  # what DDP did at its construction
+        log.info("%d processes, train.ddp_sync: %s: %s", runtime.world_size, cfg.train.ddp_sync, {
+            "overlap": "the gradients all-reduced during backward (DistributedDataParallel); an out-of-memory error "
+                       "on one rank stops every rank",
+            "agreed": "the gradients averaged after each accumulation group, once every rank agreed on its "
+                      "out-of-memory back-off"}[cfg.train.ddp_sync])
+    if runtime.distributed and cfg.train.ddp_sync == "overlap":
+        return DistributedDataParallel(wrapped, broadcast_buffers=False, gradient_as_bucket_view=True,
+                                       device_ids=[runtime.device.index] if runtime.device.type == "cuda" else None)
+    if runtime.distributed:
+        for tensor in [*model.parameters(), *model.buffers()]:  # what DDP does at its construction
             torch.distributed.broadcast(tensor.data, src=0)
     return wrapped
 

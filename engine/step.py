@@ -7,6 +7,7 @@ optimizer engine/optim.py's.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import warnings
@@ -35,17 +36,17 @@ def train_batch(trainer: Trainer, group: list[dict], group_size: int, need_updat
     result = (0.0, 0)
     if trainer.pending_advice is None:  # a rank that could back off no further sits out the rest of its group
         try:
-            result = accumulate_with_oom_backoff(trainer, group, group_size)
+            result = accumulate_with_oom_backoff(trainer, group, group_size, need_update)
         except OutOfMemoryAdvice as advice:
             if not trainer.runtime.distributed or isinstance(advice, SyncedOutOfMemory):
                 raise
             trainer.pending_advice = advice  # said at the group's end, where every rank learns of it
-    if need_update and trainer.runtime.distributed:
-        agree_and_reduce(trainer)
+    if need_update and trainer.runtime.distributed and not trainer.overlapped:
+        agree_and_reduce(trainer)  # (overlapped: DDP averaged them in the group's last backward)
     return result
 
 
-def accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size: int):
+def accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size: int, ends_group: bool = False):
     """Forward and backward of the newest batch of ``group``; after an out-of-memory error, the micro-batch is
     halved (each loader batch split in two more pieces, so the effective batch stays the same) and the whole
     group is replayed, since its gradients so far were dropped with the failed step."""
@@ -53,12 +54,20 @@ def accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size:
     while True:
         failed = False
         try:
-            for batch in (group if replay else group[-1:]):
-                result = forward_backward(trainer, batch, group_size)
+            batches = group if replay else group[-1:]
+            for i, batch in enumerate(batches):
+                result = forward_backward(trainer, batch, group_size, ends_group and i == len(batches) - 1)
             return result
         except OutOfMemoryError:
             failed = True
         if failed:  # outside the except block: its traceback no longer holds the step's tensors
+            if trainer.overlapped:
+                raise SyncedOutOfMemory(
+                    f"rank {trainer.runtime.rank}: out of memory with train.ddp_sync: overlap: the other "
+                    f"{trainer.runtime.world_size - 1} process(es) wait in an all-reduce of the backward this process "
+                    f"abandoned, so no back-off can be agreed; every process stops (torchrun stops the others, or "
+                    f"trainer.process_group_timeout_s does) and last.pt stays as the last checkpoint wrote it; resume "
+                    f"with --resume auto and train.ddp_sync: agreed (which backs off), or a smaller data.batch_size")
             if trainer.synced_norm:
                 raise SyncedOutOfMemory(
                     f"out of memory with model.norm: sync: every BatchNorm forward is synchronized across the "
@@ -70,20 +79,25 @@ def accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size:
             replay = True
 
 
-def forward_backward(trainer: Trainer, batch: dict, group_size: int) -> tuple[float, int]:
-    """One loader batch in ``state.micro_splits`` pieces; returns (sum of the clip losses, clips). Under DDP no
-    backward all-reduces: ``agree_and_reduce`` averages the gradients once the group is done on every rank."""
+def forward_backward(trainer: Trainer, batch: dict, group_size: int, ends_group: bool = False) -> tuple[float, int]:
+    """One loader batch in ``state.micro_splits`` pieces; returns (sum of the clip losses, clips). Under torchrun
+    (train.ddp_sync: agreed) no backward communicates: ``agree_and_reduce`` averages the gradients once the group
+    is done on every rank; with overlap, DDP all-reduces during the backward of the group's last piece
+    (``ends_group``: this batch is the group's last), the others under no_sync."""
     model, runtime = trainer.model, trainer.runtime
     size = len(batch["label"])
     spec = trainer.chunk_spec()
+    pieces = micro_batches(trainer, batch)
     loss_sum = 0.0
-    for piece in micro_batches(trainer, batch):
+    for i, piece in enumerate(pieces):
         inputs = trainer.prepare.transfer(piece)  # frames stay uint8 until their chunk runs
         clips = len(piece["label"])
-        with runtime.autocast():
-            loss = step_loss(model, inputs, piece, spec, trainer.cfg.train, trainer.criterion)
-        # a piece's mean loss weighted by its share of the batch, over the group: the group's mean loss
-        trainer.scaler.scale(loss * (clips / size) / group_size).backward()
+        syncs = ends_group and i == len(pieces) - 1
+        with model.no_sync() if trainer.overlapped and not syncs else contextlib.nullcontext():
+            with runtime.autocast():
+                loss = step_loss(model, inputs, piece, spec, trainer.cfg.train, trainer.criterion)
+            # a piece's mean loss weighted by its share of the batch, over the group: the group's mean loss
+            trainer.scaler.scale(loss * (clips / size) / group_size).backward()
         loss_sum += float(loss.detach()) * clips
     return loss_sum, size
 

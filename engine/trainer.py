@@ -55,6 +55,11 @@ class Trainer:
         return getattr(unwrap_model(self.model), "temporal", None) is not None
 
     @property
+    def overlapped(self) -> bool:
+        """train.ddp_sync: overlap under torchrun: DDP all-reduces during backward (no OOM back-off then)."""
+        return self.runtime.distributed and self.cfg.train.ddp_sync == "overlap"
+
+    @property
     def synced_norm(self) -> bool:
         """SyncBatchNorm under DDP: a collective in every forward (no OOM back-off then)."""
         return self.runtime.distributed and self.cfg.model.norm == "sync"

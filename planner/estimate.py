@@ -232,7 +232,7 @@ def estimate_training_step(build_model: Callable[[], nn.Module], make_inputs: Ca
                            step_loss: Callable[[nn.Module, dict], torch.Tensor], precision: str = "32",
                            optimizer: str = "adamw", accumulate: int = 1, fake: bool = True,
                            on_step_start: Callable[[], None] | None = None,
-                           average_bucket: int = 0) -> StepEstimate:
+                           average_bucket: int = 0, ddp_buckets: bool = False) -> StepEstimate:
     """Peak device bytes of one training step in its steady state (optimizer state present; under gradient
     accumulation the gradients of earlier micro-batches alive through the forward).
 
@@ -244,7 +244,9 @@ def estimate_training_step(build_model: Callable[[], nn.Module], make_inputs: Ca
     foreach implementation on CUDA makes. ``on_step_start`` is called as the measured step begins (a benchmark
     resets the process's peak memory there). ``average_bucket``: under torchrun, the largest bucket the
     gradients are averaged through after backward (``engine.oom.average_gradients``; the gradients' size at most),
-    alive beside them.
+    alive beside them. ``ddp_buckets``: DistributedDataParallel's gradient buckets (train.ddp_sync: overlap),
+    gradient-sized and alive from the start; the gradients are views of them once a backward synced, but the
+    forward that makes the peak already has them whole, so they are counted beside the gradients.
     """
     meta = _on_meta(build_model, fake)
     with (_fake_mode() if fake else contextlib.nullcontext()):
@@ -256,6 +258,7 @@ def estimate_training_step(build_model: Callable[[], nn.Module], make_inputs: Ca
                 tracker.track(tensor)
             trained = [p for p in params if p.requires_grad]
             states = [torch.zeros_like(p) for p in trained for _ in range(OPTIMIZER_STATES[optimizer])]
+            buckets = [torch.empty_like(p) for p in trained] if ddp_buckets else []  # noqa: F841 (alive, counted)
             inputs = make_inputs()
             for value in tree_leaves(inputs):
                 if isinstance(value, torch.Tensor):

@@ -131,8 +131,12 @@ def _processes_text(cfg: Config, frames: int, batch: int, world_size: int, shape
     """What ``world_size`` processes hold beyond one, at the preset's clip and batch."""
     alone = config_training_estimate(cfg, frames, batch, **shape)
     several = config_training_estimate(cfg, frames, batch, world_size=world_size, **shape)
-    bucket = min(GRADIENT_BUCKET_BYTES, alone.gradients)
     added = several.peak - alone.peak
+    if cfg.train.ddp_sync == "overlap":
+        return (f"{world_size} processes, train.ddp_sync: overlap: DistributedDataParallel's buckets, "
+                f"{alone.gradients / MiB:.0f} MiB (the gradients' size; counted above: +{added / MiB:.0f} MiB at the "
+                f"peak); NCCL's own buffers lie outside PyTorch's allocator and are not counted")
+    bucket = min(GRADIENT_BUCKET_BYTES, alone.gradients)
     return (f"{world_size} processes: gradients averaged in place after backward through one bucket of "
             f"{bucket / MiB:.0f} MiB (counted above; "
             f"{'below the peak, which it leaves unchanged' if added <= 0 else f'+{added / MiB:.0f} MiB at the peak'}"

@@ -60,17 +60,19 @@ def config_training_estimate(cfg: Config, num_frames: int | None = None, batch_s
     """One training step of a config as train.py runs it (``ProjectStep``), with the preset's precision,
     checkpointing, AdamW/SGD state and accumulation, the uint8 clip (views, keypoints) on the device,
     ``kept_chunks`` training chunks not recomputed, and with ``world_size`` > 1 the bucket the gradients are
-    averaged through."""
+    averaged through (train.ddp_sync: agreed) or DistributedDataParallel's buckets (overlap)."""
     frames = num_frames or cfg.data.num_frames
     if frames < 1:
         raise ValueError("num_frames -1 (every frame of the window): give the clip length to estimate")
     batch = batch_size or cfg.data.batch_size
     step, device = ProjectStep(cfg, num_classes, num_views, kpt_shape, kept_chunks), torch.device("cpu")
+    overlap = cfg.train.ddp_sync == "overlap"
     return estimate_training_step(lambda: step.classifier().train(), lambda: step.inputs(frames, batch, device),
                                   lambda model, inputs: step.loss(model, inputs, device),
                                   precision or cfg.trainer.precision, cfg.train.optimizer,
                                   cfg.train.accumulate_grad_batches, fake=fake,
-                                  average_bucket=GRADIENT_BUCKET_BYTES if world_size > 1 else 0)
+                                  average_bucket=GRADIENT_BUCKET_BYTES if world_size > 1 and not overlap else 0,
+                                  ddp_buckets=world_size > 1 and overlap)
 
 
 def measure_training_step_cuda(cfg: Config, num_frames: int, batch_size: int, num_classes: int = 10,

@@ -189,6 +189,16 @@ def test_several_processes_add_a_bucket_that_leaves_the_peak_unchanged(overrides
     assert several.peak == alone.peak and alone.gradients > 0
 
 
+def test_with_overlapped_all_reduce_the_estimate_holds_ddp_buckets_of_the_gradients_size():
+    """train.ddp_sync: overlap: DistributedDataParallel's buckets, gradient-sized and alive from the start (the
+    forward that makes the peak has them whole): the peak grows by about the gradients' size."""
+    cfg = load_config(os.path.join(ROOT, "configs", "quickstart.yaml"), ["model.width=64", "train.ddp_sync=overlap"])
+    alone = project.config_training_estimate(cfg, 16, 4)
+    several = project.config_training_estimate(cfg, 16, 4, world_size=2)
+    assert alone.gradients > 4 * me.MiB
+    assert several.peak - alone.peak == pytest.approx(alone.gradients, rel=0.01)
+
+
 def test_probe_memory_says_what_several_processes_hold():
     command = [sys.executable, "train.py", "--config", "configs/quickstart.yaml", "--probe-memory", "--probe-frames",
                "16", "--probe-batches", "4"]

@@ -232,8 +232,11 @@ def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
                                      "model.temporal_head=transformer", "model.temporal_width=16",
                                      "model.temporal_dropout=0"],
                                     ["model.norm=sync", "train.chunk_train_size=4", "train.chunk_train_overlap=1",
-                                     "train.precise_bn_batches=2"]],
-                         ids=["whole-clips", "chunked-training", "temporal-head", "sync-batchnorm-precise-bn"])
+                                     "train.precise_bn_batches=2"],
+                                    ["model.norm=group", "train.chunk_train_size=4", "train.chunk_train_overlap=1",
+                                     "train.ddp_sync=overlap", "train.accumulate_grad_batches=2"]],
+                         ids=["whole-clips", "chunked-training", "temporal-head", "sync-batchnorm-precise-bn",
+                              "overlapped-all-reduce-accumulated"])
 def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
     # GroupNorm and SGD: the per-sample model and the linear optimizer make one process and two comparable
     # to float rounding (BatchNorm would see 2 clips per process instead of 4; SyncBatchNorm sees the 4, and
@@ -248,7 +251,10 @@ def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
                           "train.py", *overrides(synthetic_root, tmp_path / "two", *common, "data.batch_size=2")],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert two.returncode == 0, two.stderr[-3000:]
-    assert "global batch 4 = 2 x 1 accumulated x 2 processes" in two.stdout + two.stderr
+    mode = "overlap" if "train.ddp_sync=overlap" in chunks else "agreed"
+    assert f"2 processes, train.ddp_sync: {mode}" in two.stderr
+    accumulate = 2 if "train.accumulate_grad_batches=2" in chunks else 1
+    assert f"global batch {4 * accumulate} = 2 x {accumulate} accumulated x 2 processes" in two.stdout + two.stderr
     if "model.norm=sync" in chunks:
         assert "3 BatchNorm layers synchronized over 2 processes" in two.stderr
         assert "model.norm: sync on one process: BatchNorm" in one.stderr
