@@ -203,16 +203,20 @@ def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(synthetic_root,
 
 # ------------------------------------------------------------------ train.recompute: auto (the chunks kept)
 
-@pytest.mark.parametrize("head", ["none", "transformer"])
+@pytest.mark.parametrize("head, extra", [("none", {}), ("transformer", {}), ("none", {"grad_checkpointing": True}),
+                                         ("none", {"autocast": True})],
+                         ids=["plain", "temporal-head", "grad-checkpointing-inside", "autocast"])
 @pytest.mark.parametrize("kept", [0, 1, 2, 3])
-def test_keeping_chunks_gives_the_gradients_of_recomputing_every_chunk(kept, head):
+def test_keeping_chunks_gives_the_gradients_of_recomputing_every_chunk(kept, head, extra):
     """3 chunks of 8 frames, dropout on: keeping the last 0, 1, 2 or all 3 chunks' activations changes no gradient
-    (the recomputed chunks replay their dropout masks)."""
-    changes = {"dropout": 0.5} | ({"temporal_head": head, "temporal_width": 16, "temporal_heads": 2}
-                                  if head != "none" else {})
+    (the recomputed chunks replay their dropout masks), with a temporal head, with gradient checkpointing inside
+    the chunks and under autocast (bf16 on the CPU) too."""
+    autocast = extra.get("autocast", False)
+    changes = {"dropout": 0.5} | {k: v for k, v in extra.items() if k != "autocast"} | (
+        {"temporal_head": head, "temporal_width": 16, "temporal_heads": 2} if head != "none" else {})
     inputs = clip_batch()
-    recompute_all = gradients_of(small_model(**changes), inputs, ChunkSpec(8, 0))
-    keeping = gradients_of(small_model(**changes), inputs, ChunkSpec(8, 0, kept=kept))
+    recompute_all = gradients_of(small_model(**changes), inputs, ChunkSpec(8, 0), autocast=autocast)
+    keeping = gradients_of(small_model(**changes), inputs, ChunkSpec(8, 0, kept=kept), autocast=autocast)
     assert recompute_all.keys() == keeping.keys() and len(keeping) > 0
     for name, grad in keeping.items():
         torch.testing.assert_close(grad, recompute_all[name], rtol=1e-5, atol=1e-7, msg=name)

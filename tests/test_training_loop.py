@@ -234,7 +234,8 @@ def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
                                     ["model.norm=sync", "train.chunk_train_size=4", "train.chunk_train_overlap=1",
                                      "train.precise_bn_batches=2"],
                                     ["model.norm=group", "train.chunk_train_size=4", "train.chunk_train_overlap=1",
-                                     "train.ddp_sync=overlap", "train.accumulate_grad_batches=2"]],
+                                     "train.ddp_sync=overlap", "train.accumulate_grad_batches=2",
+                                     "trainer.memory_budget_gb=2"]],
                          ids=["whole-clips", "chunked-training", "temporal-head", "sync-batchnorm-precise-bn",
                               "overlapped-all-reduce-accumulated"])
 def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
@@ -253,6 +254,8 @@ def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
     assert two.returncode == 0, two.stderr[-3000:]
     mode = "overlap" if "train.ddp_sync=overlap" in chunks else "agreed"
     assert f"2 processes, train.ddp_sync: {mode}" in two.stderr
+    if "trainer.memory_budget_gb=2" in chunks:  # train.recompute: auto keeps every chunk, on every rank
+        assert "keeping the activations of 3 of 3 training chunks" in one.stderr + two.stderr
     accumulate = 2 if "train.accumulate_grad_batches=2" in chunks else 1
     assert f"global batch {4 * accumulate} = 2 x {accumulate} accumulated x 2 processes" in two.stdout + two.stderr
     if "model.norm=sync" in chunks:
