@@ -1,0 +1,116 @@
+"""The metrics of temporal action segmentation, as MS-TCN's evaluation (and ASFormer's, DiffAct's) computes them on
+Breakfast, 50Salads and GTEA, so a timeline here scores as a published one does:
+
+- frame accuracy: the share of frames with the true label;
+- the segmental edit score: 100 x (1 - the Levenshtein distance between the predicted and the true sequences of
+  segment labels / the longer one's length), averaged over videos;
+- F1@{10,25,50}: a predicted segment is a true positive when its IoU with a true segment of the same label, the one
+  it overlaps most, reaches the threshold and that true segment was not matched before; tp, fp and fn are summed
+  over the videos, then F1 = 2PR / (P + R), x100.
+
+Background labels (``background``) are left out of the segments of both sides for edit and F1, as the reference
+implementations' ``bg_class``; frame accuracy counts every frame.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+F1_THRESHOLDS = (0.10, 0.25, 0.50)
+
+
+def segments_of(labels: Sequence[Hashable], background: Sequence[Hashable] = ()) -> list[tuple[Hashable, int, int]]:
+    """The runs of equal labels of a per-frame sequence as (label, start, end) with end exclusive; runs of a
+    background label left out."""
+    runs: list[tuple[Hashable, int, int]] = []
+    start = 0
+    for i in range(1, len(labels) + 1):
+        if i == len(labels) or labels[i] != labels[start]:
+            if labels[start] not in background:
+                runs.append((labels[start], start, i))
+            start = i
+    return runs
+
+
+def levenshtein(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
+    previous = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        current = [i]
+        for j, y in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
+        previous = current
+    return previous[-1]
+
+
+def edit_score(predicted: Sequence[Hashable], truth: Sequence[Hashable], background: Sequence[Hashable] = ()) -> float:
+    """100 x (1 - edit distance of the segment label sequences / the longer one's length); 100 when both have no
+    segment."""
+    p = [label for label, _, _ in segments_of(predicted, background)]
+    t = [label for label, _, _ in segments_of(truth, background)]
+    longest = max(len(p), len(t))
+    return 100.0 if longest == 0 else (1 - levenshtein(p, t) / longest) * 100
+
+
+def f1_counts(predicted: Sequence[Hashable], truth: Sequence[Hashable], threshold: float,
+              background: Sequence[Hashable] = ()) -> tuple[int, int, int]:
+    """(tp, fp, fn) at an IoU ``threshold``: each predicted segment against the true segment of its label it
+    overlaps most; a true segment matched once already makes a second match a false positive."""
+    truth_segments = segments_of(truth, background)
+    matched = [False] * len(truth_segments)
+    tp = fp = 0
+    for label, start, end in segments_of(predicted, background):
+        best, best_iou = -1, 0.0
+        for k, (true_label, true_start, true_end) in enumerate(truth_segments):
+            if true_label != label:
+                continue
+            intersection = min(end, true_end) - max(start, true_start)
+            union = max(end, true_end) - min(start, true_start)
+            iou = max(intersection, 0) / union
+            if iou > best_iou:
+                best, best_iou = k, iou
+        if best >= 0 and best_iou >= threshold and not matched[best]:
+            tp += 1
+            matched[best] = True
+        else:
+            fp += 1
+    return tp, fp, len(truth_segments) - sum(matched)
+
+
+@dataclass
+class SegmentationScores:
+    """The metrics over a split: ``add`` each video's per-frame predicted and true labels, then ``result``."""
+
+    background: tuple = ()
+    frames: int = 0
+    correct: int = 0
+    edits: list = field(default_factory=list)
+    counts: dict = field(default_factory=lambda: {t: [0, 0, 0] for t in F1_THRESHOLDS})
+
+    def add(self, predicted: Sequence[Hashable], truth: Sequence[Hashable]) -> dict:
+        """One video's scores ({"frame_acc", "edit", "f1@10", ...}), added to the split's."""
+        if len(predicted) != len(truth):
+            raise ValueError(f"{len(predicted)} predicted frame labels for {len(truth)} true ones")
+        correct = sum(p == t for p, t in zip(predicted, truth))
+        self.frames, self.correct = self.frames + len(truth), self.correct + correct
+        video = {"frame_acc": correct / len(truth) if len(truth) else 0.0,
+                 "edit": edit_score(predicted, truth, self.background)}
+        self.edits.append(video["edit"])
+        for threshold in F1_THRESHOLDS:
+            tp, fp, fn = f1_counts(predicted, truth, threshold, self.background)
+            self.counts[threshold] = [a + b for a, b in zip(self.counts[threshold], (tp, fp, fn))]
+            video[f"f1@{round(threshold * 100)}"] = f1_from_counts(tp, fp, fn)
+        return video
+
+    def result(self) -> dict:
+        """Frame accuracy over all frames, the mean edit score over videos, F1 from the summed counts (x100)."""
+        scores = {"frame_acc": self.correct / self.frames if self.frames else 0.0,
+                  "edit": sum(self.edits) / len(self.edits) if self.edits else 0.0}
+        for threshold, (tp, fp, fn) in self.counts.items():
+            scores[f"f1@{round(threshold * 100)}"] = f1_from_counts(tp, fp, fn)
+        return scores
+
+
+def f1_from_counts(tp: int, fp: int, fn: int) -> float:
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    return 0.0 if precision + recall == 0 else 2 * precision * recall / (precision + recall) * 100
