@@ -180,16 +180,15 @@ def main() -> None:
 def recompute_table(args) -> None:
     """train.recompute: auto (budgets holding every chunk, half of them) and all, against the plain step."""
     from config import load_config
-    from datasets.windows import chunk_windows
     from planner.estimate import SAFETY_MARGIN
-    from planner.project import config_training_estimate, most_chunks_kept
+    from planner.project import config_training_estimate, most_chunks_kept, training_chunk_count
     length, chunk = int(args.frames.split(",")[0]), int(args.chunks.split(",")[0])
     common = [f"model.backbone={args.backbone}", f"model.width={args.width}", f"model.temporal_head={args.temporal_head}",
               f"model.temporal_width={args.temporal_width}", f"data.img_size={args.size}", f"data.num_frames={length}",
               "data.batch_size=1"]
     cfg = load_config(None, [*common, f"train.chunk_train_size={chunk}", f"train.chunk_train_overlap={args.overlap}"])
     plain = config_training_estimate(load_config(None, common), length, 1)
-    chunks = len(chunk_windows(length, chunk, args.overlap))
+    chunks = training_chunk_count(cfg, length)
     estimates = {k: config_training_estimate(cfg, length, 1, kept_chunks=k) for k in (0, chunks // 2, chunks)}
     rows = [("whole clip (plain step)", -1, 0, None)]
     for name, held in (("auto, budget holds every chunk", chunks), ("auto, budget holds half", chunks // 2)):

@@ -9,7 +9,6 @@ from config import Config, apply_flags
 from core.errors import ConfigError, UsageError
 from core.runtime import Runtime
 from datasets.shape import DataShape
-from datasets.windows import chunk_windows
 from planner.estimate import margin_text, usable_bytes
 from planner.memory_table import nothing_fits
 from planner.project import (
@@ -18,6 +17,7 @@ from planner.project import (
     largest_batch,
     largest_inference_batch,
     most_chunks_kept,
+    training_chunk_count,
 )
 
 log = logging.getLogger("longvideo")
@@ -65,7 +65,7 @@ def chunks_to_keep(cfg: Config, runtime: Runtime, data_shape: DataShape) -> int:
     if train_cfg.recompute == "all" or train_cfg.chunk_train_size == -1:
         return 0
     frames = clip_frames(cfg.data)
-    chunks = len(chunk_windows(frames, train_cfg.chunk_train_size, train_cfg.chunk_train_overlap))
+    chunks = training_chunk_count(cfg, frames)
     if chunks <= 1:
         return 0
     budget = cfg.trainer.memory_budget_gb

@@ -12,7 +12,6 @@ from core.errors import UsageError
 from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.records import read_split
 from datasets.shape import DataShape
-from datasets.windows import chunk_windows
 from engine.oom import GRADIENT_BUCKET_BYTES
 from planner.disk import disk_plan, model_on_meta, state_disk_plan
 from planner.estimate import GiB, MiB, margin_text, usable_bytes
@@ -24,6 +23,7 @@ from planner.project import (
     largest_batch,
     measure_training_step_cuda,
     most_chunks_kept,
+    training_chunk_count,
     with_value,
 )
 
@@ -118,9 +118,10 @@ def probe(cfg: Config, cuda: bool, frames_grid: list[int] | None = None, batch_g
         f"that fits: {best if best else 'none: even 1 clip does not fit'}")
     train_cfg = cfg.train
     if train_cfg.chunk_train_size != -1 and train_cfg.recompute == "auto":
-        kept, peaks = most_chunks_kept(cfg, frames, batch, usable, **shape)
-        chunks = len(chunk_windows(frames, train_cfg.chunk_train_size, train_cfg.chunk_train_overlap))
-        recompute_all = peaks.get(0) or config_training_estimate(cfg, frames, batch, **shape).peak
+        kept, peaks = most_chunks_kept(cfg, frames, batch, usable, world_size=world_size, **shape)
+        recompute_all = peaks.get(0) or config_training_estimate(cfg, frames, batch, world_size=world_size,
+                                                                 **shape).peak
+        chunks = training_chunk_count(cfg, frames)
         out(f"train.recompute: auto at batch {batch}: keeps the activations of {kept} of {chunks} training chunks "
             f"(estimated peak {peaks[kept] / MiB:.0f} MiB; every chunk recomputed: {recompute_all / MiB:.0f} MiB; "
             f"the table's estimates recompute every chunk)")

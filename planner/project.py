@@ -143,12 +143,17 @@ def largest_batch(cfg: Config, num_frames: int, usable: int, limit: int = 1024, 
     return _largest(fits, limit), tried
 
 
+def training_chunk_count(cfg: Config, num_frames: int) -> int:
+    """The training chunks of a clip of ``num_frames`` frames (train.chunk_train_size, chunk_train_overlap)."""
+    return len(chunk_windows(num_frames, cfg.train.chunk_train_size, cfg.train.chunk_train_overlap))
+
+
 def most_chunks_kept(cfg: Config, num_frames: int, batch_size: int, usable: int, **shape) -> tuple[int, dict]:
     """train.recompute: auto: the most training chunks of a clip (the last ones) whose activations can be kept
     with the step's estimate within ``usable`` bytes (0: every chunk recomputed), and the peaks estimated on the
     way ({kept: bytes}, the answer's among them). The peak grows with every chunk kept: all of them are tried
     first, then bisection."""
-    chunks = len(chunk_windows(num_frames, cfg.train.chunk_train_size, cfg.train.chunk_train_overlap))
+    chunks = training_chunk_count(cfg, num_frames)
     peaks: dict[int, int] = {}
 
     def fits(kept: int) -> bool:
