@@ -118,18 +118,18 @@ def run_chunks(model, groups: Iterable[tuple[list, dict]], windows: list[tuple[i
         device = next(iter(stacked.values())).device
         if head is not None or keep_features:
             chunk_features = model.features(stacked)  # [n * B, (V,) D]
-            kept = chunk_features.view(len(group), -1, *chunk_features.shape[1:])  # [n, B, (V,) D]
-            features.append(kept.float().cpu() if features_on_host else kept)
+            per_chunk = chunk_features.view(len(group), -1, *chunk_features.shape[1:])  # [n, B, (V,) D]
+            features.append(per_chunk.float().cpu() if features_on_host else per_chunk)
         if head is None:
             logits = model.head(chunk_features) if keep_features else model(stacked)
             logits = logits.view(len(group), -1, logits.shape[-1])  # [n, B, K]
             aggregator.update(logits)
             chunk_logits.append(logits.detach().float().cpu())
-    kept = torch.cat(features).transpose(0, 1) if features else None  # [B, n, ...]
+    all_features = torch.cat(features).transpose(0, 1) if features else None  # [B, n, ...]
     if head is None:
-        return ChunkedOutput(aggregator.result(), torch.cat(chunk_logits), kept)
-    logits, per_chunk = head(kept.to(device), chunk_positions(windows, frame_stride))
-    return ChunkedOutput(logits, per_chunk.detach().float().cpu().transpose(0, 1), kept)
+        return ChunkedOutput(aggregator.result(), torch.cat(chunk_logits), all_features)
+    logits, head_chunk_logits = head(all_features.to(device), chunk_positions(windows, frame_stride))
+    return ChunkedOutput(logits, head_chunk_logits.detach().float().cpu().transpose(0, 1), all_features)
 
 
 def forward_chunked(model, inputs: dict, chunk_size: int, overlap: int = 0, aggregation: str = "mean",
