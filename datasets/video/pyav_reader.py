@@ -96,22 +96,26 @@ class PyAVReader(FrameReader):
         self.close()
         return self._opencv_reads(index, dst)
 
-    def _opencv_reads(self, index: int, dst: np.ndarray) -> bool:
-        """Frame ``index`` read by the OpenCV reader of this file (same size, orientation, pixels); its frame
-        count and statistics are this reader's."""
+    def _fallback(self) -> OpenCVReader:
+        """The OpenCV reader of this file (same size, orientation, pixels), opened when first needed; its
+        statistics are this reader's."""
         if self._opencv is None:
             self._opencv = OpenCVReader(self.path, self.size, self.threads, self.info, self.seek_threshold,
                                         self.autorotate)
             self._opencv.stats = self.stats
-        self._opencv.num_frames = self.num_frames
-        found = self._opencv._read_one(index, dst)
-        self.num_frames = self._opencv.num_frames  # lowered if the file ended before index
+        return self._opencv
+
+    def _opencv_reads(self, index: int, dst: np.ndarray) -> bool:
+        """Frame ``index`` read by the fallback, which shares this reader's frame count."""
+        fallback = self._fallback()
+        fallback.num_frames = self.num_frames
+        found = fallback._read_one(index, dst)
+        self.num_frames = fallback.num_frames  # lowered if the file ended before index
         return found
 
     def _count_frames(self, limit: int) -> int:
         if self.path in _PYAV_UNRELIABLE or not self.info.regular_timestamps:
-            with OpenCVReader(self.path, None, self.threads, self.info, autorotate=self.autorotate) as counter:
-                return counter._count_frames(limit)
+            return self._fallback()._count_frames(limit)
         import av  # lazy: PyAV is optional at run time (imported by __init__ already)
         length = 0
         try:
