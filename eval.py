@@ -34,6 +34,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     target.add_argument("--watch", metavar="RUN_DIR",
                         help="evaluate every checkpoint under RUN_DIR (runs/<experiment> or one run) that has no "
                              "result in RUN_DIR/eval.jsonl yet, oldest first; safe to start from cron")
+    parser.add_argument("--backbone", metavar="PATH",
+                        help="a temporal head trained on features (data.features_dir) runs with the backbone "
+                             "checkpoint that wrote them, found where it was; give it here if it moved (its sha256 "
+                             "is checked)")
     parser.add_argument("--data", help="manifest to evaluate on (default: the checkpoint config's --split manifest)")
     parser.add_argument("--split", choices=("val", "test"), default="val", help="which manifest of the config")
     parser.add_argument("--chunk", type=int, help="frames per inference chunk (-1 = whole clip); "
@@ -86,7 +90,8 @@ def evaluation_spec(args: argparse.Namespace) -> EvaluationSpec:
             chunk = cfg.train.chunk_infer_size
             chunks = inference_batch_for_budget(cfg, runtime, shape, chunk, args.memory_budget_gb)
             return max(1, chunks // views)  # each forward holds every view of the window
-    return EvaluationSpec(args.split, args.data, args.device, args.precision, fit_batch=fit, flags=flags)
+    return EvaluationSpec(args.split, args.data, args.device, args.precision, fit_batch=fit, flags=flags,
+                          backbone=args.backbone)
 
 
 def parse_count(flag: str, text: str) -> int:

@@ -11,6 +11,8 @@ while the model runs the current ones; frames shared by overlapping chunks are d
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
 import os
 import sys
@@ -21,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from artifacts.checkpoint import CheckpointError
+from artifacts.plots import timeline_plot
 from artifacts.run_dir import ExperimentDirectory, most_recent_best
 from artifacts.trained_model import load_trained_model
 from config import Config, apply_inference_flags, load_config
@@ -49,6 +52,8 @@ from engine.features import (
     write_features,
 )
 from engine.inference import InferenceSpec, classify_video
+from engine.segment_metrics import SegmentationScores, background_indices, format_scores
+from engine.timeline import segments_of_frames
 from planner.batch_size import inference_batch_for_budget
 
 
@@ -56,6 +61,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", help="checkpoint (default: best.pt of the experiment of --config, else the "
                                              "most recent best.pt in --runs)")
+    parser.add_argument("--backbone", metavar="PATH",
+                        help="a temporal head trained on features (data.features_dir) runs with the backbone "
+                             "checkpoint that wrote them, found where it was; give it here if it moved (its sha256 "
+                             "is checked)")
     parser.add_argument("--config", help="a training preset: its experiment's latest run gives the checkpoint")
     parser.add_argument("--runs", default="runs", help="where to look for the most recent run")
     parser.add_argument("--input", help="a video file, a directory of videos, or a manifest (.jsonl/.csv)")
@@ -76,8 +85,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda if available)")
     parser.add_argument("--precision", help="32, 16, bf16 or amp (default: the checkpoint's)")
     parser.add_argument("--topk", type=int, default=3, help="labels reported per video")
-    parser.add_argument("--output", help="write one JSON line per video to this file")
-    parser.add_argument("--timeline", action="store_true", help="include every chunk's result and merged segments")
+    parser.add_argument("--output", help="write one JSON line per video to this file (with --timeline: its segments; "
+                                         "and OUTPUT_frames.csv: every frame's label); with annotated segments, "
+                                         "OUTPUT_scores.json: the timeline scores over all videos")
+    parser.add_argument("--timeline", action="store_true",
+                        help="per-frame timelines: every chunk's result, and the segments of the frames' labels (each "
+                             "frame's probabilities blended from the chunks that cover it)")
+    parser.add_argument("--plot", metavar="DIR", help="with --timeline: DIR/<video stem>.png per video, ground truth "
+                                                      "(where annotated) above the prediction, time in seconds")
     parser.add_argument("--decode-threads", type=int, default=0,
                         help="FFmpeg decoder threads (0 = OpenCV's choice, all cores)")
     parser.add_argument("--max-videos", type=int, help="stop after this many videos")
@@ -96,6 +111,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             raise UsageError(f"--batch {args.batch}: expected a number of chunks, or auto")
     if args.topk < 1:
         raise UsageError(f"--topk {args.topk}: must be >= 1")
+    if args.plot and not args.timeline:
+        raise UsageError(f"--plot {args.plot}: plots a timeline; add --timeline")
     return args
 
 
@@ -131,8 +148,8 @@ def print_result(result: dict, show_timeline: bool) -> None:
     truth = f"  (true: {result['label']})" if "label" in result else ""
     print(f"{result['video']}: {result['num_frames']} frames @ {result['fps']:.1f} fps, {result['chunks']} chunks "
           f"-> {top}{truth}")
-    if "timeline_agreement" in result:
-        print(f"  timeline agreement with the annotated segments: {100 * result['timeline_agreement']:.1f}% of frames")
+    if "scores" in result:
+        print(f"  timeline against the annotated segments: {format_scores(result['scores'])}")
     if show_timeline:
         print(f"  {'start':>8s} {'end':>8s} {'start s':>8s} {'end s':>8s}  label")
         for seg in result["segments"]:
@@ -149,7 +166,9 @@ def main(argv=None) -> int:
         prepare_directory(args.features)
     checkpoint_path, why = find_checkpoint(args)
     device = resolve_device(args.device or "auto")
-    model, cfg, class_names, state = load_trained_model(checkpoint_path, device)
+    model, cfg, class_names, state = load_trained_model(checkpoint_path, device, args.backbone)
+    if "backbone" in state:
+        why += f"; its backbone: {state['backbone']}"
     runtime = setup_runtime(cfg.trainer, device=str(device), precision=args.precision)
     cfg = inference_config(args, cfg, runtime, state)
     spec = InferenceSpec.of_config(cfg.train, args.topk, args.timeline, args.decode_threads or None)
@@ -166,10 +185,12 @@ def main(argv=None) -> int:
     features = None
     if args.features:
         features = (FeatureSpec(args.features, args.features_dtype),
-                    settings_of(cfg, spec.chunk, spec.overlap, args.features_dtype, file_sha256(checkpoint_path)))
+                    settings_of(cfg, spec.chunk, spec.overlap, args.features_dtype, file_sha256(checkpoint_path)),
+                    checkpoint_path)
     if runtime.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(runtime.device)
-    failures = run_videos(model, records, names, cfg, spec, runtime, class_names, args.output, features)
+    outputs = Outputs(args.output, args.plot, args.timeline, names)
+    failures = run_videos(model, records, names, cfg, spec, runtime, class_names, outputs, features)
     snap = memory_monitor.snapshot(runtime.device)
     peak = f", device peak {snap['device_peak_mb']:.0f} MB" if "device_peak_mb" in snap else ""
     print(f"peak memory: host RSS {memory_monitor.host_peak_rss_mb():.0f} MB{peak}")
@@ -177,13 +198,13 @@ def main(argv=None) -> int:
 
 
 def run_videos(model, records: list, names: list[str], cfg: Config, spec: InferenceSpec, runtime, class_names,
-               output: str | None, features: tuple | None) -> int:
+               outputs: Outputs, features: tuple | None) -> int:
     """Each video classified (and with ``features``, its features written, or skipped when already there);
     prints each result and the summary; returns the number that failed."""
     prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
     counts, correct, labelled, chunks, start = Counter(), 0, 0, 0, time.perf_counter()
-    if output:
-        atomic_write_bytes(output, b"")  # this run's results only; each line is appended whole
+    scores = SegmentationScores(background_indices(cfg.data.background_labels, class_names))
+    outputs.start()
     for number, (record, name) in enumerate(zip(records, tqdm(names, desc="videos", disable=not
                                                               sys.stderr.isatty() or len(records) == 1))):
         path = os.path.join(features[0].directory, name) if features else None
@@ -194,7 +215,7 @@ def run_videos(model, records: list, names: list[str], cfg: Config, spec: Infere
             continue
         try:
             result = classify_video(model, record, cfg.data, spec, runtime, prepare, class_names,
-                                    keep_features=features is not None)
+                                    keep_features=features is not None, scores=scores)
         except BAD_INPUT_ERRORS as e:
             if len(records) == 1:
                 raise
@@ -215,21 +236,71 @@ def run_videos(model, records: list, names: list[str], cfg: Config, spec: Infere
         if "correct" in result:
             labelled += 1
             correct += int(result["correct"])
-        if output:
-            append_whole(output, (json.dumps(result) + "\n").encode())
+        outputs.write(result, name, class_names)
         if "error" not in result:  # the console shows the summary with --output too
             print_result(result, spec.timeline)
     if labelled:
         print(f"accuracy: {correct}/{labelled} = {correct / labelled:.4f}")
+    if scores.videos:
+        print(f"timelines over {scores.videos} annotated videos: {format_scores(scores.result())}")
+        outputs.write_scores(scores.result(), scores.videos)
     if features:
         print(f"features: {counts['done']} done, {counts['skipped']} skipped (already there), {counts['failed']} "
               f"failed; {chunks / max(time.perf_counter() - start, 1e-9):.1f} chunks/s")
     return counts["failed"]
 
 
+class Outputs:
+    """What a run writes besides the console: --output's JSON lines (each appended whole) and, with --timeline, its
+    per-frame CSV; --plot's pictures; the split's timeline scores."""
+
+    def __init__(self, output: str | None, plot_dir: str | None, timeline: bool, names: list[str]):
+        self.output, self.plot_dir, self.timeline = output, plot_dir, timeline
+        stem = os.path.splitext(output)[0] if output else None
+        self.frames_csv = f"{stem}_frames.csv" if output and timeline else None
+        self.scores_json = f"{stem}_scores.json" if output else None
+
+    def start(self) -> None:
+        if self.output:
+            atomic_write_bytes(self.output, b"")  # this run's results only; each line is appended whole
+        if self.frames_csv:
+            atomic_write_bytes(self.frames_csv, b"video,frame,time_s,label,probability,true_label\n")
+        if self.plot_dir:
+            os.makedirs(self.plot_dir, exist_ok=True)
+
+    def write(self, result: dict, name: str, class_names: list[str]) -> None:
+        frames = result.pop("frames", None)
+        if self.output:
+            append_whole(self.output, (json.dumps(result) + "\n").encode())
+        if frames is None:
+            return
+        if self.frames_csv:
+            append_whole(self.frames_csv, frame_rows(result, frames, class_names).encode())
+        if self.plot_dir:
+            path = os.path.join(self.plot_dir, os.path.splitext(name)[0] + ".png")
+            truth = None if frames.truth is None else segments_of_frames(frames.truth, result["fps"], class_names)
+            timeline_plot(path, result["segments"], truth, class_names, result["fps"], result["num_frames"],
+                          os.path.basename(str(result["video"])), result.get("scores"))
+            print(f"  timeline picture: {path}")
+
+    def write_scores(self, scores: dict, videos: int) -> None:
+        if self.scores_json:
+            atomic_write_bytes(self.scores_json, json.dumps({"videos": videos, **scores}, indent=1).encode())
+
+
+def frame_rows(result: dict, frames, class_names: list[str]) -> str:
+    """A video's per-frame CSV rows: frame, time, predicted label and its probability, the annotated label."""
+    text, fps = io.StringIO(), result["fps"]
+    writer = csv.writer(text, lineterminator="\n")
+    for frame, (label, probability) in enumerate(zip(frames.labels, frames.probability)):
+        true = "" if frames.truth is None or frames.truth[frame] < 0 else class_names[frames.truth[frame]]
+        writer.writerow([result["video"], frame, f"{frame / fps:.3f}", class_names[label], f"{probability:.4f}", true])
+    return text.getvalue()
+
+
 def save_features(path: str, result: dict, record, cfg: Config, features: tuple, class_names, reason: str) -> dict:
     """A video's features file written (atomically); returns its result without the arrays, for the output line."""
-    write_features(path, result, record, cfg, features[1], class_names)
+    write_features(path, result, record, cfg, features[1], class_names, features[2])
     print(f"features: {path} ({len(result['features'])} chunks; {reason})")
     return {k: v for k, v in result.items() if k not in ("features", "chunk_logits", "frame_windows", "stride")}
 

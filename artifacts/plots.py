@@ -107,3 +107,33 @@ def eval_history_plot(entries: list[dict], path: str) -> str | None:
     axis.legend(fontsize=8)
     axis.grid(alpha=0.3)
     return _save(figure, plt, path)
+
+
+def timeline_plot(path: str, predicted: list[dict], truth: list[dict] | None, class_names: list[str], fps: float,
+                  num_frames: int, title: str, scores: dict | None = None) -> str | None:
+    """A video's timeline: the annotated segments (where there are) above the predicted ones, one colour per class
+    (the same in both rows and in every picture of a run), time in seconds."""
+    plt = _pyplot("--plot")
+    if plt is None:
+        return None
+    colours = plt.get_cmap("tab20" if len(class_names) > 10 else "tab10")
+    rows = ([("annotated", truth)] if truth is not None else []) + [("predicted", predicted)]
+    figure, axis = plt.subplots(figsize=(11, 0.8 + 0.7 * len(rows)))
+    for y, (_, segments) in enumerate(reversed(rows)):
+        for seg in segments:
+            index = class_names.index(seg["label"])
+            axis.broken_barh([(seg["start"] / fps, (seg["end"] - seg["start"]) / fps)], (y + 0.1, 0.8),
+                             facecolors=colours(index % colours.N))
+    axis.set_yticks([y + 0.5 for y in range(len(rows))], [name for name, _ in reversed(rows)])
+    axis.set_xlim(0, num_frames / fps)
+    axis.set_ylim(0, len(rows))
+    axis.set_xlabel("time (s)")
+    shown = sorted({class_names.index(seg["label"]) for _, segments in rows for seg in segments})
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours(i % colours.N)) for i in shown]
+    axis.legend(handles, [class_names[i] for i in shown], loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                fontsize="small", frameon=False)
+    if scores:
+        title += (f"  (frame acc {scores['frame_acc']:.3f}, edit {scores['edit']:.1f}, "
+                  f"F1@50 {scores['f1@50']:.1f})")
+    axis.set_title(title, fontsize="medium")
+    return _save(figure, plt, path)

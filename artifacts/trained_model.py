@@ -1,34 +1,101 @@
-"""The one loader of a trained model, shared by eval.py, ``eval.py --watch`` and infer_chunked.py."""
+"""The one loader of a trained model, shared by eval.py, ``eval.py --watch`` and infer_chunked.py.
+
+A checkpoint of a temporal head trained on features (``data.features_dir``) is one half of a model: it records the
+backbone checkpoint its features came from (path and sha256), and is loaded paired with it: the backbone's network,
+data settings and chunking, the head's weights, classes and timeline settings.
+"""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 
 from artifacts.checkpoint import CheckpointError, load_checkpoint
-from config import saved_config
+from config import Config, saved_config
 from core.errors import ConfigError
+from core.files import file_sha256
 from datasets.shape import DataShape
 from models import ModelConfigError, build_model
 
+HEAD_DATA_KEYS = ("data_dir", "train_manifest", "val_manifest", "test_manifest", "val_fraction", "class_names",
+                  "background_labels")
 
-def load_trained_model(path: str, device: torch.device):
-    """(model in eval mode on ``device``, the checkpoint's config, class names, the checkpoint dict)."""
+
+def load_trained_model(path: str, device: torch.device, backbone: str | None = None):
+    """(model in eval mode on ``device``, the checkpoint's config, class names, the checkpoint dict). A head trained
+    on features is paired with its backbone: ``backbone`` (--backbone), else the checkpoint it records."""
     state = load_checkpoint(path)
-    try:
-        cfg = saved_config(state["config"])
-    except (ConfigError, KeyError) as e:
-        raise CheckpointError(f"{path}: its config does not fit this version of the code: {e}")
-    class_names = list(state["class_names"])
-    # the trained weights replace any pretrained ones: do not fetch those again
-    model_cfg = dataclasses.replace(cfg.model, pretrained=None)
-    try:
-        model = build_model(model_cfg, **DataShape.of_checkpoint(state).model_args())
-    except ModelConfigError as e:
-        raise CheckpointError(f"{path}: its model section cannot be built: {e}")
+    cfg = _config_of(path, state)
+    if "features_source" in state:
+        return _paired(path, state, cfg, device, backbone)
+    if backbone is not None:
+        raise CheckpointError(f"{path}: --backbone {backbone} pairs a temporal head trained on features with its "
+                              f"backbone, but this checkpoint is a whole model; leave --backbone out")
+    model = _built(path, cfg, DataShape.of_checkpoint(state))
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:
         raise CheckpointError(f"{path}: weights do not match model.backbone={cfg.model.backbone}: "
                               f"{str(e).splitlines()[0]}")
+    return model.to(device).eval(), cfg, list(state["class_names"]), state
+
+
+def _config_of(path: str, state: dict) -> Config:
+    try:
+        return saved_config(state["config"])
+    except (ConfigError, KeyError) as e:
+        raise CheckpointError(f"{path}: its config does not fit this version of the code: {e}")
+
+
+def _built(path: str, cfg: Config, shape: DataShape):
+    # the trained weights replace any pretrained ones: do not fetch those again
+    try:
+        return build_model(dataclasses.replace(cfg.model, pretrained=None, temporal_head_init=None),
+                           **shape.model_args())
+    except ModelConfigError as e:
+        raise CheckpointError(f"{path}: its model section cannot be built: {e}")
+
+
+def _paired(path: str, head_state: dict, head_cfg: Config, device: torch.device, backbone: str | None):
+    """The backbone checkpoint the head's features came from, its sha256 checked, with the head in place of its
+    classifier; the config: the backbone's, with the head's model.temporal_* and timeline settings, and the
+    features' chunking (what the head was trained on)."""
+    source = head_state["features_source"]
+    wanted = source["checkpoint_sha256"]
+    backbone_path = backbone or source.get("checkpoint") or ""
+    if not backbone_path or not os.path.exists(backbone_path):
+        where = f"it was at {backbone_path}, now missing" if backbone_path else "its path was not recorded"
+        raise CheckpointError(f"{path}: a temporal head trained on the features of backbone checkpoint sha256 "
+                              f"{wanted[:12]}... ({where}); give that checkpoint with --backbone PATH")
+    actual = file_sha256(backbone_path)
+    if actual != wanted:
+        raise CheckpointError(f"{path}: refused: its temporal head was trained on the features of backbone sha256 "
+                              f"{wanted[:12]}..., but {backbone_path} is sha256 {actual[:12]}... (another backbone, "
+                              f"or one trained further); give the checkpoint that wrote the features with --backbone, "
+                              f"or train the head again on this one's features")
+    backbone_state = load_checkpoint(backbone_path)
+    backbone_cfg = _config_of(backbone_path, backbone_state)
+    model_cfg = dataclasses.replace(backbone_cfg.model, **{
+        f.name: getattr(head_cfg.model, f.name) for f in dataclasses.fields(head_cfg.model)
+        if f.name.startswith("temporal_")})
+    train_cfg = dataclasses.replace(backbone_cfg.train, chunk_infer_size=int(source["chunk"]),
+                                    chunk_overlap=int(source["overlap"]))
+    # decoding and geometry as the features were made; the videos, labels and timeline settings of the head's run,
+    # each video whole (the head was trained over whole videos)
+    data_cfg = dataclasses.replace(backbone_cfg.data, num_frames=-1, max_video_frames=None, **{
+        key: getattr(head_cfg.data, key) for key in HEAD_DATA_KEYS})
+    cfg = dataclasses.replace(backbone_cfg, model=model_cfg, train=train_cfg, data=data_cfg)
+    class_names = list(head_state["class_names"])
+    shape = dataclasses.replace(DataShape.of_checkpoint(backbone_state), num_classes=len(class_names))
+    model = _built(path, cfg, shape)
+    weights = {k: v for k, v in backbone_state["model"].items()
+               if not k.startswith(("classifier.", "temporal."))}
+    weights.update(head_state["model"])  # the head's "temporal.*"
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as e:
+        raise CheckpointError(f"{path} with {backbone_path}: the head does not fit the backbone: "
+                              f"{str(e).splitlines()[0]}")
+    state = {**head_state, **shape.checkpoint_fields(), "backbone": backbone_path}
     return model.to(device).eval(), cfg, class_names, state

@@ -74,10 +74,17 @@ class ModelConfig:
                                        "they train, as MMAction2's norm_eval)")
     temporal_head: str = setting("none", "choice", "the model over a clip's chunk features: none (chunk logits "
                                  "aggregated by train.chunk_aggregation, blind to order), attention (attention "
-                                 "pooling with positions) or transformer (an encoder over the chunks, then that "
-                                 "pooling)", choices=("none", "attention", "transformer"))
+                                 "pooling with positions), transformer (an encoder over the chunks, then that "
+                                 "pooling) or tcn (MS-TCN's multi-stage dilated convolutions, linear in length)",
+                                 choices=("none", "attention", "transformer", "tcn"))
     temporal_width: int = setting(64, "int", "temporal head: token width", minimum=2)
     temporal_layers: int = setting(2, "int", "temporal head (transformer): encoder layers", minimum=1)
+    temporal_stages: int = setting(4, "int", "temporal head (tcn): stages, each refining the one before (MS-TCN: 4)",
+                                   minimum=1)
+    temporal_tcn_layers: int = setting(10, "int", "temporal head (tcn): dilated layers per stage; a receptive field "
+                                       "of 2^layers chunks (MS-TCN: 10)", minimum=1)
+    temporal_head_init: str | None = setting(None, "str", "a checkpoint whose temporal head (e.g. one trained on "
+                                             "features, data.features_dir) starts this run's head", nullable=True)
     temporal_heads: int = setting(4, "int", "temporal head: attention heads (must divide temporal_width)", minimum=1)
     temporal_dropout: float = setting(0.1, "float", "temporal head: dropout in attention, feed-forward and before its "
                                       "classifier", minimum=0.0, maximum=1.0)
@@ -96,6 +103,11 @@ class DataConfig:
     test_manifest: str | None = setting("test.jsonl", "str", "test manifest", nullable=True)
     class_names: list | None = setting(None, "list", "class names in label order; null = sorted training labels",
                                        nullable=True)
+    features_dir: str | None = setting(None, "str", "train the temporal head on the features files infer_chunked.py "
+                                       "--features wrote here (one sample: one whole video; labels and segments from "
+                                       "the manifests), instead of on video clips", nullable=True)
+    background_labels: list = setting([], "list", "labels left out of the segments the timeline scores count (edit, "
+                                      "F1@k), as the field's bg_class; frame accuracy counts every frame")
     batch_size: int | str = setting(8, "int", "clips per training micro-batch; auto = the largest whose estimated "
                                     "memory fits trainer.memory_budget_gb (train.py --probe-memory shows the "
                                     "estimates)", minimum=1, also=("auto",))
@@ -218,8 +230,10 @@ class TrainConfig:
     checkpoint_every_steps: int = setting(0, "int", "also write last.pt every N optimizer steps; 0 = epoch ends only",
                                           minimum=0)
     keep_last_k: int = setting(2, "int", "epoch checkpoints kept besides last.pt and best.pt", minimum=0)
-    monitor: str = setting("val_video_acc", "choice", "metric that picks best.pt (higher is better)",
-                           choices=("val_video_acc", "val_clip_acc"))
+    monitor: str = setting("val_video_acc", "choice", "metric that picks best.pt (higher is better); the val_seg_* "
+                           "timeline scores need a validation manifest with segments",
+                           choices=("val_video_acc", "val_clip_acc", "val_seg_f1@50", "val_seg_edit",
+                                    "val_seg_frame_acc"))
 
 
 @dataclass

@@ -27,6 +27,9 @@ class InputPreparer:
             inputs["video"] = batch["video"].to(self.device, non_blocking=self.non_blocking)
         if "kpt" in batch:
             inputs["kpt"] = batch["kpt"].to(self.device, non_blocking=self.non_blocking).float()
+        for key in ("features", "windows", "mask"):  # training on features (data.features_dir)
+            if key in batch:
+                inputs[key] = batch[key].to(self.device, non_blocking=self.non_blocking)
         return inputs
 
     def normalize(self, inputs: dict) -> dict:

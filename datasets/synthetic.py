@@ -31,6 +31,7 @@ import numpy as np
 
 from core.cli import exit_on_usage_error
 from datasets.long_range_tasks import generate_long_range
+from datasets.segmentation_task import generate_segmentation
 from datasets.video_files import build_once, write_jsonl, write_video
 
 CLASSES = ("down", "grow", "left", "right", "shrink", "up")
@@ -209,12 +210,20 @@ def main(argv=None) -> int:
     parser.add_argument("--long-range", action="store_true",
                         help="write the long-range order task instead (order_train/val.jsonl; see above): "
                              "--long-frames (default 1024), --num-train (96), --num-val (48), --size (32)")
+    parser.add_argument("--segmentation", action="store_true",
+                        help="write the segmentation task instead (seg_train/val.jsonl; "
+                             "datasets/segmentation_task.py): --long-frames (default 600), --num-train (48), "
+                             "--num-val (16), --size (32)")
     parser.add_argument("--event-frames", type=int, default=12, help="--long-range: frames per event")
     parser.add_argument("--min-gap", type=int, default=320, help="--long-range: frames between the two events")
     args = parser.parse_args(argv)
     for name in ("size", "short_frames", "long_frames"):
         if getattr(args, name) is not None and getattr(args, name) < 8:
             parser.error(f"--{name.replace('_', '-')} must be at least 8")
+    if args.segmentation:
+        generate_segmentation(args.out, args.seed, args.size or 32, args.fps, args.num_train or 48,
+                              args.num_val or 16, args.long_frames or 600, quiet=args.quiet)
+        return 0
     if args.long_range:
         generate_long_range(args.out, args.seed, args.size or 32, args.fps, args.num_train or 96, args.num_val or 48,
                             args.long_frames or 1024, args.event_frames, args.min_gap, args.quiet)

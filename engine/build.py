@@ -11,7 +11,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from artifacts.checkpoint import TrainState, restore_training
+from artifacts.checkpoint import CheckpointError, TrainState, load_checkpoint, restore_training
 from artifacts.csv_log import CsvLog
 from artifacts.run_dir import ExperimentDirectory, RunDirectory
 from config import Config, TrainConfig, dump
@@ -22,11 +22,12 @@ from core.runtime import Runtime
 from datasets.bad_input import BadInputReport
 from datasets.device_input import InputPreparer
 from datasets.shape import DataShape
-from engine.chunking import ChunkedTrainingForward
+from engine.chunking import ChunkedTrainingForward, FeatureHeadForward
 from engine.data import build_data, cap_workers, make_loader
+from engine.feature_data import build_feature_data, feature_loader
 from engine.optim import build_optimizer, build_scheduler, gradient_clip
 from engine.trainer import RunReport, Trainer
-from models import ModelConfigError, build_model
+from models import ModelConfigError, build_feature_head, build_model
 from models.norms import convert_norms
 
 log = logging.getLogger("longvideo")
@@ -41,13 +42,21 @@ def build_trainer(cfg: Config, runtime: Runtime, resume_path: str | None = None,
     its own count (the back-off may have lowered it)."""
     torch.manual_seed(cfg.train.seed)
     np.random.seed(cfg.train.seed)
-    train_set, val_set, class_names, shape = build_data(cfg)
-    model, channels_last = _model_on_device(cfg, runtime, shape)
-    cfg = cap_workers(cfg)
-    seed = cfg.train.seed
-    train_loader = make_loader(train_set, cfg.data, seed, runtime, cfg.data.batch_size, shuffle=True, pad=True)
-    val_loader = (make_loader(val_set, cfg.data, seed, runtime, 1, shuffle=False, pad=False)  # clips vary in length
-                  if val_set is not None else None)
+    seed, source = cfg.train.seed, None
+    if cfg.data.features_dir is not None:  # the temporal head alone, over whole videos' features
+        train_set, val_set, class_names, source = build_feature_data(cfg)
+        shape = DataShape(len(class_names))
+        model, channels_last = _feature_head_on_device(cfg, runtime, source["feature_dim"], len(class_names)), False
+        train_loader = feature_loader(train_set, seed, runtime, cfg.data.batch_size, shuffle=True, pad=True)
+        val_loader = (feature_loader(val_set, seed, runtime, 1, shuffle=False, pad=False)
+                      if val_set is not None else None)
+    else:
+        train_set, val_set, class_names, shape = build_data(cfg)
+        model, channels_last = _model_on_device(cfg, runtime, shape)
+        cfg = cap_workers(cfg)
+        train_loader = make_loader(train_set, cfg.data, seed, runtime, cfg.data.batch_size, shuffle=True, pad=True)
+        val_loader = (make_loader(val_set, cfg.data, seed, runtime, 1, shuffle=False, pad=False)  # clips vary
+                      if val_set is not None else None)                                          # in length
     optimizer = build_optimizer(model, cfg.train)
     if runtime.is_main and getattr(model, "temporal", None) is not None:
         _log_temporal_head_settings(optimizer, cfg.train)
@@ -71,7 +80,8 @@ def build_trainer(cfg: Config, runtime: Runtime, resume_path: str | None = None,
     trainer = Trainer(model=wrapped, optimizer=optimizer, scheduler=scheduler, scaler=scaler, prepare=prepare,
                       runtime=runtime, cfg=cfg, run=run, class_names=class_names, shape=shape,
                       criterion=criterion, state=state, pending_rng=pending_rng, stop_after_steps=stop_after_steps,
-                      report=RunReport(bad_inputs=BadInputReport(train_set, val_set)))
+                      report=RunReport(bad_inputs=None if source else BadInputReport(train_set, val_set)),
+                      features_source=source)
     if runtime.is_main:
         _start_run_files(trainer, len(train_set))
     return trainer, train_loader, val_loader
@@ -96,8 +106,11 @@ def wrap_for_training(model: torch.nn.Module, prepare: InputPreparer, cfg: Confi
     throughout, it did nothing but hold its gradient buckets, a second copy of every gradient (measured: +154 MB at
     construction for 128 MB of parameters, then the gradients themselves in backward). With train.ddp_sync:
     overlap it is there, its all-reduce overlapping backward, the gradients views of its buckets."""
-    wrapped = ChunkedTrainingForward(torch.compile(model) if cfg.trainer.compile else model, prepare.normalize,
-                                     cfg.data.frame_stride)
+    if cfg.data.features_dir is not None:
+        wrapped = FeatureHeadForward(model)
+    else:
+        wrapped = ChunkedTrainingForward(torch.compile(model) if cfg.trainer.compile else model, prepare.normalize,
+                                         cfg.data.frame_stride)
     if runtime.distributed:
         log.info("%d processes, train.ddp_sync: %s: %s", runtime.world_size, cfg.train.ddp_sync, {
             "overlap": "the gradients all-reduced during backward (DistributedDataParallel); an out-of-memory error "
@@ -113,12 +126,45 @@ def wrap_for_training(model: torch.nn.Module, prepare: InputPreparer, cfg: Confi
     return wrapped
 
 
+def _feature_head_on_device(cfg: Config, runtime: Runtime, feature_dim: int, num_classes: int) -> torch.nn.Module:
+    try:
+        model = build_feature_head(cfg.model, feature_dim, num_classes)
+    except ModelConfigError as e:
+        raise ConfigError(str(e))
+    init_temporal_head(model, cfg.model.temporal_head_init)
+    return model.to(runtime.device)
+
+
+def init_temporal_head(model: torch.nn.Module, path: str | None) -> None:
+    """model.temporal_head_init: the temporal head's weights from a checkpoint's ``temporal.*`` entries (a head
+    trained on features, or an end-to-end run's), so the two-stage path goes on end to end."""
+    if path is None:
+        return
+    try:
+        weights = load_checkpoint(path)["model"]
+    except CheckpointError as e:
+        raise ConfigError(f"model.temporal_head_init: {e}")
+    head = {k[len("temporal."):]: v for k, v in weights.items() if k.startswith("temporal.")}
+    if not head:
+        raise ConfigError(f"model.temporal_head_init: {path} holds no temporal head (its model.temporal_head was "
+                          f"none); give a checkpoint trained with one")
+    try:
+        model.temporal.load_state_dict(head)
+    except RuntimeError as e:
+        raise ConfigError(f"model.temporal_head_init: {path}: its temporal head does not fit this one (set "
+                          f"model.temporal_head, temporal_width, temporal_layers... as it was trained, and the same "
+                          f"classes): {str(e).splitlines()[0]}")
+    log.info("model.temporal_head_init: the temporal head starts from %s", path)
+
+
 def _model_on_device(cfg: Config, runtime: Runtime, shape: DataShape) -> tuple:
     """(the classifier on the device, whether it is in channels_last_3d)."""
     try:
         model = build_model(cfg.model, **shape.model_args())
     except ModelConfigError as e:  # a model section that does not fit the data or the backbone
         raise ConfigError(str(e))
+    if cfg.model.temporal_head != "none":
+        init_temporal_head(model, cfg.model.temporal_head_init)
     if cfg.model.norm == "sync":
         _synchronize_norms(model, cfg, runtime)
     model.to(runtime.device)

@@ -21,7 +21,7 @@ from datasets.windows import chunk_windows, inference_windows
 from models.classifier import recompute_in_backward
 
 AGGREGATIONS = ("mean", "max", "last", "prob")
-TIME_AXIS = {"video": -3, "kpt": 1}  # video [B, (V,) C, T, H, W]; kpt [B, T, J, C]
+TIME_AXIS = {"video": -3, "kpt": 1, "features": 1}  # video [B, (V,) C, T, H, W]; kpt [B, T, J, C]; features [B, n, D]
 
 
 def clip_length(inputs: dict) -> int:
@@ -128,8 +128,8 @@ def run_chunks(model, groups: Iterable[tuple[list, dict]], windows: list[tuple[i
     all_features = torch.cat(features).transpose(0, 1) if features else None  # [B, n, ...]
     if head is None:
         return ChunkedOutput(aggregator.result(), torch.cat(chunk_logits), all_features)
-    logits, head_chunk_logits = head(all_features.to(device), chunk_positions(windows, frame_stride))
-    return ChunkedOutput(logits, head_chunk_logits.detach().float().cpu().transpose(0, 1), all_features)
+    out = head(all_features.to(device), chunk_positions(windows, frame_stride))
+    return ChunkedOutput(out.clip, out.chunks.detach().float().cpu().transpose(0, 1), all_features)
 
 
 def forward_chunked(model, inputs: dict, chunk_size: int, overlap: int = 0, aggregation: str = "mean",
@@ -142,6 +142,8 @@ def forward_chunked(model, inputs: dict, chunk_size: int, overlap: int = 0, aggr
     (``model.temporal``) runs its backbone chunk by chunk and the head once over all chunk features (``aggregation``
     is the head's then; ``frame_stride`` places the chunks in video frames).
     """
+    if "features" in inputs:  # a temporal head over features read from files (data.features_dir)
+        return forward_features(model, inputs, chunk_logits_out)
     length = clip_length(inputs)
     min_frames = getattr(model, "min_frames", 1)
     has_head = temporal_head_of(model) is not None
@@ -163,6 +165,18 @@ def forward_chunked(model, inputs: dict, chunk_size: int, overlap: int = 0, aggr
     if chunk_logits_out is not None:
         chunk_logits_out.extend((s, e, logits) for (s, e), logits in zip(windows, out.chunk_logits))
     return out.logits
+
+
+def forward_features(model, inputs: dict, chunk_logits_out: list | None = None) -> torch.Tensor:
+    """Clip logits [B, K] of a temporal head over chunk features ({"features" [B, n, D], "windows" [B, n, 2] in
+    video frames, "mask" [B, n]}); ``chunk_logits_out`` gets each chunk's (start, end, logits [B, K]) with the
+    first sample's windows (evaluation runs one whole video a batch)."""
+    out = unwrap_model(model)(inputs["features"], inputs["windows"], inputs.get("mask"))
+    if chunk_logits_out is not None:
+        n = int(inputs["mask"][0].sum()) if "mask" in inputs else out.chunks.shape[1]
+        windows = inputs["windows"][0, :n].long().tolist()
+        chunk_logits_out.extend((s, e, out.chunks[:, i].detach().float().cpu()) for i, (s, e) in enumerate(windows))
+    return out.clip
 
 
 # ---------------------------------------------------------------------------------------------- training
@@ -241,8 +255,29 @@ class ChunkedTrainingForward(nn.Module):
                 features.append(recompute_in_backward(self.module, self._chunk_features, chunk))
             else:
                 features.append(self._chunk_features(chunk))
-        clip, chunks = head(torch.stack(features, dim=1), chunk_positions(windows, self.frame_stride))
-        return {"clip": clip, "chunks": chunks.transpose(0, 1)}
+        return head_outputs(head(torch.stack(features, dim=1), chunk_positions(windows, self.frame_stride)))
+
+
+def head_outputs(out) -> dict:
+    """A temporal head's HeadOutput as the training loss takes it: {"clip": [B, K], "chunks": [n, B, K], and with
+    a tcn "stages": each stage's [n, B, K]}."""
+    outputs = {"clip": out.clip, "chunks": out.chunks.transpose(0, 1)}
+    if out.stages is not None:
+        outputs["stages"] = [stage.transpose(0, 1) for stage in out.stages]
+    return outputs
+
+
+class FeatureHeadForward(nn.Module):
+    """The training forward over features (data.features_dir): the temporal head over whole videos' chunk features,
+    padded to a batch; the same outputs as ChunkedTrainingForward with a head. No chunking, nothing recomputed: the
+    backbone ran when the features were written."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, inputs: dict, spec: ChunkSpec) -> dict:
+        return head_outputs(self.module(inputs["features"], inputs["windows"], inputs["mask"]))
 
 
 def aggregate_chunk_logits(chunk_logits: torch.Tensor, aggregation: str) -> torch.Tensor:

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
@@ -22,15 +23,22 @@ from datasets.video_dataset import build_dataset, index_cache_for
 from engine.chunking import forward_chunked
 from engine.data import GuardedBatches, cap_workers, make_loader
 from engine.metrics import ClassificationMeter
+from engine.segment_metrics import SegmentationScores, background_indices, format_scores
+from engine.timeline import annotated, frame_probabilities
 
 
 @torch.inference_mode()
 def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer, runtime: Runtime,
              train_cfg: TrainConfig, num_classes: int, bad_inputs: BadInputReport | None = None,
-             meter: ClassificationMeter | None = None, on_clips=None, frame_stride: int = 1) -> dict:
+             meter: ClassificationMeter | None = None, on_clips=None, frame_stride: int = 1,
+             background: tuple = ()) -> dict:
     """Clip- and video-level metrics with the shared chunked forward; predictions move to the CPU at once.
     The one evaluation loop: training's validation and eval.py (which passes its own ``meter``, for the
     per-video rows, and ``on_clips(batch, logits)`` for the per-clip ones).
+
+    Clips with frame labels (a manifest with segments) are also scored as timelines (engine.segment_metrics:
+    "seg_frame_acc", "seg_edit", "seg_f1@10/25/50" over the annotated frames, ``background``: the class indices
+    edit and F1 leave out), each clip's per-frame labels blended from its chunks' predictions.
 
     Under DDP each rank evaluates its shard and the CPU meters are gathered, so every rank gets the metrics
     of the whole validation set.
@@ -38,22 +46,42 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer,
     model = unwrap_model(model)  # no DDP collectives here: shards may differ in length
     model.eval()
     meter = meter if meter is not None else ClassificationMeter(num_classes)
+    timelines = SegmentationScores(background)
     for batch in GuardedBatches(loader, bad_inputs):
         if bad_inputs is not None:
             bad_inputs.take(batch)
+        annotated_frames = "frame_labels" in batch and bool((batch["frame_labels"] >= 0).any())
+        chunk_logits = [] if annotated_frames else None
         with runtime.autocast():
             logits = forward_chunked(model, prepare(batch), train_cfg.chunk_infer_size, train_cfg.chunk_overlap,
                                      train_cfg.chunk_aggregation, train_cfg.video_batch_size,
-                                     frame_stride=frame_stride)
+                                     chunk_logits_out=chunk_logits, frame_stride=frame_stride)
         logits = logits.float().cpu()
         meter.update(logits, batch["label"], batch["video_index"])
+        if annotated_frames:
+            score_clip_timelines(timelines, chunk_logits, batch["frame_labels"])
         if on_clips is not None:
             on_clips(batch, logits)
     if runtime.distributed:
-        meters = [None] * runtime.world_size
+        meters, parts = [None] * runtime.world_size, [None] * runtime.world_size
         torch.distributed.all_gather_object(meters, meter)
-        meter = ClassificationMeter.merged(meters)
-    return meter.compute()
+        torch.distributed.all_gather_object(parts, timelines)
+        meter, timelines = ClassificationMeter.merged(meters), SegmentationScores.merged(parts)
+    metrics = meter.compute()
+    if timelines.videos:
+        metrics.update({f"seg_{k}": v for k, v in timelines.result().items()}, seg_clips=timelines.videos)
+    return metrics
+
+
+def score_clip_timelines(scores: SegmentationScores, chunk_logits: list, frame_labels: torch.Tensor) -> None:
+    """Each clip's per-frame labels (its chunks' probabilities blended, engine.timeline) scored against its
+    frame labels, on the frames a segment covers. ``chunk_logits``: forward_chunked's (start, end, [B, K])."""
+    windows = np.array([[start, end] for start, end, _ in chunk_logits])
+    probs = torch.stack([logits for _, _, logits in chunk_logits]).float().softmax(dim=-1).numpy()  # [n, B, K]
+    for b, truth in enumerate(frame_labels.numpy()):
+        if (truth >= 0).any():
+            predicted = frame_probabilities(probs[:, b], windows, len(truth)).argmax(axis=1)
+            scores.add(*annotated(predicted, truth))
 
 
 def evaluate_dataset(model, dataset, cfg: Config, runtime, class_names: list[str]) -> tuple[dict, list, list]:
@@ -73,7 +101,8 @@ def evaluate_dataset(model, dataset, cfg: Config, runtime, class_names: list[str
                               "predicted": class_names[int(p.argmax())], "probability": round(float(p.max()), 6)})
 
     metrics = evaluate(model, loader, prepare, runtime, cfg.train, len(class_names), bad_inputs, meter,
-                       add_clip_rows, frame_stride=cfg.data.frame_stride)
+                       add_clip_rows, frame_stride=cfg.data.frame_stride,
+                       background=background_indices(cfg.data.background_labels, class_names))
     bad_inputs.end_run()
     video_rows = [{"video": _video_name(dataset, v["video_index"]), "label": class_names[v["label"]],
                    "predicted": class_names[v["predicted"]], "probability": round(v["probability"], 6),
@@ -93,6 +122,9 @@ def format_report(metrics: dict, class_names: list[str]) -> str:
              f"{'class':>16s} {'precision':>9s} {'recall':>9s} {'f1':>9s}"]
     for i, name in enumerate(class_names):
         lines.append(f"{name:>16s} {metrics['precision'][i]:9.4f} {metrics['recall'][i]:9.4f} {metrics['f1'][i]:9.4f}")
+    if "seg_edit" in metrics:
+        scores = {k[4:]: v for k, v in metrics.items() if k.startswith("seg_")}
+        lines.append(f"timelines ({metrics['seg_clips']} clips with segments): {format_scores(scores)}")
     width = max(6, max(len(n) for n in class_names))
     lines.append("confusion matrix (rows: true, columns: predicted)")
     lines.append(" " * (width + 1) + " ".join(f"{n[:width]:>{width}s}" for n in class_names))
@@ -134,11 +166,12 @@ class EvaluationSpec:
     # passed in by eval.py, since the planner sits above the engine
     fit_batch: Callable | None = None
     flags: dict = field(default_factory=dict)
+    backbone: str | None = None  # a head trained on features: its backbone checkpoint, if not where it was
 
 
 def evaluate_checkpoint(path: str, spec: EvaluationSpec) -> EvaluationResult:
     device = resolve_device(spec.device or "auto")
-    model, cfg, class_names, state = load_trained_model(path, device)
+    model, cfg, class_names, state = load_trained_model(path, device, spec.backbone)
     cfg = cap_workers(apply_inference_flags(cfg, spec.flags))
     runtime = setup_runtime(cfg.trainer, device=str(device), precision=spec.precision)
     if spec.fit_batch is not None:

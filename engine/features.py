@@ -10,7 +10,10 @@ video's absolute path, decided over the whole input list so every shard names a 
     windows_frames   [n, 2] int64                 each chunk's [start, end) in video frames
     windows_seconds  [n, 2] float64               the same in seconds (frames / fps)
     fps, frame_stride, chunk, overlap, num_frames  scalars; view_fusion, temporal_head, video, class_names
-    checkpoint_sha256, config (the resolved YAML), settings (JSON: what decides the features)
+    checkpoint_sha256, checkpoint (the backbone checkpoint's absolute path), config (the resolved YAML),
+    settings (JSON: what decides the features)
+
+``train.py`` with ``data.features_dir`` trains a temporal head on these files (engine/feature_data.py).
 
 Files are written atomically. A video whose file exists with the same settings (checkpoint content, chunking,
 stride, geometry, dtype) is skipped with one line; a file from other settings is recomputed, never mixed.
@@ -97,7 +100,7 @@ def done_before(path: str, settings: dict) -> str | None:
 
 
 def write_features(path: str, result: dict, record: VideoRecord, cfg: Config, settings: dict,
-                   class_names: list[str]) -> None:
+                   class_names: list[str], checkpoint: str = "") -> None:
     frames = np.asarray(result["frame_windows"], dtype=np.int64).reshape(-1, 2)
     arrays = {
         "features": result["features"].astype(settings["dtype"]),
@@ -110,7 +113,31 @@ def write_features(path: str, result: dict, record: VideoRecord, cfg: Config, se
         "view_fusion": np.str_(settings["view_fusion"]), "temporal_head": np.str_(settings["temporal_head"]),
         "video": np.str_(json.dumps(record.views)), "class_names": np.array(class_names, dtype=np.str_),
         "checkpoint_sha256": np.str_(settings["checkpoint_sha256"]), "config": np.str_(dump(cfg)),
+        "checkpoint": np.str_(os.path.abspath(checkpoint) if checkpoint else ""),
         "settings": np.str_(json.dumps(settings, sort_keys=True)),
     }
     with atomic_open(path) as f:
         np.savez(f, **arrays)
+
+
+HEADER_KEYS = ("video", "settings", "checkpoint_sha256", "fps", "num_frames", "chunk", "overlap", "frame_stride")
+
+
+def read_header(path: str) -> dict:
+    """A features file's small entries (not its arrays): what training on it checks and matches; "checkpoint" is
+    "" for files written before it was recorded, and "feature_dim" the width of its features."""
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            header = {key: saved[key].item() for key in HEADER_KEYS}
+            header["checkpoint"] = saved["checkpoint"].item() if "checkpoint" in saved.files else ""
+            header["feature_dim"] = int(saved["features"].shape[1])
+    except (OSError, ValueError, KeyError) as e:
+        raise UsageError(f"{path}: not a features file of this tool ({e}); write it with infer_chunked.py --features")
+    header["views"] = json.loads(header.pop("video"))
+    return header
+
+
+def read_arrays(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """(features [n, D] float32, windows_frames [n, 2] int64) of a features file."""
+    with np.load(path, allow_pickle=False) as saved:
+        return saved["features"].astype(np.float32), saved["windows_frames"].astype(np.int64)

@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -20,10 +21,20 @@ from datasets.chunk_stream import ChunkStream
 from datasets.manifest import VideoRecord
 from datasets.records import check_labels, segment_frames
 from engine.chunking import clip_length, run_chunks, slice_time
-from engine.timeline import merge_segments, timeline_agreement
+from engine.segment_metrics import SegmentationScores
+from engine.timeline import annotated, frame_probabilities, frames_of_segments, segments_of_frames
 
 log = logging.getLogger("longvideo")
 TRIM_EVERY = 32  # chunk groups between two malloc_trim calls (core.memory_monitor.trim_freed_memory)
+
+
+@dataclass(frozen=True)
+class FrameTimeline:
+    """A video's per-frame timeline: each frame's predicted class index and its probability, and the annotated
+    class index (-1 where no segment is; None without segments)."""
+    labels: np.ndarray
+    probability: np.ndarray
+    truth: np.ndarray | None
 
 
 @dataclass(frozen=True)
@@ -49,8 +60,11 @@ class InferenceSpec:
 
 @torch.inference_mode()
 def classify_video(model, record: VideoRecord, data_cfg: DataConfig, spec: InferenceSpec, runtime, prepare,
-                   class_names, keep_features: bool = False) -> dict:
-    """One video's result: top-k labels, and with ``spec.timeline`` every chunk's and the merged segments.
+                   class_names, keep_features: bool = False, scores: SegmentationScores | None = None) -> dict:
+    """One video's result: top-k labels; with ``spec.timeline`` every chunk's result, the per-frame timeline's
+    segments (engine.timeline: the chunks' probabilities blended per frame) and "frames" (a FrameTimeline, not
+    JSON: the caller takes it out). A video with annotated segments is scored as a timeline ("scores", added to
+    ``scores``: the split's).
 
     The chunks go through ``run_chunks``, the chunked forward of evaluation, as they are decoded: without a
     temporal head their logits are aggregated as they come; with one, only each chunk's features are kept (on the
@@ -78,9 +92,11 @@ def classify_video(model, record: VideoRecord, data_cfg: DataConfig, spec: Infer
             if count % TRIM_EVERY == 0:  # freed chunk groups back to the system: RSS flat in video length
                 memory_monitor.trim_freed_memory()
 
+    truth = None
     try:
         if record.segments is not None:
-            segment_frames(record, stream.num_frames, stream.fps, class_names)
+            truth = frames_of_segments(segment_frames(record, stream.num_frames, stream.fps, class_names),
+                                       stream.num_frames)
         started = time.perf_counter()
         with runtime.autocast():
             out = run_chunks(model, groups(), stream.windows, spec.aggregation, stream.stride, keep_features,
@@ -89,30 +105,34 @@ def classify_video(model, record: VideoRecord, data_cfg: DataConfig, spec: Infer
     finally:
         stream.close()
     chunk_logits = out.chunk_logits[:, 0]  # [n, K]: one video
-    timeline = []
-    for (s, e), p in zip(stream.windows, chunk_logits.softmax(dim=1)):
-        start, end = s * stream.stride, min((e - 1) * stream.stride + 1, stream.num_frames)
-        timeline.append({"start": start, "end": end, "start_sec": round(start / stream.fps, 3),
-                         "end_sec": round(end / stream.fps, 3), "label": class_names[int(p.argmax())],
-                         "prob": round(float(p.max()), 4)})
+    chunk_probs = chunk_logits.softmax(dim=1)
+    frame_windows = np.array([[s * stream.stride, min((e - 1) * stream.stride + 1, stream.num_frames)]
+                              for s, e in stream.windows], dtype=np.int64).reshape(-1, 2)
     probs = out.logits[0].float().softmax(dim=0)
     top = probs.topk(min(spec.topk, len(class_names)))
     result = {"video": record.first_path if len(record.views) == 1 else record.views,
-              "num_frames": stream.num_frames, "fps": stream.fps, "chunks": len(timeline),
+              "num_frames": stream.num_frames, "fps": stream.fps, "chunks": len(frame_windows),
               "topk": [{"label": class_names[int(i)], "prob": round(float(v), 4)} for v, i in zip(top.values,
                                                                                               top.indices)],
               "decode_s": round(stream.decode_seconds, 3), "compute_s": round(compute_seconds, 3)}
-    segments = merge_segments(timeline, stream.num_frames)
     if record.label is not None:
         result["label"] = record.label
         result["correct"] = result["topk"][0]["label"] == record.label
-    if record.segments is not None:
-        result["timeline_agreement"] = timeline_agreement(segments, record, stream.fps, stream.num_frames)
-    if spec.timeline:
-        result["timeline"] = timeline
-        result["segments"] = segments
+    if spec.timeline or truth is not None:
+        per_frame = frame_probabilities(chunk_probs.numpy(), frame_windows, stream.num_frames)
+        labels = per_frame.argmax(axis=1)
+        if truth is not None and scores is not None:
+            result["scores"] = scores.add(*annotated(labels, truth))
+        if spec.timeline:
+            result["timeline"] = [
+                {"start": int(start), "end": int(end), "start_sec": round(start / stream.fps, 3),
+                 "end_sec": round(end / stream.fps, 3), "label": class_names[int(p.argmax())],
+                 "prob": round(float(p.max()), 4)} for (start, end), p in zip(frame_windows, chunk_probs)]
+            result["segments"] = segments_of_frames(labels, stream.fps, class_names)
+            # per frame, for --output's CSV and --plot (not in the JSON line: popped by the caller)
+            result["frames"] = FrameTimeline(labels, per_frame[np.arange(len(labels)), labels], truth)
     if keep_features:
         result["features"], result["chunk_logits"] = out.features[0].numpy(), chunk_logits.numpy()
-        result["frame_windows"] = [(row["start"], row["end"]) for row in timeline]
+        result["frame_windows"] = frame_windows
         result["stride"] = stream.stride
     return result

@@ -25,6 +25,7 @@ from engine.evaluate import evaluate
 from engine.interrupt import next_batch, stop_if_asked
 from engine.optim import gradient_clip
 from engine.precise_bn import precise_bn_before_validation
+from engine.segment_metrics import background_indices
 from engine.step import clips_per_forward, optimizer_step, train_batch
 from engine.trainer import NonFiniteLossError, RunStopped, Trainer
 
@@ -202,7 +203,8 @@ def _fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | No
             sync_buffers(trainer)
             metrics = evaluate(trainer.model, val_loader, trainer.prepare, runtime, cfg.train,
                                len(trainer.class_names), trainer.report.bad_inputs,
-                               frame_stride=cfg.data.frame_stride)
+                               frame_stride=cfg.data.frame_stride,
+                               background=background_indices(cfg.data.background_labels, trainer.class_names))
             row.update({f"val_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
             confusion = metrics["confusion"]
         if mid_epoch_memory is not None:

@@ -19,7 +19,8 @@ def build_optimizer(model: torch.nn.Module, train_cfg: TrainConfig) -> torch.opt
 
     trained = [p for p in model.parameters() if p.requires_grad]
     head = getattr(model, "temporal", None)
-    if head is None or train_cfg.temporal_lr_scale == 1.0:
+    # a head trained alone on features (models.temporal.FeatureHead) is the whole model: train.lr is its rate
+    if head is None or train_cfg.temporal_lr_scale == 1.0 or getattr(model, "head_only", False):
         groups = decay_groups("model", trained, train_cfg.lr)
     else:
         in_head = {id(p) for p in head.parameters()}

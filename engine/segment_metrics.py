@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
+from core.errors import ConfigError
+
 F1_THRESHOLDS = (0.10, 0.25, 0.50)
 
 
@@ -101,6 +103,21 @@ class SegmentationScores:
             video[f"f1@{round(threshold * 100)}"] = f1_from_counts(tp, fp, fn)
         return video
 
+    @classmethod
+    def merged(cls, parts: list["SegmentationScores"]) -> "SegmentationScores":
+        """One split's scores from the parts several processes scored (each a shard of the videos)."""
+        total = cls(parts[0].background)
+        for part in parts:
+            total.frames, total.correct = total.frames + part.frames, total.correct + part.correct
+            total.edits.extend(part.edits)
+            for threshold, counts in part.counts.items():
+                total.counts[threshold] = [a + b for a, b in zip(total.counts[threshold], counts)]
+        return total
+
+    @property
+    def videos(self) -> int:
+        return len(self.edits)
+
     def result(self) -> dict:
         """Frame accuracy over all frames, the mean edit score over videos, F1 from the summed counts (x100)."""
         scores = {"frame_acc": self.correct / self.frames if self.frames else 0.0,
@@ -114,3 +131,18 @@ def f1_from_counts(tp: int, fp: int, fn: int) -> float:
     precision = tp / (tp + fp) if tp + fp else 0.0
     recall = tp / (tp + fn) if tp + fn else 0.0
     return 0.0 if precision + recall == 0 else 2 * precision * recall / (precision + recall) * 100
+
+
+def background_indices(background_labels: list, class_names: list[str]) -> tuple[int, ...]:
+    """data.background_labels as class indices (the per-frame labels scored are indices)."""
+    unknown = [str(name) for name in background_labels if str(name) not in class_names]
+    if unknown:
+        raise ConfigError(f"data.background_labels names {', '.join(unknown)}, not a class of this model "
+                          f"({', '.join(class_names)}); give labels from that list, or [] for none")
+    return tuple(class_names.index(str(name)) for name in background_labels)
+
+
+def format_scores(scores: dict) -> str:
+    """One line: frame accuracy, edit, F1@{10,25,50}."""
+    return (f"frame acc {scores['frame_acc']:.4f}  edit {scores['edit']:.1f}  F1@10 {scores['f1@10']:.1f}  "
+            f"F1@25 {scores['f1@25']:.1f}  F1@50 {scores['f1@50']:.1f}")

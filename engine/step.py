@@ -121,18 +121,43 @@ def training_loss(outputs: torch.Tensor | dict, piece: dict, spec: ChunkSpec, tr
         logits = (outputs["clip"] if isinstance(outputs, dict)
                   else aggregate_chunk_logits(chunk_logits, train_cfg.chunk_train_aggregation))
         return criterion(logits, piece["label"].to(device, non_blocking=True))
-    if "frame_labels" not in piece:
+    if "chunk_labels" in piece:  # whole videos of features: each chunk's label read with them
+        labels = piece["chunk_labels"].t().to(device)  # [n, B]
+    elif "frame_labels" in piece:
+        windows = chunk_windows(clip_length(piece), spec.size, spec.overlap)
+        labels = chunk_labels(piece["frame_labels"], windows).to(device)  # [n, B]
+    else:
         raise ConfigError("train.chunk_loss: dense needs the samples' frame_labels (the dataset provides them); "
                           "use chunk_loss: clip")
-    windows = chunk_windows(clip_length(piece), spec.size, spec.overlap)
-    labels = chunk_labels(piece["frame_labels"], windows).to(device)  # [n, B]
     counted = labels >= 0
     if not counted.any():  # no chunk of this piece lies in a segment: nothing to learn, no NaN either
         return chunk_logits.sum() * 0.0
-    return criterion(chunk_logits[counted], labels[counted])
+    stages = outputs.get("stages") if isinstance(outputs, dict) else None
+    if stages is None:
+        return criterion(chunk_logits[counted], labels[counted])
+    real = (piece["mask"].t().to(device) if "mask" in piece
+            else torch.ones(labels.shape, dtype=torch.bool, device=device))
+    return sum(criterion(stage[counted], labels[counted]) + SMOOTHING_WEIGHT * smoothing_loss(stage, real)
+               for stage in stages)
 
 
-MODEL_KEYS = ("label", "video", "kpt", "frame_labels")  # what a micro-batch split carries
+SMOOTHING_WEIGHT = 0.15  # MS-TCN's weight of its smoothing loss beside the cross-entropy of each stage
+
+
+def smoothing_loss(chunk_logits: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """MS-TCN's truncated MSE over neighbouring chunks' log-probabilities (clamped at 16, the earlier chunk's
+    detached), over pairs of real chunks (``real`` [n, B]: False at padding): it penalizes over-segmentation, the
+    flicker frame accuracy does not see. [n, B, K] logits."""
+    log_probs = chunk_logits.float().log_softmax(dim=-1)
+    squared = ((log_probs[1:] - log_probs[:-1].detach()) ** 2).clamp(max=16)  # [n - 1, B, K]
+    pairs = real[1:] & real[:-1]
+    if not pairs.any():
+        return log_probs.sum() * 0.0
+    return squared[pairs].mean()
+
+
+MODEL_KEYS = ("label", "video", "kpt", "frame_labels", "features", "windows", "mask", "chunk_labels")
+# (what a micro-batch split carries)
 
 
 def step_loss(model, inputs: dict, piece: dict, spec: ChunkSpec, train_cfg: TrainConfig,

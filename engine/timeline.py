@@ -1,36 +1,74 @@
-"""Timelines: a video's per-chunk predictions merged into segments, and their agreement with an annotated timeline."""
+"""Timelines: a video's chunk predictions blended into per-frame class probabilities, per-frame labels, segments,
+and their scores against an annotated timeline (engine.segment_metrics).
+
+Each frame's probabilities come from every chunk that covers it, weighted by how near the chunk's centre the frame
+lies (a triangle that is highest at the centre, never zero): inside an overlap the nearer chunk counts more, so a
+boundary between two chunks that disagree falls at the frame where their weighted confidences cross, not at a
+chunk's edge. The resolution is the chunk step (chunk - overlap): the backbones here pool time into one feature
+vector per chunk, so nothing finer exists to blend.
+"""
 from __future__ import annotations
 
 import numpy as np
 
-from datasets.manifest import VideoRecord
+EDGE_WEIGHT = 0.05  # a chunk's weight at its edges, against 1 at its centre: frames covered once keep its label
 
 
-def merge_segments(timeline: list[dict], num_frames: int) -> list[dict]:
-    """Contiguous chunks with the same top label merged; overlapping chunks split at the overlap's middle."""
-    segments: list[dict] = []
-    for i, window in enumerate(timeline):
-        start = 0 if i == 0 else (timeline[i - 1]["end"] + window["start"]) // 2
-        start = max(start, segments[-1]["end"] if segments else 0)
-        end = num_frames if i == len(timeline) - 1 else (window["end"] + timeline[i + 1]["start"]) // 2
-        if end <= start:
+def frame_probabilities(chunk_probs: np.ndarray, windows: np.ndarray, num_frames: int) -> np.ndarray:
+    """[num_frames, K] per-frame class probabilities from chunk probabilities [n, K] at ``windows`` [n, 2] (each
+    chunk's [start, end) in the frames of the result). Frames between two chunks (a frame stride leaves up to
+    stride - 1 of them) and after the last take the nearest chunk's; every row sums to 1."""
+    chunk_probs = np.asarray(chunk_probs, dtype=np.float64)
+    windows = np.asarray(windows, dtype=np.int64).reshape(-1, 2)
+    if len(windows) != len(chunk_probs):
+        raise ValueError(f"{len(chunk_probs)} chunk predictions for {len(windows)} windows")
+    total = np.zeros((num_frames, chunk_probs.shape[1]))
+    weight = np.zeros(num_frames)
+    for i, ((start, end), probs) in enumerate(zip(windows, chunk_probs)):
+        # cover the gap to the next chunk's start (or to the video's end after the last)
+        reach = num_frames if i + 1 == len(windows) else max(end, int(windows[i + 1][0]))
+        start, reach = max(int(start), 0), min(reach, num_frames)
+        if reach <= start:
             continue
-        if segments and segments[-1]["label"] == window["label"]:
-            segments[-1]["end"] = end
-        else:
-            segments.append({"start": start, "end": end, "label": window["label"]})
+        frames = np.arange(start, reach)
+        half = max((end - start) / 2, 0.5)
+        w = np.clip(1 - np.abs(frames + 0.5 - (start + end) / 2) / half, EDGE_WEIGHT, 1.0)
+        total[start:reach] += w[:, None] * probs
+        weight[start:reach] += w
+    covered = weight > 0
+    if not covered.all():  # before the first chunk (it starts at 0 in practice): the first chunk's
+        first = int(np.argmax(covered)) if covered.any() else 0
+        total[:first], weight[:first] = chunk_probs[0], 1.0
+    return total / weight[:, None]
+
+
+def segments_of_frames(labels: np.ndarray, fps: float, class_names: list[str] | None = None) -> list[dict]:
+    """Per-frame class indices -> [{"start", "end", "start_sec", "end_sec", "label"}] runs (end exclusive),
+    labelled with ``class_names`` where given; frames labelled -1 (not annotated) form no segment."""
+    segments, labels = [], np.asarray(labels)
+    if len(labels) == 0:
+        return segments
+    cuts = np.flatnonzero(np.diff(labels)) + 1
+    for start, end in zip(np.r_[0, cuts], np.r_[cuts, len(labels)]):
+        label = int(labels[start])
+        if label < 0:
+            continue
+        segments.append({"start": int(start), "end": int(end), "start_sec": round(start / fps, 3),
+                         "end_sec": round(end / fps, 3),
+                         "label": class_names[label] if class_names is not None else label})
     return segments
 
 
-def timeline_agreement(segments: list[dict], record: VideoRecord, fps: float, num_frames: int) -> float:
-    """Share of the annotated frames whose merged predicted segment has the annotated label."""
-    predicted = np.empty(num_frames, dtype=object)
-    for seg in segments:
-        predicted[seg["start"]:seg["end"]] = seg["label"]
-    hits = total = 0
-    for seg in record.segments:
-        start, end = seg.in_frames(fps)
-        end = min(end, num_frames)
-        hits += int(np.sum(predicted[start:end] == seg.label))
-        total += max(end - start, 0)
-    return round(hits / max(total, 1), 4)
+def frames_of_segments(segments: list[tuple[int, int, int]], num_frames: int) -> np.ndarray:
+    """(start, end, class index) segments -> [num_frames] class indices, -1 where no segment is."""
+    labels = np.full(num_frames, -1, dtype=np.int64)
+    for start, end, label in segments:
+        labels[max(start, 0):min(end, num_frames)] = label
+    return labels
+
+
+def annotated(predicted: np.ndarray, truth: np.ndarray) -> tuple[list[int], list[int]]:
+    """The frames an annotation covers (truth >= 0) of both sequences, as lists of Python ints: what a timeline is
+    scored on (and plain values for checkpoints and JSON)."""
+    keep = np.asarray(truth) >= 0
+    return np.asarray(predicted)[keep].tolist(), np.asarray(truth)[keep].tolist()

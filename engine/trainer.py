@@ -49,6 +49,9 @@ class Trainer:
     pending_advice: Exception | None = None  # DDP: this rank could back off no further; raised at the group's end
     stop_after_steps: int | None = None
     report: RunReport = field(default_factory=RunReport)
+    # training on features: the backbone checkpoint (path, sha256) and chunking they came from; in every checkpoint,
+    # so eval.py and infer_chunked.py pair the head with that backbone
+    features_source: dict | None = None
 
     @property
     def has_temporal_head(self) -> bool:
@@ -65,8 +68,11 @@ class Trainer:
         return self.runtime.distributed and self.cfg.model.norm == "sync"
 
     def checkpoint_dict(self) -> dict:
+        data_info = self.shape.checkpoint_fields()
+        if self.features_source is not None:
+            data_info["features_source"] = self.features_source
         return training_checkpoint(self.model, self.optimizer, self.scheduler, self.scaler, self.state, self.cfg,
-                                   self.class_names, self.shape.checkpoint_fields())
+                                   self.class_names, data_info)
 
     def chunk_spec(self) -> ChunkSpec:
         """The training chunks now: the config's, or the shorter ones the OOM back-off chose; the chunks kept

@@ -15,8 +15,9 @@ from models.keypoint import KeypointTCN
 from models.norms import batch_norms, convert_norms
 from models.pretrained import load_pretrained
 from models.registry import ModelConfigError, build_rgb_backbone, registered_names
+from models.temporal import FeatureHead
 
-__all__ = ["ModelConfigError", "build_model", "build_rgb_backbone", "registered_names"]
+__all__ = ["ModelConfigError", "build_feature_head", "build_model", "build_rgb_backbone", "registered_names"]
 
 
 def build_model(model_cfg: ModelConfig, num_classes: int, num_views: int = 1, kpt_shape: tuple[int, int] | None = None):
@@ -41,13 +42,24 @@ def build_model(model_cfg: ModelConfig, num_classes: int, num_views: int = 1, kp
                                f"normalizes with LayerNorm, which the batch size does not affect); use norm: batch")
     if rgb is not None and model_cfg.pretrained is not None:
         load_pretrained(rgb, model_cfg.pretrained, model_cfg.backbone, norm)
-    temporal = None
-    if model_cfg.temporal_head != "none":
-        temporal = {"kind": model_cfg.temporal_head, "width": model_cfg.temporal_width,
-                    "layers": model_cfg.temporal_layers, "heads": model_cfg.temporal_heads,
-                    "dropout": model_cfg.temporal_dropout}
+    temporal = temporal_settings(model_cfg) if model_cfg.temporal_head != "none" else None
     model = VideoClassifier(rgb=rgb, kpt=kpt, num_classes=num_classes, view_fusion=model_cfg.view_fusion,
                             num_views=num_views, dropout=model_cfg.dropout, fusion=model_cfg.fusion,
                             temporal=temporal)
     model.set_grad_checkpointing(model_cfg.grad_checkpointing)
     return model
+
+
+def temporal_settings(model_cfg: ModelConfig) -> dict:
+    """The temporal head's constructor arguments (models/temporal.py) from the model section."""
+    return {"kind": model_cfg.temporal_head, "width": model_cfg.temporal_width, "layers": model_cfg.temporal_layers,
+            "heads": model_cfg.temporal_heads, "dropout": model_cfg.temporal_dropout,
+            "stages": model_cfg.temporal_stages, "tcn_layers": model_cfg.temporal_tcn_layers}
+
+
+def build_feature_head(model_cfg: ModelConfig, feature_dim: int, num_classes: int) -> FeatureHead:
+    """The temporal head alone, for training on features (data.features_dir)."""
+    if model_cfg.temporal_head == "none":
+        raise ModelConfigError("data.features_dir trains a temporal head on features, but model.temporal_head is "
+                               "none; set it to tcn, transformer or attention")
+    return FeatureHead(feature_dim, num_classes, **temporal_settings(model_cfg))

@@ -120,8 +120,7 @@ class VideoClassifier(nn.Module):
             if view_fusion == "late":
                 raise ModelConfigError("model.temporal_head needs one feature vector per chunk, but view_fusion late "
                                        "keeps one per view; use view_fusion mean or concat")
-            self.temporal = TemporalHead(temporal["kind"], self.feature_dim, num_classes, temporal["width"],
-                                         temporal["layers"], temporal["heads"], temporal["dropout"])
+            self.temporal = TemporalHead(self.feature_dim, num_classes, **temporal)
 
     def set_grad_checkpointing(self, enabled: bool = True) -> None:
         for branch in (self.rgb, self.kpt):
@@ -165,4 +164,4 @@ class VideoClassifier(nn.Module):
         if self.temporal is None:
             return self.head(features)
         length = next(v.shape[-3] if k == "video" else v.shape[1] for k, v in inputs.items())
-        return self.temporal(features.unsqueeze(1), torch.tensor([[0, length]]))[0]
+        return self.temporal(features.unsqueeze(1), torch.tensor([[0, length]])).clip

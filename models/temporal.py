@@ -14,6 +14,16 @@ backbone gives one feature vector per chunk, and the head sees the whole sequenc
   a learned query; chunk logits see their own chunk only.
 - ``transformer``: the same, after ``temporal_layers`` pre-norm encoder layers over the chunk tokens, so each
   chunk's logits (the timeline) see context from both sides.
+- ``tcn``: a multi-stage temporal convolutional network as MS-TCN (Farha and Gall, CVPR 2019) defines it, the
+  temporal action segmentation baseline: ``temporal_stages`` stages of ``temporal_tcn_layers`` dilated residual
+  layers (kernel 3, dilation 1, 2, 4, ...: a receptive field of 2^layers chunks), each later stage refining the
+  softmax of the one before; linear in the number of chunks, so a whole video of thousands of chunks trains in
+  one forward. Clip logits are its last stage's chunk logits averaged. Its per-stage logits (``HeadOutput.stages``)
+  train with the paper's loss: cross-entropy on every stage plus 0.15 x the truncated MSE of neighbouring chunks'
+  log-probabilities (engine.step).
+
+``mask`` [B, n] (True for real chunks) lets clips of different lengths share a batch (features of whole videos,
+padded): padded chunks change nothing in the real ones' outputs.
 
 Positions are sinusoidal encodings of each chunk's centre and length in video frames (the clip's frame stride is
 in them): defined for any number of chunks and any length, so a 100,000-frame video at inference neither fails nor
@@ -23,11 +33,19 @@ clips of its micro-batch.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
-HEADS = ("none", "attention", "transformer")
+HEADS = ("none", "attention", "transformer", "tcn")
+
+
+class HeadOutput(NamedTuple):
+    clip: torch.Tensor  # [B, K]
+    chunks: torch.Tensor  # [B, n, K]
+    stages: list | None = None  # tcn: every stage's [B, n, K] (the last is ``chunks``), for the multi-stage loss
 
 
 def sinusoidal(values: torch.Tensor, dim: int) -> torch.Tensor:
@@ -38,13 +56,47 @@ def sinusoidal(values: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
+class DilatedResidual(nn.Module):
+    """MS-TCN's layer: a dilated convolution (kernel 3), ReLU, a 1x1 convolution, dropout, the residual."""
+
+    def __init__(self, width: int, dilation: int, dropout: float):
+        super().__init__()
+        self.dilated = nn.Conv1d(width, width, 3, padding=dilation, dilation=dilation)
+        self.pointwise = nn.Conv1d(width, width, 1)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return (x + self.dropout(self.pointwise(F.relu(self.dilated(x))))) * mask
+
+
+class TCNStage(nn.Module):
+    def __init__(self, in_dim: int, width: int, num_classes: int, layers: int, dropout: float):
+        super().__init__()
+        self.inward = nn.Conv1d(in_dim, width, 1)
+        self.layers = nn.ModuleList(DilatedResidual(width, 2 ** i, dropout) for i in range(layers))
+        self.outward = nn.Conv1d(width, num_classes, 1)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """[B, C, n] -> [B, K, n] logits, zero at padded chunks."""
+        out = self.inward(x) * mask
+        for layer in self.layers:
+            out = layer(out, mask)
+        return self.outward(out) * mask
+
+
 class TemporalHead(nn.Module):
-    def __init__(self, kind: str, feature_dim: int, num_classes: int, width: int = 64, layers: int = 2,
-                 heads: int = 4, dropout: float = 0.1):
+    def __init__(self, feature_dim: int, num_classes: int, kind: str = "transformer", width: int = 64, layers: int = 2,
+                 heads: int = 4, dropout: float = 0.1, stages: int = 4, tcn_layers: int = 10):
         super().__init__()
         if kind not in HEADS[1:]:
             raise ValueError(f"unknown temporal head '{kind}'; expected one of {', '.join(HEADS[1:])}")
         self.kind, self.width = kind, width
+        if kind == "tcn":  # MS-TCN: no projection, no positions (convolutions see relative time), no pooling
+            self.stages = nn.ModuleList(
+                TCNStage(feature_dim if i == 0 else num_classes, width, num_classes, tcn_layers,
+                         0.5 if dropout == 0.1 else dropout)  # the paper's dropout unless one is set
+                for i in range(stages))
+            return
         self.project = nn.Linear(feature_dim, width)
         self.encoder = None
         if kind == "transformer":
@@ -64,11 +116,46 @@ class TemporalHead(nn.Module):
         return torch.cat([sinusoidal(centre, self.width // 2), sinusoidal(length, self.width - self.width // 2)],
                          dim=-1)
 
-    def forward(self, features: torch.Tensor, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(clip logits [B, K], chunk logits [B, n, K]) of chunk features [B, n, D] at ``windows``."""
+    def forward(self, features: torch.Tensor, windows: torch.Tensor,
+                mask: torch.Tensor | None = None) -> HeadOutput:
+        """Clip logits [B, K] and chunk logits [B, n, K] of chunk features [B, n, D] at ``windows``; ``mask``
+        [B, n] marks the real chunks of padded clips (None: all are)."""
+        if self.kind == "tcn":
+            return self._tcn(features, mask)
         tokens = self.project(features) + self.positions(windows.to(features.device)).to(features.dtype)
+        padding = None if mask is None else ~mask.to(features.device)
         if self.encoder is not None:
-            tokens = self.encoder(tokens)
+            tokens = self.encoder(tokens, src_key_padding_mask=padding)
         query = self.query.expand(tokens.shape[0], -1, -1).to(tokens.dtype)
-        pooled, _ = self.pool(query, tokens, tokens, need_weights=False)
-        return self.classifier(self.norm(pooled[:, 0])), self.classifier(self.norm(tokens))
+        pooled, _ = self.pool(query, tokens, tokens, key_padding_mask=padding, need_weights=False)
+        return HeadOutput(self.classifier(self.norm(pooled[:, 0])), self.classifier(self.norm(tokens)))
+
+    def _tcn(self, features: torch.Tensor, mask: torch.Tensor | None) -> HeadOutput:
+        valid = (torch.ones(features.shape[:2], dtype=torch.bool, device=features.device) if mask is None
+                 else mask.to(features.device))
+        m = valid.unsqueeze(1).to(features.dtype)  # [B, 1, n]
+        out = self.stages[0](features.transpose(1, 2), m)
+        stages = [out]
+        for stage in self.stages[1:]:
+            out = stage(F.softmax(out, dim=1) * m, m)
+            stages.append(out)
+        chunks = [s.transpose(1, 2) for s in stages]  # [B, n, K] each
+        clip = (chunks[-1] * m.transpose(1, 2)).sum(dim=1) / m.sum(dim=2).clamp_min(1)
+        return HeadOutput(clip, chunks[-1], chunks)
+
+
+class FeatureHead(nn.Module):
+    """The temporal head alone, over chunk features read from files (training on features, data.features_dir).
+    Its state dict is the end-to-end classifier's ``temporal.*`` entries, so either loads into the other
+    (eval.py and infer_chunked.py pair it with the backbone; model.temporal_head_init starts end-to-end training
+    from it)."""
+
+    head_only = True  # one learning rate, train.lr (engine.optim): no backbone to train beside it
+
+    def __init__(self, feature_dim: int, num_classes: int, **temporal):
+        super().__init__()
+        self.feature_dim = feature_dim
+        self.temporal = TemporalHead(feature_dim, num_classes, **temporal)
+
+    def forward(self, features: torch.Tensor, windows: torch.Tensor, mask: torch.Tensor | None = None) -> HeadOutput:
+        return self.temporal(features, windows, mask)

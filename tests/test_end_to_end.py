@@ -98,12 +98,22 @@ def test_infer_chunked_streams_a_long_video_with_a_timeline(trained_run, synthet
     assert line["timeline"][0]["start"] == 0 and line["timeline"][-1]["end"] == 299
     assert line["segments"][0]["start"] == 0 and line["segments"][-1]["end"] == 300
     assert all(a["end"] == b["start"] for a, b in zip(line["segments"], line["segments"][1:]))
-    # the agreement is the share of annotated frames whose merged segment has their label, counted here again
+    # the frame accuracy is the share of annotated frames whose segment has their label, counted here again
     truth = json.loads(open(os.path.join(synthetic_root, "long.jsonl")).readline())["segments"]
     predicted = {frame: seg["label"] for seg in line["segments"] for frame in range(seg["start"], seg["end"])}
     annotated = [(frame, seg["label"]) for seg in truth for frame in range(seg["start"], min(seg["end"], 300))]
     hits = sum(predicted.get(frame) == label for frame, label in annotated)
-    assert line["timeline_agreement"] == round(hits / len(annotated), 4)
+    assert line["scores"]["frame_acc"] == pytest.approx(hits / len(annotated))
+    assert set(line["scores"]) == {"frame_acc", "edit", "f1@10", "f1@25", "f1@50"}
+    # every frame's row in the CSV, with the label of its segment; the split's scores in the JSON beside it
+    with open(tmp_path / "out_frames.csv", newline="") as f:
+        rows = [row for row in csv.DictReader(f) if row["video"] == line["video"]]
+    assert [int(row["frame"]) for row in rows] == list(range(300))
+    assert all(row["label"] == predicted[int(row["frame"])] for row in rows)
+    assert [row["true_label"] for row in rows[:len(annotated)]] == [label for _, label in annotated]
+    scores = json.loads((tmp_path / "out_scores.json").read_text())
+    assert scores["videos"] == len(output.read_text().splitlines())
+    assert "timelines over" in result.stdout and "F1@50" in result.stdout
 
 
 def test_infer_chunked_bad_inputs(trained_run, tmp_path):

@@ -1,0 +1,71 @@
+"""A temporal action segmentation task whose labels need context no single chunk holds (``bench/timelines.py``,
+``python -m datasets.synthetic --segmentation``).
+
+Each video is a sequence of segments that cover it, each 40 to 120 frames of one look: grey frames with fresh noise
+(no frame tells its time), tinted red, green or blue; no look follows itself. The first segment is labelled by its
+look (``red``); every later one by its look and the look before it (``red_after_green``, ``red_after_blue``): the
+same motion labelled differently depending on the segment before it.
+
+Why per-chunk classification cannot solve it: a chunk inside a segment shows its look and nothing of the segment
+before, and both looks that may precede are equally likely; so any model of one chunk tells at best which look,
+and is at chance between the two labels every later segment may have (and the first segment's label, rarer, it
+can only guess). A model over the video's chunks (the temporal head: transformer or tcn) sees the segment before.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from datasets.long_range_tasks import EVENT_COLOURS
+from datasets.video_files import build_once, write_jsonl, write_video
+
+SEGMENT_CLASSES = ("red", "green", "blue", "red_after_green", "red_after_blue", "green_after_red", "green_after_blue",
+                   "blue_after_red", "blue_after_green")
+LOOKS = {"red": "A", "green": "B", "blue": "C"}  # the look's tint (long_range_tasks.EVENT_COLOURS: A red ...)
+
+
+def segment_video(rng: np.random.Generator, frames: int, size: int, shortest: int,
+                  longest: int) -> tuple[list[np.ndarray], list[dict]]:
+    """The frames (BGR) of one video and its segments [{"start", "end", "label"}] covering every frame."""
+    segments, start, previous = [], 0, None
+    while start < frames:
+        length = int(rng.integers(shortest, longest + 1))
+        end = frames if frames - (start + length) < shortest else start + length  # no stub at the end
+        look = str(rng.choice([look for look in LOOKS if look != previous]))  # two segments, not one
+        label = look if previous is None else f"{look}_after_{previous}"
+        segments.append({"start": start, "end": end, "label": label, "look": look})
+        start, previous = end, look
+    video = []
+    for t in range(frames):
+        look = next(s["look"] for s in segments if s["start"] <= t < s["end"])
+        frame = rng.integers(90, 166, size=(size, size, 3), dtype=np.uint8)
+        video.append((0.6 * frame + 0.4 * np.array(EVENT_COLOURS[LOOKS[look]])).astype(np.uint8))
+    return video, [{k: s[k] for k in ("start", "end", "label")} for s in segments]
+
+
+def generate_segmentation(out: str, seed: int = 0, size: int = 32, fps: float = 25.0, num_train: int = 48,
+                          num_val: int = 16, frames: int = 600, shortest: int = 40, longest: int = 120,
+                          quiet: bool = False) -> str:
+    """Write the task to ``out``: ``videos/``, ``seg_train.jsonl``, ``seg_val.jsonl`` (each line with its
+    segments), ``classes.txt``; skipped when complete with the same arguments."""
+    args = dict(kind="segmentation", seed=seed, size=size, fps=fps, num_train=num_train, num_val=num_val,
+                frames=frames, shortest=shortest, longest=longest)
+
+    def write(root: str) -> None:
+        rng = np.random.default_rng(seed)
+        os.makedirs(os.path.join(root, "videos"))
+        with open(os.path.join(root, "classes.txt"), "w") as f:
+            f.write("\n".join(SEGMENT_CLASSES) + "\n")
+        for split, count in (("train", num_train), ("val", num_val)):
+            lines = []
+            for i in range(count):
+                video, segments = segment_video(rng, frames, size, shortest, longest)
+                path = f"videos/seg_{split}_{i:04d}.mp4"
+                write_video(os.path.join(root, path), video, size, fps)
+                lines.append({"video": path, "segments": segments})
+            write_jsonl(os.path.join(root, f"seg_{split}.jsonl"), lines)
+            if not quiet:
+                print(f"  segmentation {split}: {count} videos of {frames} frames")
+
+    return build_once(out, args, write, quiet)
