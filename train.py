@@ -33,6 +33,7 @@ from engine.loop import fit
 from engine.trainer import RunStopped
 from planner.batch_size import batch_for_budget, chunks_to_keep
 from planner.disk import DiskPlan, bytes_written, disk_plan, state_disk_plan
+from planner.features import plan_feature_training
 from planner.host import warn_if_host_memory_short
 from planner.memory_table import probe_memory
 
@@ -100,11 +101,14 @@ def main(argv=None) -> int:
     runtime = setup_runtime(cfg.trainer, device=args.device)
     setup_logging(runtime.is_main)
     shape = DataShape.of_manifest(cfg)  # read once (manifest, keypoints) for both decisions below
-    if args.fit_budget or cfg.data.batch_size == "auto":  # the same decision again on resume: deterministic
-        cfg = batch_for_budget(cfg, runtime, shape)
-    kept_chunks = chunks_to_keep(cfg, runtime, shape)  # train.recompute: auto, at the run's batch
-    if runtime.is_main:
-        warn_if_host_memory_short(cfg, shape, runtime.device.type == "cuda")
+    if cfg.data.features_dir is not None:  # a temporal head on features: no clips, no chunks to recompute
+        cfg, kept_chunks = plan_feature_training(cfg, runtime, shape.num_classes), 0
+    else:
+        if args.fit_budget or cfg.data.batch_size == "auto":  # the same decision again on resume: deterministic
+            cfg = batch_for_budget(cfg, runtime, shape)
+        kept_chunks = chunks_to_keep(cfg, runtime, shape)  # train.recompute: auto, at the run's batch
+        if runtime.is_main:
+            warn_if_host_memory_short(cfg, shape, runtime.device.type == "cuda")
     plan = None
     try:
         trainer, train_loader, val_loader = build_trainer(cfg, runtime, resume_path, args.stop_after_steps,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from collections import Counter
 from dataclasses import dataclass
 
@@ -125,16 +126,24 @@ HEADER_KEYS = ("video", "settings", "checkpoint_sha256", "fps", "num_frames", "c
 
 def read_header(path: str) -> dict:
     """A features file's small entries (not its arrays): what training on it checks and matches; "checkpoint" is
-    "" for files written before it was recorded, and "feature_dim" the width of its features."""
+    "" for files written before it was recorded; "chunks" and "feature_dim" the shape of its features."""
     try:
         with np.load(path, allow_pickle=False) as saved:
             header = {key: saved[key].item() for key in HEADER_KEYS}
             header["checkpoint"] = saved["checkpoint"].item() if "checkpoint" in saved.files else ""
-            header["feature_dim"] = int(saved["features"].shape[1])
-    except (OSError, ValueError, KeyError) as e:
+        header["chunks"], header["feature_dim"] = _stored_shape(path, "features")
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
         raise UsageError(f"{path}: not a features file of this tool ({e}); write it with infer_chunked.py --features")
     header["views"] = json.loads(header.pop("video"))
     return header
+
+
+def _stored_shape(path: str, name: str) -> tuple:
+    """The shape of an array in an .npz from its header alone (not its data: a whole video's features)."""
+    with zipfile.ZipFile(path) as archive, archive.open(f"{name}.npy") as f:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        return read(f)[0]
 
 
 def read_arrays(path: str) -> tuple[np.ndarray, np.ndarray]:

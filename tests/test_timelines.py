@@ -126,6 +126,7 @@ def test_a_head_trained_on_features_beats_per_chunk_classification(two_stage):
     assert float(head["val_seg_edit"]) > float(per_chunk["val_seg_edit"])
     log = two_stage["results"][4].stderr
     assert "training on features:" in log and "from the backbone checkpoint" in log
+    assert "memory: a training step on features, batch 1 padded to the longest video (30 chunks" in log
     state = load_checkpoint(two_stage["head"])
     assert os.path.realpath(state["features_source"]["checkpoint"]) == os.path.realpath(two_stage["backbone"])
     assert all(key.startswith("temporal.") for key in state["model"])
@@ -192,3 +193,14 @@ def test_the_features_trained_head_starts_end_to_end_training(two_stage, tmp_pat
     with pytest.raises(Exception, match="does not fit this one"):
         init_temporal_head(build_model(load_config("configs/timelines.yaml", ["model.temporal_head=transformer"]).model,
                                        num_classes=9), two_stage["head"])
+
+
+def test_the_tcn_step_memory_the_planner_estimates_is_linear_in_video_length():
+    """A whole recorded session is one sample: 50,000 frames are about 2,000 chunks. MS-TCN's activations grow with
+    the chunks, linearly (a transformer's attention would grow with their square)."""
+    from config import load_config
+    from planner.features import feature_training_estimate
+    cfg = load_config("configs/timelines-head.yaml")
+    short, long = (feature_training_estimate(cfg, 512, chunks, 1, 9) for chunks in (1000, 2000))
+    assert long.parameters == short.parameters
+    assert 1.9 < long.activations / short.activations < 2.1

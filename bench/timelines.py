@@ -1,0 +1,109 @@
+"""Timelines: per-chunk classification against a temporal model over whole videos, on the same videos, scored as the
+temporal action segmentation field scores them.
+
+    python -m bench.timelines                     # the timeline task, 48 + 16 videos of 600 frames (about 15 min)
+    python -m bench.timelines --backbone-epochs 6 --head-epochs 40
+
+Data: ``python -m datasets.synthetic --segmentation`` (written to data/segmentation if missing): each segment's label
+is its look and the look of the segment before it, so no single chunk can tell it (datasets/segmentation_task.py).
+Variants, all from configs/timelines.yaml (tiny3d, 300 clip frames at stride 2 in chunks of 8: 38 chunks a video):
+
+    per-chunk            the backbone trained end to end with dense chunk labels, no head (today's timeline)
+    features + tcn       that backbone's features written once (infer_chunked.py --features), MS-TCN trained on them
+    features + transf.   the same with model.temporal_head: transformer
+    end to end + transf. the backbone and a transformer head trained together, chunked (every chunk recomputed)
+
+Printed per variant: the validation timeline scores of the best epoch by F1@50 (frame accuracy, edit, F1@10/25/50),
+seconds per training epoch (metrics.csv: elapsed time over epochs, validation included), the planner's estimate of
+one training step's peak (device memory at the run's batch; ``planner.estimate``) and the run's peak host RSS
+(memory.csv). The features variants' epoch time is against the end-to-end one's.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+
+from config import load_config
+from datasets.segmentation_task import SEGMENT_CLASSES, generate_segmentation
+from engine.feature_data import index_features
+from planner.features import feature_training_estimate
+from planner.project import config_training_estimate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def train(out: str, experiment: str, overrides: list[str], config: str = "configs/timelines.yaml") -> dict:
+    command = [sys.executable, "train.py", "--config", config, "--set", f"trainer.output_dir={out}",
+               "--set", f"experiment={experiment}"] + [item for o in overrides for item in ("--set", o)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    run = os.path.join(out, experiment, "latest")
+    with open(os.path.join(run, "metrics.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    with open(os.path.join(run, "memory.csv"), newline="") as f:
+        rss = max(float(r["host_rss_mb"]) for r in csv.DictReader(f))
+    best = max(rows, key=lambda r: float(r["val_seg_f1@50"]))
+    elapsed = [0.0] + [float(r["elapsed_s"]) for r in rows]
+    return {"scores": {k: float(best[f"val_seg_{k}"]) for k in ("frame_acc", "edit", "f1@10", "f1@25", "f1@50")},
+            "epoch": int(best["epoch"]), "epoch_s": (elapsed[-1] - elapsed[1]) / max(len(rows) - 1, 1),
+            "rss_mb": rss, "checkpoint": os.path.join(run, "checkpoints", "best.pt")}
+
+
+def write_features(backbone: str, data: str, features: str) -> None:
+    for split in ("train", "val"):
+        command = [sys.executable, "infer_chunked.py", "--checkpoint", backbone, "--input",
+                   os.path.join(data, f"seg_{split}.jsonl"), "--features", features]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.timelines", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default=os.path.join(ROOT, "data", "segmentation"))
+    parser.add_argument("--backbone-epochs", type=int, default=6, help="per-chunk and end-to-end runs")
+    parser.add_argument("--head-epochs", type=int, default=40, help="the heads trained on features")
+    args = parser.parse_args()
+    data = generate_segmentation(args.data, quiet=True)
+    cfg = load_config(os.path.join(ROOT, "configs", "timelines.yaml"), [f"data.data_dir={data}"])
+    print(f"timeline task ({data}): 48 training and 16 validation videos of 600 frames, {len(SEGMENT_CLASSES)} "
+          f"classes; on the CPU ({os.cpu_count()} CPUs)")
+    rows = {}
+    with tempfile.TemporaryDirectory() as out:
+        epochs = f"trainer.max_epochs={args.backbone_epochs}"
+        rows["per-chunk"] = train(out, "per_chunk", [f"data.data_dir={data}", epochs])
+        rows["per-chunk"]["peak"] = config_training_estimate(cfg, 300, cfg.data.batch_size, len(SEGMENT_CLASSES)).peak
+        features = os.path.join(out, "features")
+        write_features(rows["per-chunk"]["checkpoint"], data, features)
+        files, source = index_features(features)
+        chunks = max(header["chunks"] for _, header in files.values())
+        for head in ("tcn", "transformer"):
+            overrides = [f"data.data_dir={data}", f"data.features_dir={features}", f"model.temporal_head={head}",
+                         f"trainer.max_epochs={args.head_epochs}"]
+            rows[f"features + {head}"] = train(out, f"features_{head}", overrides, "configs/timelines-head.yaml")
+            head_cfg = load_config(os.path.join(ROOT, "configs", "timelines-head.yaml"), overrides)
+            rows[f"features + {head}"]["peak"] = feature_training_estimate(
+                head_cfg, source["feature_dim"], chunks, head_cfg.data.batch_size, len(SEGMENT_CLASSES)).peak
+        e2e = [f"data.data_dir={data}", epochs, "model.temporal_head=transformer"]
+        rows["end to end + transformer"] = train(out, "end_to_end", e2e)
+        e2e_cfg = load_config(os.path.join(ROOT, "configs", "timelines.yaml"), e2e)
+        rows["end to end + transformer"]["peak"] = config_training_estimate(
+            e2e_cfg, 300, e2e_cfg.data.batch_size, len(SEGMENT_CLASSES)).peak
+    end_to_end = rows["end to end + transformer"]["epoch_s"]
+    print(f"{'variant':26s} {'frame acc':>9s} {'edit':>6s} {'F1@10':>6s} {'F1@25':>6s} {'F1@50':>6s} {'best ep':>7s} "
+          f"{'s/epoch':>8s} {'vs e2e':>7s} {'step MiB':>8s} {'RSS MB':>7s}")
+    for name, row in rows.items():
+        s = row["scores"]
+        print(f"{name:26s} {s['frame_acc']:9.3f} {s['edit']:6.1f} {s['f1@10']:6.1f} {s['f1@25']:6.1f} "
+              f"{s['f1@50']:6.1f} {row['epoch']:7d} {row['epoch_s']:8.2f} {end_to_end / row['epoch_s']:6.1f}x "
+              f"{row['peak'] / 2 ** 20:8.1f} {row['rss_mb']:7.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
