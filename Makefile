@@ -29,11 +29,11 @@ demo: $(VENV)/.runtime-installed
 test: $(VENV)/.dev-installed
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports --no-cache --no-logo
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n auto --dist loadfile tests
 
 # the same tests on the newest releases the package index serves, in a venv of their own
 test-latest:
 	$(MAKE) test VENV=.venv-latest CONSTRAINTS=
 
 clean:
-	rm -rf runs $(DATA) data/long_range data/task_* features
+	rm -rf runs $(DATA) data/long_range data/task_* data/segmentation* features timelines timelines.jsonl timelines_frames.csv timelines_scores.json

@@ -1,8 +1,8 @@
 """Timelines: per-chunk classification against a temporal model over whole videos, on the same videos, scored as the
 temporal action segmentation field scores them.
 
-    python -m bench.timelines                     # the timeline task, 48 + 16 videos of 600 frames (about 15 min)
-    python -m bench.timelines --backbone-epochs 6 --head-epochs 40
+    python -m bench.timelines                     # 48 + 16 videos of 600 frames at 64x64, tiny3d width 32
+    python -m bench.timelines --size 32 --width 16  # configs/timelines.yaml's own shape (5 minutes)
 
 Data: ``python -m datasets.synthetic --segmentation`` (written to data/segmentation if missing): each segment's label
 is its look and the look of the segment before it, so no single chunk can tell it (datasets/segmentation_task.py).
@@ -14,9 +14,11 @@ Variants, all from configs/timelines.yaml (tiny3d, 300 clip frames at stride 2 i
     end to end + transf. the backbone and a transformer head trained together, chunked (every chunk recomputed)
 
 Printed per variant: the validation timeline scores of the best epoch by F1@50 (frame accuracy, edit, F1@10/25/50),
-seconds per training epoch (metrics.csv: elapsed time over epochs, validation included), the planner's estimate of
-one training step's peak (device memory at the run's batch; ``planner.estimate``) and the run's peak host RSS
-(memory.csv). The features variants' epoch time is against the end-to-end one's.
+the seconds of an epoch's training (the training videos over metrics.csv's training speed) and of a whole epoch
+(elapsed time over epochs: validation and checkpoints included), each against the end-to-end run's; the planner's
+estimate of one training step's peak (device memory at the run's batch; ``planner.estimate``) and the run's peak host
+RSS (memory.csv). The features variants' times leave out writing the features (once, by the per-chunk backbone:
+one inference pass over the videos).
 """
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ from planner.project import config_training_estimate
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def train(out: str, experiment: str, overrides: list[str], config: str = "configs/timelines.yaml") -> dict:
+def train(out: str, experiment: str, overrides: list[str], config: str = "configs/timelines.yaml",
+          videos: int = 48) -> dict:
     command = [sys.executable, "train.py", "--config", config, "--set", f"trainer.output_dir={out}",
                "--set", f"experiment={experiment}"] + [item for o in overrides for item in ("--set", o)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
@@ -48,9 +51,11 @@ def train(out: str, experiment: str, overrides: list[str], config: str = "config
     with open(os.path.join(run, "memory.csv"), newline="") as f:
         rss = max(float(r["host_rss_mb"]) for r in csv.DictReader(f))
     best = max(rows, key=lambda r: float(r["val_seg_f1@50"]))
-    elapsed = [0.0] + [float(r["elapsed_s"]) for r in rows]
+    elapsed = [float(r["elapsed_s"]) for r in rows]
     return {"scores": {k: float(best[f"val_seg_{k}"]) for k in ("frame_acc", "edit", "f1@10", "f1@25", "f1@50")},
-            "epoch": int(best["epoch"]), "epoch_s": (elapsed[-1] - elapsed[1]) / max(len(rows) - 1, 1),
+            "epoch": int(best["epoch"]), "epoch_s": (elapsed[-1] - elapsed[0]) / max(len(rows) - 1, 1),
+            # the training part of an epoch: the training videos over its training speed (no validation, no saving)
+            "train_s": sum(videos / float(r["train_clips_per_s"]) for r in rows) / len(rows),
             "rss_mb": rss, "checkpoint": os.path.join(run, "checkpoints", "best.pt")}
 
 
@@ -69,40 +74,46 @@ def main() -> None:
     parser.add_argument("--data", default=os.path.join(ROOT, "data", "segmentation"))
     parser.add_argument("--backbone-epochs", type=int, default=6, help="per-chunk and end-to-end runs")
     parser.add_argument("--head-epochs", type=int, default=40, help="the heads trained on features")
+    parser.add_argument("--size", type=int, default=64, help="frame size (written and trained)")
+    parser.add_argument("--width", type=int, default=32, help="tiny3d's width")
     args = parser.parse_args()
-    data = generate_segmentation(args.data, quiet=True)
-    cfg = load_config(os.path.join(ROOT, "configs", "timelines.yaml"), [f"data.data_dir={data}"])
-    print(f"timeline task ({data}): 48 training and 16 validation videos of 600 frames, {len(SEGMENT_CLASSES)} "
-          f"classes; on the CPU ({os.cpu_count()} CPUs)")
+    data = generate_segmentation(f"{args.data}-{args.size}", size=args.size, quiet=True)
+    shape = [f"data.data_dir={data}", f"data.img_size={args.size}", f"model.width={args.width}"]
+    cfg = load_config(os.path.join(ROOT, "configs", "timelines.yaml"), shape)
+    print(f"timeline task ({data}): 48 training and 16 validation videos of 600 frames at {args.size}x{args.size}, "
+          f"{len(SEGMENT_CLASSES)} classes; tiny3d width {args.width}; on the CPU ({os.cpu_count()} CPUs)")
     rows = {}
     with tempfile.TemporaryDirectory() as out:
         epochs = f"trainer.max_epochs={args.backbone_epochs}"
-        rows["per-chunk"] = train(out, "per_chunk", [f"data.data_dir={data}", epochs])
-        rows["per-chunk"]["peak"] = config_training_estimate(cfg, 300, cfg.data.batch_size, len(SEGMENT_CLASSES)).peak
+        rows["per-chunk"] = train(out, "per_chunk", shape + [epochs])
+        rows["per-chunk"]["peak"] = config_training_estimate(cfg, 300, cfg.data.batch_size,
+                                                             len(SEGMENT_CLASSES)).peak
         features = os.path.join(out, "features")
         write_features(rows["per-chunk"]["checkpoint"], data, features)
         files, source = index_features(features)
         chunks = max(header["chunks"] for _, header in files.values())
         for head in ("tcn", "transformer"):
-            overrides = [f"data.data_dir={data}", f"data.features_dir={features}", f"model.temporal_head={head}",
-                         f"trainer.max_epochs={args.head_epochs}"]
+            overrides = shape + [f"data.features_dir={features}", f"model.temporal_head={head}",
+                                 f"trainer.max_epochs={args.head_epochs}"]
             rows[f"features + {head}"] = train(out, f"features_{head}", overrides, "configs/timelines-head.yaml")
             head_cfg = load_config(os.path.join(ROOT, "configs", "timelines-head.yaml"), overrides)
             rows[f"features + {head}"]["peak"] = feature_training_estimate(
                 head_cfg, source["feature_dim"], chunks, head_cfg.data.batch_size, len(SEGMENT_CLASSES)).peak
-        e2e = [f"data.data_dir={data}", epochs, "model.temporal_head=transformer"]
+        e2e = shape + [epochs, "model.temporal_head=transformer"]
         rows["end to end + transformer"] = train(out, "end_to_end", e2e)
         e2e_cfg = load_config(os.path.join(ROOT, "configs", "timelines.yaml"), e2e)
         rows["end to end + transformer"]["peak"] = config_training_estimate(
             e2e_cfg, 300, e2e_cfg.data.batch_size, len(SEGMENT_CLASSES)).peak
-    end_to_end = rows["end to end + transformer"]["epoch_s"]
+    end_to_end = rows["end to end + transformer"]
     print(f"{'variant':26s} {'frame acc':>9s} {'edit':>6s} {'F1@10':>6s} {'F1@25':>6s} {'F1@50':>6s} {'best ep':>7s} "
-          f"{'s/epoch':>8s} {'vs e2e':>7s} {'step MiB':>8s} {'RSS MB':>7s}")
+          f"{'train s/ep':>10s} {'vs e2e':>7s} {'s/epoch':>8s} {'vs e2e':>7s} {'step MiB':>8s} {'RSS MB':>7s}")
     for name, row in rows.items():
         s = row["scores"]
         print(f"{name:26s} {s['frame_acc']:9.3f} {s['edit']:6.1f} {s['f1@10']:6.1f} {s['f1@25']:6.1f} "
-              f"{s['f1@50']:6.1f} {row['epoch']:7d} {row['epoch_s']:8.2f} {end_to_end / row['epoch_s']:6.1f}x "
-              f"{row['peak'] / 2 ** 20:8.1f} {row['rss_mb']:7.0f}", flush=True)
+              f"{s['f1@50']:6.1f} {row['epoch']:7d} {row['train_s']:10.2f} "
+              f"{end_to_end['train_s'] / row['train_s']:6.1f}x {row['epoch_s']:8.2f} "
+              f"{end_to_end['epoch_s'] / row['epoch_s']:6.1f}x {row['peak'] / 2 ** 20:8.1f} {row['rss_mb']:7.0f}",
+              flush=True)
 
 
 if __name__ == "__main__":

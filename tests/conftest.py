@@ -5,7 +5,12 @@ import os
 import subprocess
 import sys
 
-import cv2
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # make test runs one pytest worker per core (-n auto): each with one compute thread, itself and the scripts it
+    # starts, so the workers share the cores instead of fighting over them
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+import cv2  # noqa: E402 (after the thread setting, which the libraries read when they load)
 import numpy as np
 import pytest
 

@@ -267,6 +267,9 @@ def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
     a = load_checkpoint(str(tmp_path / "one" / "e2e" / "latest" / "checkpoints" / "last.pt"))
     b = load_checkpoint(str(tmp_path / "two" / "e2e" / "latest" / "checkpoints" / "last.pt"))
     assert a["global_step"] == b["global_step"]
+    # an epoch of 48 SGD steps at lr 0.05 (updates of about 5e-3 a step): float rounding, which depends on the
+    # compute threads each process has, grows along the way to about 1.3e-4 (one thread each; 2 threads in the
+    # one process stayed under 1e-5); a wrong averaging or a clip counted twice moves weights by whole updates
     for key, value in a["model"].items():
-        torch.testing.assert_close(b["model"][key], value, rtol=1e-4, atol=1e-5, msg=key)
+        torch.testing.assert_close(b["model"][key], value, rtol=1e-3, atol=5e-4, msg=lambda m, key=key: f"{key}: {m}")
     assert a["history"][0]["val_num_clips"] == b["history"][0]["val_num_clips"] == 6  # gathered, no duplicates
