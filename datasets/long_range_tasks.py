@@ -17,11 +17,9 @@ Three more families (``generate_task``, ``TASKS``), each at chance for order-bli
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from datasets.video_files import build_once, write_jsonl, write_video
+from datasets.video_files import build_once, write_task_splits
 
 ORDER_CLASSES = ("A_then_B", "B_then_A")
 EVENT_COLOURS = {"A": (0, 0, 255), "B": (0, 255, 0), "C": (255, 0, 0)}  # BGR: A red, B green, C blue
@@ -105,25 +103,17 @@ def generate_task(out: str, task: str, seed: int = 0, size: int = 32, fps: float
     args = dict(kind=f"task_{task}", seed=seed, size=size, fps=fps, num_train=num_train, num_val=num_val,
                 **{**spec, "classes": list(spec["classes"])})  # as the marker's JSON gives it back
 
+    def sample(rng, split: str, i: int) -> tuple:
+        label = spec["classes"][i % len(spec["classes"])]
+        colours = task_events(rng, task, label)
+        times = event_times(rng, len(colours), spec["frames"], spec["event_frames"], spec["min_gap"])
+        events = list(zip(colours, times))
+        return events_video(rng, events, spec["frames"], size, spec["event_frames"]), {"label": label, "events": events}
+
     def write(root: str) -> None:
-        rng = np.random.default_rng(seed)
-        os.makedirs(os.path.join(root, "videos"))
-        with open(os.path.join(root, "classes.txt"), "w") as f:
-            f.write("\n".join(spec["classes"]) + "\n")
-        for split, count in (("train", num_train), ("val", num_val)):
-            lines = []
-            for i in range(count):
-                label = spec["classes"][i % len(spec["classes"])]
-                colours = task_events(rng, task, label)
-                times = event_times(rng, len(colours), spec["frames"], spec["event_frames"], spec["min_gap"])
-                events = list(zip(colours, times))
-                path = f"videos/{task}_{split}_{i:04d}.mp4"
-                write_video(os.path.join(root, path),
-                            events_video(rng, events, spec["frames"], size, spec["event_frames"]), size, fps)
-                lines.append({"video": path, "label": label, "events": events})
-            write_jsonl(os.path.join(root, f"{task}_{split}.jsonl"), lines)
-            if not quiet:
-                print(f"  {task} {split}: {count} videos of {spec['frames']} frames")
+        write_task_splits(root, task, spec["classes"], {"train": num_train, "val": num_val}, sample, size, fps, seed,
+                          None if quiet else lambda split, count: f"  {task} {split}: {count} videos of "
+                                                                  f"{spec['frames']} frames")
 
     return build_once(out, args, write, quiet)
 
@@ -139,22 +129,15 @@ def generate_long_range(out: str, seed: int = 0, size: int = 32, fps: float = 25
     args = dict(kind="long_range", seed=seed, size=size, fps=fps, num_train=num_train, num_val=num_val,
                 frames=frames, event_frames=event_frames, min_gap=min_gap)
 
+    def sample(rng, split: str, i: int) -> tuple:
+        label = ORDER_CLASSES[i % 2]
+        video, events = order_video(rng, label, frames, size, event_frames, min_gap)
+        return video, {"label": label, "events": events}
+
     def write(root: str) -> None:
-        rng = np.random.default_rng(seed)
-        os.makedirs(os.path.join(root, "videos"))
-        with open(os.path.join(root, "classes.txt"), "w") as f:
-            f.write("\n".join(ORDER_CLASSES) + "\n")
-        for split, count in (("train", num_train), ("val", num_val)):
-            lines = []
-            for i in range(count):
-                label = ORDER_CLASSES[i % 2]
-                video, events = order_video(rng, label, frames, size, event_frames, min_gap)
-                path = f"videos/order_{split}_{i:04d}.mp4"
-                write_video(os.path.join(root, path), video, size, fps)
-                lines.append({"video": path, "label": label, "events": events})
-            write_jsonl(os.path.join(root, f"order_{split}.jsonl"), lines)
-            if not quiet:
-                print(f"  {split}: {count} videos of {frames} frames, events of {event_frames} frames at least "
-                      f"{min_gap} apart")
+        write_task_splits(root, "order", ORDER_CLASSES, {"train": num_train, "val": num_val}, sample, size, fps, seed,
+                          None if quiet else lambda split, count: f"  {split}: {count} videos of {frames} frames, "
+                                                                  f"events of {event_frames} frames at least "
+                                                                  f"{min_gap} apart")
 
     return build_once(out, args, write, quiet)

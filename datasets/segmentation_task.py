@@ -13,12 +13,10 @@ can only guess). A model over the video's chunks (the temporal head: transformer
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from datasets.long_range_tasks import EVENT_COLOURS
-from datasets.video_files import build_once, write_jsonl, write_video
+from datasets.video_files import build_once, write_task_splits
 
 SEGMENT_CLASSES = ("red", "green", "blue", "red_after_green", "red_after_blue", "green_after_red", "green_after_blue",
                    "blue_after_red", "blue_after_green")
@@ -52,20 +50,13 @@ def generate_segmentation(out: str, seed: int = 0, size: int = 32, fps: float = 
     args = dict(kind="segmentation", seed=seed, size=size, fps=fps, num_train=num_train, num_val=num_val,
                 frames=frames, shortest=shortest, longest=longest)
 
+    def sample(rng, split: str, i: int) -> tuple:
+        video, segments = segment_video(rng, frames, size, shortest, longest)
+        return video, {"segments": segments}
+
     def write(root: str) -> None:
-        rng = np.random.default_rng(seed)
-        os.makedirs(os.path.join(root, "videos"))
-        with open(os.path.join(root, "classes.txt"), "w") as f:
-            f.write("\n".join(SEGMENT_CLASSES) + "\n")
-        for split, count in (("train", num_train), ("val", num_val)):
-            lines = []
-            for i in range(count):
-                video, segments = segment_video(rng, frames, size, shortest, longest)
-                path = f"videos/seg_{split}_{i:04d}.mp4"
-                write_video(os.path.join(root, path), video, size, fps)
-                lines.append({"video": path, "segments": segments})
-            write_jsonl(os.path.join(root, f"seg_{split}.jsonl"), lines)
-            if not quiet:
-                print(f"  segmentation {split}: {count} videos of {frames} frames")
+        write_task_splits(root, "seg", SEGMENT_CLASSES, {"train": num_train, "val": num_val}, sample, size, fps, seed,
+                          None if quiet else lambda split, count: f"  segmentation {split}: {count} videos of "
+                                                                  f"{frames} frames")
 
     return build_once(out, args, write, quiet)

@@ -59,6 +59,27 @@ def build_once(out: str, args: dict, write, quiet: bool) -> str:
     return out
 
 
+def write_task_splits(root: str, name: str, classes, counts: dict, sample, size: int, fps: float, seed: int,
+                      describe=None) -> None:
+    """A task's ``videos/{name}_{split}_NNNN.mp4``, ``{name}_{split}.jsonl`` and ``classes.txt`` under ``root``:
+    ``sample(rng, split, i)`` gives each video's frames and its manifest line (without "video"), drawing from one
+    generator seeded with ``seed`` in split and index order; ``describe(split, count)``: a line printed per split."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(os.path.join(root, "videos"))
+    with open(os.path.join(root, "classes.txt"), "w") as f:
+        f.write("\n".join(classes) + "\n")
+    for split, count in counts.items():
+        lines = []
+        for i in range(count):
+            video, line = sample(rng, split, i)
+            path = f"videos/{name}_{split}_{i:04d}.mp4"
+            write_video(os.path.join(root, path), video, size, fps)
+            lines.append({"video": path, **line})
+        write_jsonl(os.path.join(root, f"{name}_{split}.jsonl"), lines)
+        if describe is not None:
+            print(describe(split, count))
+
+
 def write_jsonl(path: str, lines: list[dict]) -> None:
     with open(path, "w") as f:
         for line in lines:

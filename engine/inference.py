@@ -119,20 +119,30 @@ def classify_video(model, record: VideoRecord, data_cfg: DataConfig, spec: Infer
         result["label"] = record.label
         result["correct"] = result["topk"][0]["label"] == record.label
     if spec.timeline or truth is not None:
-        per_frame = frame_probabilities(chunk_probs.numpy(), frame_windows, stream.num_frames)
-        labels = per_frame.argmax(axis=1)
-        if truth is not None and scores is not None:
-            result["scores"] = scores.add(*annotated(labels, truth))
-        if spec.timeline:
-            result["timeline"] = [
-                {"start": int(start), "end": int(end), "start_sec": round(start / stream.fps, 3),
-                 "end_sec": round(end / stream.fps, 3), "label": class_names[int(p.argmax())],
-                 "prob": round(float(p.max()), 4)} for (start, end), p in zip(frame_windows, chunk_probs)]
-            result["segments"] = segments_of_frames(labels, stream.fps, class_names)
-            # per frame, for --output's CSV and --plot (not in the JSON line: popped by the caller)
-            result["frames"] = FrameTimeline(labels, per_frame[np.arange(len(labels)), labels], truth)
+        result.update(timeline_result(chunk_probs.numpy(), frame_windows, stream.num_frames, stream.fps, class_names,
+                                      truth, scores, spec.timeline))
     if keep_features:
         result["features"], result["chunk_logits"] = out.features[0].numpy(), chunk_logits.numpy()
         result["frame_windows"] = frame_windows
         result["stride"] = stream.stride
+    return result
+
+
+def timeline_result(chunk_probs: np.ndarray, frame_windows: np.ndarray, num_frames: int, fps: float,
+                    class_names: list[str], truth: np.ndarray | None, scores: SegmentationScores | None,
+                    full: bool) -> dict:
+    """A video's per-frame timeline (its chunks' probabilities blended, engine.timeline): "scores" against the
+    annotated ``truth`` (added to the split's ``scores``); with ``full``, every chunk's result ("timeline"), the
+    segments, and "frames" (per frame, for --output's CSV and --plot; not JSON: the caller takes it out)."""
+    per_frame = frame_probabilities(chunk_probs, frame_windows, num_frames)
+    labels = per_frame.argmax(axis=1)
+    result = {}
+    if truth is not None and scores is not None:
+        result["scores"] = scores.add(*annotated(labels, truth))
+    if full:
+        result["timeline"] = [{"start": int(start), "end": int(end), "start_sec": round(start / fps, 3),
+                               "end_sec": round(end / fps, 3), "label": class_names[int(p.argmax())],
+                               "prob": round(float(p.max()), 4)} for (start, end), p in zip(frame_windows, chunk_probs)]
+        result["segments"] = segments_of_frames(labels, fps, class_names)
+        result["frames"] = FrameTimeline(labels, per_frame[np.arange(len(labels)), labels], truth)
     return result

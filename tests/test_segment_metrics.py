@@ -72,3 +72,14 @@ def test_over_a_split_f1_sums_the_counts_and_edit_averages_the_videos():
     assert result["f1@50"] == pytest.approx(2 * precision * recall / (precision + recall) * 100)
     with pytest.raises(ValueError, match="3 predicted frame labels for 2 true ones"):
         split.add(["A"] * 3, ["A"] * 2)
+
+
+def test_background_labels_are_checked_against_the_classes():
+    from core.errors import ConfigError
+    from engine.segment_metrics import background_indices
+    assert background_indices(["idle"], ["walk", "idle", "run"]) == (1,)
+    assert background_indices([], ["walk"]) == ()
+    with pytest.raises(ConfigError) as info:
+        background_indices(["idle", "sit"], ["walk", "run"])
+    assert str(info.value) == ("data.background_labels names idle, sit, not a class of this model (walk, run); give "
+                               "labels from that list, or [] for none")
