@@ -6,6 +6,8 @@ import hashlib
 import logging
 import os
 
+import numpy as np
+
 from config import DataConfig
 from core.errors import UsageError
 from datasets.manifest import VIDEO_EXTENSIONS, ManifestError, VideoRecord, read_manifest
@@ -35,6 +37,18 @@ def segment_frames(record: VideoRecord, length: int, fps: float, class_names: li
                                 f"the video's {length} frames")
         timeline.append((start, min(end, length), class_names.index(seg.label)))
     return timeline
+
+
+def frame_labels(segments: list[tuple] | None, indices: np.ndarray, label: int = -1) -> np.ndarray:
+    """The class of each frame at ``indices``: the (start, end, class index) segment covering it (``segment_frames``'
+    form), -1 where none does; without segments, ``label`` for every frame (a line labelled as a whole). Shared by
+    the clips of training and evaluation, the features of whole videos and streaming inference's timelines."""
+    if not segments:
+        return np.full(len(indices), label, dtype=np.int64)
+    labels = np.full(len(indices), -1, dtype=np.int64)
+    for start, end, index in segments:
+        labels[(indices >= start) & (indices < end)] = index
+    return labels
 
 
 def manifest_path(data_cfg: DataConfig, split: str) -> str | None:

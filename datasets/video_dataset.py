@@ -35,7 +35,7 @@ from datasets.clip_transform import ClipTransform
 from datasets.decode import read_clip, read_clip_keypoints
 from datasets.keypoints import keypoint_length
 from datasets.manifest import ManifestError, VideoRecord, read_manifest
-from datasets.records import check_labels, read_split, segment_frames
+from datasets.records import check_labels, frame_labels, read_split, segment_frames
 from datasets.video.index_cache import VideoIndexCache
 from datasets.video.info import StalledFile, VideoReadError, several_streams_note
 from datasets.video.prober import Prober
@@ -242,15 +242,15 @@ class VideoWindowDataset(Dataset):
         indices, views = place_clip(window.end), []
         if plans:
             indices, views = self._read_frames(record, window, place_clip, plans, colour)
-        label, frame_labels = window.label, self._frame_labels(window, indices)
+        label, labels = window.label, frame_labels(window.segments, indices, window.label)
         if plans and plans[0].flipped:  # a mirrored clip of a class with a side is one of its mirror class
-            label, frame_labels = int(self.mirror[label]), np.where(frame_labels >= 0, self.mirror[frame_labels], -1)
+            label, labels = int(self.mirror[label]), np.where(labels >= 0, self.mirror[labels], -1)
         sample = {
             "label": label,
             "video_index": window.record,
             "window": torch.tensor([window.start, window.end]),
             "frame_indices": torch.from_numpy(indices),
-            "frame_labels": torch.from_numpy(frame_labels),
+            "frame_labels": torch.from_numpy(labels),
         }
         if views:
             sample["video"] = views[0] if len(views) == 1 else torch.stack(views)
@@ -279,15 +279,6 @@ class VideoWindowDataset(Dataset):
             if real_end >= end:
                 return indices, views
             end = real_end  # shrink the window to the frames that exist
-
-    @staticmethod
-    def _frame_labels(window: SampleWindow, indices: np.ndarray) -> np.ndarray:
-        if not window.segments:
-            return np.full(len(indices), window.label, dtype=np.int64)
-        labels = np.full(len(indices), -1, dtype=np.int64)  # -1: a frame no segment covers
-        for s, e, c in window.segments:
-            labels[(indices >= s) & (indices < e)] = c
-        return labels
 
     # ------------------------------------------------------------------------------------------- helpers
     def keypoint_shape(self) -> tuple[int, int] | None:

@@ -29,11 +29,10 @@ from config import Config
 from core.errors import ConfigError
 from core.runtime import Runtime
 from datasets.manifest import VideoRecord
-from datasets.records import resolve_class_names, segment_frames, training_records
+from datasets.records import frame_labels, resolve_class_names, segment_frames, training_records
 from datasets.sampler import EpochSampler
 from engine.chunking import chunk_labels
 from engine.features import read_arrays, read_header
-from engine.timeline import frames_of_segments
 
 log = logging.getLogger("longvideo")
 SOURCE_KEYS = ("checkpoint_sha256", "chunk", "overlap", "frame_stride", "feature_dim")  # must agree over files
@@ -67,15 +66,14 @@ class FeaturesDataset(Dataset):
         record = self.records[index]
         features, windows = read_arrays(path)
         num_frames = int(header["num_frames"])
-        if record.segments is not None:
-            frames = frames_of_segments(segment_frames(record, num_frames, float(header["fps"]), self.class_names),
-                                        num_frames)
-        else:
-            frames = np.full(num_frames, self.class_names.index(record.label), dtype=np.int64)
+        segments = (segment_frames(record, num_frames, float(header["fps"]), self.class_names)
+                    if record.segments is not None else None)
+        label = self.class_names.index(record.label) if record.label is not None else -1
+        frames = frame_labels(segments, np.arange(num_frames), label)
         per_chunk = chunk_labels(torch.from_numpy(frames)[None], [tuple(w) for w in windows.tolist()])[:, 0]
         annotated = frames[frames >= 0]
-        label = (self.class_names.index(record.label) if record.label is not None
-                 else int(np.bincount(annotated).argmax()) if len(annotated) else 0)
+        if record.label is None:  # the label covering most annotated frames
+            label = int(np.bincount(annotated).argmax()) if len(annotated) else 0
         return {"features": torch.from_numpy(features), "windows": torch.from_numpy(windows).float(),
                 "chunk_labels": per_chunk, "frame_labels": torch.from_numpy(frames), "label": label,
                 "video_index": index, "has_segments": record.segments is not None}

@@ -19,10 +19,10 @@ from config import DataConfig, TrainConfig
 from core import memory_monitor
 from datasets.chunk_stream import ChunkStream
 from datasets.manifest import VideoRecord
-from datasets.records import check_labels, segment_frames
+from datasets.records import check_labels, frame_labels, segment_frames
 from engine.chunking import clip_length, run_chunks, slice_time
 from engine.segment_metrics import SegmentationScores
-from engine.timeline import annotated, frame_probabilities, frames_of_segments, segments_of_frames
+from engine.timeline import annotated, frame_probabilities, segments_of_frames
 
 log = logging.getLogger("longvideo")
 TRIM_EVERY = 32  # chunk groups between two malloc_trim calls (core.memory_monitor.trim_freed_memory)
@@ -95,8 +95,8 @@ def classify_video(model, record: VideoRecord, data_cfg: DataConfig, spec: Infer
     truth = None
     try:
         if record.segments is not None:
-            truth = frames_of_segments(segment_frames(record, stream.num_frames, stream.fps, class_names),
-                                       stream.num_frames)
+            truth = frame_labels(segment_frames(record, stream.num_frames, stream.fps, class_names),
+                                 np.arange(stream.num_frames))
         started = time.perf_counter()
         with runtime.autocast():
             out = run_chunks(model, groups(), stream.windows, spec.aggregation, stream.stride, keep_features,

@@ -59,14 +59,6 @@ def segments_of_frames(labels: np.ndarray, fps: float, class_names: list[str] | 
     return segments
 
 
-def frames_of_segments(segments: list[tuple[int, int, int]], num_frames: int) -> np.ndarray:
-    """(start, end, class index) segments -> [num_frames] class indices, -1 where no segment is."""
-    labels = np.full(num_frames, -1, dtype=np.int64)
-    for start, end, label in segments:
-        labels[max(start, 0):min(end, num_frames)] = label
-    return labels
-
-
 def annotated(predicted: np.ndarray, truth: np.ndarray) -> tuple[list[int], list[int]]:
     """The frames an annotation covers (truth >= 0) of both sequences, as lists of Python ints: what a timeline is
     scored on (and plain values for checkpoints and JSON)."""
