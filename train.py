@@ -28,6 +28,7 @@ from datasets.records import DATA_LAYOUTS
 from datasets.shape import DataShape
 from datasets.video.capture import quiet_decoder_logs
 from engine.build import build_trainer
+from engine.feature_data import index_features
 from engine.interrupt import stop_on_ctrl_c
 from engine.loop import fit
 from engine.trainer import RunStopped
@@ -101,8 +102,10 @@ def main(argv=None) -> int:
     runtime = setup_runtime(cfg.trainer, device=args.device)
     setup_logging(runtime.is_main)
     shape = DataShape.of_manifest(cfg)  # read once (manifest, keypoints) for both decisions below
+    features_index = None
     if cfg.data.features_dir is not None:  # a temporal head on features: no clips, no chunks to recompute
-        cfg, kept_chunks = plan_feature_training(cfg, runtime, shape.num_classes), 0
+        features_index = index_features(cfg.data.features_dir)  # every file's header, read once for both
+        cfg, kept_chunks = plan_feature_training(cfg, runtime, shape.num_classes, features_index), 0
     else:
         if args.fit_budget or cfg.data.batch_size == "auto":  # the same decision again on resume: deterministic
             cfg = batch_for_budget(cfg, runtime, shape)
@@ -112,7 +115,7 @@ def main(argv=None) -> int:
     plan = None
     try:
         trainer, train_loader, val_loader = build_trainer(cfg, runtime, resume_path, args.stop_after_steps,
-                                                          kept_chunks)
+                                                          kept_chunks, features_index)
         plan = state_disk_needs(trainer, len(train_loader), resumed=bool(resume_path)) if runtime.is_main else None
     except DiskFullError as e:
         raise disk_full_advice(e, plan, args, resumable=bool(args.resume)) from None

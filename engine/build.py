@@ -34,17 +34,18 @@ log = logging.getLogger("longvideo")
 
 
 def build_trainer(cfg: Config, runtime: Runtime, resume_path: str | None = None,
-                  stop_after_steps: int | None = None,
-                  kept_chunks: int = 0) -> tuple[Trainer, DataLoader, DataLoader | None]:
+                  stop_after_steps: int | None = None, kept_chunks: int = 0,
+                  features_index: tuple | None = None) -> tuple[Trainer, DataLoader, DataLoader | None]:
     """Data, model, optimizer, schedule and run directory (or the resumed ones), wired into a Trainer.
     ``cfg`` has a number for data.batch_size (the planner resolves ``auto`` before); ``kept_chunks``: the
     training chunks the planner keeps unrecomputed (train.recompute: auto), unless a resumed checkpoint holds
-    its own count (the back-off may have lowered it)."""
+    its own count (the back-off may have lowered it); ``features_index``: data.features_dir's files as
+    ``engine.feature_data.index_features`` read them for the planner (read here when not given)."""
     torch.manual_seed(cfg.train.seed)
     np.random.seed(cfg.train.seed)
     seed, source = cfg.train.seed, None
     if cfg.data.features_dir is not None:  # the temporal head alone, over whole videos' features
-        train_set, val_set, class_names, source = build_feature_data(cfg)
+        train_set, val_set, class_names, source = build_feature_data(cfg, features_index)
         shape = DataShape(len(class_names))
         model, channels_last = _feature_head_on_device(cfg, runtime, source["feature_dim"], len(class_names)), False
         train_loader = feature_loader(train_set, seed, runtime, cfg.data.batch_size, shuffle=True, pad=True)

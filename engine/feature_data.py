@@ -123,9 +123,10 @@ def index_features(features_dir: str) -> tuple[dict, dict]:
     return files, source
 
 
-def build_feature_data(cfg: Config) -> tuple:
-    """(training set, validation set or None, class names, the features' source) of ``data.features_dir``."""
-    files, source = index_features(cfg.data.features_dir)
+def build_feature_data(cfg: Config, index: tuple | None = None) -> tuple:
+    """(training set, validation set or None, class names, the features' source) of ``data.features_dir``, whose
+    ``index_features`` is ``index`` when the caller read it already."""
+    files, source = index or index_features(cfg.data.features_dir)
     train_records, val_records = training_records(cfg.data)
     class_names = resolve_class_names(cfg.data, train_records)
     train_set = FeaturesDataset(train_records, files, class_names, "train", cfg.data.features_dir)

@@ -14,7 +14,6 @@ from config import Config, apply_flags
 from core.errors import ConfigError
 from core.runtime import Runtime
 from engine.chunking import ChunkSpec, FeatureHeadForward
-from engine.feature_data import index_features
 from engine.step import training_loss
 from models import build_feature_head
 from planner.estimate import StepEstimate, estimate_training_step, margin_text, usable_bytes
@@ -48,10 +47,10 @@ def feature_training_estimate(cfg: Config, feature_dim: int, chunks: int, batch:
                                   cfg.train.accumulate_grad_batches)
 
 
-def plan_feature_training(cfg: Config, runtime: Runtime, num_classes: int) -> Config:
-    """The estimate of a features run stated (and with data.batch_size: auto, the batch chosen); returns the config
-    that runs."""
-    files, source = index_features(cfg.data.features_dir)
+def plan_feature_training(cfg: Config, runtime: Runtime, num_classes: int, index: tuple) -> Config:
+    """The estimate of a features run stated (and with data.batch_size: auto, the batch chosen) from its files'
+    ``index`` (``engine.feature_data.index_features``); returns the config that runs."""
+    files, source = index
     chunks = max(header["chunks"] for _, header in files.values())
     budget, cuda = cfg.trainer.memory_budget_gb, runtime.device.type == "cuda"
     usable = usable_bytes(budget, cuda) if budget else None
