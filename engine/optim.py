@@ -19,11 +19,12 @@ def build_optimizer(model: torch.nn.Module, train_cfg: TrainConfig) -> torch.opt
 
     trained = [p for p in model.parameters() if p.requires_grad]
     head = getattr(model, "temporal", None)
-    # a head trained alone on features (models.temporal.FeatureHead) is the whole model: train.lr is its rate
-    if head is None or train_cfg.temporal_lr_scale == 1.0 or getattr(model, "head_only", False):
+    in_head = set() if head is None else {id(p) for p in head.parameters()}
+    # a head that is all that trains (trained alone on features, models.temporal.FeatureHead) has no backbone rate
+    # to be scaled from: train.lr is its rate
+    if head is None or train_cfg.temporal_lr_scale == 1.0 or all(id(p) in in_head for p in trained):
         groups = decay_groups("model", trained, train_cfg.lr)
     else:
-        in_head = {id(p) for p in head.parameters()}
         groups = (decay_groups("model", [p for p in trained if id(p) not in in_head], train_cfg.lr)
                   + decay_groups("temporal head", [p for p in trained if id(p) in in_head],
                                  train_cfg.lr * train_cfg.temporal_lr_scale))

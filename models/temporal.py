@@ -150,8 +150,6 @@ class FeatureHead(nn.Module):
     (eval.py and infer_chunked.py pair it with the backbone; model.temporal_head_init starts end-to-end training
     from it)."""
 
-    head_only = True  # one learning rate, train.lr (engine.optim): no backbone to train beside it
-
     def __init__(self, feature_dim: int, num_classes: int, **temporal):
         super().__init__()
         self.feature_dim = feature_dim

@@ -90,3 +90,14 @@ def test_the_tcn_step_memory_the_planner_estimates_is_linear_in_video_length():
     short, long = (feature_training_estimate(cfg, 512, chunks, 1, 9) for chunks in (1000, 2000))
     assert long.parameters == short.parameters
     assert 1.9 < long.activations / short.activations < 2.1
+
+
+def test_a_head_trained_alone_on_features_trains_at_train_lr():
+    """train.temporal_lr_scale scales the head against a backbone; a head that is all that trains has none."""
+    from config import load_config
+    from engine.optim import build_optimizer
+    from models import build_feature_head
+    cfg = load_config("configs/timelines-head.yaml", ["train.lr=0.002", "train.temporal_lr_scale=0.3"])
+    optimizer = build_optimizer(build_feature_head(cfg.model, 64, 9), cfg.train)
+    assert [group["lr"] for group in optimizer.param_groups] == [0.002, 0.002]
+    assert {group["name"] for group in optimizer.param_groups} == {"model"}
