@@ -189,7 +189,7 @@ def main(argv=None) -> int:
                     checkpoint_path)
     if runtime.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(runtime.device)
-    outputs = Outputs(args.output, args.plot, args.timeline, names)
+    outputs = Outputs(args.output, args.plot, args.timeline)
     failures = run_videos(model, records, names, cfg, spec, runtime, class_names, outputs, features)
     snap = memory_monitor.snapshot(runtime.device)
     peak = f", device peak {snap['device_peak_mb']:.0f} MB" if "device_peak_mb" in snap else ""
@@ -254,8 +254,8 @@ class Outputs:
     """What a run writes besides the console: --output's JSON lines (each appended whole) and, with --timeline, its
     per-frame CSV; --plot's pictures; the split's timeline scores."""
 
-    def __init__(self, output: str | None, plot_dir: str | None, timeline: bool, names: list[str]):
-        self.output, self.plot_dir, self.timeline = output, plot_dir, timeline
+    def __init__(self, output: str | None, plot_dir: str | None, timeline: bool):
+        self.output, self.plot_dir = output, plot_dir
         stem = os.path.splitext(output)[0] if output else None
         self.frames_csv = f"{stem}_frames.csv" if output and timeline else None
         self.scores_json = f"{stem}_scores.json" if output else None

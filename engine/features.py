@@ -131,16 +131,17 @@ def read_header(path: str) -> dict:
         with np.load(path, allow_pickle=False) as saved:
             header = {key: saved[key].item() for key in HEADER_KEYS}
             header["checkpoint"] = saved["checkpoint"].item() if "checkpoint" in saved.files else ""
-        header["chunks"], header["feature_dim"] = _stored_shape(path, "features")
+            header["chunks"], header["feature_dim"] = _stored_shape(saved.zip, "features")
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
         raise UsageError(f"{path}: not a features file of this tool ({e}); write it with infer_chunked.py --features")
     header["views"] = json.loads(header.pop("video"))
     return header
 
 
-def _stored_shape(path: str, name: str) -> tuple:
-    """The shape of an array in an .npz from its header alone (not its data: a whole video's features)."""
-    with zipfile.ZipFile(path) as archive, archive.open(f"{name}.npy") as f:
+def _stored_shape(archive: zipfile.ZipFile, name: str) -> tuple:
+    """The shape of an array in an open .npz (its ``zip``) from the array's header alone (not its data: a whole
+    video's features)."""
+    with archive.open(f"{name}.npy") as f:
         version = np.lib.format.read_magic(f)
         read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         return read(f)[0]
