@@ -101,3 +101,27 @@ def test_a_head_trained_alone_on_features_trains_at_train_lr():
     optimizer = build_optimizer(build_feature_head(cfg.model, 64, 9), cfg.train)
     assert [group["lr"] for group in optimizer.param_groups] == [0.002, 0.002]
     assert {group["name"] for group in optimizer.param_groups} == {"model"}
+
+
+def test_bad_features_directories_and_flags_say_what_to_do(tmp_path):
+    import infer_chunked
+    from core.errors import ConfigError, UsageError
+    from datasets.manifest import VideoRecord
+    from engine.feature_data import FeaturesDataset, index_features
+    with pytest.raises(ConfigError) as info:
+        index_features(str(tmp_path))
+    assert str(info.value) == (f"data.features_dir={tmp_path}: no .npz features files there; write them with python "
+                               f"infer_chunked.py --checkpoint BACKBONE.pt --input MANIFEST --features {tmp_path}")
+    np.savez(tmp_path / "other.npz", x=np.zeros(3))
+    with pytest.raises(UsageError, match=f"^{tmp_path / 'other.npz'}: not a features file of this tool .*; write it "
+                                         f"with infer_chunked.py --features$"):
+        index_features(str(tmp_path))
+    record = VideoRecord({"video": str(tmp_path / "a.mp4")}, label="red", where="val.jsonl:1")
+    with pytest.raises(ConfigError) as info:
+        FeaturesDataset([record], {}, ["red"], "val", "feats")
+    assert str(info.value) == (f"data.features_dir=feats: no features file for 1 of the 1 val videos (first: "
+                               f"{tmp_path / 'a.mp4'}, val.jsonl:1); write them with: python infer_chunked.py "
+                               f"--checkpoint BACKBONE.pt --input <the val manifest> --features feats")
+    with pytest.raises(UsageError) as info:
+        infer_chunked.parse_args(["--plot", "pictures"])
+    assert str(info.value) == "--plot pictures: plots a timeline; add --timeline"
