@@ -27,7 +27,8 @@ class RunReport:
     bad_inputs: BadInputReport | None = None  # skipped files and data warnings, reported once per run
     started: float = field(default_factory=time.time)
     last_progress: float = field(default_factory=time.time)  # the last progress line's time
-    said_head_at_chance: bool = False  # the warning of a temporal head that does not learn, given once a run
+    # the warnings of a temporal head at chance said so far, each once a run: "not learning", "fitting"
+    head_at_chance_said: set = field(default_factory=set)
 
 
 @dataclass

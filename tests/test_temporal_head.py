@@ -428,31 +428,63 @@ def test_without_a_head_the_optimizer_is_the_one_of_before():
                                                                   (train_cfg.lr, 0.0)]
 
 
-def test_a_head_at_chance_is_said_once_with_the_switches(caplog):
-    import logging
+def _trainer_at(history, classes=("a", "b", "c"), overrides=("train.temporal_lr_scale=0.5",)):
     from types import SimpleNamespace
 
     from engine.trainer import RunReport
-    history = [{"epoch": e, "val_clip_acc": acc} for e, acc in enumerate([0.34, 0.333, 0.36, 0.333], start=1)]
-    trainer = SimpleNamespace(report=RunReport(), has_temporal_head=True, runtime=SimpleNamespace(is_main=True),
-                              class_names=["a", "b", "c"], state=SimpleNamespace(history=history[:2], epoch=2),
-                              cfg=load_config(None, ["train.temporal_lr_scale=0.5"]))
-    with caplog.at_level(logging.WARNING, logger="longvideo"):
-        loop._warn_if_head_at_chance(trainer)  # two validations: not yet
-        trainer.state.history, trainer.state.epoch = history[:3], 3
-        loop._warn_if_head_at_chance(trainer)
-        trainer.state.history, trainer.state.epoch = history, 4
-        loop._warn_if_head_at_chance(trainer)  # once a run
-    warnings = [r.getMessage() for r in caplog.records]
-    assert len(warnings) == 1 and warnings[0].startswith("epoch 3: validation accuracy has stayed at chance (0.333) "
-                                                         "for 3 validations with the temporal head on")
-    assert "train.temporal_lr_scale (now 0.5)" in warnings[0] and "model.temporal_width (now 64" in warnings[0]
+    return SimpleNamespace(report=RunReport(), has_temporal_head=True, runtime=SimpleNamespace(is_main=True),
+                           class_names=list(classes), state=SimpleNamespace(history=history, epoch=len(history)),
+                           cfg=load_config(None, list(overrides)))
+
+
+def _head_warnings(caplog, trainer, histories) -> list[str]:
+    import logging
     caplog.clear()
-    trainer.report.said_head_at_chance = False
-    trainer.state.history = history[:2] + [{"epoch": 3, "val_clip_acc": 0.5}]  # learning: nothing said
     with caplog.at_level(logging.WARNING, logger="longvideo"):
-        loop._warn_if_head_at_chance(trainer)
-    assert not caplog.records
+        for history in histories:
+            trainer.state.history, trainer.state.epoch = history, history[-1]["epoch"]
+            loop._warn_if_head_at_chance(trainer)
+    return [r.getMessage() for r in caplog.records]
+
+
+def test_a_head_at_chance_is_said_once_with_the_switches(caplog):
+    history = [{"epoch": e, "val_clip_acc": acc, "train_loss": 1.1}
+               for e, acc in enumerate([0.34, 0.333, 0.36, 0.333], start=1)]
+    trainer = _trainer_at(history[:2])
+    # two validations: not yet; three: said; four: not again
+    warnings = _head_warnings(caplog, trainer, [history[:2], history[:3], history])
+    assert len(warnings) == 1 and warnings[0].startswith("epoch 3: validation accuracy has stayed at chance (0.333) "
+                                                         "for 3 validations with the temporal head on; a head that "
+                                                         "does not learn usually trains too fast")
+    assert "train.temporal_lr_scale (now 0.5)" in warnings[0] and "model.temporal_width (now 64" in warnings[0]
+    learning = history[:2] + [{"epoch": 3, "val_clip_acc": 0.5, "train_loss": 1.0}]
+    assert not _head_warnings(caplog, _trainer_at(learning), [learning])
+
+
+def test_a_head_that_fits_its_training_clips_at_chance_is_told_so_once_more(caplog):
+    """Training loss under half of chance's (ln classes) while validation stays at chance: the head fits the
+    training clips, and the advice is data and chunking, not the learning rate; said once, after the first."""
+    rows = [{"epoch": e, "val_clip_acc": 0.333, "train_loss": loss}
+            for e, loss in enumerate([1.1, 1.1, 1.05, 0.8, 0.5, 0.3, 0.2], start=1)]
+    trainer = _trainer_at(rows[:3], overrides=["train.chunk_train_size=4"])
+    warnings = _head_warnings(caplog, trainer, [rows[:k] for k in range(3, 8)])
+    assert len(warnings) == 2
+    assert "trains too fast" in warnings[0] and "fits the training clips" not in warnings[0]
+    assert warnings[1].startswith("epoch 5: validation accuracy has stayed at chance (0.333) for 3 validations with "
+                                  "the temporal head on while its training loss fell to 0.500 (chance: 1.099): it "
+                                  "fits the training clips, not the task")
+    assert "more training videos" in warnings[1] and "train.chunk_train_size, now 4" in warnings[1]
+
+
+def test_chance_allows_for_the_luck_of_a_small_validation_set(caplog):
+    """48 clips of 2 classes: two standard errors of a guess are 0.144, so 0.58 is chance and 0.66 is not; with
+    4,800 clips the 0.05 floor holds (0.58 is learning)."""
+    def history(acc, clips):
+        return [{"epoch": e, "val_clip_acc": acc, "val_num_clips": clips, "train_loss": 0.69} for e in (1, 2, 3)]
+    said = {(acc, clips): bool(_head_warnings(caplog, _trainer_at(history(acc, clips), ("a", "b")),
+                                              [history(acc, clips)]))
+            for acc, clips in [(0.58, 48), (0.66, 48), (0.54, 4800), (0.58, 4800)]}
+    assert said == {(0.58, 48): True, (0.66, 48): False, (0.54, 4800): True, (0.58, 4800): False}
 
 
 def test_resuming_with_the_other_group_layout_says_which_setting_to_use(tmp_path):
