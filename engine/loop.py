@@ -240,15 +240,18 @@ def _warn_if_head_at_chance(trainer: Trainer) -> None:
     at_chance = (f"epoch {trainer.state.epoch}: validation accuracy has stayed at chance ({chance:.3f}) for "
                  f"{len(rows)} validations with the temporal head on")
     train_loss, chance_loss = rows[-1].get("train_loss"), math.log(len(trainer.class_names))
-    fitting = train_loss is not None and train_loss < 0.5 * chance_loss
-    if ("fitting" if fitting else "not learning") in said:
+    kind = "fitting" if train_loss is not None and train_loss < 0.5 * chance_loss else "not learning"
+    if kind in said:
         return
-    said.add("fitting" if fitting else "not learning")
-    if fitting:
+    said.add(kind)
+    if kind == "fitting":
+        # a head on features (data.features_dir) has the chunks infer_chunked.py --features wrote them with
+        chunking = ("infer_chunked.py --features --chunk" if trainer.cfg.data.features_dir is not None
+                    else f"train.chunk_train_size, now {train_cfg.chunk_train_size}")
         log.warning("%s while its training loss fell to %.3f (chance: %.3f): it fits the training clips, not the "
-                    "task; give it more training videos, or fewer, longer chunks (train.chunk_train_size, now %d: "
-                    "8 chunks of 32 frames learnt a task that 64 of 4 did not); model.temporal_head: none shows what "
-                    "the chunks alone give", at_chance, train_loss, chance_loss, train_cfg.chunk_train_size)
+                    "task; give it more training videos, or fewer, longer chunks (%s: 8 chunks of 32 frames learnt a "
+                    "task that 64 of 4 did not); model.temporal_head: none shows what the chunks alone give",
+                    at_chance, train_loss, chance_loss, chunking)
         return
     clip = gradient_clip(train_cfg, True)
     log.warning("%s; a head that does not learn usually trains too fast: lower train.temporal_lr_scale (now %g) or "

@@ -474,6 +474,11 @@ def test_a_head_that_fits_its_training_clips_at_chance_is_told_so_once_more(capl
                                   "the temporal head on while its training loss fell to 0.500 (chance: 1.099): it "
                                   "fits the training clips, not the task")
     assert "more training videos" in warnings[1] and "train.chunk_train_size, now 4" in warnings[1]
+    # a head on features: its chunks are the ones the features were written with, not train.chunk_train_size
+    on_features = _trainer_at(rows, overrides=["data.features_dir=feats"])
+    fitting = _head_warnings(caplog, on_features, [rows])
+    assert len(fitting) == 1 and "fewer, longer chunks (infer_chunked.py --features --chunk: " in fitting[0]
+    assert "train.chunk_train_size" not in fitting[0]
 
 
 def test_chance_allows_for_the_luck_of_a_small_validation_set(caplog):
