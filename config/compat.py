@@ -7,7 +7,10 @@ from config.validation import validate
 # keys added since a saved config may have been written, with the value that reproduces what the code did then
 # (before data.resize, every frame was stretched to data.img_size)
 # model.norm_groups: GroupNorm had gcd(8, channels) groups before the key (the same for 16 channels or more)
-_BEFORE_THE_KEY = {"data.resize": "stretch", "model.norm_groups": 8}
+# model.temporal_attention: every head of the transformer head attended to every chunk before the key
+# model.temporal_input_norm: the head projected the chunk features as they came before the key
+_BEFORE_THE_KEY = {"data.resize": "stretch", "model.norm_groups": 8, "model.temporal_attention": "bidirectional",
+                   "model.temporal_input_norm": False}
 
 
 def saved_config(cfg: dict) -> Config:

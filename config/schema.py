@@ -86,6 +86,13 @@ class ModelConfig:
     temporal_head_init: str | None = setting(None, "str", "a checkpoint whose temporal head (e.g. one trained on "
                                              "features, data.features_dir) starts this run's head", nullable=True)
     temporal_heads: int = setting(4, "int", "temporal head: attention heads (must divide temporal_width)", minimum=1)
+    temporal_attention: str = setting("directional", "choice", "temporal head (transformer): directional (half the "
+                                      "heads attend to earlier chunks, half to later ones: order is in the features "
+                                      "from the first step) or bidirectional (every head attends to every chunk)",
+                                      choices=("directional", "bidirectional"))
+    temporal_input_norm: bool = setting(True, "bool", "temporal head (transformer): LayerNorm on each chunk's "
+                                        "features before its projection, so a clip-wide shift or scale of the "
+                                        "features (brightness, contrast) does not move the tokens")
     temporal_dropout: float = setting(0.1, "float", "temporal head: dropout in attention, feed-forward and before its "
                                       "classifier", minimum=0.0, maximum=1.0)
 

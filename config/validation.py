@@ -156,6 +156,11 @@ def _temporal_head_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     if model["temporal_width"] % model["temporal_heads"]:
         raise ConfigError(f"{origin('model.temporal_heads')}: model.temporal_heads={model['temporal_heads']} must "
                           f"divide model.temporal_width={model['temporal_width']}")
+    if (model["temporal_head"] == "transformer" and model["temporal_attention"] == "directional"
+            and model["temporal_heads"] < 2):
+        raise ConfigError(f"{origin('model.temporal_heads')}: model.temporal_attention: directional gives half the "
+                          f"attention heads to earlier chunks and half to later ones, but model.temporal_heads is 1; "
+                          f"give 2 or more, or set model.temporal_attention: bidirectional")
 
 
 def _norm_checks(cfg: dict, origin: Callable[[str], str]) -> None:

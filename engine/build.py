@@ -153,8 +153,8 @@ def init_temporal_head(model: torch.nn.Module, path: str | None) -> None:
         model.temporal.load_state_dict(head)
     except RuntimeError as e:
         raise ConfigError(f"model.temporal_head_init: {path}: its temporal head does not fit this one (set "
-                          f"model.temporal_head, temporal_width, temporal_layers... as it was trained, and the same "
-                          f"classes): {str(e).splitlines()[0]}")
+                          f"model.temporal_head, temporal_width, temporal_layers, temporal_input_norm... as it was "
+                          f"trained, and the same classes): {str(e).splitlines()[0]}")
     log.info("model.temporal_head_init: the temporal head starts from %s", path)
 
 

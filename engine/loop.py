@@ -225,7 +225,8 @@ def _warn_if_head_at_chance(trainer: Trainer) -> None:
     of 2 classes at 0.58 are a coin's luck): a warning with the switches that help. Two cases, told apart by the
     training loss and each said once a run (bench/RESULTS.md, "Long-range tasks"): near chance's loss (ln classes),
     the head is not learning, which a slower head fixed; under half of it, the head fits the training clips but not
-    the validation ones, which no learning rate fixed, and more training videos or fewer, longer chunks did."""
+    the validation ones, which no learning rate fixed, and more training videos or fewer, longer chunks did. A
+    transformer head with bidirectional attention is told to make it directional first: that fixed both."""
     if not trainer.has_temporal_head or not trainer.runtime.is_main:
         return
     chance = 1.0 / len(trainer.class_names)
@@ -244,21 +245,26 @@ def _warn_if_head_at_chance(trainer: Trainer) -> None:
     if kind in said:
         return
     said.add(kind)
+    model_cfg = trainer.cfg.model
+    # a bidirectional encoder starts blind to order (models/temporal.py says why): the first switch, either case
+    directional = ("first set model.temporal_attention: directional (now bidirectional; on 64 chunks of 4 frames "
+                   "it learnt 1.000 where bidirectional stayed at chance); "
+                   if model_cfg.temporal_head == "transformer" and model_cfg.temporal_attention == "bidirectional"
+                   else "")
     if kind == "fitting":
         # a head on features (data.features_dir) has the chunks infer_chunked.py --features wrote them with
         chunking = ("infer_chunked.py --features --chunk" if trainer.cfg.data.features_dir is not None
                     else f"train.chunk_train_size, now {train_cfg.chunk_train_size}")
         log.warning("%s while its training loss fell to %.3f (chance: %.3f): it fits the training clips, not the "
-                    "task; give it more training videos, or fewer, longer chunks (%s: 8 chunks of 32 frames learnt a "
-                    "task that 64 of 4 did not); model.temporal_head: none shows what the chunks alone give",
-                    at_chance, train_loss, chance_loss, chunking)
+                    "task; %sgive it more training videos, or fewer, longer chunks (%s); model.temporal_head: none "
+                    "shows what the chunks alone give", at_chance, train_loss, chance_loss, directional, chunking)
         return
     clip = gradient_clip(train_cfg, True)
-    log.warning("%s; a head that does not learn usually trains too fast: lower train.temporal_lr_scale (now %g) or "
-                "train.lr (now %g), set train.temporal_grad_clip (now %s), or narrow model.temporal_width (now %d; "
+    log.warning("%s; %sa head that does not learn usually trains too fast: lower train.temporal_lr_scale (now %g) "
+                "or train.lr (now %g), set train.temporal_grad_clip (now %s), or narrow model.temporal_width (now %d; "
                 "64 learnt where 128 did not); model.temporal_head: none shows what the chunks alone give",
-                at_chance, train_cfg.temporal_lr_scale, train_cfg.lr, "off" if clip is None else f"{clip:g}",
-                trainer.cfg.model.temporal_width)
+                at_chance, directional, train_cfg.temporal_lr_scale, train_cfg.lr,
+                "off" if clip is None else f"{clip:g}", model_cfg.temporal_width)
 
 
 def _validation_due(trainer_cfg: TrainerConfig, epoch: int) -> bool:
