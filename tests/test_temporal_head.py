@@ -85,7 +85,7 @@ def test_the_forward_heads_of_directional_attention_see_no_later_chunk(attention
             layer.self_attn.out_proj.weight[:, 8:] = 0  # head 1 (the backward one when directional) silenced
     features = torch.randn(1, 6, 8)
     later_changed = features.clone()
-    later_changed[:, 4:] += 3.0
+    later_changed[:, 4:] = torch.randn(1, 2, 8)  # not a shift or a scale, which the input norm takes away
     windows = chunk_positions(chunk_windows(48, 8))
     with torch.no_grad():
         before, after = head(features, windows).chunks, head(later_changed, windows).chunks
