@@ -29,7 +29,8 @@ backbone gives one feature vector per chunk, and the head sees the whole sequenc
   ``model.temporal_input_norm``): the backbone's pooled features shift and scale with the whole clip (its
   brightness, its contrast), which would move every token of the clip and drown the positions added to them.
   Measured: the distractors family from the quickstart preset, whose colour jitter scales each clip's brightness,
-  contrast and saturation, 0.812 best without it and 0.979 with it (seed 0, bench/RESULTS.md). Not the
+  contrast and saturation, 0.812 best without it and 1.000 with it (seed 0; 0.833 and 0.562 at seeds 1 and 2;
+  bench/RESULTS.md). Not the
   ``attention`` head's: with no encoder, its order comes from positions alone, and normalized features drowned
   them (the order task, seed 0: 0.521 with it, 0.812 without).
 - ``tcn``: a multi-stage temporal convolutional network as MS-TCN (Farha and Gall, CVPR 2019) defines it, the
