@@ -9,8 +9,11 @@ from config.validation import validate
 # model.norm_groups: GroupNorm had gcd(8, channels) groups before the key (the same for 16 channels or more)
 # model.temporal_attention: every head of the transformer head attended to every chunk before the key
 # model.temporal_input_norm: the head projected the chunk features as they came before the key
+# model.temporal_contrast: the head's tokens were its chunks' features alone before the key
+# train.temporal_warmup_epochs: a run with a head warmed up for train.warmup_epochs before the key
 _BEFORE_THE_KEY = {"data.resize": "stretch", "model.norm_groups": 8, "model.temporal_attention": "bidirectional",
-                   "model.temporal_input_norm": False}
+                   "model.temporal_input_norm": False, "model.temporal_contrast": False,
+                   "train.temporal_warmup_epochs": 0.0}
 
 
 def saved_config(cfg: dict) -> Config:

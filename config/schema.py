@@ -93,6 +93,9 @@ class ModelConfig:
     temporal_input_norm: bool = setting(True, "bool", "temporal head (transformer): LayerNorm on each chunk's "
                                         "features before its projection, so a clip-wide shift or scale of the "
                                         "features (brightness, contrast) does not move the tokens")
+    temporal_contrast: bool = setting(True, "bool", "temporal head (transformer): each token also sees its chunk's "
+                                      "difference from the clip's mean chunk, so what changes within a clip stands "
+                                      "out of what every chunk shares")
     temporal_dropout: float = setting(0.1, "float", "temporal head: dropout in attention, feed-forward and before its "
                                       "classifier", minimum=0.0, maximum=1.0)
 
@@ -225,6 +228,8 @@ class TrainConfig:
                                       "off", minimum=0.0, nullable=True)
     temporal_lr_scale: float = setting(0.3, "float", "temporal head: its learning rate is train.lr times this (its own "
                                        "parameter groups, the same schedule); 1 = the backbone's", minimum=0.0)
+    temporal_warmup_epochs: float = setting(2.0, "float", "temporal head on: the linear warm-up lasts at least this "
+                                            "many epochs (train.warmup_epochs when longer)", minimum=0.0)
     temporal_grad_clip: float | None = setting(1.0, "float", "temporal head on: clip the whole model's gradient norm "
                                                "to this value unless train.grad_clip is set; null = off",
                                                minimum=0.0, nullable=True)

@@ -25,7 +25,7 @@ from datasets.shape import DataShape
 from engine.chunking import ChunkedTrainingForward, FeatureHeadForward
 from engine.data import build_data, cap_workers, make_loader
 from engine.feature_data import build_feature_data, feature_loader
-from engine.optim import build_optimizer, build_scheduler, gradient_clip
+from engine.optim import build_optimizer, build_scheduler, gradient_clip, warmup_epochs
 from engine.trainer import RunReport, Trainer
 from models import ModelConfigError, build_feature_head, build_model
 from models.norms import convert_norms
@@ -62,7 +62,8 @@ def build_trainer(cfg: Config, runtime: Runtime, resume_path: str | None = None,
     if runtime.is_main and getattr(model, "temporal", None) is not None:
         _log_temporal_head_settings(optimizer, cfg.train)
     steps_per_epoch = math.ceil(len(train_loader) / cfg.train.accumulate_grad_batches)
-    scheduler = build_scheduler(optimizer, cfg.train, steps_per_epoch, cfg.trainer.max_epochs)
+    scheduler = build_scheduler(optimizer, cfg.train, steps_per_epoch, cfg.trainer.max_epochs,
+                                has_temporal_head=getattr(model, "temporal", None) is not None)
     scaler = runtime.grad_scaler()
     state, pending_rng, run = TrainState(), None, None
     if resume_path:
@@ -93,8 +94,9 @@ def _log_temporal_head_settings(optimizer: torch.optim.Optimizer, train_cfg: Tra
     rates = {group.get("name", "model"): group["lr"] for group in optimizer.param_groups}
     head_lr = rates.get("temporal head", train_cfg.lr)
     clip = gradient_clip(train_cfg, True)
-    log.info("learning rates: backbone %.2e, temporal head %.2e (train.temporal_lr_scale %g); gradient norm clip %s",
-             rates["model"], head_lr, train_cfg.temporal_lr_scale, "off" if clip is None else f"{clip:g}")
+    log.info("learning rates: backbone %.2e, temporal head %.2e (train.temporal_lr_scale %g); gradient norm clip %s; "
+             "warm-up %g epochs", rates["model"], head_lr, train_cfg.temporal_lr_scale,
+             "off" if clip is None else f"{clip:g}", warmup_epochs(train_cfg, True))
 
 
 def wrap_for_training(model: torch.nn.Module, prepare: InputPreparer, cfg: Config, runtime: Runtime) -> torch.nn.Module:
@@ -153,8 +155,8 @@ def init_temporal_head(model: torch.nn.Module, path: str | None) -> None:
         model.temporal.load_state_dict(head)
     except RuntimeError as e:
         raise ConfigError(f"model.temporal_head_init: {path}: its temporal head does not fit this one (set "
-                          f"model.temporal_head, temporal_width, temporal_layers, temporal_input_norm... as it was "
-                          f"trained, and the same classes): {str(e).splitlines()[0]}")
+                          f"model.temporal_head, temporal_width, temporal_layers, temporal_input_norm, "
+                          f"temporal_contrast... as it was trained, and the same classes): {str(e).splitlines()[0]}")
     log.info("model.temporal_head_init: the temporal head starts from %s", path)
 
 

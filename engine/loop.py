@@ -23,7 +23,7 @@ from core import memory_monitor
 from engine.data import GuardedBatches
 from engine.evaluate import evaluate
 from engine.interrupt import next_batch, stop_if_asked
-from engine.optim import gradient_clip
+from engine.optim import gradient_clip, warmup_epochs
 from engine.precise_bn import precise_bn_before_validation
 from engine.segment_metrics import background_indices
 from engine.step import clips_per_forward, optimizer_step, train_batch
@@ -227,7 +227,8 @@ def _warn_if_head_at_chance(trainer: Trainer) -> None:
     the head is not learning, which a slower head fixed; under half of it, the head fits the training clips but not
     the validation ones, which no learning rate fixed, and more training videos or fewer, longer chunks did. A
     transformer head with bidirectional attention is told to make it directional first: that took a 64-chunk task
-    that no rate, normalization or chunk count had moved off chance to 1.000 (seed 0)."""
+    that no rate, normalization or chunk count had moved off chance to 1.000 (seed 0); one without its contrast is
+    told to turn it on first."""
     if not trainer.has_temporal_head or not trainer.runtime.is_main:
         return
     chance = 1.0 / len(trainer.class_names)
@@ -247,25 +248,30 @@ def _warn_if_head_at_chance(trainer: Trainer) -> None:
         return
     said.add(kind)
     model_cfg = trainer.cfg.model
-    # a bidirectional encoder starts nearly blind to order (models/temporal.py says why): the first switch
-    directional = ("first set model.temporal_attention: directional (now bidirectional; on 64 chunks of 4 frames "
-                   "it learnt 1.000 where bidirectional stayed at chance, seed 0); "
-                   if model_cfg.temporal_head == "transformer" and model_cfg.temporal_attention == "bidirectional"
-                   else "")
+    # a bidirectional encoder starts nearly blind to order, and tokens without their contrast differ little where
+    # most chunks look alike (models/temporal.py says why): the first switches
+    transformer = model_cfg.temporal_head == "transformer"
+    first = [switch for switch, wanted in (
+        ("model.temporal_attention: directional (now bidirectional; on 64 chunks of 4 frames it learnt 1.000 where "
+         "bidirectional stayed at chance, seed 0)", transformer and model_cfg.temporal_attention == "bidirectional"),
+        ("model.temporal_contrast: true (now false; a head on features that all share one vector learnt 0.995 with "
+         "it, 0.560 without)", transformer and not model_cfg.temporal_contrast)) if wanted]
+    first_switches = f"first set {' and '.join(first)}; " if first else ""
     if kind == "fitting":
         # a head on features (data.features_dir) has the chunks infer_chunked.py --features wrote them with
         chunking = ("infer_chunked.py --features --chunk" if trainer.cfg.data.features_dir is not None
                     else f"train.chunk_train_size, now {train_cfg.chunk_train_size}")
         log.warning("%s while its training loss fell to %.3f (chance: %.3f): it fits the training clips, not the "
                     "task; %sgive it more training videos, or fewer, longer chunks (%s); model.temporal_head: none "
-                    "shows what the chunks alone give", at_chance, train_loss, chance_loss, directional, chunking)
+                    "shows what the chunks alone give", at_chance, train_loss, chance_loss, first_switches, chunking)
         return
     clip = gradient_clip(train_cfg, True)
     log.warning("%s; %sa head that does not learn usually trains too fast: lower train.temporal_lr_scale (now %g) "
-                "or train.lr (now %g), set train.temporal_grad_clip (now %s), or narrow model.temporal_width (now %d; "
-                "64 learnt where 128 did not); model.temporal_head: none shows what the chunks alone give",
-                at_chance, directional, train_cfg.temporal_lr_scale, train_cfg.lr,
-                "off" if clip is None else f"{clip:g}", model_cfg.temporal_width)
+                "or train.lr (now %g), lengthen train.temporal_warmup_epochs (now %g), set train.temporal_grad_clip "
+                "(now %s), or narrow model.temporal_width (now %d; 64 learnt where 128 did not); "
+                "model.temporal_head: none shows what the chunks alone give",
+                at_chance, first_switches, train_cfg.temporal_lr_scale, train_cfg.lr,
+                warmup_epochs(train_cfg, True), "off" if clip is None else f"{clip:g}", model_cfg.temporal_width)
 
 
 def _validation_due(trainer_cfg: TrainerConfig, epoch: int) -> bool:

@@ -40,10 +40,17 @@ def gradient_clip(train_cfg: TrainConfig, has_temporal_head: bool) -> float | No
     return train_cfg.temporal_grad_clip if has_temporal_head else None
 
 
-def build_scheduler(optimizer, train_cfg: TrainConfig, steps_per_epoch: int, max_epochs: int):
+def warmup_epochs(train_cfg: TrainConfig, has_temporal_head: bool) -> float:
+    """train.warmup_epochs, at least train.temporal_warmup_epochs when the model has a temporal head."""
+    return max(train_cfg.warmup_epochs, train_cfg.temporal_warmup_epochs) if has_temporal_head else \
+        train_cfg.warmup_epochs
+
+
+def build_scheduler(optimizer, train_cfg: TrainConfig, steps_per_epoch: int, max_epochs: int,
+                    has_temporal_head: bool = False):
     """Linear warm-up, then cosine decay to min_lr, stepped once per optimizer step."""
     total = max(1, steps_per_epoch * max_epochs)
-    warmup = int(round(train_cfg.warmup_epochs * steps_per_epoch))
+    warmup = int(round(warmup_epochs(train_cfg, has_temporal_head) * steps_per_epoch))
     floor = train_cfg.min_lr / train_cfg.lr if train_cfg.lr > 0 else 0.0
 
     def factor(step: int) -> float:

@@ -55,6 +55,7 @@ def temporal_settings(model_cfg: ModelConfig) -> dict:
     return {"kind": model_cfg.temporal_head, "width": model_cfg.temporal_width, "layers": model_cfg.temporal_layers,
             "heads": model_cfg.temporal_heads, "dropout": model_cfg.temporal_dropout,
             "attention": model_cfg.temporal_attention, "input_norm": model_cfg.temporal_input_norm,
+            "contrast": model_cfg.temporal_contrast,
             "stages": model_cfg.temporal_stages, "tcn_layers": model_cfg.temporal_tcn_layers}
 
 

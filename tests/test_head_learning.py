@@ -2,10 +2,15 @@
 a few training runs of the long-range preset at 16x16 (the slow tests of the head, in a file of their own so that
 make test's workers share them)."""
 import csv
+import math
 import os
+
+import torch
+from torch import nn
 
 import train
 from datasets.long_range_tasks import generate_long_range, generate_task
+from models.temporal import TemporalHead
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WITH_AND_WITHOUT_A_HEAD = {"none": ["model.temporal_head=none"], "transformer": ["model.temporal_head=transformer"]}
@@ -56,12 +61,66 @@ def test_at_32_chunks_directional_attention_learns_where_bidirectional_fits_the_
     """Many short chunks: the first of a red and a green event among 2-4 blue ones (64 videos of 512 frames at
     16x16, the whole video at stride 4 in 32 chunks of 4 clip frames, 8 epochs). Bidirectional attention starts
     blind to order and fits the training clips at chance (as it did at 64 chunks in bench/RESULTS.md);
-    directional attention, the default, learns the order."""
+    directional attention, the default, learns the order. Both without the contrast (model.temporal_contrast, which
+    helps either and has a test of its own), so that the attention is all that differs."""
     data = generate_task(str(tmp_path / "distractors"), "distractors", num_train=64, num_val=32, frames=512,
                          event_frames=6, min_gap=24, size=16, quiet=True)
     accuracy = best_accuracy(data, tmp_path, {"directional": [], "bidirectional": ["model.temporal_attention="
                                                                                   "bidirectional"]},
                              "data.train_manifest=distractors_train.jsonl", "data.val_manifest=distractors_val.jsonl",
-                             "data.class_names=null", "data.num_frames=128", epochs=8, chunk=4)
+                             "data.class_names=null", "data.num_frames=128", "model.temporal_contrast=false",
+                             epochs=8, chunk=4)
     assert accuracy["bidirectional"] <= 0.65, accuracy
     assert accuracy["directional"] >= 0.75 and accuracy["directional"] >= accuracy["bidirectional"] + 0.15, accuracy
+
+
+def shared_scene_events(count: int, chunks: int, generator: torch.Generator, scene: torch.Tensor):
+    """``count`` clips of ``chunks`` chunk features: every chunk is ``scene`` plus a little noise, and A, B and 2-4
+    C events (a unit step in feature 0, 1 or 2) fall on random chunks; the label is 0 when A came before B."""
+    features = scene + 0.05 * torch.randn(count, chunks, scene.numel(), generator=generator)
+    labels = torch.randint(0, 2, (count,), generator=generator)
+    for i in range(count):
+        colours = [2] * int(torch.randint(2, 5, (1,), generator=generator))
+        first, second = torch.randperm(len(colours) + 2, generator=generator)[:2].sort().values.tolist()
+        colours.insert(first, 0 if labels[i] == 0 else 1)
+        colours.insert(second, 1 if labels[i] == 0 else 0)
+        at = torch.randperm(chunks, generator=generator)[:len(colours)].sort().values
+        for chunk, colour in zip(at.tolist(), colours):
+            features[i, chunk, colour] += 1.0
+    return features, labels
+
+
+def test_with_its_contrast_the_head_picks_out_events_from_what_every_chunk_shares():
+    """The head alone on chunk features (seconds, no backbone): 64 chunks that all share one feature vector, as the
+    chunks of a long video share its scene, with the events of the distractors family added to a few; the label is
+    which of A and B came first. With model.temporal_contrast (each token also sees its chunk's difference from the
+    clip's mean chunk) it learns the rule from 96 training clips; without it, the tokens differ too little for
+    attention to pick the events out, and it does not fit even the training clips."""
+    generator = torch.Generator().manual_seed(0)
+    scene = torch.randn(8, generator=generator)
+    train_x, train_y = shared_scene_events(96, 64, generator, scene)
+    val_x, val_y = shared_scene_events(200, 64, generator, scene)
+    windows = torch.stack([torch.arange(64) * 16, torch.arange(64) * 16 + 16], dim=1)
+    accuracy, steps = {}, 150
+    for contrast in (True, False):
+        torch.manual_seed(0)
+        head = TemporalHead(8, 2, contrast=contrast)
+        optimizer = torch.optim.AdamW(head.parameters(), lr=1e-3, weight_decay=0.01)
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min(1.0, (step + 1) / 12) * 0.5 * (1 + math.cos(math.pi * step / steps)))
+        best = 0.0
+        for step in range(steps):
+            head.train()
+            batch = torch.randint(0, 96, (8,))
+            loss = nn.functional.cross_entropy(head(train_x[batch], windows).clip, train_y[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            if step % 25 == 24:
+                head.eval()
+                with torch.no_grad():
+                    best = max(best, (head(val_x, windows).clip.argmax(1) == val_y).float().mean().item())
+        accuracy[contrast] = best
+    assert accuracy[True] >= 0.9 and accuracy[False] <= 0.7, accuracy

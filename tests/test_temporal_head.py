@@ -1,6 +1,7 @@
 """The temporal head: a model over a clip's chunk features, trained end to end through the recomputed chunks."""
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from engine.inference import InferenceSpec, classify_video
 from engine.oom import OutOfMemoryError
 from engine.step import training_loss
 from models import build_model
-from models.temporal import TemporalHead, directional_mask
+from models.temporal import TemporalHead, clip_contrast, directional_mask
 from planner import project
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,10 +77,11 @@ def test_directional_attention_gives_half_the_heads_the_chunks_before_and_half_t
 @pytest.mark.parametrize("attention", ["directional", "bidirectional"])
 def test_the_forward_heads_of_directional_attention_see_no_later_chunk(attention):
     """The mask reaches nn.TransformerEncoder the right way round: with the backward head's share of each layer's
-    output projection zeroed, a chunk's logits do not move when later chunks change (they do, bidirectionally)."""
+    output projection zeroed, a chunk's logits do not move when later chunks change (they do, bidirectionally).
+    Without the contrast, whose clip mean sees every chunk by design."""
     torch.manual_seed(0)
     head = TemporalHead(8, 2, kind="transformer", width=16, layers=2, heads=2, dropout=0.0,
-                        attention=attention).eval()
+                        attention=attention, contrast=False).eval()
     with torch.no_grad():
         for layer in head.encoder.layers:
             layer.self_attn.out_proj.weight[:, 8:] = 0  # head 1 (the backward one when directional) silenced
@@ -106,6 +108,28 @@ def test_with_its_input_norm_the_transformer_head_ignores_a_clip_wide_shift_and_
             same = torch.allclose(head(features, windows).clip, head(shifted, windows).clip, atol=1e-4)
         assert same == input_norm
     assert TemporalHead(8, 2, kind="attention", input_norm=True).input_norm is None
+
+
+def test_the_clip_contrast_is_each_chunk_against_its_clip_and_ignores_what_every_chunk_shares():
+    """model.temporal_contrast: a chunk's difference from its clip's mean chunk over one scale a clip. What every
+    chunk of a clip shares (a per-channel offset: the background, the scene) and a clip-wide scale do not move it;
+    a chunk that differs little stays small beside one that differs much; padded chunks neither count nor show."""
+    features = torch.zeros(1, 16, 4)
+    features[0, 2, 0], features[0, 5, 1] = 4.0, 1.0  # an event at chunk 2, a faint one at chunk 5
+    contrast = clip_contrast(features, None)
+    scene = features * 3.0 + torch.tensor([5.0, -2.0, 0.5, 9.0])
+    assert torch.allclose(clip_contrast(scene, None), contrast, atol=1e-4)
+    assert contrast[0, 2].norm() > 3 * contrast[0, 5].norm() > 3 * contrast[0, 0].norm()
+    assert torch.allclose(contrast.pow(2).mean(), torch.tensor(1.0), atol=1e-4)  # unit scale, whatever the input's
+    padded = torch.cat([features, torch.full((1, 3, 4), 50.0)], dim=1)
+    mask = torch.tensor([[True] * 16 + [False] * 3])
+    with_padding = clip_contrast(padded, mask)
+    assert torch.allclose(with_padding[:, :16], contrast, atol=1e-5) and (with_padding[:, 16:] == 0).all()
+    still = clip_contrast(torch.ones(2, 5, 4) * torch.randn(2, 1, 4), None)  # nothing changes within the clip
+    assert torch.isfinite(still).all() and still.abs().max() < 1e-3
+    assert TemporalHead(8, 2, kind="attention").contrast is False
+    assert TemporalHead(8, 2, contrast=False).project.in_features == 8
+    assert TemporalHead(8, 2).project.in_features == 16  # the chunk's own features beside its contrast
 
 
 def test_the_head_output_does_not_depend_on_the_micro_batch_split():
@@ -302,10 +326,13 @@ def test_a_head_checkpoint_from_before_directional_attention_and_input_norm_eval
     old = defaults()
     del old["model"]["temporal_attention"]
     del old["model"]["temporal_input_norm"]
+    del old["model"]["temporal_contrast"]
     assert saved_config(old).model.temporal_attention == "bidirectional"
     assert saved_config(old).model.temporal_input_norm is False
+    assert saved_config(old).model.temporal_contrast is False
     assert saved_config(defaults()).model.temporal_attention == "directional"
     assert saved_config(defaults()).model.temporal_input_norm is True
+    assert saved_config(defaults()).model.temporal_contrast is True
 
 
 @pytest.fixture(scope="module")
@@ -436,6 +463,41 @@ def test_the_head_trains_in_parameter_groups_of_its_own_at_the_configured_rate()
     assert gradient_clip(dataclasses.replace(train_cfg, temporal_grad_clip=1.5, grad_clip=3.0), True) == 3.0
 
 
+def test_with_a_head_the_warm_up_lasts_at_least_its_own_epochs_and_the_run_says_so(caplog):
+    """train.temporal_warmup_epochs: with a head the linear warm-up lasts max(train.warmup_epochs, it) epochs;
+    without one train.warmup_epochs as written. The run's first lines give the rates, the clip and the warm-up."""
+    from engine.build import _log_temporal_head_settings
+    from engine.optim import build_optimizer, build_scheduler
+
+    def rates(train_cfg, has_head: bool, steps: int = 9) -> list[float]:
+        model = nn.Linear(2, 2)
+        optimizer = build_optimizer(model, train_cfg)
+        scheduler = build_scheduler(optimizer, train_cfg, steps_per_epoch=4, max_epochs=20, has_temporal_head=has_head)
+        seen = []
+        for _ in range(steps):
+            seen.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+        return seen
+
+    short = load_config(None, ["train.lr=0.008", "train.warmup_epochs=0.5"]).train  # temporal_warmup_epochs: 2
+    assert rates(short, has_head=False)[:3] == pytest.approx([0.004, 0.008, 0.008], rel=1e-3)
+    with_head = rates(short, has_head=True)
+    assert with_head[:8] == pytest.approx([0.001 * (i + 1) for i in range(8)])  # 2 epochs of 4 steps
+    assert with_head[8] == pytest.approx(0.008, rel=1e-3)
+    longer = load_config(None, ["train.lr=0.008", "train.warmup_epochs=3"]).train
+    assert rates(longer, True, 12) == pytest.approx([0.008 * (i + 1) / 12 for i in range(12)])
+    off = load_config(None, ["train.lr=0.008", "train.warmup_epochs=0", "train.temporal_warmup_epochs=0"]).train
+    assert rates(off, True, 2) == pytest.approx([0.008, 0.008], rel=1e-3)
+
+    model = head_model()
+    train_cfg = load_config(None, ["train.lr=0.004", "train.temporal_lr_scale=0.25", "train.warmup_epochs=0.5"]).train
+    with caplog.at_level(logging.INFO, logger="longvideo"):
+        _log_temporal_head_settings(build_optimizer(model, train_cfg), train_cfg)
+    assert ("learning rates: backbone 4.00e-03, temporal head 1.00e-03 (train.temporal_lr_scale 0.25); gradient "
+            "norm clip 1; warm-up 2 epochs") in caplog.text
+
+
 def test_without_a_head_the_optimizer_is_the_one_of_before():
     """model.temporal_head: none (and a scale of 1) gives the two groups the optimizer always had, so training is
     unchanged bit for bit: the same parameters in the same order, the same rates and decays."""
@@ -478,6 +540,7 @@ def test_a_head_at_chance_is_said_once_with_the_switches(caplog):
                                                          "for 3 validations with the temporal head on; a head that "
                                                          "does not learn usually trains too fast")
     assert "train.temporal_lr_scale (now 0.5)" in warnings[0] and "model.temporal_width (now 64" in warnings[0]
+    assert "train.temporal_warmup_epochs (now 2)" in warnings[0]
     learning = history[:2] + [{"epoch": 3, "val_clip_acc": 0.5, "train_loss": 1.0}]
     assert not _head_warnings(caplog, _trainer_at(learning), [learning])
 
@@ -502,7 +565,7 @@ def test_a_head_that_fits_its_training_clips_at_chance_is_told_so_once_more(capl
     assert "train.chunk_train_size" not in fitting[0] and "temporal_attention" not in fitting[0]
 
 
-def test_a_bidirectional_transformer_head_at_chance_is_told_to_make_its_attention_directional(caplog):
+def test_a_transformer_head_at_chance_is_told_to_make_its_attention_directional_and_contrasted(caplog):
     rows = [{"epoch": e, "val_clip_acc": 0.5, "train_loss": loss} for e, loss in enumerate([0.7, 0.7, 0.69], 1)]
     for attention, told in (("bidirectional", True), ("directional", False)):
         trainer = _trainer_at(rows, ("a", "b"), ["model.temporal_head=transformer",
@@ -510,6 +573,18 @@ def test_a_bidirectional_transformer_head_at_chance_is_told_to_make_its_attentio
         warnings = _head_warnings(caplog, trainer, [rows])
         assert len(warnings) == 1 and "trains too fast" in warnings[0]
         assert ("first set model.temporal_attention: directional (now bidirectional" in warnings[0]) == told
+    # a transformer without its contrast is told to turn it on first, beside the attention when both are off
+    for changes, first in ((["model.temporal_contrast=false"], "first set model.temporal_contrast: true (now false"),
+                           (["model.temporal_contrast=false", "model.temporal_attention=bidirectional"],
+                            "first set model.temporal_attention: directional (now bidirectional; on 64 chunks of 4 "
+                            "frames it learnt 1.000 where bidirectional stayed at chance, seed 0) and "
+                            "model.temporal_contrast: true (now false")):
+        warnings = _head_warnings(caplog, _trainer_at(rows, ("a", "b"), ["model.temporal_head=transformer",
+                                                                         *changes]), [rows])
+        assert len(warnings) == 1 and first in warnings[0]
+    attention_head = _head_warnings(caplog, _trainer_at(rows, ("a", "b"), ["model.temporal_head=attention",
+                                                                            "model.temporal_contrast=false"]), [rows])
+    assert "temporal_contrast" not in attention_head[0]  # the transformer's only
 
 
 def test_chance_allows_for_the_luck_of_a_small_validation_set(caplog):
