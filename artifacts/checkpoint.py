@@ -9,6 +9,7 @@ must never run code that a file in a shared directory brings).
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 import torch
 
-from config import Config
+from config import Config, saved_config
 from core.files import atomic_open
 from core.runtime import unwrap_model
 from core.tensor_files import UnreadableFile, UnsafeFile, load_tensors
@@ -65,11 +66,40 @@ def training_checkpoint(model, optimizer, scheduler, scaler, state: TrainState, 
             **progress, "config": cfg.to_dict(), "class_names": class_names, "rng": rng_state(), **data_info}
 
 
-def restore_training(path: str, model, optimizer, scheduler, scaler) -> tuple[TrainState, dict]:
+def changed_settings(saved: dict, cfg: Config) -> dict[str, tuple]:
+    """The model.* and train.* keys whose value in ``cfg`` differs from a checkpoint's saved config (read as
+    config.compat reads it: a key the checkpoint predates has the value it trained with): {dotted: (then, now)}."""
+    then, now = saved_config(saved).to_dict(), cfg.to_dict()
+    return {f"{section}.{key}": (then[section][key], value) for section in ("model", "train")
+            for key, value in now[section].items() if then[section].get(key) != value}
+
+
+def _as_override(value) -> str:
+    return json.dumps(value) if value is None or isinstance(value, (bool, list)) else str(value)
+
+
+def restore_training(path: str, model, optimizer, scheduler, scaler,
+                     cfg: Config | None = None) -> tuple[TrainState, dict]:
     """The training state of a checkpoint (model, optimizer, scheduler and scaler loaded in place) and its RNG
-    states."""
+    states. With ``cfg``, settings that differ from the checkpoint's are named: a warning (a resumed run should
+    go on as it began: a default changed since, such as the head's warm-up, would change its schedule), or the
+    error when the model no longer fits."""
     ckpt = load_checkpoint(path)
-    model.load_state_dict(ckpt["model"])
+    changed = changed_settings(ckpt["config"], cfg) if cfg is not None and "config" in ckpt else {}
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        differing = [key for key in changed if key.startswith("model.")]
+        settings = ", ".join(differing) or "no model setting differs"
+        hint = ("resume with the checkpoint's settings: "
+                + " ".join(f"--set {key}={_as_override(changed[key][0])}" for key in differing)
+                if differing else "resume with the config it was trained with")
+        raise CheckpointError(f"{path}: its model does not fit this config's ({settings}); {hint}: "
+                              f"{str(e).splitlines()[0]}") from None
+    if changed:
+        log.warning("%s: resuming with settings that differ from the checkpoint's (%s); to go on as it began: %s",
+                    path, ", ".join(f"{key} {then!r} then, {now!r} now" for key, (then, now) in changed.items()),
+                    " ".join(f"--set {key}={_as_override(then)}" for key, (then, _) in changed.items()))
     saved_groups, groups = len(ckpt["optimizer"]["param_groups"]), len(optimizer.param_groups)
     if saved_groups != groups:  # 2: one learning rate for all; 4: the temporal head's own (train.temporal_lr_scale)
         raise CheckpointError(f"{path}: its optimizer has {saved_groups} parameter groups, this config's has {groups} "

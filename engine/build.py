@@ -67,7 +67,7 @@ def build_trainer(cfg: Config, runtime: Runtime, resume_path: str | None = None,
     scaler = runtime.grad_scaler()
     state, pending_rng, run = TrainState(), None, None
     if resume_path:
-        state, pending_rng = restore_training(resume_path, model, optimizer, scheduler, scaler)
+        state, pending_rng = restore_training(resume_path, model, optimizer, scheduler, scaler, cfg)
         run = RunDirectory.of_checkpoint(resume_path)
         if run is None:  # a checkpoint from elsewhere: nothing is written beside the user's file
             log.info("%s is not inside a run directory of this project (<run>/checkpoints/, with config.yaml): "

@@ -15,7 +15,7 @@ from test_training_loop import make_trainer, weights
 from torch import nn
 
 import train
-from artifacts.checkpoint import load_checkpoint
+from artifacts.checkpoint import TrainState, load_checkpoint
 from config import ConfigError, load_config
 from core.runtime import Runtime
 from datasets.device_input import InputPreparer
@@ -321,18 +321,54 @@ def test_a_head_with_last_aggregation_or_late_fusion_is_refused_with_the_reason(
                               "model.temporal_attention=bidirectional"]).model.temporal_heads == 1
 
 
-def test_a_head_checkpoint_from_before_directional_attention_and_input_norm_evaluates_as_it_was_trained():
+def test_a_head_checkpoint_from_before_the_head_defaults_evaluates_and_resumes_as_it_was_trained():
     from config import defaults, saved_config
     old = defaults()
     del old["model"]["temporal_attention"]
     del old["model"]["temporal_input_norm"]
     del old["model"]["temporal_contrast"]
+    del old["train"]["temporal_warmup_epochs"]  # its warm-up was train.warmup_epochs alone
+    assert saved_config(old).train.temporal_warmup_epochs == 0.0
     assert saved_config(old).model.temporal_attention == "bidirectional"
     assert saved_config(old).model.temporal_input_norm is False
     assert saved_config(old).model.temporal_contrast is False
     assert saved_config(defaults()).model.temporal_attention == "directional"
     assert saved_config(defaults()).model.temporal_input_norm is True
     assert saved_config(defaults()).model.temporal_contrast is True
+    assert saved_config(defaults()).train.temporal_warmup_epochs == 2.0
+
+
+def test_resuming_a_checkpoint_from_before_the_head_defaults_names_the_settings_that_changed(tmp_path, caplog):
+    """A run started before model.temporal_contrast and train.temporal_warmup_epochs and resumed after them: its
+    head no longer fits (one line naming the key and the --set that resumes it, no traceback), and a warm-up that
+    would change its schedule is a warning with the --set that keeps it."""
+    from artifacts.checkpoint import CheckpointError, restore_training, save_checkpoint, training_checkpoint
+    from engine.optim import build_optimizer, build_scheduler
+    head = ["model.width=4", "model.temporal_head=transformer", "model.temporal_width=16", "model.temporal_heads=2"]
+    then = load_config(None, [*head, "model.temporal_contrast=false"])
+    saved = then.to_dict()
+    del saved["model"]["temporal_contrast"], saved["train"]["temporal_warmup_epochs"]  # written before the keys
+
+    def parts(cfg):
+        torch.manual_seed(0)
+        model = build_model(cfg.model, num_classes=3, num_views=1)
+        optimizer = build_optimizer(model, cfg.train)
+        scheduler = build_scheduler(optimizer, cfg.train, 4, 3, has_temporal_head=True)
+        return model, optimizer, scheduler, torch.amp.GradScaler("cpu", enabled=False)
+
+    model, optimizer, scheduler, scaler = parts(then)
+    path = str(tmp_path / "last.pt")
+    save_checkpoint({**training_checkpoint(model, optimizer, scheduler, scaler, TrainState(), then, ["a", "b", "c"],
+                                           {}), "config": saved}, path)
+    with pytest.raises(CheckpointError) as error:
+        restore_training(path, *parts(load_config(None, head)), load_config(None, head))
+    assert "its model does not fit this config's (model.temporal_contrast); resume with the checkpoint's settings: " \
+           "--set model.temporal_contrast=false" in str(error.value) and "\n" not in str(error.value)
+    now = load_config(None, [*head, "model.temporal_contrast=false"])
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
+        restore_training(path, *parts(now), now)
+    assert "train.temporal_warmup_epochs 0.0 then, 2.0 now" in caplog.text
+    assert "--set train.temporal_warmup_epochs=0.0" in caplog.text and "model.temporal_contrast" not in caplog.text
 
 
 @pytest.fixture(scope="module")
