@@ -74,8 +74,11 @@ def changed_settings(saved: dict, cfg: Config) -> dict[str, tuple]:
             for key, value in now[section].items() if then[section].get(key) != value}
 
 
-def _as_override(value) -> str:
-    return json.dumps(value) if value is None or isinstance(value, (bool, list)) else str(value)
+def _settings_as_before(changed: dict[str, tuple], keys) -> str:
+    """The --set options that give ``keys`` of ``changed_settings`` their checkpoint's values back."""
+    def value(then) -> str:
+        return json.dumps(then) if then is None or isinstance(then, (bool, list)) else str(then)
+    return " ".join(f"--set {key}={value(changed[key][0])}" for key in keys)
 
 
 def restore_training(path: str, model, optimizer, scheduler, scaler,
@@ -91,15 +94,14 @@ def restore_training(path: str, model, optimizer, scheduler, scaler,
     except RuntimeError as e:
         differing = [key for key in changed if key.startswith("model.")]
         settings = ", ".join(differing) or "no model setting differs"
-        hint = ("resume with the checkpoint's settings: "
-                + " ".join(f"--set {key}={_as_override(changed[key][0])}" for key in differing)
-                if differing else "resume with the config it was trained with")
+        hint = (f"resume with the checkpoint's settings: {_settings_as_before(changed, differing)}" if differing
+                else "resume with the config it was trained with")
         raise CheckpointError(f"{path}: its model does not fit this config's ({settings}); {hint}: "
                               f"{str(e).splitlines()[0]}") from None
     if changed:
         log.warning("%s: resuming with settings that differ from the checkpoint's (%s); to go on as it began: %s",
                     path, ", ".join(f"{key} {then!r} then, {now!r} now" for key, (then, now) in changed.items()),
-                    " ".join(f"--set {key}={_as_override(then)}" for key, (then, _) in changed.items()))
+                    _settings_as_before(changed, changed))
     saved_groups, groups = len(ckpt["optimizer"]["param_groups"]), len(optimizer.param_groups)
     if saved_groups != groups:  # 2: one learning rate for all; 4: the temporal head's own (train.temporal_lr_scale)
         raise CheckpointError(f"{path}: its optimizer has {saved_groups} parameter groups, this config's has {groups} "

@@ -41,7 +41,7 @@ backbone gives one feature vector per chunk, and the head sees the whole sequenc
   each differs (one scale a clip: a chunk that differs little stays small). Its own features stay beside it, so a
   clip whose chunks all show the same action keeps its content. Measured: the head alone on features built like
   the distractors family (64 chunks that share one feature vector, the events added to a few; 96 training clips,
-  150 steps; tests/test_head_learning.py) 0.560 without it, not fitting its training clips, and 0.995 with it; end
+  144 steps; tests/test_head_learning.py) 0.560 without it, not fitting its training clips, and 0.995 with it; end
   to end, the distractors family from the quickstart preset went from 0.833 and 0.562 (seeds 1, 2) to 1.000 with
   it and the warm-up (bench/RESULTS.md, "Long-range tasks").
 - ``tcn``: a multi-stage temporal convolutional network as MS-TCN (Farha and Gall, CVPR 2019) defines it, the
@@ -136,13 +136,14 @@ def clip_contrast(features: torch.Tensor, mask: torch.Tensor | None) -> torch.Te
     gives (nearly) zeros."""
     x = features.float()
     real = (torch.ones(x.shape[:2], device=x.device) if mask is None else mask.to(x.device).float()).unsqueeze(-1)
+    x = x * real
     count = real.sum(dim=1, keepdim=True).clamp_min(1)
-    centred = (x - (x * real).sum(dim=1, keepdim=True) / count) * real
+    centred = (x - x.sum(dim=1, keepdim=True) / count) * real
     values = count * x.shape[-1]
     scale = (centred.pow(2).sum(dim=(1, 2), keepdim=True) / values).sqrt()
     # differences below a thousandth of the features' own size (rounding in a clip where nothing changes) are not
     # blown up to unit size
-    size = ((x * real).pow(2).sum(dim=(1, 2), keepdim=True) / values).sqrt()
+    size = (x.pow(2).sum(dim=(1, 2), keepdim=True) / values).sqrt()
     return (centred / (torch.maximum(scale, 1e-3 * size) + 1e-6)).to(features.dtype)
 
 
