@@ -62,12 +62,14 @@ clips of its micro-batch.
 """
 from __future__ import annotations
 
+import copy
 import math
 from typing import NamedTuple
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 HEADS = ("none", "attention", "transformer", "tcn")
 
@@ -114,19 +116,132 @@ class TCNStage(nn.Module):
         return self.outward(out) * mask
 
 
-def directional_mask(padding: torch.Tensor | None, batch: int, n: int, heads: int,
-                     device: torch.device) -> torch.Tensor:
-    """The encoder's attention mask [batch * heads, n, n], True where a query chunk may not attend to a key chunk:
-    heads 0 .. ceil(heads / 2) - 1 see the chunks up to their own, the rest the chunks from their own on.
-    ``padding`` [batch, n] (True for padded chunks) hides padded keys; every chunk still sees itself, so a padded
-    chunk's row is never all hidden (a NaN that the pooling would multiply by zero and keep)."""
-    index = torch.arange(n, device=device)
-    earlier = index[None, :] <= index[:, None]  # [query, key]: the key is not after the query
-    later = index[None, :] >= index[:, None]
-    allowed = torch.stack([earlier if h < (heads + 1) // 2 else later for h in range(heads)]).unsqueeze(0)
-    if padding is not None:
-        allowed = (allowed & ~padding[:, None, None, :]) | torch.eye(n, dtype=torch.bool, device=device)
-    return ~allowed.expand(batch, heads, n, n).reshape(batch * heads, n, n)
+# the scores of one block of attention_with_dropout: a constant, whatever the number of chunks; above glibc's largest
+# mmap threshold (32 MiB), so each block's memory goes back to the system when it is freed (smaller blocks stayed
+# resident on the heap: 1.4 GB of RSS over 11,250 chunks)
+BLOCK_BYTES = 64 * 2 ** 20
+
+
+def reversed_within(x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+    """[B, H, n, d] with each clip's first ``lengths[b]`` positions (its real chunks) in reverse order and its
+    padding left at the end (None: the whole axis reversed). Its own inverse."""
+    if lengths is None:
+        return x.flip(2)
+    n = x.shape[2]
+    index = torch.arange(n, device=x.device).expand(len(lengths), n)
+    index = torch.where(index < lengths[:, None], lengths[:, None] - 1 - index, index)
+    return x.gather(2, index[:, None, :, None].expand_as(x))
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, keys: torch.Tensor | None,
+              dropout: float) -> torch.Tensor:
+    """[B, H, n, d] scaled dot-product attention in memory linear in n: each query sees the keys up to its own
+    (``causal``), or the keys ``keys`` [B, n] marks (None: all). F.scaled_dot_product_attention's fused kernels
+    where they can run; with ``dropout`` on the CPU, where no fused kernel drops attention probabilities (torch
+    would fall back to an n x n matrix), ``attention_with_dropout``."""
+    if dropout > 0 and q.device.type == "cpu":
+        return attention_with_dropout(q, k, v, causal, keys, dropout)
+    mask = None if keys is None else keys[:, None, None, :]  # [B, 1, 1, n]: broadcast, never n x n
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+
+
+def attention_with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                           keys: torch.Tensor | None, dropout: float) -> torch.Tensor:
+    """The attention of ``attention``, its probabilities dropped, in blocks of queries whose scores take BLOCK_BYTES,
+    each recomputed in backward (its dropout mask drawn again from the RNG state it had): one block's scores alive
+    at a time, not n x n."""
+    batch, heads, n, _ = q.shape
+    block = max(1, BLOCK_BYTES // (batch * heads * k.shape[2] * 4))
+    blocks = [checkpoint(_attention_block, q[:, :, start:start + block], k, v, start, causal, keys, dropout,
+                         use_reentrant=False)
+              for start in range(0, n, block)]
+    return torch.cat(blocks, dim=2)
+
+
+def _attention_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, causal: bool,
+                     keys: torch.Tensor | None, dropout: float) -> torch.Tensor:
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # [B, H, block, n]
+    if causal:
+        queries = torch.arange(start, start + q.shape[2], device=q.device)
+        scores = scores.masked_fill(torch.arange(k.shape[2], device=q.device) > queries[:, None], float("-inf"))
+    if keys is not None:
+        scores = scores.masked_fill(~keys[:, None, None, :], float("-inf"))
+    return F.dropout(scores.softmax(dim=-1), dropout) @ v
+
+
+def directional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor | None,
+                          dropout: float = 0.0) -> torch.Tensor:
+    """[B, H, n, d] attention where heads 0 .. ceil(H / 2) - 1 see the chunks up to their own and the rest the
+    chunks from their own on, each direction causal (``attention``): no n x n mask is built. The backward heads
+    run causally over each clip's real chunks reversed. ``lengths`` [B]: each clip's real chunks, padding after
+    them (None: all real); a real chunk never sees a padded one, in either direction."""
+    forward = (q.shape[1] + 1) // 2
+    ahead = attention(q[:, :forward], k[:, :forward], v[:, :forward], True, None, dropout)
+    if forward == q.shape[1]:
+        return ahead
+    back = [reversed_within(t[:, forward:], lengths) for t in (q, k, v)]
+    behind = reversed_within(attention(*back, True, None, dropout), lengths)
+    return torch.cat([ahead, behind], dim=1)
+
+
+class EncoderLayer(nn.Module):
+    """The pre-norm encoder layer of ``nn.TransformerEncoderLayer(norm_first=True, batch_first=True)``, with its
+    parameter names (checkpoints from before load as they are) and its creation order (a seed initializes it as
+    it did), its attention in memory linear in the chunks (``attention``: no n x n tensor; an hour of video is
+    11,250 chunks), its dropouts where they were: on the attention probabilities, the residuals and the
+    feed-forward."""
+
+    def __init__(self, width: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads = heads
+        self.self_attn = nn.MultiheadAttention(width, heads, dropout=dropout, batch_first=True)  # in_proj_*, out_proj
+        self.linear1 = nn.Linear(width, 2 * width)
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(2 * width, width)
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None, directional: bool) -> torch.Tensor:
+        x = x + self.dropout1(self._attend(self.norm1(x), lengths, directional))
+        return x + self.dropout2(self.linear2(self.dropout(F.relu(self.linear1(self.norm2(x))))))
+
+    def _attend(self, x: torch.Tensor, lengths: torch.Tensor | None, directional: bool) -> torch.Tensor:
+        batch, n, width = x.shape
+        attn = self.self_attn
+        q, k, v = F.linear(x, attn.in_proj_weight, attn.in_proj_bias).view(
+            batch, n, 3, self.heads, width // self.heads).permute(2, 0, 3, 1, 4)  # each [B, H, n, d]
+        dropout = attn.dropout if self.training else 0.0
+        if directional:
+            out = directional_attention(q, k, v, lengths, dropout)
+        else:  # every chunk sees every real chunk
+            keys = None if lengths is None else torch.arange(n, device=x.device) < lengths[:, None]
+            out = attention(q, k, v, False, keys, dropout)
+        return attn.out_proj(out.transpose(1, 2).reshape(batch, n, width))
+
+
+class Encoder(nn.Module):
+    """``nn.TransformerEncoder``'s stack (its ``layers.N.*`` names; every layer starts as a copy of the first, as
+    there) of EncoderLayer."""
+
+    def __init__(self, layer: EncoderLayer, count: int):
+        super().__init__()
+        self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(count))
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None, directional: bool) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, lengths, directional)
+        return x
+
+
+def real_lengths(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """[B] real chunks of each clip from ``mask`` [B, n]; padding must come after the real chunks (as
+    collate_features pads)."""
+    if mask is None:
+        return None
+    lengths = mask.sum(dim=1)
+    if not torch.equal(mask, torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]):
+        raise ValueError("a temporal head's mask must mark each clip's real chunks first and its padding after them")
+    return lengths
 
 
 def clip_contrast(features: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -170,10 +285,7 @@ class TemporalHead(nn.Module):
         self.project = nn.Linear(feature_dim * (2 if self.contrast else 1), width)
         self.encoder = None
         if kind == "transformer":
-            layer = nn.TransformerEncoderLayer(width, heads, dim_feedforward=2 * width, dropout=dropout,
-                                               batch_first=True, norm_first=True)
-            # enable_nested_tensor off: the nested fast path would make a clip's output depend on its batch
-            self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+            self.encoder = Encoder(EncoderLayer(width, heads, dropout), layers)
         self.query = nn.Parameter(torch.randn(1, 1, width) * 0.02)
         self.pool = nn.MultiheadAttention(width, heads, dropout=dropout, batch_first=True)
         self.norm = nn.LayerNorm(width)
@@ -199,11 +311,9 @@ class TemporalHead(nn.Module):
             features = torch.cat([features, clip_contrast(raw, mask)], dim=-1)
         tokens = self.project(features) + self.positions(windows.to(features.device)).to(features.dtype)
         padding = None if mask is None else ~mask.to(features.device)
-        if self.directional:
-            tokens = self.encoder(tokens, mask=directional_mask(padding, tokens.shape[0], tokens.shape[1], self.heads,
-                                                                tokens.device))
-        elif self.encoder is not None:
-            tokens = self.encoder(tokens, src_key_padding_mask=padding)
+        if self.encoder is not None:
+            tokens = self.encoder(tokens, real_lengths(None if mask is None else mask.to(features.device)),
+                                  self.directional)
         query = self.query.expand(tokens.shape[0], -1, -1).to(tokens.dtype)
         pooled, _ = self.pool(query, tokens, tokens, key_padding_mask=padding, need_weights=False)
         return HeadOutput(self.classifier(self.norm(pooled[:, 0])), self.classifier(self.norm(tokens)))

@@ -1,4 +1,5 @@
 """The temporal head: a model over a clip's chunk features, trained end to end through the recomputed chunks."""
+import copy
 import dataclasses
 import json
 import logging
@@ -27,8 +28,8 @@ from engine.chunking import ChunkedTrainingForward, ChunkSpec, chunk_positions, 
 from engine.inference import InferenceSpec, classify_video
 from engine.oom import OutOfMemoryError
 from engine.step import training_loss
-from models import build_model
-from models.temporal import TemporalHead, clip_contrast, directional_mask
+from models import build_model, temporal
+from models.temporal import TemporalHead, clip_contrast, directional_attention
 from planner import project
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,22 +62,119 @@ def test_the_head_sees_order_a_bag_of_chunks_does_not():
     assert not torch.allclose(clip, swapped, atol=1e-4)  # the mean of chunk logits would be equal
 
 
+def seen_keys(lengths, heads=4, n=5):
+    """[B, H, query, key]: does a query chunk's output move when a key chunk's value does (directional_attention)."""
+    q, k = torch.randn(2, len(lengths) if lengths is not None else 1, heads, n, 4).unbind(0)
+    v = torch.randn(q.shape, requires_grad=True)
+    out = directional_attention(q, k, v, None if lengths is None else torch.tensor(lengths))
+    seen = torch.zeros(q.shape[0], heads, n, n, dtype=torch.bool)
+    for query in range(n):
+        (grad,) = torch.autograd.grad(out[:, :, query].sum(), v, retain_graph=True)
+        seen[:, :, query] = grad.abs().sum(dim=-1) > 0  # [B, H, key]
+    return seen
+
+
 def test_directional_attention_gives_half_the_heads_the_chunks_before_and_half_those_after():
     query, key = torch.meshgrid(torch.arange(5), torch.arange(5), indexing="ij")
-    hidden = directional_mask(None, 1, 5, 4, torch.device("cpu")).view(4, 5, 5)
+    seen = seen_keys(None)[0]
     for h in (0, 1):
-        assert torch.equal(hidden[h], key > query)
+        assert torch.equal(seen[h], key <= query)
     for h in (2, 3):
-        assert torch.equal(hidden[h], key < query)
-    padding = torch.tensor([[False, False, False, True, True]])
-    hidden = directional_mask(padding, 1, 5, 4, torch.device("cpu")).view(4, 5, 5)
-    assert hidden[:, :3, 3:].all()  # a real chunk never sees a padded one
-    assert not hidden[:, 3, 3].any() and not hidden[:, 4, 4].any()  # a padded chunk sees itself: no row all hidden
+        assert torch.equal(seen[h], key >= query)
+    padded = seen_keys([5, 3])  # the second clip: 3 real chunks, then 2 padded
+    assert torch.equal(padded[0], seen)
+    assert torch.equal(padded[1, :2, :3, :3], (key <= query)[:3, :3].expand(2, 3, 3))
+    assert torch.equal(padded[1, 2:, :3, :3], (key >= query)[:3, :3].expand(2, 3, 3))
+    assert not padded[1, :, :3, 3:].any()  # a real chunk never sees a padded one
+
+
+def reference_encoder_head(head: TemporalHead) -> TemporalHead:
+    """The head as it ran before its attention went through F.scaled_dot_product_attention: nn.TransformerEncoder
+    with a built [B * H, n, n] mask (directional) or a key padding mask (bidirectional)."""
+    reference = copy.deepcopy(head)
+    width, heads = head.width, head.heads
+    layer = nn.TransformerEncoderLayer(width, heads, dim_feedforward=2 * width, dropout=0.0, batch_first=True,
+                                       norm_first=True)
+    encoder = nn.TransformerEncoder(layer, len(head.encoder.layers), enable_nested_tensor=False)
+    encoder.load_state_dict(head.encoder.state_dict())
+
+    class Reference(nn.Module):
+        def forward(self, tokens, lengths, directional):
+            return run(tokens, lengths, directional)
+
+    def run(tokens, lengths, directional):
+        n = tokens.shape[1]
+        padding = None if lengths is None else torch.arange(n) >= lengths[:, None]
+        if not directional:
+            return encoder(tokens, src_key_padding_mask=padding)
+        index = torch.arange(n)
+        earlier, later = index[None, :] <= index[:, None], index[None, :] >= index[:, None]
+        allowed = torch.stack([earlier if h < (heads + 1) // 2 else later for h in range(heads)]).unsqueeze(0)
+        if padding is not None:
+            allowed = (allowed & ~padding[:, None, None, :]) | torch.eye(n, dtype=torch.bool)
+        return encoder(tokens, mask=~allowed.expand(len(tokens), heads, n, n).reshape(-1, n, n))
+
+    reference.encoder = Reference()
+    return reference.eval()
+
+
+@pytest.mark.parametrize("attention,heads", [("directional", 4), ("directional", 3), ("bidirectional", 4)])
+def test_the_encoder_gives_the_outputs_of_the_nn_transformer_encoder_it_replaced(attention, heads):
+    """Checkpoints trained with nn.TransformerEncoder load into the linear-memory encoder (the same parameter
+    names) and give its outputs, on padded clips too; every layer starts as a copy of the first, as there."""
+    torch.manual_seed(0)
+    head = TemporalHead(8, 3, width=24, layers=2, heads=heads, attention=attention).eval()
+    first, second = (layer.state_dict() for layer in head.encoder.layers)
+    assert all(torch.equal(first[name], second[name]) for name in first)
+    reference = reference_encoder_head(head)
+    features, windows = torch.randn(3, 10, 8), torch.rand(3, 10, 2).cumsum(dim=1) * 50
+    mask = torch.arange(10) < torch.tensor([10, 7, 3])[:, None]
+    with torch.no_grad():
+        ours, theirs = head(features, windows, mask), reference(features, windows, mask)
+    torch.testing.assert_close(ours.clip, theirs.clip, atol=2e-6, rtol=1e-5)
+    for clip, real in enumerate((10, 7, 3)):
+        torch.testing.assert_close(ours.chunks[clip, :real], theirs.chunks[clip, :real], atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal,padded", [(True, False), (False, True), (False, False)])
+def test_attention_in_recomputed_query_blocks_equals_the_fused_kernel(monkeypatch, causal, padded):
+    """The CPU's path for dropped attention probabilities (no fused kernel drops them there), in blocks of a few
+    queries: without dropout, the outputs and gradients of F.scaled_dot_product_attention."""
+    monkeypatch.setattr(temporal, "BLOCK_BYTES", 2 * 4 * 11 * 4 * 3)  # blocks of 3 queries of 11
+    q, k, v = (torch.randn(2, 4, 11, 8, requires_grad=True) for _ in range(3))
+    keys = (torch.arange(11) < torch.tensor([[11], [6]])) if padded else None
+    ours = temporal.attention_with_dropout(q, k, v, causal, keys, 0.0)
+    fused = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                       attn_mask=None if keys is None else keys[:, None, None])
+    torch.testing.assert_close(ours, fused)
+    grads = torch.autograd.grad(ours.square().sum(), (q, k, v))
+    for ours_grad, fused_grad in zip(grads, torch.autograd.grad(fused.square().sum(), (q, k, v))):
+        torch.testing.assert_close(ours_grad, fused_grad)
+
+
+def test_dropped_attention_blocks_recomputed_in_backward_give_the_gradients_of_blocks_kept(monkeypatch):
+    """Each block's dropout mask is drawn again from the same RNG state when it is recomputed in backward."""
+    monkeypatch.setattr(temporal, "BLOCK_BYTES", 1 * 2 * 9 * 4 * 4)  # blocks of 4 queries of 9
+    q, k, v = (torch.randn(1, 2, 9, 8, requires_grad=True) for _ in range(3))
+    torch.manual_seed(5)
+    ours = temporal.attention_with_dropout(q, k, v, True, None, 0.5)
+    torch.manual_seed(5)
+    kept = torch.cat([temporal._attention_block(q[:, :, s:s + 4], k, v, s, True, None, 0.5) for s in (0, 4, 8)], 2)
+    torch.testing.assert_close(ours, kept)
+    assert not torch.allclose(ours, temporal.attention_with_dropout(q, k, v, True, None, 0.0))  # it did drop
+    for a, b in zip(torch.autograd.grad(ours.sum(), (q, k, v)), torch.autograd.grad(kept.sum(), (q, k, v))):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_mask_with_padding_before_real_chunks_is_refused():
+    head = TemporalHead(8, 3, width=16, heads=2)
+    with pytest.raises(ValueError, match="real chunks first"):
+        head(torch.randn(1, 4, 8), torch.rand(1, 4, 2), torch.tensor([[False, True, True, True]]))
 
 
 @pytest.mark.parametrize("attention", ["directional", "bidirectional"])
 def test_the_forward_heads_of_directional_attention_see_no_later_chunk(attention):
-    """The mask reaches nn.TransformerEncoder the right way round: with the backward head's share of each layer's
+    """The directions reach the encoder the right way round: with the backward head's share of each layer's
     output projection zeroed, a chunk's logits do not move when later chunks change (they do, bidirectionally).
     Without the contrast, whose clip mean sees every chunk by design."""
     torch.manual_seed(0)
