@@ -82,7 +82,7 @@ def _paired(path: str, head_state: dict, head_cfg: Config, device: torch.device,
     train_cfg = dataclasses.replace(backbone_cfg.train, chunk_infer_size=int(source["chunk"]),
                                     chunk_overlap=int(source["overlap"]))
     # decoding and geometry as the features were made; the videos, labels and timeline settings of the head's run,
-    # each video whole (the head was trained over whole videos)
+    # each video whole (the head was trained over whole videos), which evaluation streams from the file
     data_cfg = dataclasses.replace(backbone_cfg.data, num_frames=-1, max_video_frames=None, **{
         key: getattr(head_cfg.data, key) for key in HEAD_DATA_KEYS})
     cfg = dataclasses.replace(backbone_cfg, model=model_cfg, train=train_cfg, data=data_cfg)

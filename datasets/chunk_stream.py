@@ -18,7 +18,7 @@ from datasets.decode import read_clip, read_clip_keypoints
 from datasets.keypoints import KeypointError
 from datasets.manifest import VideoRecord
 from datasets.video.choice import open_reader
-from datasets.video.info import StalledFile, several_streams_note
+from datasets.video.info import StalledFile, VideoReadError, several_streams_note
 from datasets.video.probe import probe
 from datasets.windows import inference_windows
 
@@ -39,16 +39,21 @@ class ChunkStream:
     """Decodes a video's inference chunks on a background thread, a few chunks ahead of the model.
 
     Yields (windows, {"video": uint8 [n, (V,) C, L, H, W], "kpt": [n, L, J, C]}) for groups of ``batch``
-    chunks. Window bounds are in clip frames; clip frame i is video frame i * stride.
+    chunks. Window bounds are in clip frames; clip frame i is video frame ``first + i * stride``: the whole video
+    (``first`` 0), or the sample window ``window`` [start, end) of video frames (evaluation of whole sample
+    windows, ``crop`` of data.test_crops; without one, the centre).
 
     Every file access (the probe, the open, each group's decoding) happens on the thread, and the consumer waits
     for each at most data.sample_timeout_s: a file on a stalled mount is a StalledFile naming the file and the
     chunks, not a hang; the blocked thread is left behind (a daemon: it cannot be interrupted inside FFmpeg).
     """
 
-    def __init__(self, record: VideoRecord, data_cfg: DataConfig, spec: ChunkSettings, prefetch: int = 2):
+    def __init__(self, record: VideoRecord, data_cfg: DataConfig, spec: ChunkSettings, prefetch: int = 2,
+                 window: tuple[int, int] | None = None, crop: int | None = None):
         """data_cfg: the frame size, stride, decoder and what to load (RGB, keypoints) of the config."""
         self.record, self.stride, self.timeout = record, data_cfg.frame_stride, data_cfg.sample_timeout_s
+        self.first, self.last = window if window is not None else (0, None)
+        self.crop = crop
         self.readers: dict = {}
         self.waiting_for = "its header"  # what the thread is reading, for the stall's message
         self.queue: queue.Queue = queue.Queue(maxsize=prefetch)
@@ -72,10 +77,12 @@ class ChunkStream:
 
     def _open(self, data_cfg: DataConfig, spec: ChunkSettings) -> None:
         record = self.record
-        # evaluation's geometry: aspect-true decode size and the centre crop (data.test_crops is eval.py's)
-        self.transform = ClipTransform(dataclasses.replace(data_cfg, test_crops=1), training=False)
+        # evaluation's geometry: aspect-true decode size and the centre crop, or crop ``crop`` of data.test_crops
+        crops = 1 if self.crop is None else data_cfg.test_crops
+        self.transform = ClipTransform(dataclasses.replace(data_cfg, test_crops=crops), training=False)
         infos = {name: probe(path, data_cfg.decoder) for name, path in record.views.items()}
-        self.plans = self.transform.plan([info.frame_size(data_cfg.autorotate) for info in infos.values()], None)
+        self.plans = self.transform.plan([info.frame_size(data_cfg.autorotate) for info in infos.values()], None,
+                                         self.crop or 0)
         self.readers = {name: open_reader(path, plan.decoded, threads=spec.decode_threads, info=infos[name],
                                           decoder=data_cfg.decoder, access="sequential",
                                           autorotate=data_cfg.autorotate)
@@ -88,7 +95,13 @@ class ChunkStream:
             # claims finds the real end, so no chunk is made of the last frame repeated
             self.waiting_for = f"its last frame ({reader.num_frames - 1})"
             reader.read([reader.num_frames - 1])
-        self.num_frames = min(r.num_frames for r in self.readers.values())
+        end = min(r.num_frames for r in self.readers.values())
+        if self.last is not None:
+            end = min(end, self.last)
+        if end <= self.first:
+            raise VideoReadError(f"{record.first_path}: the video ends at frame {end}, before its sample window "
+                                 f"[{self.first}, {self.last})")
+        self.num_frames = end - self.first  # the video frames streamed, from self.first
         self.fps = first.info.fps
         clip_length = len(range(0, self.num_frames, self.stride))
         self.windows = inference_windows(clip_length, spec.chunk, spec.overlap, spec.aggregation)
@@ -105,11 +118,11 @@ class ChunkStream:
                     return
                 group = self.windows[first:first + self.batch]
                 self.waiting_for = (f"inference chunks {group[0][0]}..{group[-1][1]} (clip frames; video frames "
-                                    f"{group[0][0] * self.stride}..{(group[-1][1] - 1) * self.stride + 1})")
+                                    f"{self.video_frame(group[0][0])}..{self.video_frame(group[-1][1] - 1) + 1})")
                 tick = time.perf_counter()
                 new = sorted({i for s, e in group for i in range(s, e)} - cache.keys())
                 if self.load_rgb and new:  # datasets.decode.read_clip: the dataset's path from file to frames
-                    views = read_clip(list(self.readers.values()), [i * self.stride for i in new], self.plans,
+                    views = read_clip(list(self.readers.values()), [self.video_frame(i) for i in new], self.plans,
                                       self.transform)
                     for t, i in enumerate(new):
                         cache[i] = [view[:, t] for view in views]  # each [C, H, W]
@@ -138,8 +151,11 @@ class ChunkStream:
 
     def _keypoints(self, start: int, end: int) -> np.ndarray:
         """The keypoints of clip frames [start, end), following the first view's crop (as in training)."""
-        indices = [i * self.stride for i in range(start, end)]
+        indices = [self.video_frame(i) for i in range(start, end)]
         return read_clip_keypoints(self.record, indices, self.plans if self.load_rgb else [], self.transform)
+
+    def video_frame(self, clip_frame: int) -> int:
+        return self.first + clip_frame * self.stride
 
     def _put(self, item) -> None:
         while not self.stopping.is_set():

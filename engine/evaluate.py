@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -16,15 +17,20 @@ from artifacts.trained_model import load_trained_model
 from config import Config, TrainConfig, apply_inference_flags
 from core.files import atomic_write_bytes
 from core.runtime import Runtime, resolve_device, setup_runtime, unwrap_model
-from datasets.bad_input import BadInputReport
+from datasets.bad_input import BAD_INPUT_ERRORS, BadInputReport
+from datasets.chunk_stream import ChunkStream
 from datasets.device_input import InputPreparer
+from datasets.records import frame_labels
 from datasets.shape import DataShape
-from datasets.video_dataset import build_dataset, index_cache_for
+from datasets.video_dataset import VideoWindowDataset, build_dataset, index_cache_for
 from engine.chunking import forward_chunked
 from engine.data import GuardedBatches, cap_workers, make_loader
+from engine.inference import InferenceSpec, run_stream
 from engine.metrics import ClassificationMeter
 from engine.segment_metrics import SegmentationScores, background_indices, format_scores
 from engine.timeline import annotated, frame_probabilities
+
+log = logging.getLogger("longvideo")
 
 
 @torch.inference_mode()
@@ -47,18 +53,10 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer,
     model.eval()
     meter = meter if meter is not None else ClassificationMeter(num_classes)
     timelines = SegmentationScores(background)
-    for batch in GuardedBatches(loader, bad_inputs):
-        if bad_inputs is not None:
-            bad_inputs.take(batch)
-        annotated_frames = "frame_labels" in batch and bool((batch["frame_labels"] >= 0).any())
-        chunk_logits = [] if annotated_frames else None
-        with runtime.autocast():
-            logits = forward_chunked(model, prepare(batch), train_cfg.chunk_infer_size, train_cfg.chunk_overlap,
-                                     train_cfg.chunk_aggregation, train_cfg.video_batch_size,
-                                     chunk_logits_out=chunk_logits, frame_stride=frame_stride)
-        logits = logits.float().cpu()
+    for batch, logits, chunk_logits in clip_predictions(model, loader, prepare, runtime, train_cfg, bad_inputs,
+                                                        frame_stride):
         meter.update(logits, batch["label"], batch["video_index"])
-        if annotated_frames:
+        if chunk_logits is not None:
             score_clip_timelines(timelines, chunk_logits, batch["frame_labels"])
         if on_clips is not None:
             on_clips(batch, logits)
@@ -71,6 +69,70 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer,
     if timelines.videos:
         metrics.update({f"seg_{k}": v for k, v in timelines.result().items()}, seg_clips=timelines.videos)
     return metrics
+
+
+def clip_predictions(model, loader: DataLoader, prepare: InputPreparer, runtime: Runtime, train_cfg: TrainConfig,
+                     bad_inputs: BadInputReport | None, frame_stride: int):
+    """(batch, clip logits [B, K] on the CPU, each inference chunk's (start, end, logits [B, K]) where the batch
+    has annotated frames, else None) for the loader's samples in order: clips decoded by the loader and put
+    through ``forward_chunked``; or, where each clip is a whole sample window (data.num_frames -1: a head on
+    features paired with its backbone, ``eval.py --num-frames -1``), each sample the loader's sampler gives this
+    rank streamed from its file (``streamed_predictions``), so memory does not grow with the window's length."""
+    if streams_whole_windows(loader.dataset):
+        yield from streamed_predictions(model, loader, prepare, runtime, train_cfg, bad_inputs)
+        return
+    for batch in GuardedBatches(loader, bad_inputs):
+        if bad_inputs is not None:
+            bad_inputs.take(batch)
+        annotated_frames = "frame_labels" in batch and bool((batch["frame_labels"] >= 0).any())
+        chunk_logits = [] if annotated_frames else None
+        with runtime.autocast():
+            logits = forward_chunked(model, prepare(batch), train_cfg.chunk_infer_size, train_cfg.chunk_overlap,
+                                     train_cfg.chunk_aggregation, train_cfg.video_batch_size,
+                                     chunk_logits_out=chunk_logits, frame_stride=frame_stride)
+        yield batch, logits.float().cpu(), chunk_logits
+
+
+def streams_whole_windows(dataset) -> bool:
+    """Are the dataset's evaluation clips whole sample windows of decoded frames (streamed, not loaded)?"""
+    return (isinstance(dataset, VideoWindowDataset) and not dataset.training and dataset.cfg.num_frames == -1
+            and dataset.cfg.load_rgb)
+
+
+def streamed_predictions(model, loader: DataLoader, prepare: InputPreparer, runtime: Runtime,
+                         train_cfg: TrainConfig, bad_inputs: BadInputReport | None):
+    """``clip_predictions`` of whole sample windows, one sample at a time: its window's inference chunks decoded
+    a few ahead of the model (``ChunkStream``), through ``run_stream`` as infer_chunked.py runs them (chunk
+    features or logits on the host, a temporal head once at the end). The same samples, labels and chunks as
+    the loader's; a file that cannot be read is skipped or raised as data.on_bad_video says."""
+    dataset = loader.dataset
+    spec = InferenceSpec.of_config(train_cfg)
+    for index in loader.sampler:
+        window = dataset.windows[index // dataset.samples_per_window]
+        record = dataset.records[window.record]
+        try:
+            stream = ChunkStream(record, dataset.cfg, spec, window=(window.start, window.end),
+                                 crop=index % dataset.crops)
+            try:
+                out, _ = run_stream(model, stream, prepare, runtime, spec.aggregation)
+            finally:
+                stream.close()
+        except BAD_INPUT_ERRORS as e:
+            if dataset.cfg.on_bad_video == "raise":
+                raise type(e)(f"{e} (sample at {record.where})") from None
+            skipped = {"skipped": {record.first_path: f"{e} (sample at {record.where})"}}
+            if bad_inputs is not None:
+                bad_inputs.take(skipped)
+            else:
+                log.warning("skipping %s", skipped["skipped"][record.first_path])
+            continue
+        indices = stream.video_frame(np.arange(len(range(0, stream.num_frames, stream.stride))))
+        labels = torch.from_numpy(frame_labels(window.segments, indices, window.label))[None]
+        batch = {"label": torch.tensor([window.label]), "video_index": torch.tensor([window.record]),
+                 "window": torch.tensor([[window.start, window.end]]), "frame_labels": labels}
+        chunk_logits = ([(s, e, logits) for (s, e), logits in zip(stream.windows, out.chunk_logits)]
+                        if bool((labels >= 0).any()) else None)
+        yield batch, out.logits.float().cpu(), chunk_logits
 
 
 def score_clip_timelines(scores: SegmentationScores, chunk_logits: list, frame_labels: torch.Tensor) -> None:

@@ -20,7 +20,7 @@ from core import memory_monitor
 from datasets.chunk_stream import ChunkStream
 from datasets.manifest import VideoRecord
 from datasets.records import check_labels, frame_labels, segment_frames
-from engine.chunking import clip_length, run_chunks, slice_time
+from engine.chunking import ChunkedOutput, clip_length, run_chunks, slice_time
 from engine.segment_metrics import SegmentationScores
 from engine.timeline import annotated, frame_probabilities, segments_of_frames
 
@@ -73,35 +73,12 @@ def classify_video(model, record: VideoRecord, data_cfg: DataConfig, spec: Infer
     "chunk_logits" ([n, K]: the head's per-chunk outputs with a head), numpy arrays for ``engine.features``."""
     check_labels(record, class_names, unlabelled_ok=True)  # the checks and messages of train.py and eval.py
     stream = ChunkStream(record, data_cfg, spec)
-    waited = 0.0  # seconds spent waiting for the decoder: not compute
-
-    def groups():  # the decoded chunk groups, on the device: the frames run_chunks runs
-        nonlocal waited
-        decoded = iter(tqdm(stream, total=-(-len(stream.windows) // spec.batch), leave=False,
-                            desc=os.path.basename(record.first_path), disable=not sys.stderr.isatty()))
-        for count in itertools.count(1):
-            tick = time.perf_counter()
-            item = next(decoded, None)
-            waited += time.perf_counter() - tick
-            if item is None:
-                return
-            windows, tensors = item
-            inputs = prepare(tensors)
-            # a video shorter than the model's minimum clip: repeat its last frame (docs/long-videos.md)
-            yield windows, slice_time(inputs, 0, clip_length(inputs), getattr(model, "min_frames", 1))
-            if count % TRIM_EVERY == 0:  # freed chunk groups back to the system: RSS flat in video length
-                memory_monitor.trim_freed_memory()
-
     truth = None
     try:
         if record.segments is not None:
             truth = frame_labels(segment_frames(record, stream.num_frames, stream.fps, class_names),
                                  np.arange(stream.num_frames))
-        started = time.perf_counter()
-        with runtime.autocast():
-            out = run_chunks(model, groups(), stream.windows, spec.aggregation, stream.stride, keep_features,
-                             features_on_host=True)
-        compute_seconds = time.perf_counter() - started - waited
+        out, compute_seconds = run_stream(model, stream, prepare, runtime, spec.aggregation, keep_features)
     finally:
         stream.close()
     chunk_logits = out.chunk_logits[:, 0]  # [n, K]: one video
@@ -126,6 +103,37 @@ def classify_video(model, record: VideoRecord, data_cfg: DataConfig, spec: Infer
         result["frame_windows"] = frame_windows
         result["stride"] = stream.stride
     return result
+
+
+def run_stream(model, stream: ChunkStream, prepare, runtime, aggregation: str, keep_features: bool = False
+               ) -> tuple[ChunkedOutput, float]:
+    """(``run_chunks`` over a stream's chunks as they are decoded, the seconds of compute: not waiting for the
+    decoder). Streaming inference's and the evaluation of whole sample windows' one forward: chunk features or
+    logits go to the host, and a temporal head runs once at the end, so memory is flat in the video's length."""
+    waited = 0.0
+
+    def groups():  # the decoded chunk groups, on the device: the frames run_chunks runs
+        nonlocal waited
+        decoded = iter(tqdm(stream, total=-(-len(stream.windows) // stream.batch), leave=False,
+                            desc=os.path.basename(stream.record.first_path), disable=not sys.stderr.isatty()))
+        for count in itertools.count(1):
+            tick = time.perf_counter()
+            item = next(decoded, None)
+            waited += time.perf_counter() - tick
+            if item is None:
+                return
+            windows, tensors = item
+            inputs = prepare(tensors)
+            # a video shorter than the model's minimum clip: repeat its last frame (docs/long-videos.md)
+            yield windows, slice_time(inputs, 0, clip_length(inputs), getattr(model, "min_frames", 1))
+            if count % TRIM_EVERY == 0:  # freed chunk groups back to the system: RSS flat in video length
+                memory_monitor.trim_freed_memory()
+
+    started = time.perf_counter()
+    with runtime.autocast():
+        out = run_chunks(model, groups(), stream.windows, aggregation, stream.stride, keep_features,
+                         features_on_host=True)
+    return out, time.perf_counter() - started - waited
 
 
 def timeline_result(chunk_probs: np.ndarray, frame_windows: np.ndarray, num_frames: int, fps: float,

@@ -122,15 +122,20 @@ class TCNStage(nn.Module):
 BLOCK_BYTES = 64 * 2 ** 20
 
 
-def reversed_within(x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
-    """[B, H, n, d] with each clip's first ``lengths[b]`` positions (its real chunks) in reverse order and its
-    padding left at the end (None: the whole axis reversed). Its own inverse."""
-    if lengths is None:
-        return x.flip(2)
-    n = x.shape[2]
-    index = torch.arange(n, device=x.device).expand(len(lengths), n)
-    index = torch.where(index < lengths[:, None], lengths[:, None] - 1 - index, index)
-    return x.gather(2, index[:, None, :, None].expand_as(x))
+def in_order(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """[B, H, n, d] with each clip's positions taken in ``order`` [B, n]."""
+    return x.gather(2, order[:, None, :, None].expand_as(x))
+
+
+def causal_order(real: torch.Tensor, backward: bool) -> torch.Tensor:
+    """[B, n] each clip's positions with its real chunks (``real`` [B, n]) first, in time order or (``backward``)
+    reversed, then its padding: attention that is causal in this order sees, from each real chunk, the real
+    chunks up to it (or from it on), never a padded one. A sort, not a branch on values: the planner's fake
+    tensors run it too."""
+    n = real.shape[1]
+    position = torch.arange(n, device=real.device)
+    key = (n - 1 - position if backward else position) + n * (~real).long()
+    return key.argsort(dim=1)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, keys: torch.Tensor | None,
@@ -169,19 +174,26 @@ def _attention_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
     return F.dropout(scores.softmax(dim=-1), dropout) @ v
 
 
-def directional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor | None,
+def directional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, real: torch.Tensor | None,
                           dropout: float = 0.0) -> torch.Tensor:
     """[B, H, n, d] attention where heads 0 .. ceil(H / 2) - 1 see the chunks up to their own and the rest the
     chunks from their own on, each direction causal (``attention``): no n x n mask is built. The backward heads
-    run causally over each clip's real chunks reversed. ``lengths`` [B]: each clip's real chunks, padding after
-    them (None: all real); a real chunk never sees a padded one, in either direction."""
+    run causally over the chunks reversed. ``real`` [B, n]: each clip's real chunks (None: all); a real chunk
+    never sees a padded one, in either direction."""
     forward = (q.shape[1] + 1) // 2
-    ahead = attention(q[:, :forward], k[:, :forward], v[:, :forward], True, None, dropout)
-    if forward == q.shape[1]:
-        return ahead
-    back = [reversed_within(t[:, forward:], lengths) for t in (q, k, v)]
-    behind = reversed_within(attention(*back, True, None, dropout), lengths)
-    return torch.cat([ahead, behind], dim=1)
+    halves = [(q[:, :forward], k[:, :forward], v[:, :forward], False)]
+    if forward < q.shape[1]:
+        halves.append((q[:, forward:], k[:, forward:], v[:, forward:], True))
+    out = []
+    for q_half, k_half, v_half, backward in halves:
+        if real is None:
+            flip = (lambda x: x.flip(2)) if backward else (lambda x: x)
+            out.append(flip(attention(flip(q_half), flip(k_half), flip(v_half), True, None, dropout)))
+            continue
+        order = causal_order(real, backward)
+        ordered = attention(*(in_order(t, order) for t in (q_half, k_half, v_half)), True, None, dropout)
+        out.append(in_order(ordered, order.argsort(dim=1)))
+    return torch.cat(out, dim=1)
 
 
 class EncoderLayer(nn.Module):
@@ -201,21 +213,21 @@ class EncoderLayer(nn.Module):
         self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
         self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None, directional: bool) -> torch.Tensor:
-        x = x + self.dropout1(self._attend(self.norm1(x), lengths, directional))
+    def forward(self, x: torch.Tensor, real: torch.Tensor | None, directional: bool) -> torch.Tensor:
+        """``real`` [B, n]: each clip's real chunks (None: all)."""
+        x = x + self.dropout1(self._attend(self.norm1(x), real, directional))
         return x + self.dropout2(self.linear2(self.dropout(F.relu(self.linear1(self.norm2(x))))))
 
-    def _attend(self, x: torch.Tensor, lengths: torch.Tensor | None, directional: bool) -> torch.Tensor:
+    def _attend(self, x: torch.Tensor, real: torch.Tensor | None, directional: bool) -> torch.Tensor:
         batch, n, width = x.shape
         attn = self.self_attn
         q, k, v = F.linear(x, attn.in_proj_weight, attn.in_proj_bias).view(
             batch, n, 3, self.heads, width // self.heads).permute(2, 0, 3, 1, 4)  # each [B, H, n, d]
         dropout = attn.dropout if self.training else 0.0
         if directional:
-            out = directional_attention(q, k, v, lengths, dropout)
+            out = directional_attention(q, k, v, real, dropout)
         else:  # every chunk sees every real chunk
-            keys = None if lengths is None else torch.arange(n, device=x.device) < lengths[:, None]
-            out = attention(q, k, v, False, keys, dropout)
+            out = attention(q, k, v, False, real, dropout)
         return attn.out_proj(out.transpose(1, 2).reshape(batch, n, width))
 
 
@@ -227,21 +239,10 @@ class Encoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(count))
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None, directional: bool) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, real: torch.Tensor | None, directional: bool) -> torch.Tensor:
         for layer in self.layers:
-            x = layer(x, lengths, directional)
+            x = layer(x, real, directional)
         return x
-
-
-def real_lengths(mask: torch.Tensor | None) -> torch.Tensor | None:
-    """[B] real chunks of each clip from ``mask`` [B, n]; padding must come after the real chunks (as
-    collate_features pads)."""
-    if mask is None:
-        return None
-    lengths = mask.sum(dim=1)
-    if not torch.equal(mask, torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]):
-        raise ValueError("a temporal head's mask must mark each clip's real chunks first and its padding after them")
-    return lengths
 
 
 def clip_contrast(features: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -312,8 +313,7 @@ class TemporalHead(nn.Module):
         tokens = self.project(features) + self.positions(windows.to(features.device)).to(features.dtype)
         padding = None if mask is None else ~mask.to(features.device)
         if self.encoder is not None:
-            tokens = self.encoder(tokens, real_lengths(None if mask is None else mask.to(features.device)),
-                                  self.directional)
+            tokens = self.encoder(tokens, None if mask is None else mask.to(features.device), self.directional)
         query = self.query.expand(tokens.shape[0], -1, -1).to(tokens.dtype)
         pooled, _ = self.pool(query, tokens, tokens, key_padding_mask=padding, need_weights=False)
         return HeadOutput(self.classifier(self.norm(pooled[:, 0])), self.classifier(self.norm(tokens)))

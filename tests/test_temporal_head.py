@@ -66,7 +66,8 @@ def seen_keys(lengths, heads=4, n=5):
     """[B, H, query, key]: does a query chunk's output move when a key chunk's value does (directional_attention)."""
     q, k = torch.randn(2, len(lengths) if lengths is not None else 1, heads, n, 4).unbind(0)
     v = torch.randn(q.shape, requires_grad=True)
-    out = directional_attention(q, k, v, None if lengths is None else torch.tensor(lengths))
+    real = None if lengths is None else torch.arange(n) < torch.tensor(lengths)[:, None]
+    out = directional_attention(q, k, v, real)
     seen = torch.zeros(q.shape[0], heads, n, n, dtype=torch.bool)
     for query in range(n):
         (grad,) = torch.autograd.grad(out[:, :, query].sum(), v, retain_graph=True)
@@ -99,12 +100,12 @@ def reference_encoder_head(head: TemporalHead) -> TemporalHead:
     encoder.load_state_dict(head.encoder.state_dict())
 
     class Reference(nn.Module):
-        def forward(self, tokens, lengths, directional):
-            return run(tokens, lengths, directional)
+        def forward(self, tokens, real, directional):
+            return run(tokens, real, directional)
 
-    def run(tokens, lengths, directional):
+    def run(tokens, real, directional):
         n = tokens.shape[1]
-        padding = None if lengths is None else torch.arange(n) >= lengths[:, None]
+        padding = None if real is None else ~real
         if not directional:
             return encoder(tokens, src_key_padding_mask=padding)
         index = torch.arange(n)
@@ -166,10 +167,18 @@ def test_dropped_attention_blocks_recomputed_in_backward_give_the_gradients_of_b
         torch.testing.assert_close(a, b)
 
 
-def test_a_mask_with_padding_before_real_chunks_is_refused():
-    head = TemporalHead(8, 3, width=16, heads=2)
-    with pytest.raises(ValueError, match="real chunks first"):
-        head(torch.randn(1, 4, 8), torch.rand(1, 4, 2), torch.tensor([[False, True, True, True]]))
+def test_a_padded_chunk_anywhere_changes_nothing_in_the_real_ones():
+    """Padding is not only at the end: a clip whose third chunk is padding gives its other chunks the outputs of
+    the same clip without that chunk (positions kept), in both directions."""
+    torch.manual_seed(0)
+    head = TemporalHead(8, 3, width=16, heads=2).eval()
+    features, windows = torch.randn(1, 5, 8), torch.rand(1, 5, 2).cumsum(dim=1) * 40
+    mask = torch.tensor([[True, True, False, True, True]])
+    keep = [0, 1, 3, 4]
+    with torch.no_grad():
+        padded, without = head(features, windows, mask), head(features[:, keep], windows[:, keep])
+    torch.testing.assert_close(padded.chunks[:, keep], without.chunks, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(padded.clip, without.clip, atol=2e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("attention", ["directional", "bidirectional"])
