@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 
 from artifacts.checkpoint import CheckpointError
+from config import head_window
 from core.cli import exit_on_usage_error
 from core.errors import ConfigError
 from core.logs import setup_logging
@@ -44,6 +45,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                   "default train.chunk_infer_size")
     parser.add_argument("--overlap", type=int, help="frames shared by consecutive chunks")
     parser.add_argument("--agg", choices=AGGREGATIONS, help="chunk aggregation")
+    parser.add_argument("--head-window", type=head_window, metavar="N|auto|-1",
+                        help="the most chunks a temporal head sees at once; a longer video runs in windows of N "
+                             "chunks overlapping by half (default: model.temporal_window, auto: as many as its "
+                             "longest training clip; -1: the whole video at once)")
     parser.add_argument("--batch", metavar="N|auto",
                         help="inference chunks per forward call, for all the views of a window at once; auto = the "
                              "most whose estimated device memory fits --memory-budget-gb (the memory planner)")
@@ -82,7 +87,7 @@ def evaluation_spec(args: argparse.Namespace) -> EvaluationSpec:
     flags = {"--chunk": args.chunk, "--overlap": args.overlap, "--agg": args.agg,
              "--batch": None if auto or args.batch is None else parse_count("--batch", args.batch),
              "--num-frames": args.num_frames, "--crops": args.crops, "--clips": args.clips,
-             "--sample-timeout": args.sample_timeout}
+             "--sample-timeout": args.sample_timeout, "--head-window": args.head_window}
     fit = None
     if auto:
         def fit(cfg, shape, runtime):
@@ -113,7 +118,7 @@ def main(argv=None) -> int:
     result = evaluate_checkpoint(args.checkpoint, spec)
     train, state = result.cfg.train, result.state
     head = result.cfg.model.temporal_head
-    aggregation = f"temporal head {head}" if head != "none" else f"agg {train.chunk_aggregation}"
+    aggregation = f"temporal head {head}, {result.head_reach}" if head != "none" else f"agg {train.chunk_aggregation}"
     print(f"{args.checkpoint} (epoch {state.get('epoch')}, step {state.get('global_step')}) on "
           f"{args.data or args.split}: chunk {train.chunk_infer_size} overlap {train.chunk_overlap} "
           f"{aggregation}")

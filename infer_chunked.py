@@ -26,7 +26,7 @@ from artifacts.checkpoint import CheckpointError
 from artifacts.plots import timeline_plot
 from artifacts.run_dir import ExperimentDirectory, most_recent_best
 from artifacts.trained_model import load_trained_model
-from config import Config, apply_inference_flags, load_config
+from config import Config, apply_inference_flags, head_window, load_config
 from core import memory_monitor
 from core.cli import exit_on_usage_error
 from core.errors import UsageError
@@ -54,6 +54,7 @@ from engine.features import (
 from engine.inference import InferenceSpec, classify_video
 from engine.segment_metrics import SegmentationScores, background_indices, format_scores
 from engine.timeline import segments_of_frames
+from models import set_temporal_window
 from planner.batch_size import inference_batch_for_budget
 
 
@@ -74,6 +75,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                     "train.chunk_overlap)")
     parser.add_argument("--agg", choices=AGGREGATIONS, help="how chunk logits are aggregated (default: "
                                                             "train.chunk_aggregation)")
+    parser.add_argument("--head-window", type=head_window, metavar="N|auto|-1",
+                        help="the most chunks a temporal head sees at once; a longer video runs in windows of N "
+                             "chunks overlapping by half (default: model.temporal_window, auto: as many as its "
+                             "longest training clip; -1: the whole video at once)")
     parser.add_argument("--batch", metavar="N|auto",
                         help="inference chunks per forward call (default: train.video_batch_size); auto = the most "
                              "whose estimated device memory fits --memory-budget-gb (the memory planner)")
@@ -122,7 +127,7 @@ def inference_config(args, cfg: Config, runtime, state: dict) -> Config:
     store it, and the InferenceSpec is read from it."""
     cfg = apply_inference_flags(cfg, {"--chunk": args.chunk, "--overlap": args.overlap, "--agg": args.agg,
                                       "--batch": None if args.batch == "auto" else args.batch,
-                                      "--sample-timeout": args.sample_timeout})
+                                      "--sample-timeout": args.sample_timeout, "--head-window": args.head_window})
     if args.batch == "auto":
         batch = inference_batch_for_budget(cfg, runtime, DataShape.of_checkpoint(state), cfg.train.chunk_infer_size,
                                     args.memory_budget_gb)
@@ -171,6 +176,7 @@ def main(argv=None) -> int:
         why += f"; its backbone: {state['backbone']}"
     runtime = setup_runtime(cfg.trainer, device=str(device), precision=args.precision)
     cfg = inference_config(args, cfg, runtime, state)
+    head_reach = set_temporal_window(model, cfg.model.temporal_window)
     spec = InferenceSpec.of_config(cfg.train, args.topk, args.timeline, args.decode_threads or None)
     source, records = resolve_inputs(args.input, cfg.data)
     if args.max_videos:
@@ -178,7 +184,7 @@ def main(argv=None) -> int:
     names = feature_names(records)  # over the whole list: every shard names a file alike
     records, names = shard(records, shard_index, shard_count), shard(names, shard_index, shard_count)
     head = cfg.model.temporal_head
-    aggregation = f"temporal head {head}" if head != "none" else f"agg {spec.aggregation}"
+    aggregation = f"temporal head {head}, {head_reach}" if head != "none" else f"agg {spec.aggregation}"
     part = f", shard {shard_index}/{shard_count}" if shard_count > 1 else ""
     print(f"checkpoint: {checkpoint_path} ({why})\ninput: {source} ({len(records)} videos{part})\n"
           f"chunk {spec.chunk} overlap {spec.overlap} {aggregation} batch {spec.batch} on {runtime.device}")

@@ -12,6 +12,13 @@ trained one epoch on them (configs/timelines-head.yaml, the video as its own val
 (``infer_chunked.py --timeline``) and ``eval.py`` of each head. Printed: each stage's peak RSS (the process's
 ru_maxrss) at both lengths and their ratio, and the planner's estimate of a head's training step over the long
 video's chunks against the measured growth of that stage's peak from the short video.
+
+A process's peak includes its start-up and validation; the planner states one training step. So each head's step
+is also measured alone: a fresh process per head and length (the short video's chunks, the long video's, 11,250:
+an hour at stride 1 in chunks of 8), one warm-up step, then the resident memory's high-water mark over one
+training step (forward, dense loss, backward, AdamW) against its level before, every allocation over 64 KB its own
+mapping so resident memory follows the live tensors (as ``bench.train_chunked`` measures); against the planner's
+estimate of the same step (its peak over what was alive as it began).
 """
 from __future__ import annotations
 
@@ -30,6 +37,8 @@ from datasets.segmentation_task import LOOKS, SEGMENT_CLASSES
 from datasets.video_files import write_video
 from engine.features import read_header
 from planner.features import feature_training_estimate
+
+STEP_CHUNKS = 11_250  # an hour at 25 fps in chunks of 8 frames at stride 1
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHORT = 600
@@ -120,7 +129,62 @@ def measure(work: str, frames: int) -> dict:
                                                                   int(header["chunks"]), 1,
                                                                   len(SEGMENT_CLASSES)).peak / 2 ** 20
         rows.setdefault("(chunks a video)", {})[length] = int(header["chunks"])
-    return {"rows": rows, "estimates": estimates}
+    chunks = rows["(chunks a video)"]
+    steps = {(head, n): measure_step(head, n, int(header["feature_dim"]))
+             for head in ("tcn", "transformer") for n in sorted({chunks[SHORT], chunks[frames], STEP_CHUNKS})}
+    return {"rows": rows, "estimates": estimates, "steps": steps}
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def step_worker(head: str, chunks: int, feature_dim: int) -> dict:
+    """In this (fresh) process: one training step of ``head`` (configs/timelines-head.yaml) over one video of
+    ``chunks`` chunks, measured after a warm-up step; and the planner's estimate of it (MiB)."""
+    import torch
+
+    from engine.chunking import ChunkSpec, FeatureHeadForward
+    from engine.optim import build_optimizer
+    from engine.step import training_loss
+    from models import build_feature_head
+
+    torch.manual_seed(0)
+    cfg = load_config(os.path.join(ROOT, "configs", "timelines-head.yaml"),
+                      [f"model.temporal_head={head}", "data.features_dir=unused"])
+    classes = len(SEGMENT_CLASSES)
+    model = build_feature_head(cfg.model, feature_dim, classes).train()
+    optimizer = build_optimizer(model, cfg.train)
+    criterion = torch.nn.CrossEntropyLoss()
+    starts = torch.arange(chunks, dtype=torch.float32) * 16
+    batch = {"features": torch.randn(1, chunks, feature_dim), "windows": torch.stack([starts, starts + 16], -1)[None],
+             "mask": torch.ones(1, chunks, dtype=torch.bool), "chunk_labels": torch.randint(0, classes, (1, chunks)),
+             "label": torch.zeros(1, dtype=torch.long)}
+
+    def step() -> None:
+        loss = training_loss(FeatureHeadForward(model)(batch, ChunkSpec()), batch, ChunkSpec(), cfg.train, criterion)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # the optimizer state and the thread pools arrive in the first step
+    before = _status_kb("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the high-water mark back to the current resident size
+    step()
+    measured = (_status_kb("VmHWM") - before) / 1024
+    estimate = feature_training_estimate(cfg, feature_dim, chunks, 1, classes)
+    return {"measured": measured, "estimated": (estimate.peak - estimate.before_step) / 2 ** 20}
+
+
+def measure_step(head: str, chunks: int, feature_dim: int) -> dict:
+    command = [sys.executable, "-m", "bench.scale", "--step-worker", head, str(chunks), str(feature_dim)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def report(result: dict, frames: int) -> str:
@@ -141,6 +205,12 @@ def report(result: dict, frames: int) -> str:
         measured = stage[frames] - stage[SHORT]
         lines.append(f"| {head} | {estimated:,.1f} MiB | {measured:,.1f} MiB | "
                      f"{estimated / measured if measured > 0 else float('nan'):.2f} |")
+    lines.append("")
+    lines.append("| head: one training step alone | chunks | measured | estimated | estimate / measured |")
+    lines.append("|---|---|---|---|---|")
+    for (head, chunks), step in result["steps"].items():
+        lines.append(f"| {head} | {chunks:,} | {step['measured']:,.1f} MiB | {step['estimated']:,.1f} MiB | "
+                     f"{step['estimated'] / step['measured']:.2f} |")
     return "\n".join(lines)
 
 
@@ -148,7 +218,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frames", type=int, default=90_000, help="the long video's frames (default: an hour)")
     parser.add_argument("--work", help="where the videos, features and runs go (default: a temporary folder)")
+    parser.add_argument("--step-worker", nargs=3, metavar=("HEAD", "CHUNKS", "FEATURE_DIM"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.step_worker:
+        head, chunks, feature_dim = args.step_worker
+        print(json.dumps(step_worker(head, int(chunks), int(feature_dim))))
+        return 0
     if args.frames <= SHORT:
         parser.error(f"--frames must be more than the short video's {SHORT}")
     if args.work:

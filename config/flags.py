@@ -15,7 +15,18 @@ INFERENCE_FLAGS = {
     "--crops": "data.test_crops",
     "--clips": "data.test_clips",
     "--sample-timeout": "data.sample_timeout_s",
+    "--head-window": "model.temporal_window",
 }
+
+
+def head_window(text: str) -> int | str:
+    """--head-window's value: auto or a number of chunks (-1: all)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"--head-window {text}: expected a number of chunks, -1 (the whole video) or auto")
 
 
 def apply_inference_flags(cfg: Config, values: dict) -> Config:

@@ -96,6 +96,10 @@ class ModelConfig:
     temporal_contrast: bool = setting(True, "bool", "temporal head (transformer): each token also sees its chunk's "
                                       "difference from the clip's mean chunk, so what changes within a clip stands "
                                       "out of what every chunk shares")
+    temporal_window: int | str = setting("auto", "int", "temporal head at inference: the most chunks a chunk's "
+                                         "output (the timeline) sees; over a longer video, windows of that many "
+                                         "overlapping by half (the video's label sees every chunk). auto = its "
+                                         "longest training clip; -1 = the whole video", minimum=-1, also=("auto",))
     temporal_dropout: float = setting(0.1, "float", "temporal head: dropout in attention, feed-forward and before its "
                                       "classifier", minimum=0.0, maximum=1.0)
 

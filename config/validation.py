@@ -153,6 +153,9 @@ def _temporal_head_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     if model["view_fusion"] == "late":
         raise ConfigError(f"{origin('model.view_fusion')}: model.view_fusion: late keeps one feature vector per view, "
                           f"but model.temporal_head needs one per chunk; use mean or concat")
+    if model["temporal_window"] == 0:
+        raise ConfigError(f"{origin('model.temporal_window')}: model.temporal_window: 0 chunks cannot hold a chunk; "
+                          f"give a number of chunks, -1 (the whole video) or auto (the head's longest training clip)")
     if model["temporal_width"] % model["temporal_heads"]:
         raise ConfigError(f"{origin('model.temporal_heads')}: model.temporal_heads={model['temporal_heads']} must "
                           f"divide model.temporal_width={model['temporal_width']}")

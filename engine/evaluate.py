@@ -29,6 +29,7 @@ from engine.inference import InferenceSpec, run_stream
 from engine.metrics import ClassificationMeter
 from engine.segment_metrics import SegmentationScores, background_indices, format_scores
 from engine.timeline import annotated, frame_probabilities
+from models import set_temporal_window
 
 log = logging.getLogger("longvideo")
 
@@ -214,6 +215,7 @@ class EvaluationResult:
     state: dict
     clip_rows: list
     video_rows: list
+    head_reach: str = ""  # how a temporal head saw each video ("windows of 38 chunks, ...")
 
 
 @dataclass(frozen=True)
@@ -235,6 +237,7 @@ def evaluate_checkpoint(path: str, spec: EvaluationSpec) -> EvaluationResult:
     device = resolve_device(spec.device or "auto")
     model, cfg, class_names, state = load_trained_model(path, device, spec.backbone)
     cfg = cap_workers(apply_inference_flags(cfg, spec.flags))
+    head_reach = set_temporal_window(model, cfg.model.temporal_window)
     runtime = setup_runtime(cfg.trainer, device=str(device), precision=spec.precision)
     if spec.fit_batch is not None:
         batch = spec.fit_batch(cfg, DataShape.of_checkpoint(state), runtime)
@@ -245,4 +248,4 @@ def evaluate_checkpoint(path: str, spec: EvaluationSpec) -> EvaluationResult:
     del model
     if runtime.device.type == "cuda":
         torch.cuda.empty_cache()  # the next checkpoint starts from a clean device
-    return EvaluationResult(metrics, cfg, class_names, state, clip_rows, video_rows)
+    return EvaluationResult(metrics, cfg, class_names, state, clip_rows, video_rows, head_reach)

@@ -8,6 +8,8 @@ float, "kpt": [B, T, J, C] float}``.
 """
 from __future__ import annotations
 
+from torch import nn
+
 from config import ModelConfig
 from models import tiny3d, torchvision_video, vgg3d  # noqa: F401  (importing them registers the backbones)
 from models.classifier import VideoClassifier
@@ -17,7 +19,8 @@ from models.pretrained import load_pretrained
 from models.registry import ModelConfigError, build_rgb_backbone, registered_names
 from models.temporal import FeatureHead
 
-__all__ = ["ModelConfigError", "build_feature_head", "build_model", "build_rgb_backbone", "registered_names"]
+__all__ = ["ModelConfigError", "build_feature_head", "build_model", "build_rgb_backbone", "registered_names",
+           "set_temporal_window"]
 
 
 def build_model(model_cfg: ModelConfig, num_classes: int, num_views: int = 1, kpt_shape: tuple[int, int] | None = None):
@@ -55,8 +58,23 @@ def temporal_settings(model_cfg: ModelConfig) -> dict:
     return {"kind": model_cfg.temporal_head, "width": model_cfg.temporal_width, "layers": model_cfg.temporal_layers,
             "heads": model_cfg.temporal_heads, "dropout": model_cfg.temporal_dropout,
             "attention": model_cfg.temporal_attention, "input_norm": model_cfg.temporal_input_norm,
-            "contrast": model_cfg.temporal_contrast,
+            "contrast": model_cfg.temporal_contrast, "window": model_cfg.temporal_window,
             "stages": model_cfg.temporal_stages, "tcn_layers": model_cfg.temporal_tcn_layers}
+
+
+def set_temporal_window(model: nn.Module, window: int | str) -> str:
+    """Set the most chunks ``model``'s temporal head sees at once at inference (model.temporal_window); what it
+    will do, in words ("" without a head)."""
+    head = getattr(getattr(model, "module", model), "temporal", None)
+    head = getattr(head, "temporal", head)  # a FeatureHead holds the TemporalHead
+    if head is None:
+        return ""
+    head.window = window
+    reach = head.reach()
+    if reach is None:
+        return "whole videos at once" + (" (its training length is not recorded)" if window == "auto" else "")
+    return f"windows of {reach} chunks, overlapping by half" + (" (its longest training clip)" if window == "auto"
+                                                                else "")
 
 
 def build_feature_head(model_cfg: ModelConfig, feature_dim: int, num_classes: int) -> FeatureHead:

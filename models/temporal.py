@@ -55,6 +55,13 @@ backbone gives one feature vector per chunk, and the head sees the whole sequenc
 ``mask`` [B, n] (True for real chunks) lets clips of different lengths share a batch (features of whole videos,
 padded): padded chunks change nothing in the real ones' outputs.
 
+At inference the head sees at most as many chunks at once as it was trained on (``window``,
+``model.temporal_window``: auto; the chunks it trains on are counted in the ``trained_chunks`` buffer, saved with
+its weights). A longer video runs in windows of that many chunks overlapping by half, each window's positions
+counted from its first chunk as a training clip's are; each chunk keeps the outputs of the window it is most
+central in. The clip logits come from one pass over every chunk: a label about the whole video needs all of it.
+Why (measured on both kinds of label): docs/long-videos.md.
+
 Positions are sinusoidal encodings of each chunk's centre and length in video frames (the clip's frame stride is
 in them): defined for any number of chunks and any length, so a 100,000-frame video at inference neither fails nor
 is truncated. Every operation is per clip (LayerNorm, no BatchNorm): a clip's output does not depend on the other
@@ -263,11 +270,32 @@ def clip_contrast(features: torch.Tensor, mask: torch.Tensor | None) -> torch.Te
     return (centred / (torch.maximum(scale, 1e-3 * size) + 1e-6)).to(features.dtype)
 
 
+def window_starts(n: int, window: int) -> list[int]:
+    """The first chunk of each window of ``window`` chunks over ``n`` (> window), overlapping by half, the last
+    ending with the last chunk."""
+    hop = max(window - window // 2, 1)
+    starts = list(range(0, n - window, hop))
+    return starts + [n - window]
+
+
+def most_central(n: int, window: int, starts: list[int]) -> torch.Tensor:
+    """[n] for each chunk the index of the window (``starts``) where it is farthest from a window edge."""
+    index = torch.arange(n)
+    begin = torch.tensor(starts)
+    inside = (index[:, None] >= begin[None]) & (index[:, None] < begin[None] + window)  # [n, windows]
+    margin = torch.minimum(index[:, None] - begin[None], begin[None] + window - 1 - index[:, None])
+    return torch.where(inside, margin, -1).argmax(dim=1)
+
+
 class TemporalHead(nn.Module):
     def __init__(self, feature_dim: int, num_classes: int, kind: str = "transformer", width: int = 64, layers: int = 2,
                  heads: int = 4, dropout: float = 0.1, stages: int = 4, tcn_layers: int = 10,
-                 attention: str = "directional", input_norm: bool = True, contrast: bool = True):
+                 attention: str = "directional", input_norm: bool = True, contrast: bool = True,
+                 window: int | str = "auto"):
         super().__init__()
+        self.window = window  # chunks seen at once at inference: "auto" (trained_chunks), -1 (all), or a number
+        # the most real chunks of a clip the head has trained on (0: not known, a checkpoint from before the count)
+        self.register_buffer("trained_chunks", torch.zeros((), dtype=torch.long))
         if kind not in HEADS[1:]:
             raise ValueError(f"unknown temporal head '{kind}'; expected one of {', '.join(HEADS[1:])}")
         if attention not in ("directional", "bidirectional"):
@@ -299,10 +327,71 @@ class TemporalHead(nn.Module):
         return torch.cat([sinusoidal(centre, self.width // 2), sinusoidal(length, self.width - self.width // 2)],
                          dim=-1)
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # checkpoints from before the count: not known, so inference sees the whole clip, as it did then
+        state_dict.setdefault(prefix + "trained_chunks", torch.zeros((), dtype=torch.long))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def reach(self) -> int | None:
+        """The most chunks one forward sees at inference; None: all of them."""
+        if self.window == "auto":
+            trained = int(self.trained_chunks)
+            return trained if trained > 0 else None
+        return None if int(self.window) < 0 else int(self.window)
+
     def forward(self, features: torch.Tensor, windows: torch.Tensor,
                 mask: torch.Tensor | None = None) -> HeadOutput:
         """Clip logits [B, K] and chunk logits [B, n, K] of chunk features [B, n, D] at ``windows``; ``mask``
-        [B, n] marks the real chunks of padded clips (None: all are)."""
+        [B, n] marks the real chunks of padded clips (None: all are). In training the clip lengths are counted
+        (``trained_chunks``); at inference a clip longer than ``reach()`` runs in windows."""
+        if self.training:
+            with torch.no_grad():
+                real = torch.tensor(features.shape[1]) if mask is None else mask.sum(dim=1).max().cpu()
+                self.trained_chunks.copy_(torch.maximum(self.trained_chunks, real.to(self.trained_chunks.device)))
+        else:
+            reach = self.reach()
+            if reach is not None and features.shape[1] > reach:
+                return self._in_windows(features, windows, mask, reach)
+        return self._forward(features, windows, mask)
+
+    def _in_windows(self, features: torch.Tensor, windows: torch.Tensor, mask: torch.Tensor | None,
+                    reach: int) -> HeadOutput:
+        """Each clip's real chunks in windows of ``reach`` chunks (module docstring), outputs back in place."""
+        batch, n = features.shape[:2]
+        windows = windows.expand(batch, *windows.shape[-2:]) if windows.dim() == 2 else windows
+        clips, chunk_out, stage_out = [], None, None
+        for b in range(batch):
+            real = torch.arange(n, device=features.device) if mask is None else mask[b].nonzero()[:, 0]
+            x, at = features[b, real][None], windows[b, real.to(windows.device)]
+            if len(real) <= reach:
+                out = self._forward(x, at)
+                parts, clip = [out.chunks, *(out.stages or [])], out.clip
+            else:
+                parts, clip = self._stitched(x, at, reach)
+            if chunk_out is None:
+                shape = (batch, n, parts[0].shape[-1])
+                chunk_out = parts[0].new_zeros(shape)
+                stage_out = [parts[0].new_zeros(shape) for _ in parts[1:]]
+            for target, part in zip([chunk_out, *stage_out], parts):
+                target[b, real] = part[0]
+            clips.append(clip[0])
+        return HeadOutput(torch.stack(clips), chunk_out, stage_out or None)
+
+    def _stitched(self, x: torch.Tensor, at: torch.Tensor, reach: int) -> tuple[list, torch.Tensor]:
+        """One clip's chunk features [1, n, D] at ``at`` [n, 2]: its chunk outputs (the chunk logits, then each tcn
+        stage's) through windows of ``reach`` chunks, each from the window the chunk is most central in; its clip
+        logits from one pass over every chunk (a label about the whole video needs all of it)."""
+        n = x.shape[1]
+        starts = window_starts(n, reach)
+        outs = [self._forward(x[:, s:s + reach], at[s:s + reach] - at[s, 0]) for s in starts]
+        pick = most_central(n, reach, starts).to(x.device)
+        offset = torch.arange(n, device=x.device) - torch.tensor(starts, device=x.device)[pick]
+        per_window = [[o.chunks, *(o.stages or [])] for o in outs]  # each [1, reach, K]
+        parts = [torch.cat([w[i] for w in per_window])[pick, offset][None] for i in range(len(per_window[0]))]
+        return parts, self._forward(x, at).clip
+
+    def _forward(self, features: torch.Tensor, windows: torch.Tensor,
+                 mask: torch.Tensor | None = None) -> HeadOutput:
         if self.kind == "tcn":
             return self._tcn(features, mask)
         raw = features

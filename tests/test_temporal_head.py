@@ -29,6 +29,7 @@ from engine.inference import InferenceSpec, classify_video
 from engine.oom import OutOfMemoryError
 from engine.step import training_loss
 from models import build_model, temporal
+from models import set_temporal_window as models_window
 from models.temporal import TemporalHead, clip_contrast, directional_attention
 from planner import project
 
@@ -319,6 +320,75 @@ def test_a_head_trained_on_short_windows_runs_on_a_video_ten_times_longer():
     assert torch.isfinite(clip).all()
 
 
+def positions_of(n: int, length: int = 8) -> torch.Tensor:
+    starts = torch.arange(n, dtype=torch.float32) * length
+    return torch.stack([starts, starts + length], dim=-1)
+
+
+@pytest.mark.parametrize("kind", ["transformer", "tcn", "attention"])
+def test_a_head_counts_its_training_chunks_and_runs_longer_clips_in_windows_of_that_many(kind):
+    torch.manual_seed(0)
+    head = TemporalHead(16, 5, kind=kind, layers=1, stages=2, tcn_layers=3)
+    mask = torch.ones(2, 14, dtype=torch.bool)
+    mask[1, 12:] = False
+    head.train()(torch.randn(2, 14, 16), positions_of(14), mask)
+    head(torch.randn(1, 9, 16), positions_of(9))
+    assert int(head.trained_chunks) == 14 and head.eval().reach() == 14  # the longest real clip, not the last
+    video, at = torch.randn(1, 45, 16), positions_of(45)
+    with torch.no_grad():
+        out = head(video, at)
+        starts = temporal.window_starts(45, 14)
+        assert starts == [0, 7, 14, 21, 28, 31]  # overlapping by half, the last ending with the video
+        windows = [head._forward(video[:, s:s + 14], at[s:s + 14] - at[s, 0]) for s in starts]
+        # a chunk's outputs are those of the window it is most central in, that window's positions from its start
+        for chunk, window in ((0, 0), (3, 0), (10, 0), (11, 1), (20, 2), (25, 3), (38, 5), (44, 5)):  # ties: the first
+            expected = windows[window].chunks[0, chunk - starts[window]]
+            assert torch.allclose(out.chunks[0, chunk], expected, atol=1e-5), (chunk, window)
+        whole = head._forward(video, at)
+        assert torch.allclose(out.clip, whole.clip, atol=1e-6)  # the video's label: one pass over all of it
+        if kind == "tcn":
+            assert out.stages[-1] is not None and torch.allclose(out.stages[-1], out.chunks)
+        assert not torch.allclose(out.chunks, whole.chunks, atol=1e-3)
+        head.window = -1  # --head-window -1: the whole video at once, as before the count
+        assert torch.allclose(head(video, at).chunks, whole.chunks)
+        head.window = "auto"
+        short = video[:, :14]
+        assert torch.allclose(head(short, at[:14]).chunks, head._forward(short, at[:14]).chunks)  # fits: one pass
+
+
+def test_windows_are_per_clip_so_a_padded_batch_gives_each_clip_its_own_outputs():
+    torch.manual_seed(0)
+    head = TemporalHead(16, 5, layers=1)
+    head.train()(torch.randn(1, 10, 16), positions_of(10))
+    head.eval()
+    videos, at = torch.randn(2, 37, 16), positions_of(37)
+    mask = torch.ones(2, 37, dtype=torch.bool)
+    mask[1, 8:] = False  # the second clip: 8 chunks, shorter than the reach
+    with torch.no_grad():
+        batched = head(videos, at, mask)
+        alone = [head(videos[:1], at), head(videos[1:, :8], at[:8])]
+    assert torch.allclose(batched.chunks[0], alone[0].chunks[0], atol=1e-5)
+    assert torch.allclose(batched.chunks[1, :8], alone[1].chunks[0], atol=1e-5)
+    assert torch.allclose(batched.clip, torch.cat([alone[0].clip, alone[1].clip]), atol=1e-5)
+
+
+def test_a_head_saved_before_the_count_loads_and_sees_whole_videos_as_it_did():
+    torch.manual_seed(0)
+    head = TemporalHead(16, 5)
+    state = head.state_dict()
+    del state["trained_chunks"]
+    loaded = TemporalHead(16, 5)
+    loaded.load_state_dict(state)  # strict: the missing count is filled, not an error
+    assert int(loaded.trained_chunks) == 0 and loaded.reach() is None
+    model = build_model(load_config(None, ["model.temporal_head=transformer", "model.width=4"]).model, 3)
+    assert models_window(model, "auto") == "whole videos at once (its training length is not recorded)"
+    model.temporal.trained_chunks.fill_(38)
+    assert models_window(model, "auto") == "windows of 38 chunks, overlapping by half (its longest training clip)"
+    assert models_window(model, 100) == "windows of 100 chunks, overlapping by half"
+    assert models_window(model, -1) == "whole videos at once"
+    assert models_window(build_model(load_config(None, ["model.width=4"]).model, 3), "auto") == ""
+
+
 def test_streaming_inference_with_a_head_equals_the_whole_forward(tmp_path):
     frames, _ = order_video(np.random.default_rng(3), ORDER_CLASSES[0], 120, 32, 6, 40)
     path = str(tmp_path / "v.avi")
@@ -494,7 +564,12 @@ def test_eval_and_infer_load_the_head_with_no_flags_and_refuse_agg(head_run, syn
     run = [sys.executable, "eval.py", "--checkpoint", head_run, "--split", "val"]
     result = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "temporal head transformer" in result.stdout.splitlines()[0]
+    assert "temporal head transformer, windows of " in result.stdout.splitlines()[0]
+    whole = subprocess.run(run + ["--head-window", "-1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0 and "temporal head transformer, whole videos at once" in whole.stdout
+    bad = subprocess.run(run + ["--head-window", "half"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2
+    assert bad.stderr == "error: --head-window half: expected a number of chunks, -1 (the whole video) or auto\n"
     refused = subprocess.run(run + ["--agg", "max"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2
     assert refused.stderr == ("error: --agg max: this model has a temporal head (model.temporal_head: transformer), "
@@ -537,6 +612,20 @@ def test_the_long_range_bench_names_an_unknown_family_or_preset():
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(
             f"python -m bench.long_range: error: {option}: unknown "), done.stderr
+
+
+def test_the_length_bench_names_an_unknown_family_and_the_scale_bench_measures_a_head_step_alone():
+    done = subprocess.run([sys.executable, "-m", "bench.length", "--families", "order,odrer"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.splitlines()[-1] == (
+        "python -m bench.length: error: --families: unknown odrer; choose from order, middle, last, distractors")
+    step = subprocess.run([sys.executable, "-m", "bench.scale", "--step-worker", "transformer", "3000", "64"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
+    assert step.returncode == 0, step.stderr
+    measured = json.loads(step.stdout.strip().splitlines()[-1])
+    # the planner's estimate of the step against the step's own resident growth (bench/RESULTS.md: 1.00 at 5,625)
+    assert measured["measured"] > 50 and 0.85 <= measured["estimated"] / measured["measured"] <= 1.15, measured
 
 
 @pytest.mark.parametrize("task", ["middle", "last", "distractors"])
