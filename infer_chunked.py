@@ -23,8 +23,8 @@ import torch
 from tqdm import tqdm
 
 from artifacts.checkpoint import CheckpointError
-from artifacts.plots import timeline_plot
 from artifacts.run_dir import ExperimentDirectory, most_recent_best
+from artifacts.timeline_plot import ROW_MINUTES, timeline_plot
 from artifacts.trained_model import load_trained_model
 from config import Config, apply_inference_flags, head_window, load_config
 from core import memory_monitor
@@ -53,7 +53,6 @@ from engine.features import (
 )
 from engine.inference import InferenceSpec, classify_video
 from engine.segment_metrics import SegmentationScores, background_indices, format_scores
-from engine.timeline import segments_of_frames
 from models import set_temporal_window
 from planner.batch_size import inference_batch_for_budget
 
@@ -97,7 +96,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="per-frame timelines: every chunk's result, and the segments of the frames' labels (each "
                              "frame's probabilities blended from the chunks that cover it)")
     parser.add_argument("--plot", metavar="DIR", help="with --timeline: DIR/<video stem>.png per video, ground truth "
-                                                      "(where annotated) above the prediction, time in seconds")
+                                                      "(where annotated) above the prediction and the frames where "
+                                                      "they disagree, in rows of --plot-row-minutes")
+    parser.add_argument("--plot-row-minutes", type=float, default=ROW_MINUTES, metavar="M",
+                        help=f"--plot: minutes of video a row (default {ROW_MINUTES:g}; at most 24 rows: a longer "
+                             f"video gets longer rows)")
     parser.add_argument("--decode-threads", type=int, default=0,
                         help="FFmpeg decoder threads (0 = OpenCV's choice, all cores)")
     parser.add_argument("--max-videos", type=int, help="stop after this many videos")
@@ -118,6 +121,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise UsageError(f"--topk {args.topk}: must be >= 1")
     if args.plot and not args.timeline:
         raise UsageError(f"--plot {args.plot}: plots a timeline; add --timeline")
+    if not args.plot_row_minutes > 0:
+        raise UsageError(f"--plot-row-minutes {args.plot_row_minutes:g}: give the minutes of video a row shows, "
+                         f"more than 0 (default {ROW_MINUTES:g})")
     return args
 
 
@@ -195,7 +201,7 @@ def main(argv=None) -> int:
                     checkpoint_path)
     if runtime.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(runtime.device)
-    outputs = Outputs(args.output, args.plot, args.timeline)
+    outputs = Outputs(args.output, args.plot, args.timeline, args.plot_row_minutes)
     failures = run_videos(model, records, names, cfg, spec, runtime, class_names, outputs, features)
     snap = memory_monitor.snapshot(runtime.device)
     peak = f", device peak {snap['device_peak_mb']:.0f} MB" if "device_peak_mb" in snap else ""
@@ -260,8 +266,8 @@ class Outputs:
     """What a run writes besides the console: --output's JSON lines (each appended whole) and, with --timeline, its
     per-frame CSV; --plot's pictures; the split's timeline scores."""
 
-    def __init__(self, output: str | None, plot_dir: str | None, timeline: bool):
-        self.output, self.plot_dir = output, plot_dir
+    def __init__(self, output: str | None, plot_dir: str | None, timeline: bool, row_minutes: float = ROW_MINUTES):
+        self.output, self.plot_dir, self.row_minutes = output, plot_dir, row_minutes
         stem = os.path.splitext(output)[0] if output else None
         self.frames_csv = f"{stem}_frames.csv" if output and timeline else None
         self.scores_json = f"{stem}_scores.json" if output else None
@@ -284,9 +290,8 @@ class Outputs:
             append_whole(self.frames_csv, frame_rows(result, frames, class_names).encode())
         if self.plot_dir:
             path = os.path.join(self.plot_dir, os.path.splitext(name)[0] + ".png")
-            truth = None if frames.truth is None else segments_of_frames(frames.truth, result["fps"], class_names)
-            timeline_plot(path, result["segments"], truth, class_names, result["fps"], result["num_frames"],
-                          os.path.basename(str(result["video"])), result.get("scores"))
+            timeline_plot(path, frames.labels, frames.truth, class_names, result["fps"],
+                          os.path.basename(str(result["video"])), result.get("scores"), self.row_minutes)
             print(f"  timeline picture: {path}")
 
     def write_scores(self, scores: dict, videos: int) -> None:

@@ -1,5 +1,6 @@
-"""Plots, drawn once at the end (never every epoch): training curves with the best epoch marked, the confusion
-matrix, eval.py --watch's history. matplotlib is a requirement; where it is missing anyway, one note, no plots."""
+"""Plots, drawn once at the end (never every epoch): training curves of the monitored metric with best.pt's epoch
+marked, the confusion matrix, eval.py --watch's history (timelines: artifacts/timeline_plot.py). matplotlib is a
+requirement; where it is missing anyway, one note, no plots."""
 from __future__ import annotations
 
 import csv
@@ -8,7 +9,7 @@ from artifacts.run_dir import RunDirectory
 from core.files import atomic_path
 
 
-def _pyplot(note_prefix: str):
+def pyplot(note_prefix: str):
     try:
         import matplotlib  # lazy: a second to import, needed once at the end of a run (and may be missing)
         matplotlib.use("Agg")
@@ -19,7 +20,7 @@ def _pyplot(note_prefix: str):
         return None
 
 
-def _save(figure, plt, path: str) -> str:
+def save_figure(figure, plt, path: str) -> str:
     figure.tight_layout()
     with atomic_path(path) as tmp:  # a reader never sees half a PNG
         figure.savefig(tmp, dpi=100, format="png")
@@ -31,7 +32,7 @@ def training_plots(run: RunDirectory, class_names: list[str], confusion: list | 
                    monitor: str = "val_video_acc", epoch: int | None = None) -> list[str]:
     """training_curves.png from metrics.csv (the best epoch of ``monitor`` marked), and confusion_matrix.png of
     the last validation (``epoch``)."""
-    plt = _pyplot("plotting the training curves")
+    plt = pyplot("plotting the training curves")
     if plt is None:
         return []
     written = []
@@ -45,30 +46,68 @@ def training_plots(run: RunDirectory, class_names: list[str], confusion: list | 
     return written
 
 
-def _curves(plt, rows: list[dict], monitor: str, title: str, path: str) -> str:
-    figure, (loss_axis, acc_axis) = plt.subplots(1, 2, figsize=(11, 4.2))
+CLIP_METRICS = {"val_clip_acc": "clip accuracy", "val_video_acc": "video accuracy", "val_top5": "top-5 clip accuracy"}
+# frame accuracy is a share of the frames, the others are on the field's 0-100 scale: drawn as percentages
+SEGMENT_METRICS = {"val_seg_frame_acc": "frame accuracy", "val_seg_edit": "edit", "val_seg_f1@10": "F1@10",
+                   "val_seg_f1@25": "F1@25", "val_seg_f1@50": "F1@50"}
+
+
+def metric_label(key: str) -> str:
+    return {**CLIP_METRICS, **SEGMENT_METRICS}.get(key, key)
+
+
+def series(rows: list[dict], key: str) -> list[tuple[int, float]]:
+    """(epoch, value) of ``key`` in metrics.csv's rows, where it was measured; segment scores in percent."""
+    scale = 100.0 if key == "val_seg_frame_acc" else 1.0
+    return [(int(r["epoch"]), float(r[key]) * scale) for r in rows if r.get(key) not in (None, "")]
+
+
+def curves_figure(plt, rows: list[dict], monitor: str, title: str):
+    """Training loss; the monitored metric (what picks best.pt), its best epoch marked; then the other validation
+    metrics that move: the timeline scores where validation has segments, else the accuracies. A metric constant
+    over the run (video accuracy with one clip per video, top-5 of five classes) is named, not drawn."""
+    segments = any(r.get("val_seg_f1@50") not in (None, "") for r in rows)
+    others = [k for k in (SEGMENT_METRICS if segments else CLIP_METRICS) if k != monitor and series(rows, k)]
+    constant = [k for k in others if len({v for _, v in series(rows, k)}) == 1]
+    moving = [k for k in others if k not in constant]
+    panels = 2 + bool(moving or constant)
+    figure, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.2), squeeze=False)
+    loss_axis, monitor_axis = axes[0][:2]
     figure.suptitle(title)
     epochs = [int(r["epoch"]) for r in rows]
     loss_axis.plot(epochs, [float(r["train_loss"]) for r in rows], marker="o", label="training loss (mean per clip)")
     loss_axis.set(xlabel="epoch", ylabel="cross-entropy loss", title="training loss")
-    labels = {"val_clip_acc": "clip accuracy", "val_video_acc": "video accuracy", "val_top5": "top-5 clip accuracy"}
-    for key, label in labels.items():
-        points = [(int(r["epoch"]), float(r[key])) for r in rows if r.get(key)]
-        if points:
-            acc_axis.plot(*zip(*points), marker="o", label=label)
-    scored = [(float(r[monitor]), int(r["epoch"])) for r in rows if r.get(monitor)]
+    percent = monitor.startswith("val_seg_")
+    scored = series(rows, monitor)
     if scored:
-        best, best_epoch = max(scored, key=lambda p: (p[0], -p[1]))  # the first epoch with the best value
-        acc_axis.axvline(best_epoch, color="grey", linestyle="--", linewidth=1)
-        acc_axis.annotate(f"best {labels.get(monitor, monitor)} {best:.3f}\n(epoch {best_epoch}: best.pt)",
-                          (best_epoch, best), textcoords="offset points", xytext=(6, -28), fontsize=8)
-    acc_axis.set(xlabel="epoch", ylabel="accuracy (share of the validation set)", title="validation",
-                 ylim=(-0.02, 1.05))
-    for axis in (loss_axis, acc_axis):
+        monitor_axis.plot(*zip(*scored), marker="o", color="tab:red", label=metric_label(monitor))
+        best_epoch, best = max(scored, key=lambda p: (p[1], -p[0]))  # the first epoch with the best value
+        monitor_axis.axvline(best_epoch, color="grey", linestyle="--", linewidth=1)
+        shown = f"{best:.1f}" if percent else f"{best:.3f}"
+        right = best_epoch > (epochs[0] + epochs[-1]) / 2  # the note on the side with room
+        monitor_axis.annotate(f"best {shown}\n(epoch {best_epoch}: best.pt)", (best_epoch, best),
+                              textcoords="offset points", xytext=(-6 if right else 6, -28), fontsize=8,
+                              ha="right" if right else "left")
+    monitor_axis.set(xlabel="epoch", title=f"{metric_label(monitor)} (train.monitor: {monitor})",
+                     ylabel="percent" if percent else "share of the validation set")
+    if panels == 3:
+        other_axis = axes[0][2]
+        for key in moving:
+            other_axis.plot(*zip(*series(rows, key)), marker="o", label=metric_label(key))
+        note = "; ".join(f"{metric_label(k)} constant at {series(rows, k)[0][1]:.3f}: not drawn" for k in constant)
+        other_axis.set(xlabel="epoch" + (f"\n({note})" if note else ""),
+                       ylabel="percent" if segments else "share of the validation set",
+                       title="validation: timeline scores" if segments else "validation")
+    for axis in axes[0]:
         axis.grid(alpha=0.3)
         axis.xaxis.get_major_locator().set_params(integer=True)
-        axis.legend(fontsize=8)
-    return _save(figure, plt, path)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=8)
+    return figure
+
+
+def _curves(plt, rows: list[dict], monitor: str, title: str, path: str) -> str:
+    return save_figure(curves_figure(plt, rows, monitor, title), plt, path)
 
 
 def _confusion(plt, confusion: list, class_names: list[str], title: str, path: str) -> str:
@@ -84,56 +123,32 @@ def _confusion(plt, confusion: list, class_names: list[str], title: str, path: s
         for j, value in enumerate(row):  # white on dark cells, black on light ones
             axis.text(j, i, str(value), ha="center", va="center", fontsize=8,
                       color="white" if top and value > top / 2 else "black")
-    return _save(figure, plt, path)
+    return save_figure(figure, plt, path)
 
 
 def eval_history_plot(entries: list[dict], path: str) -> str | None:
     """Accuracy per optimizer step from eval.jsonl entries (eval.py --watch --plot)."""
-    plt = _pyplot("--plot")
+    plt = pyplot("--plot")
     if plt is None:
         return None
     entries = sorted((e for e in entries if e.get("status") == "ok"), key=lambda e: e.get("global_step") or 0)
     figure, axis = plt.subplots(figsize=(7.5, 4.2))
-    labels = {"clip_acc": "top-1 clip accuracy", "video_acc": "video accuracy", "top5": "top-5 clip accuracy"}
     # "top1": clip_acc's name in eval.jsonl entries written before 2026-11
     metrics = [{"clip_acc": e["metrics"].get("top1"), **e["metrics"]} for e in entries]
+    timelines = any(m.get("seg_f1@50") is not None for m in metrics)  # scored as timelines: those scores, in percent
+    labels = ({f"seg_{k}": v for k, v in (("frame_acc", "frame accuracy"), ("edit", "edit"), ("f1@10", "F1@10"),
+                                          ("f1@25", "F1@25"), ("f1@50", "F1@50"))} if timelines else
+              {"clip_acc": "top-1 clip accuracy", "video_acc": "video accuracy", "top5": "top-5 clip accuracy"})
     for key, label in labels.items():
-        points = [(e["global_step"], m[key]) for e, m in zip(entries, metrics) if m.get(key) is not None]
+        scale = 100.0 if key == "seg_frame_acc" else 1.0
+        points = [(e["global_step"], m[key] * scale) for e, m in zip(entries, metrics) if m.get(key) is not None]
         if points:
             axis.plot(*zip(*points), marker="o", label=label)
     splits = sorted({e.get("split", "?") for e in entries})
-    axis.set(xlabel="optimizer step of the checkpoint", ylabel="accuracy (share of the evaluated set)",
-             title=f"eval.py --watch: {len(entries)} checkpoints on {', '.join(splits)}", ylim=(-0.02, 1.05))
+    axis.set(xlabel="optimizer step of the checkpoint",
+             ylabel="percent (timeline scores)" if timelines else "accuracy (share of the evaluated set)",
+             title=f"eval.py --watch: {len(entries)} checkpoints on {', '.join(splits)}",
+             ylim=(-2, 105) if timelines else (-0.02, 1.05))
     axis.legend(fontsize=8)
     axis.grid(alpha=0.3)
-    return _save(figure, plt, path)
-
-
-def timeline_plot(path: str, predicted: list[dict], truth: list[dict] | None, class_names: list[str], fps: float,
-                  num_frames: int, title: str, scores: dict | None = None) -> str | None:
-    """A video's timeline: the annotated segments (where there are) above the predicted ones, one colour per class
-    (the same in both rows and in every picture of a run), time in seconds."""
-    plt = _pyplot("--plot")
-    if plt is None:
-        return None
-    colours = plt.get_cmap("tab20" if len(class_names) > 10 else "tab10")
-    rows = ([("annotated", truth)] if truth is not None else []) + [("predicted", predicted)]
-    figure, axis = plt.subplots(figsize=(11, 0.8 + 0.7 * len(rows)))
-    for y, (_, segments) in enumerate(reversed(rows)):
-        for seg in segments:
-            index = class_names.index(seg["label"])
-            axis.broken_barh([(seg["start"] / fps, (seg["end"] - seg["start"]) / fps)], (y + 0.1, 0.8),
-                             facecolors=colours(index % colours.N))
-    axis.set_yticks([y + 0.5 for y in range(len(rows))], [name for name, _ in reversed(rows)])
-    axis.set_xlim(0, num_frames / fps)
-    axis.set_ylim(0, len(rows))
-    axis.set_xlabel("time (s)")
-    shown = sorted({class_names.index(seg["label"]) for _, segments in rows for seg in segments})
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colours(i % colours.N)) for i in shown]
-    axis.legend(handles, [class_names[i] for i in shown], loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                fontsize="small", frameon=False)
-    if scores:
-        title += (f"  (frame acc {scores['frame_acc']:.3f}, edit {scores['edit']:.1f}, "
-                  f"F1@50 {scores['f1@50']:.1f})")
-    axis.set_title(title, fontsize="medium")
-    return _save(figure, plt, path)
+    return save_figure(figure, plt, path)
