@@ -41,7 +41,7 @@ backbone gives one feature vector per chunk, and the head sees the whole sequenc
   each differs (one scale a clip: a chunk that differs little stays small). Its own features stay beside it, so a
   clip whose chunks all show the same action keeps its content. Measured: the head alone on features built like
   the distractors family (64 chunks that share one feature vector, the events added to a few; 96 training clips,
-  144 steps; tests/test_head_learning.py) 0.560 without it, not fitting its training clips, and 0.995 with it; end
+  144 steps; bench/RESULTS.md) 0.560 without it, not fitting its training clips, and 0.995 with it; end
   to end, the distractors family from the quickstart preset went from 0.833 and 0.562 (seeds 1, 2) to 1.000 with
   it and the warm-up (bench/RESULTS.md, "Long-range tasks").
 - ``tcn``: a multi-stage temporal convolutional network as MS-TCN (Farha and Gall, CVPR 2019) defines it, the

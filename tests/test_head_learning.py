@@ -58,21 +58,19 @@ def test_on_another_task_family_the_head_learns_with_its_defaults(tmp_path):
     assert accuracy["transformer"] >= 0.85 and accuracy["transformer"] >= accuracy["none"] + 0.2, accuracy
 
 
-def test_at_32_chunks_directional_attention_learns_where_bidirectional_fits_the_training_clips(tmp_path):
+def test_at_32_chunks_the_default_directional_attention_learns_the_order(tmp_path):
     """Many short chunks: the first of a red and a green event among 2-4 blue ones (64 videos of 512 frames at
-    16x16, the whole video at stride 4 in 32 chunks of 4 clip frames, 8 epochs). Bidirectional attention starts
-    blind to order and fits the training clips at chance (as it did at 64 chunks in bench/RESULTS.md);
-    directional attention, the default, learns the order. Both without the contrast (model.temporal_contrast, which
-    helps either and has a test of its own), so that the attention is all that differs."""
+    16x16, the whole video at stride 4 in 32 chunks of 4 clip frames, 8 epochs). The default, directional
+    attention, learns the order without the contrast (model.temporal_contrast, which has a test of its own), so
+    that the attention is what learns it. How bidirectional attention fares (it fitted the training clips at chance
+    at 64 chunks) is a comparison, in python -m bench.long_range (bench/RESULTS.md), not a promise."""
     data = generate_task(str(tmp_path / "distractors"), "distractors", num_train=64, num_val=32, frames=512,
                          event_frames=6, min_gap=24, size=16, quiet=True)
-    accuracy = best_accuracy(data, tmp_path, {"directional": [], "bidirectional": ["model.temporal_attention="
-                                                                                  "bidirectional"]},
+    accuracy = best_accuracy(data, tmp_path, {"directional": []},
                              "data.train_manifest=distractors_train.jsonl", "data.val_manifest=distractors_val.jsonl",
                              "data.class_names=null", "data.num_frames=128", "model.temporal_contrast=false",
                              epochs=8, chunk=4)
-    assert accuracy["bidirectional"] <= 0.65, accuracy
-    assert accuracy["directional"] >= 0.75 and accuracy["directional"] >= accuracy["bidirectional"] + 0.15, accuracy
+    assert accuracy["directional"] >= 0.75, accuracy
 
 
 def shared_scene_events(count: int, chunks: int, generator: torch.Generator, scene: torch.Tensor):
@@ -94,9 +92,9 @@ def shared_scene_events(count: int, chunks: int, generator: torch.Generator, sce
 def test_with_its_contrast_the_head_picks_out_events_from_what_every_chunk_shares():
     """The head alone on chunk features (seconds, no backbone): 64 chunks that all share one feature vector, as the
     chunks of a long video share its scene, with the events of the distractors family added to a few; the label is
-    which of A and B came first. With model.temporal_contrast (each token also sees its chunk's difference from the
-    clip's mean chunk) it learns the rule from 96 training clips; without it, the tokens differ too little for
-    attention to pick the events out, and it does not fit even the training clips."""
+    which of A and B came first. With its defaults (model.temporal_contrast: each token also sees its chunk's
+    difference from the clip's mean chunk) it learns the rule from 96 training clips. Without the contrast it did
+    not fit even the training clips (0.562): a comparison recorded in bench/RESULTS.md, not asserted here."""
     generator = torch.Generator().manual_seed(0)
     scene = torch.randn(8, generator=generator)
     train_x, train_y = shared_scene_events(96, 64, generator, scene)
@@ -105,28 +103,22 @@ def test_with_its_contrast_the_head_picks_out_events_from_what_every_chunk_share
     # the project's optimizer, schedule and clip for a head trained alone (train.lr is its rate): 12 epochs of 12
     # steps, a 1-epoch warm-up
     train_cfg = load_config(None, ["train.lr=0.001", "train.weight_decay=0.01", "train.warmup_epochs=1"]).train
-    accuracy, train_accuracy = {}, {}
-    for contrast in (True, False):
-        torch.manual_seed(0)
-        head = TemporalHead(8, 2, contrast=contrast)
-        optimizer = build_optimizer(head, train_cfg)
-        schedule = build_scheduler(optimizer, train_cfg, steps_per_epoch=12, max_epochs=12, has_temporal_head=True)
-        best = 0.0
-        for step in range(144):
-            head.train()
-            batch = torch.randint(0, 96, (8,))
-            loss = nn.functional.cross_entropy(head(train_x[batch], windows).clip, train_y[batch])
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(head.parameters(), gradient_clip(train_cfg, has_temporal_head=True))
-            optimizer.step()
-            schedule.step()
-            if step % 12 == 11:
-                head.eval()
-                with torch.no_grad():
-                    best = max(best, (head(val_x, windows).clip.argmax(1) == val_y).float().mean().item())
-        accuracy[contrast] = best
-        with torch.no_grad():
-            train_accuracy[contrast] = (head(train_x, windows).clip.argmax(1) == train_y).float().mean().item()
-    assert accuracy[True] >= 0.9 and accuracy[False] <= 0.7, accuracy
-    assert train_accuracy[False] <= 0.7, train_accuracy  # not even the training clips (0.562 here)
+    torch.manual_seed(0)
+    head = TemporalHead(8, 2)
+    optimizer = build_optimizer(head, train_cfg)
+    schedule = build_scheduler(optimizer, train_cfg, steps_per_epoch=12, max_epochs=12, has_temporal_head=True)
+    best = 0.0
+    for step in range(144):
+        head.train()
+        batch = torch.randint(0, 96, (8,))
+        loss = nn.functional.cross_entropy(head(train_x[batch], windows).clip, train_y[batch])
+        optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(head.parameters(), gradient_clip(train_cfg, has_temporal_head=True))
+        optimizer.step()
+        schedule.step()
+        if step % 12 == 11:
+            head.eval()
+            with torch.no_grad():
+                best = max(best, (head(val_x, windows).clip.argmax(1) == val_y).float().mean().item())
+    assert best >= 0.9, best
