@@ -40,8 +40,8 @@ from datasets.shape import DataShape
 from datasets.video.capture import quiet_decoder_logs
 from datasets.video.info import StalledFile
 from engine.chunking import AGGREGATIONS
-from engine.features import DTYPES as FEATURE_DTYPES
 from engine.features import (
+    FEATURE_DTYPES,
     FeatureSpec,
     done_before,
     feature_names,

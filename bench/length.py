@@ -15,7 +15,8 @@ is the baseline no length can move. Printed: frame accuracy and F1@50 at each le
 trained end to end on their videos (configs/long-range.yaml: the transformer with its contrast, the tcn, the chunk
 logits averaged), then evaluated on validation videos whose length and event gaps are 4x and 16x the training
 ones (events as long as in training; the same labels). Mean pooling is at chance at every length by the tasks'
-construction: the reference. Printed: video accuracy at each length.
+construction: the reference. Printed: video accuracy at each length (the clip logits come from one pass over every
+chunk, so model.temporal_window does not change them).
 
 Each run is a fresh process (train.py, infer_chunked.py, eval.py) on data written under --work.
 """
@@ -135,7 +136,8 @@ def families(work: str, args) -> list[tuple[str, dict]]:
             checkpoint = train(work, f"{family}_{head}", "configs/long-range.yaml",
                                [f"data.data_dir={data}", *shape, f"model.temporal_head={head}",
                                 f"trainer.max_epochs={args.family_epochs}"])
-            for row, scores in scored(work, f"{family}: {label}", checkpoint, val, head=head != "none"):
+            # one evaluation: the video's label comes from one pass over every chunk, windows or not
+            for row, scores in scored(work, f"{family}: {label}", checkpoint, val, head=False):
                 rows.append((row, scores))
                 print(f"families   {row:46s} " + "  ".join(
                     f"{scale:2d}x: acc {s['video_acc']:.3f}" for scale, s in scores.items()), flush=True)

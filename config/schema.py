@@ -85,7 +85,8 @@ class ModelConfig:
                                        "of 2^layers chunks (MS-TCN: 10)", minimum=1)
     temporal_head_init: str | None = setting(None, "str", "a checkpoint whose temporal head (e.g. one trained on "
                                              "features, data.features_dir) starts this run's head", nullable=True)
-    temporal_heads: int = setting(4, "int", "temporal head: attention heads (must divide temporal_width)", minimum=1)
+    temporal_attention_heads: int = setting(4, "int", "temporal head: attention heads (must divide temporal_width)",
+                                            minimum=1)
     temporal_attention: str = setting("directional", "choice", "temporal head (transformer): directional (half the "
                                       "heads attend to earlier chunks, half to later ones: order is in the features "
                                       "from the first step) or bidirectional (every head attends to every chunk)",
@@ -306,7 +307,9 @@ SCHEMA: dict[str, Any] = {
 
 # Keys renamed, old name -> new: the old name keeps working (a preset with a one-line notice, a checkpoint's saved
 # config silently). "chunk" is the window of one forward pass; a sample window was once called a chunk too.
-RENAMED_KEYS = {"data.video_chunk_overlap": "data.sample_window_overlap"}
+# old name -> new name, in one section; the old name keeps working, with one notice where a file or --set used it
+RENAMED_KEYS = {"data.video_chunk_overlap": "data.sample_window_overlap",
+                "model.temporal_heads": "model.temporal_attention_heads"}  # a count of attention heads, not a kind
 
 
 def with_new_names(data: dict, source: str | None = None) -> dict:

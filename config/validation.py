@@ -156,13 +156,13 @@ def _temporal_head_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     if model["temporal_window"] == 0:
         raise ConfigError(f"{origin('model.temporal_window')}: model.temporal_window: 0 chunks cannot hold a chunk; "
                           f"give a number of chunks, -1 (the whole video) or auto (the head's longest training clip)")
-    if model["temporal_width"] % model["temporal_heads"]:
-        raise ConfigError(f"{origin('model.temporal_heads')}: model.temporal_heads={model['temporal_heads']} must "
-                          f"divide model.temporal_width={model['temporal_width']}")
-    if (model["temporal_head"] == "transformer" and model["temporal_attention"] == "directional"
-            and model["temporal_heads"] < 2):
-        raise ConfigError(f"{origin('model.temporal_heads')}: model.temporal_attention: directional gives half the "
-                          f"attention heads to earlier chunks and half to later ones, but model.temporal_heads is 1; "
+    heads, where = model["temporal_attention_heads"], origin("model.temporal_attention_heads")
+    if model["temporal_width"] % heads:
+        raise ConfigError(f"{where}: model.temporal_attention_heads={heads} must divide "
+                          f"model.temporal_width={model['temporal_width']}")
+    if model["temporal_head"] == "transformer" and model["temporal_attention"] == "directional" and heads < 2:
+        raise ConfigError(f"{where}: model.temporal_attention: directional gives half the attention heads to earlier "
+                          f"chunks and half to later ones, but model.temporal_attention_heads is 1; "
                           f"give 2 or more, or set model.temporal_attention: bidirectional")
 
 

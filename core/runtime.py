@@ -26,7 +26,7 @@ PRECISION_ALIASES = {
     "bf16": "bf16", "bf16-mixed": "bf16",
     "amp": "amp",  # resolved per device: fp16 + GradScaler on CUDA, bf16 on the CPU (resolve_precision)
 }
-DTYPES = {"32": None, "16": torch.float16, "bf16": torch.bfloat16}  # None: no autocast
+AUTOCAST_DTYPES = {"32": None, "16": torch.float16, "bf16": torch.bfloat16}  # None: no autocast
 
 
 @dataclass
@@ -45,9 +45,9 @@ class Runtime:
         return self.world_size > 1
 
     def autocast(self):
-        if DTYPES[self.precision] is None:
+        if AUTOCAST_DTYPES[self.precision] is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=DTYPES[self.precision])
+        return torch.autocast(self.device.type, dtype=AUTOCAST_DTYPES[self.precision])
 
     def grad_scaler(self) -> torch.amp.GradScaler:
         # fp16 needs loss scaling (its range underflows small gradients); bf16 and fp32 do not

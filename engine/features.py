@@ -34,7 +34,7 @@ from core.errors import UsageError
 from core.files import atomic_open
 from datasets.manifest import VideoRecord
 
-DTYPES = ("float16", "float32")
+FEATURE_DTYPES = ("float16", "float32")
 
 
 @dataclass(frozen=True)

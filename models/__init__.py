@@ -56,7 +56,7 @@ def build_model(model_cfg: ModelConfig, num_classes: int, num_views: int = 1, kp
 def temporal_settings(model_cfg: ModelConfig) -> dict:
     """The temporal head's constructor arguments (models/temporal.py) from the model section."""
     return {"kind": model_cfg.temporal_head, "width": model_cfg.temporal_width, "layers": model_cfg.temporal_layers,
-            "heads": model_cfg.temporal_heads, "dropout": model_cfg.temporal_dropout,
+            "heads": model_cfg.temporal_attention_heads, "dropout": model_cfg.temporal_dropout,
             "attention": model_cfg.temporal_attention, "input_norm": model_cfg.temporal_input_norm,
             "contrast": model_cfg.temporal_contrast, "window": model_cfg.temporal_window,
             "stages": model_cfg.temporal_stages, "tcn_layers": model_cfg.temporal_tcn_layers}

@@ -31,7 +31,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from core.runtime import DTYPES
+from core.runtime import AUTOCAST_DTYPES
 
 BLOCK = 512  # the CUDA caching allocator rounds every allocation up to 512 bytes
 MiB, GiB = 2 ** 20, 2 ** 30
@@ -224,7 +224,7 @@ def _with_storage(model: nn.Module | None, build_model: Callable[[], nn.Module])
 
 
 def _precision_context(precision: str):
-    dtype = DTYPES[precision]
+    dtype = AUTOCAST_DTYPES[precision]
     return CudaAutocast(dtype) if dtype is not None else _FullPrecision()
 
 

@@ -213,7 +213,7 @@ def test_keeping_chunks_gives_the_gradients_of_recomputing_every_chunk(kept, hea
     the chunks and under autocast (bf16 on the CPU) too."""
     autocast = extra.get("autocast", False)
     changes = {"dropout": 0.5} | {k: v for k, v in extra.items() if k != "autocast"} | (
-        {"temporal_head": head, "temporal_width": 16, "temporal_heads": 2} if head != "none" else {})
+        {"temporal_head": head, "temporal_width": 16, "temporal_attention_heads": 2} if head != "none" else {})
     inputs = clip_batch()
     recompute_all = gradients_of(small_model(**changes), inputs, ChunkSpec(8, 0), autocast=autocast)
     keeping = gradients_of(small_model(**changes), inputs, ChunkSpec(8, 0, kept=kept), autocast=autocast)

@@ -173,6 +173,20 @@ def test_a_renamed_key_keeps_working_under_its_old_name_with_a_notice(tmp_path, 
                                                                       "  sample_window_overlap: 2\n"))
 
 
+def test_the_attention_heads_key_has_a_name_apart_from_the_head_kind_and_the_old_one_works(tmp_path, caplog):
+    import logging
+    path = write(tmp_path, "old.yaml", "model:\n  temporal_head: transformer\n  temporal_heads: 2\n")
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
+        cfg = load_config(path)
+    assert cfg.model.temporal_attention_heads == 2 and cfg.model.temporal_head == "transformer"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: model.temporal_heads is now called model.temporal_attention_heads (the old name still works)"]
+    from config import saved_config
+    old = defaults()
+    old["model"]["temporal_heads"] = old["model"].pop("temporal_attention_heads") - 2  # a checkpoint's saved config
+    assert saved_config(old).model.temporal_attention_heads == 2
+
+
 def test_a_checkpoint_config_with_the_old_name_loads_silently(caplog):
     from config import saved_config
     old = defaults()

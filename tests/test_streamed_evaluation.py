@@ -31,7 +31,7 @@ def whole_window_cfg(root, *extra):
                               "data.val_manifest=seg_val.jsonl", "data.class_names=null", "data.num_frames=-1",
                               "data.frame_stride=2", "data.img_size=24", "data.num_workers=0",
                               "data.sample_timeout_s=null", "model.width=4", "model.temporal_width=16",
-                              "model.temporal_heads=2", "train.chunk_infer_size=8", "train.chunk_overlap=2",
+                              "model.temporal_attention_heads=2", "train.chunk_infer_size=8", "train.chunk_overlap=2",
                               "train.video_batch_size=3", "trainer.device=cpu", *extra])
 
 

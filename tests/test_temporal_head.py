@@ -40,7 +40,7 @@ MEAN, STD = [0.45] * 3, [0.225] * 3
 def head_model(head="transformer", seed=0, views=1, dropout=0.0, **changes):
     torch.manual_seed(seed)
     cfg = load_config(None, ["model.width=4", f"model.temporal_head={head}", "model.temporal_width=16",
-                             "model.temporal_heads=2", f"model.temporal_dropout={dropout}",
+                             "model.temporal_attention_heads=2", f"model.temporal_dropout={dropout}",
                              *[f"model.{k}={v}" for k, v in changes.items()]]).model
     return build_model(cfg, num_classes=3, num_views=views)
 
@@ -397,7 +397,7 @@ def test_streaming_inference_with_a_head_equals_the_whole_forward(tmp_path):
         writer.write(frame)
     writer.release()
     cfg = load_config(None, ["data.img_size=32", "data.frame_stride=2", "model.width=4",
-                             "model.temporal_head=transformer", "model.temporal_width=16", "model.temporal_heads=2"])
+                             "model.temporal_head=transformer", "model.temporal_width=16", "model.temporal_attention_heads=2"])
     torch.manual_seed(0)
     model = build_model(cfg.model, num_classes=2).eval()
     prepare = InputPreparer(torch.device("cpu"), cfg.data.mean, cfg.data.std)
@@ -489,13 +489,13 @@ def test_a_head_with_last_aggregation_or_late_fusion_is_refused_with_the_reason(
         load_config(None, ["model.temporal_head=attention", "train.chunk_aggregation=last"])
     with pytest.raises(ConfigError, match="model.view_fusion: late keeps one feature vector per view"):
         load_config(None, ["model.temporal_head=transformer", "model.view_fusion=late"])
-    with pytest.raises(ConfigError, match="model.temporal_heads=3 must divide model.temporal_width=64"):
-        load_config(None, ["model.temporal_head=transformer", "model.temporal_heads=3"])
+    with pytest.raises(ConfigError, match="model.temporal_attention_heads=3 must divide model.temporal_width=64"):
+        load_config(None, ["model.temporal_head=transformer", "model.temporal_attention_heads=3"])
     with pytest.raises(ConfigError, match="model.temporal_attention: directional gives half the attention heads "
-                                          "to earlier chunks and half to later ones, but model.temporal_heads is 1"):
-        load_config(None, ["model.temporal_head=transformer", "model.temporal_heads=1"])
-    assert load_config(None, ["model.temporal_head=transformer", "model.temporal_heads=1",
-                              "model.temporal_attention=bidirectional"]).model.temporal_heads == 1
+                                          "to earlier chunks and half to later ones, but model.temporal_attention_heads is 1"):
+        load_config(None, ["model.temporal_head=transformer", "model.temporal_attention_heads=1"])
+    assert load_config(None, ["model.temporal_head=transformer", "model.temporal_attention_heads=1",
+                              "model.temporal_attention=bidirectional"]).model.temporal_attention_heads == 1
 
 
 def test_a_head_checkpoint_from_before_the_head_defaults_evaluates_and_resumes_as_it_was_trained():
@@ -521,7 +521,7 @@ def test_resuming_a_checkpoint_from_before_the_head_defaults_names_the_settings_
     would change its schedule is a warning with the --set that keeps it."""
     from artifacts.checkpoint import CheckpointError, restore_training, save_checkpoint, training_checkpoint
     from engine.optim import build_optimizer, build_scheduler
-    head = ["model.width=4", "model.temporal_head=transformer", "model.temporal_width=16", "model.temporal_heads=2"]
+    head = ["model.width=4", "model.temporal_head=transformer", "model.temporal_width=16", "model.temporal_attention_heads=2"]
     then = load_config(None, [*head, "model.temporal_contrast=false"])
     saved = then.to_dict()
     del saved["model"]["temporal_contrast"], saved["train"]["temporal_warmup_epochs"]  # written before the keys
