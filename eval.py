@@ -88,14 +88,14 @@ def evaluation_spec(args: argparse.Namespace) -> EvaluationSpec:
              "--batch": None if auto or args.batch is None else parse_count("--batch", args.batch),
              "--num-frames": args.num_frames, "--crops": args.crops, "--clips": args.clips,
              "--sample-timeout": args.sample_timeout, "--head-window": args.head_window}
-    fit = None
+    batch_for_budget = None
     if auto:
-        def fit(cfg, shape, runtime):
+        def batch_for_budget(cfg, shape, runtime):
             views = cfg.data.test_clips * cfg.data.test_crops
             chunk = cfg.train.chunk_infer_size
             chunks = inference_batch_for_budget(cfg, runtime, shape, chunk, args.memory_budget_gb)
             return max(1, chunks // views)  # each forward holds every view of the window
-    return EvaluationSpec(args.split, args.data, args.device, args.precision, fit_batch=fit, flags=flags,
+    return EvaluationSpec(args.split, args.data, args.device, args.precision, fit_batch=batch_for_budget, flags=flags,
                           backbone=args.backbone)
 
 

@@ -23,8 +23,8 @@ def class_colours(class_names: list[str]) -> dict[str, tuple]:
     """One RGBA colour per class, fixed by the class list (the run's, saved with it): a class named after a colour
     matplotlib knows is drawn in it ("red" red); the others take the palette in class order, skipping its colours
     close to a named class's."""
-    from matplotlib import colormaps
-    from matplotlib.colors import is_color_like, to_rgba
+    from matplotlib import colormaps  # lazy: matplotlib loads in a second, only when a picture is drawn
+    from matplotlib.colors import is_color_like, to_rgba  # (the same)
 
     def named(name: str) -> bool:  # "0.5" (a grey) and "C1" (the cycle) are colours to matplotlib, not names
         return is_color_like(name) and not re.fullmatch(r"[\d.]+|C\d+", name)
@@ -123,7 +123,7 @@ def timeline_figure(plt, predicted: np.ndarray, truth: np.ndarray | None, class_
 
 def _minute_accuracy(axis, predicted: np.ndarray, truth: np.ndarray, fps: float) -> None:
     """Each minute's share of annotated frames predicted right, over the whole video."""
-    from matplotlib.ticker import MultipleLocator
+    from matplotlib.ticker import MultipleLocator  # (lazy, as above)
 
     per_minute = max(1, int(round(60 * fps)))
     minutes = math.ceil(len(predicted) / per_minute)

@@ -22,7 +22,6 @@ from bench.worker import parse_or_measure
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-
 def measure(args) -> dict:
     import torch
 

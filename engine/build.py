@@ -25,7 +25,7 @@ from datasets.shape import DataShape
 from engine.chunking import ChunkedTrainingForward, FeatureHeadForward
 from engine.data import build_data, cap_workers, make_loader
 from engine.feature_data import build_feature_data, feature_loader
-from engine.optim import build_optimizer, build_scheduler, gradient_clip, warmup_epochs
+from engine.optim import build_optimizer, build_scheduler, max_grad_norm, warmup_epochs
 from engine.trainer import RunReport, Trainer
 from models import ModelConfigError, build_feature_head, build_model
 from models.norms import convert_norms
@@ -93,10 +93,10 @@ def _log_temporal_head_settings(optimizer: torch.optim.Optimizer, train_cfg: Tra
     """The learning rates a run with a temporal head trains with (the head has its own unless its scale is 1)."""
     rates = {group.get("name", "model"): group["lr"] for group in optimizer.param_groups}
     head_lr = rates.get("temporal head", train_cfg.lr)
-    clip = gradient_clip(train_cfg, True)
+    max_norm = max_grad_norm(train_cfg, True)
     log.info("learning rates: backbone %.2e, temporal head %.2e (train.temporal_lr_scale %g); gradient norm clip %s; "
              "warm-up %g epochs", rates["model"], head_lr, train_cfg.temporal_lr_scale,
-             "off" if clip is None else f"{clip:g}", warmup_epochs(train_cfg, True))
+             "off" if max_norm is None else f"{max_norm:g}", warmup_epochs(train_cfg, True))
 
 
 def wrap_for_training(model: torch.nn.Module, prepare: InputPreparer, cfg: Config, runtime: Runtime) -> torch.nn.Module:

@@ -148,7 +148,7 @@ def score_clip_timelines(scores: SegmentationScores, chunk_logits: list, frame_l
 
 
 def evaluate_dataset(model, dataset, cfg: Config, runtime, class_names: list[str]) -> tuple[dict, list, list]:
-    """(metrics, per-clip rows, per-view rows): train.py's evaluation loop with the rows eval.py writes.
+    """(metrics, per-clip rows, per-video rows): train.py's evaluation loop with the rows eval.py writes.
     The test clips x crops of one sample window (data.test_clips x data.test_crops, all of one length) go through
     the model together, in chunks of ``train.video_batch_size``; predictions go to the CPU as they are made."""
     loader = make_loader(dataset, cfg.data, cfg.train.seed, runtime, dataset.samples_per_window, shuffle=False,

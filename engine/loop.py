@@ -23,7 +23,7 @@ from core import memory_monitor
 from engine.data import GuardedBatches
 from engine.evaluate import evaluate
 from engine.interrupt import next_batch, stop_if_asked
-from engine.optim import gradient_clip, warmup_epochs
+from engine.optim import max_grad_norm, warmup_epochs
 from engine.precise_bn import precise_bn_before_validation
 from engine.segment_metrics import background_indices
 from engine.step import clips_per_forward, optimizer_step, train_batch
@@ -116,7 +116,6 @@ def _stop_after_nonfinite_losses(trainer: Trainer) -> None:
             "Lower train.lr, use trainer.precision: bf16 or 32 instead of 16, or set train.grad_clip")
 
 
-
 def _after_step(trainer: Trainer, totals: dict, start: float, progress) -> None:
     state, train_cfg, runtime = trainer.state, trainer.cfg.train, trainer.runtime
     every = train_cfg.checkpoint_every_steps
@@ -136,7 +135,6 @@ def _after_step(trainer: Trainer, totals: dict, start: float, progress) -> None:
                  totals["clips"] / elapsed, 100 * totals["data_time"] / elapsed, memory_monitor.compact(snap))
         if trainer.report.memory_log is not None:
             trainer.report.memory_log.write({"epoch": state.epoch + 1, "step": state.global_step, **snap})
-
 
 
 @contextlib.contextmanager
@@ -265,13 +263,14 @@ def _warn_if_head_at_chance(trainer: Trainer) -> None:
                     "task; %sgive it more training videos, or fewer, longer chunks (%s); model.temporal_head: none "
                     "shows what the chunks alone give", at_chance, train_loss, chance_loss, first_switches, chunking)
         return
-    clip = gradient_clip(train_cfg, True)
+    max_norm = max_grad_norm(train_cfg, True)
     log.warning("%s; %sa head that does not learn usually trains too fast: lower train.temporal_lr_scale (now %g) "
                 "or train.lr (now %g), lengthen train.temporal_warmup_epochs (now %g), set train.temporal_grad_clip "
                 "(now %s), or narrow model.temporal_width (now %d; 64 learnt where 128 did not); "
                 "model.temporal_head: none shows what the chunks alone give",
                 at_chance, first_switches, train_cfg.temporal_lr_scale, train_cfg.lr,
-                warmup_epochs(train_cfg, True), "off" if clip is None else f"{clip:g}", model_cfg.temporal_width)
+                warmup_epochs(train_cfg, True), "off" if max_norm is None else f"{max_norm:g}",
+                model_cfg.temporal_width)
 
 
 def _validation_due(trainer_cfg: TrainerConfig, epoch: int) -> bool:

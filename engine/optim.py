@@ -33,7 +33,7 @@ def build_optimizer(model: torch.nn.Module, train_cfg: TrainConfig) -> torch.opt
     return torch.optim.AdamW(groups, lr=train_cfg.lr)
 
 
-def gradient_clip(train_cfg: TrainConfig, has_temporal_head: bool) -> float | None:
+def max_grad_norm(train_cfg: TrainConfig, has_temporal_head: bool) -> float | None:
     """train.grad_clip, else train.temporal_grad_clip when the model has a temporal head."""
     if train_cfg.grad_clip is not None:
         return train_cfg.grad_clip

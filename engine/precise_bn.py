@@ -48,7 +48,7 @@ def precise_batch_norm(trainer: Trainer, batches, limit: int) -> int:
         moments[module].add_(channel_moments(args[0]))
 
     hooks = [m.register_forward_pre_hook(record) for m in norms]
-    forward = getattr(model, "module", model) if trainer.overlapped else model  # DDP's forward is the step's
+    forward = getattr(model, "module", model) if trainer.syncs_in_backward else model  # DDP's forward is the step's
     was_training = model.training
     used = 0
     try:

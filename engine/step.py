@@ -24,7 +24,7 @@ from engine.oom import (
     agree_and_reduce,
     back_off_after_oom,
 )
-from engine.optim import gradient_clip
+from engine.optim import max_grad_norm
 from engine.trainer import Trainer
 
 log = logging.getLogger("longvideo")
@@ -41,8 +41,8 @@ def train_batch(trainer: Trainer, group: list[dict], group_size: int, need_updat
             if not trainer.runtime.distributed or isinstance(advice, SyncedOutOfMemory):
                 raise
             trainer.pending_advice = advice  # said at the group's end, where every rank learns of it
-    if need_update and trainer.runtime.distributed and not trainer.overlapped:
-        agree_and_reduce(trainer)  # (overlapped: DDP averaged them in the group's last backward)
+    if need_update and trainer.runtime.distributed and not trainer.syncs_in_backward:
+        agree_and_reduce(trainer)  # (DDP averaged them in the group's last backward)
     return result
 
 
@@ -61,7 +61,7 @@ def accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size:
         except OutOfMemoryError:
             failed = True
         if failed:  # outside the except block: its traceback no longer holds the step's tensors
-            if trainer.overlapped:
+            if trainer.syncs_in_backward:
                 raise SyncedOutOfMemory(
                     f"rank {trainer.runtime.rank}: out of memory with train.ddp_sync: overlap: the other "
                     f"{trainer.runtime.world_size - 1} process(es) wait in an all-reduce of the backward this process "
@@ -93,7 +93,7 @@ def forward_backward(trainer: Trainer, batch: dict, group_size: int, ends_group:
         inputs = trainer.prepare.transfer(piece)  # frames stay uint8 until their chunk runs
         clips = len(piece["label"])
         syncs = ends_group and i == len(pieces) - 1
-        with model.no_sync() if trainer.overlapped and not syncs else contextlib.nullcontext():
+        with model.no_sync() if trainer.syncs_in_backward and not syncs else contextlib.nullcontext():
             with runtime.autocast():
                 loss = step_loss(model, inputs, piece, spec, trainer.cfg.train, trainer.criterion)
             # a piece's mean loss weighted by its share of the batch, over the group: the group's mean loss
@@ -174,7 +174,7 @@ def clips_per_forward(trainer: Trainer) -> int:
 
 def optimizer_step(trainer: Trainer) -> None:
     optimizer, scaler, state = trainer.optimizer, trainer.scaler, trainer.state
-    grad_clip = gradient_clip(trainer.cfg.train, trainer.has_temporal_head)
+    grad_clip = max_grad_norm(trainer.cfg.train, trainer.has_temporal_head)
     if grad_clip is not None:
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), grad_clip)

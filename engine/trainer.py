@@ -59,7 +59,7 @@ class Trainer:
         return getattr(unwrap_model(self.model), "temporal", None) is not None
 
     @property
-    def overlapped(self) -> bool:
+    def syncs_in_backward(self) -> bool:
         """train.ddp_sync: overlap under torchrun: DDP all-reduces during backward (no OOM back-off then)."""
         return self.runtime.distributed and self.cfg.train.ddp_sync == "overlap"
 
@@ -90,7 +90,6 @@ class Trainer:
         if not self.runtime.is_main:
             return name
         return self.run.save(self.checkpoint_dict(), name)  # only a run with a checkpoint becomes "latest"
-
 
 
 class RunStopped(RuntimeError):

@@ -10,7 +10,7 @@ from torch import nn
 import train
 from config import load_config
 from datasets.long_range_tasks import generate_long_range, generate_task
-from engine.optim import build_optimizer, build_scheduler, gradient_clip
+from engine.optim import build_optimizer, build_scheduler, max_grad_norm
 from models.temporal import TemporalHead
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,7 +114,7 @@ def test_with_its_contrast_the_head_picks_out_events_from_what_every_chunk_share
         loss = nn.functional.cross_entropy(head(train_x[batch], windows).clip, train_y[batch])
         optimizer.zero_grad()
         loss.backward()
-        nn.utils.clip_grad_norm_(head.parameters(), gradient_clip(train_cfg, has_temporal_head=True))
+        nn.utils.clip_grad_norm_(head.parameters(), max_grad_norm(train_cfg, has_temporal_head=True))
         optimizer.step()
         schedule.step()
         if step % 12 == 11:

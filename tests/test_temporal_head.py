@@ -670,7 +670,7 @@ def decode_frames(path: str) -> list:
 
 # ------------------------------------------------------------------------------- the head's training defaults
 def test_the_head_trains_in_parameter_groups_of_its_own_at_the_configured_rate():
-    from engine.optim import build_optimizer, build_scheduler, gradient_clip
+    from engine.optim import build_optimizer, build_scheduler, max_grad_norm
     model = head_model()
     train_cfg = load_config(None, ["train.lr=0.004", "train.temporal_lr_scale=0.25", "train.warmup_epochs=1",
                                    "train.weight_decay=0.02"]).train
@@ -690,9 +690,9 @@ def test_the_head_trains_in_parameter_groups_of_its_own_at_the_configured_rate()
         scheduler.step()
     rates = [g["lr"] for g in optimizer.param_groups]
     assert rates[2] == pytest.approx(rates[0] * 0.25) and 0 < rates[0] < 0.004
-    assert gradient_clip(dataclasses.replace(train_cfg, temporal_grad_clip=1.5), True) == 1.5
-    assert gradient_clip(dataclasses.replace(train_cfg, temporal_grad_clip=1.5), False) is None
-    assert gradient_clip(dataclasses.replace(train_cfg, temporal_grad_clip=1.5, grad_clip=3.0), True) == 3.0
+    assert max_grad_norm(dataclasses.replace(train_cfg, temporal_grad_clip=1.5), True) == 1.5
+    assert max_grad_norm(dataclasses.replace(train_cfg, temporal_grad_clip=1.5), False) is None
+    assert max_grad_norm(dataclasses.replace(train_cfg, temporal_grad_clip=1.5, grad_clip=3.0), True) == 3.0
 
 
 def test_with_a_head_the_warm_up_lasts_at_least_its_own_epochs_and_the_run_says_so(caplog):
