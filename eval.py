@@ -91,10 +91,10 @@ def evaluation_spec(args: argparse.Namespace) -> EvaluationSpec:
     batch_for_budget = None
     if auto:
         def batch_for_budget(cfg, shape, runtime):
-            views = cfg.data.test_clips * cfg.data.test_crops
+            test_views = cfg.data.test_clips * cfg.data.test_crops  # clips x crops, not camera views
             chunk = cfg.train.chunk_infer_size
             chunks = inference_batch_for_budget(cfg, runtime, shape, chunk, args.memory_budget_gb)
-            return max(1, chunks // views)  # each forward holds every view of the window
+            return max(1, chunks // test_views)  # each forward holds every test view of the window
     return EvaluationSpec(args.split, args.data, args.device, args.precision, fit_batch=batch_for_budget, flags=flags,
                           backbone=args.backbone)
 

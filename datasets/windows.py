@@ -41,14 +41,14 @@ def inference_windows(length: int, chunk_size: int, overlap: int, aggregation: s
 
 
 def clip_indices(start: int, end: int, num_frames: int, stride: int, rng: np.random.Generator | None,
-                 view: int = 0, views: int = 1) -> np.ndarray:
+                 test_clip: int = 0, test_clips: int = 1) -> np.ndarray:
     """Frame indices of one clip inside the window [start, end).
 
     ``num_frames`` frames ``stride`` apart, at a random place (rng given: training) or, at evaluation (rng
-    None), clip ``view`` of ``views`` evenly spaced ones: the first at the window's start and the last at its end
-    (one view: centred), as the published multi-clip test protocols place them. A window too short for that span
+    None), test clip ``test_clip`` of ``test_clips`` evenly spaced ones: the first at the window's start and the last
+    at its end (one: centred), as the published multi-clip test protocols place them. A window too short for that span
     gets ``num_frames`` indices spread evenly over it (frames repeat when the window has fewer frames than the
-    clip), whatever the view. num_frames -1: the whole window at ``stride``.
+    clip), whatever the test clip. num_frames -1: the whole window at ``stride``.
     """
     length = end - start
     if num_frames == -1:
@@ -57,8 +57,8 @@ def clip_indices(start: int, end: int, num_frames: int, stride: int, rng: np.ran
     if span <= length:
         if rng is not None:
             offset = int(rng.integers(0, length - span + 1))
-        elif views > 1:
-            offset = round(view * (length - span) / (views - 1))
+        elif test_clips > 1:
+            offset = round(test_clip * (length - span) / (test_clips - 1))
         else:
             offset = (length - span) // 2
         return start + offset + stride * np.arange(num_frames)

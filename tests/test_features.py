@@ -142,9 +142,9 @@ def test_a_features_directory_that_is_a_file_is_refused(tmp_path):
 def test_evaluation_clips_are_evenly_spaced_over_the_window():
     from datasets.windows import clip_indices
     # window [0, 100), 4 frames at stride 2 (a span of 7): the first clip at the start, the last at the end
-    starts = [int(clip_indices(0, 100, 4, 2, None, view, 4)[0]) for view in range(4)]
+    starts = [int(clip_indices(0, 100, 4, 2, None, test_clip, 4)[0]) for test_clip in range(4)]
     assert starts == [0, 31, 62, 93]
-    assert clip_indices(0, 100, 4, 2, None, 0, 1)[0] == 46  # one view: centred, as before
+    assert clip_indices(0, 100, 4, 2, None, 0, 1)[0] == 46  # one test clip: centred, as before
     assert clip_indices(10, 14, 8, 2, None, 2, 3).tolist() == clip_indices(10, 14, 8, 2, None, 0, 3).tolist()
 
 
