@@ -27,7 +27,7 @@ from engine.data import build_data, cap_workers, make_loader
 from engine.feature_data import build_feature_data, feature_loader
 from engine.optim import build_optimizer, build_scheduler, max_grad_norm, warmup_epochs
 from engine.trainer import RunReport, Trainer
-from models import ModelConfigError, build_feature_head, build_model
+from models import ModelConfigError, build_feature_head, build_model, temporal_head_of
 from models.norms import convert_norms
 
 log = logging.getLogger("longvideo")
@@ -59,11 +59,11 @@ def build_trainer(cfg: Config, runtime: Runtime, resume_path: str | None = None,
         val_loader = (make_loader(val_set, cfg.data, seed, runtime, 1, shuffle=False, pad=False)  # clips vary
                       if val_set is not None else None)                                          # in length
     optimizer = build_optimizer(model, cfg.train)
-    if runtime.is_main and getattr(model, "temporal", None) is not None:
+    if runtime.is_main and temporal_head_of(model) is not None:
         _log_temporal_head_settings(optimizer, cfg.train)
     steps_per_epoch = math.ceil(len(train_loader) / cfg.train.accumulate_grad_batches)
     scheduler = build_scheduler(optimizer, cfg.train, steps_per_epoch, cfg.trainer.max_epochs,
-                                has_temporal_head=getattr(model, "temporal", None) is not None)
+                                has_temporal_head=temporal_head_of(model) is not None)
     scaler = runtime.grad_scaler()
     state, pending_rng, run = TrainState(), None, None
     if resume_path:

@@ -18,6 +18,7 @@ from torch import nn
 
 from core.runtime import unwrap_model
 from datasets.windows import chunk_windows, inference_windows
+from models import temporal_head_of
 from models.classifier import recompute_in_backward
 
 AGGREGATIONS = ("mean", "max", "last", "prob")
@@ -85,10 +86,6 @@ def chunk_positions(windows: list[tuple[int, int]], frame_stride: int = 1) -> to
     i * frame_stride): the positions the temporal head encodes."""
     return torch.tensor([[start * frame_stride, (end - 1) * frame_stride + 1] for start, end in windows],
                         dtype=torch.float32)
-
-
-def temporal_head_of(model) -> nn.Module | None:
-    return getattr(unwrap_model(model), "temporal", None)
 
 
 @dataclass

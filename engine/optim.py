@@ -6,6 +6,7 @@ import math
 import torch
 
 from config import TrainConfig
+from models import temporal_head_of
 
 
 def build_optimizer(model: torch.nn.Module, train_cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -18,7 +19,7 @@ def build_optimizer(model: torch.nn.Module, train_cfg: TrainConfig) -> torch.opt
                 {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0, "lr": lr, "name": name}]
 
     trained = [p for p in model.parameters() if p.requires_grad]
-    head = getattr(model, "temporal", None)
+    head = temporal_head_of(model)
     in_head = set() if head is None else {id(p) for p in head.parameters()}
     # a head that is all that trains (trained alone on features, models.temporal.FeatureHead) has no backbone rate
     # to be scaled from: train.lr is its rate

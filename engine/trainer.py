@@ -12,11 +12,12 @@ from artifacts.checkpoint import TrainState, training_checkpoint
 from artifacts.csv_log import CsvLog
 from artifacts.run_dir import RunDirectory
 from config import Config
-from core.runtime import Runtime, unwrap_model
+from core.runtime import Runtime
 from datasets.bad_input import BadInputReport
 from datasets.device_input import InputPreparer
 from datasets.shape import DataShape
 from engine.chunking import ChunkSpec
+from models import temporal_head_of
 
 
 @dataclass
@@ -56,7 +57,7 @@ class Trainer:
 
     @property
     def has_temporal_head(self) -> bool:
-        return getattr(unwrap_model(self.model), "temporal", None) is not None
+        return temporal_head_of(self.model) is not None
 
     @property
     def syncs_in_backward(self) -> bool:

@@ -11,16 +11,17 @@ from __future__ import annotations
 from torch import nn
 
 from config import ModelConfig
+from core.runtime import unwrap_model
 from models import tiny3d, torchvision_video, vgg3d  # noqa: F401  (importing them registers the backbones)
 from models.classifier import VideoClassifier
 from models.keypoint import KeypointTCN
 from models.norms import batch_norms, convert_norms
 from models.pretrained import load_pretrained
 from models.registry import ModelConfigError, build_rgb_backbone, registered_names
-from models.temporal import FeatureHead
+from models.temporal import FeatureHead, TemporalHead
 
 __all__ = ["ModelConfigError", "build_feature_head", "build_model", "build_rgb_backbone", "registered_names",
-           "set_temporal_window"]
+           "set_temporal_window", "temporal_head_of"]
 
 
 def build_model(model_cfg: ModelConfig, num_classes: int, num_views: int = 1, kpt_shape: tuple[int, int] | None = None):
@@ -62,11 +63,17 @@ def temporal_settings(model_cfg: ModelConfig) -> dict:
             "stages": model_cfg.temporal_stages, "tcn_layers": model_cfg.temporal_tcn_layers}
 
 
+def temporal_head_of(model: nn.Module) -> TemporalHead | None:
+    """The one answer to "does this model have a temporal head?": its TemporalHead, or None. The same for a
+    VideoClassifier, a FeatureHead (both hold it as ``temporal``) and either under DDP, torch.compile or the
+    training forward's wrapper."""
+    return getattr(unwrap_model(model), "temporal", None)
+
+
 def set_temporal_window(model: nn.Module, window: int | str) -> str:
     """Set the most chunks ``model``'s temporal head sees at once at inference (model.temporal_window); what it
     will do, in words ("" without a head)."""
-    head = getattr(getattr(model, "module", model), "temporal", None)
-    head = getattr(head, "temporal", head)  # a FeatureHead holds the TemporalHead
+    head = temporal_head_of(model)
     if head is None:
         return ""
     head.window = window
