@@ -15,35 +15,23 @@ backbone gives one feature vector per chunk, and the head sees the whole sequenc
 - ``transformer``: the same, after ``temporal_layers`` pre-norm encoder layers over the chunk tokens, so each
   chunk's logits (the timeline) see context from both sides. Its attention is ``directional`` by default: half
   the heads of each layer attend to the chunks up to their own, the other half to the chunks from their own on
-  (the forward and backward masks of DiSAN, Shen et al., AAAI 2018); ``bidirectional``: every head attends to
-  every chunk (the head before ``model.temporal_attention``; older checkpoints load as that). Why, as we read
-  the measurements: at initialization attention is nearly uniform, and a token that averages every chunk is the
-  same whatever their order, so a bidirectional encoder starts nearly blind to order (only the per-token mixing
-  of content and position, random at first, tells positions apart), and an order-defined label gives the
-  backbone little gradient until the attention has learnt positions. A token that averages the chunks up to its
-  own is not blind: pooled over the tokens, an early chunk weighs more in the forward half and a late one in the
-  backward half, so which event came first is in the features from the first step. Measured: 64 chunks of 4
-  clip frames, where bidirectional attention fitted the training clips at chance for 20 epochs, learnt to 1.000
-  at seed 0 (0.833-1.000 over three seeds with the input norm; bench/RESULTS.md, "Long-range tasks").
+  (the forward and backward masks of DiSAN, Shen et al., AAAI 2018), so order is in the tokens from the first
+  step (a token averaging every chunk is the same whatever their order); ``bidirectional``: every head attends
+  to every chunk (the head before ``model.temporal_attention``; older checkpoints load as that).
 - ``transformer`` puts each chunk's features through a LayerNorm before the projection (``input_norm``,
   ``model.temporal_input_norm``): the backbone's pooled features shift and scale with the whole clip (its
   brightness, its contrast), which would move every token of the clip and drown the positions added to them.
-  Measured: the distractors family from the quickstart preset, whose colour jitter scales each clip's brightness,
-  contrast and saturation, 0.812 best without it and 1.000 with it (seed 0; 0.833 and 0.562 at seeds 1 and 2;
-  bench/RESULTS.md). Not the
-  ``attention`` head's: with no encoder, its order comes from positions alone, and normalized features drowned
-  them (the order task, seed 0: 0.521 with it, 0.812 without).
+  Not the ``attention`` head's: with no encoder, its order comes from positions alone, which normalized features
+  drown.
 - ``transformer`` also gives each token its chunk's contrast (``contrast``, ``model.temporal_contrast``): the
   chunk's difference from the clip's mean chunk, over the clip's root mean square difference, beside its own
   normalized features. In a long clip most chunks look alike (the scene, the background) and the few that differ
-  carry the label; each chunk's own features are mostly what every chunk shares, so at the start the tokens differ
-  little and attention cannot pick the events out. The contrast removes what all chunks share and keeps how much
-  each differs (one scale a clip: a chunk that differs little stays small). Its own features stay beside it, so a
-  clip whose chunks all show the same action keeps its content. Measured: the head alone on features built like
-  the distractors family (64 chunks that share one feature vector, the events added to a few; 96 training clips,
-  144 steps; bench/RESULTS.md) 0.560 without it, not fitting its training clips, and 0.995 with it; end
-  to end, the distractors family from the quickstart preset went from 0.833 and 0.562 (seeds 1, 2) to 1.000 with
-  it and the warm-up (bench/RESULTS.md, "Long-range tasks").
+  carry the label; the contrast removes what all chunks share and keeps how much each differs (one scale a clip:
+  a chunk that differs little stays small), so attention can pick the events out from the start. Its own features
+  stay beside it, so a clip whose chunks all show the same action keeps its content.
+
+What each of these choices measured against its alternative: docs/long-videos.md and bench/RESULTS.md ("Long-range
+tasks").
 - ``tcn``: a multi-stage temporal convolutional network as MS-TCN (Farha and Gall, CVPR 2019) defines it, the
   temporal action segmentation baseline: ``temporal_stages`` stages of ``temporal_tcn_layers`` dilated residual
   layers (kernel 3, dilation 1, 2, 4, ...: a receptive field of 2^layers chunks), each later stage refining the
@@ -309,7 +297,7 @@ class TemporalHead(nn.Module):
                          0.5 if dropout == 0.1 else dropout)  # the paper's dropout unless one is set
                 for i in range(stages))
             return
-        # the transformer's only: on the order task it took the attention head from 0.812 to 0.521 (seed 0)
+        # the transformer's only: the attention head's order comes from positions alone, which it would drown
         self.input_norm = nn.LayerNorm(feature_dim) if input_norm and kind == "transformer" else None
         self.project = nn.Linear(feature_dim * (2 if self.contrast else 1), width)
         self.encoder = None
