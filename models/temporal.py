@@ -334,7 +334,8 @@ class TemporalHead(nn.Module):
         (``trained_chunks``); at inference a clip longer than ``reach()`` runs in windows."""
         if self.training:
             with torch.no_grad():
-                real = torch.tensor(features.shape[1]) if mask is None else mask.sum(dim=1).max().cpu()
+                real = torch.tensor(features.shape[1]) if mask is None else mask.sum(dim=1).max()
+                # on the buffer's device, without reading it back: no synchronization in the training step
                 self.trained_chunks.copy_(torch.maximum(self.trained_chunks, real.to(self.trained_chunks.device)))
         else:
             reach = self.reach()
