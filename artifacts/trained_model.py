@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -22,9 +23,18 @@ HEAD_DATA_KEYS = ("data_dir", "train_manifest", "val_manifest", "test_manifest",
                   "background_labels")
 
 
-def load_trained_model(path: str, device: torch.device, backbone: str | None = None):
-    """(model in eval mode on ``device``, the checkpoint's config, class names, the checkpoint dict). A head trained
-    on features is paired with its backbone: ``backbone`` (--backbone), else the checkpoint it records."""
+class TrainedModel(NamedTuple):
+    """A checkpoint made a model for evaluation (unpacks as the 4-tuple it was)."""
+    model: torch.nn.Module  # in eval mode, on the device asked for
+    cfg: Config  # the checkpoint's config (older keys given the behaviour they were trained with)
+    class_names: list
+    state: dict  # the checkpoint dict
+
+
+def load_trained_model(path: str, device: torch.device, backbone: str | None = None) -> TrainedModel:
+    """The checkpoint at ``path`` as a model in eval mode on ``device``, with its config, class names and dict. A
+    head trained on features is paired with its backbone: ``backbone`` (--backbone), else the checkpoint it
+    records."""
     state = load_checkpoint(path)
     cfg = _config_of(path, state)
     if "features_source" in state:
@@ -38,7 +48,7 @@ def load_trained_model(path: str, device: torch.device, backbone: str | None = N
     except RuntimeError as e:
         raise CheckpointError(f"{path}: weights do not match model.backbone={cfg.model.backbone}: "
                               f"{str(e).splitlines()[0]}")
-    return model.to(device).eval(), cfg, list(state["class_names"]), state
+    return TrainedModel(model.to(device).eval(), cfg, list(state["class_names"]), state)
 
 
 def _config_of(path: str, state: dict) -> Config:
@@ -57,7 +67,8 @@ def _built(path: str, cfg: Config, shape: DataShape):
         raise CheckpointError(f"{path}: its model section cannot be built: {e}")
 
 
-def _paired(path: str, head_state: dict, head_cfg: Config, device: torch.device, backbone: str | None):
+def _paired(path: str, head_state: dict, head_cfg: Config, device: torch.device,
+            backbone: str | None) -> TrainedModel:
     """The backbone checkpoint the head's features came from, its sha256 checked, with the head in place of its
     classifier; the config: the backbone's, with the head's model.temporal_* and timeline settings, and the
     features' chunking (what the head was trained on)."""
@@ -98,4 +109,4 @@ def _paired(path: str, head_state: dict, head_cfg: Config, device: torch.device,
         raise CheckpointError(f"{path} with {backbone_path}: the head does not fit the backbone: "
                               f"{str(e).splitlines()[0]}")
     state = {**head_state, **shape.checkpoint_fields(), "backbone": backbone_path}
-    return model.to(device).eval(), cfg, class_names, state
+    return TrainedModel(model.to(device).eval(), cfg, class_names, state)

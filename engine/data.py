@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import logging
 import weakref
+from typing import NamedTuple
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from config import Config, DataConfig, apply_flags
 from core.errors import ConfigError
@@ -109,8 +110,16 @@ class GuardedBatches:
         torch.set_rng_state(rng)
 
 
-def build_data(cfg: Config) -> tuple:
-    """(training set, validation set or None, class names, the data's shape)."""
+class TrainingData(NamedTuple):
+    """What a run trains and validates on (unpacks as the 4-tuple it was)."""
+    train_set: Dataset
+    val_set: Dataset | None
+    class_names: list
+    shape: DataShape  # what the model is built for: views, keypoints, classes
+
+
+def build_data(cfg: Config) -> TrainingData:
+    """The training and validation sets of ``cfg``'s manifests, their class names and the data's shape."""
     index_cache = index_cache_for(cfg)
     train_records, val_records = training_records(cfg.data)
     class_names = resolve_class_names(cfg.data, train_records)
@@ -121,4 +130,4 @@ def build_data(cfg: Config) -> tuple:
     if cfg.model.model_class_num not in (None, len(class_names)):
         raise ConfigError(f"model.model_class_num={cfg.model.model_class_num} but the data has "
                           f"{len(class_names)} classes ({', '.join(class_names)}); set it to null or fix the data")
-    return train_set, val_set, class_names, DataShape.of_dataset(train_set, class_names)
+    return TrainingData(train_set, val_set, class_names, DataShape.of_dataset(train_set, class_names))

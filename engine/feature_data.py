@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -123,9 +124,17 @@ def index_features(features_dir: str) -> tuple[dict, dict]:
     return files, source
 
 
-def build_feature_data(cfg: Config, index: tuple | None = None) -> tuple:
-    """(training set, validation set or None, class names, the features' source) of ``data.features_dir``, whose
-    ``index_features`` is ``index`` when the caller read it already."""
+class FeatureData(NamedTuple):
+    """What a head trained on features trains and validates on (unpacks as the 4-tuple it was)."""
+    train_set: FeaturesDataset
+    val_set: FeaturesDataset | None
+    class_names: list
+    source: dict  # the backbone checkpoint and chunking every file shares (index_features)
+
+
+def build_feature_data(cfg: Config, index: tuple | None = None) -> FeatureData:
+    """The training and validation sets of ``data.features_dir``, their class names and the features' source;
+    ``index`` is its ``index_features`` when the caller read it already."""
     files, source = index or index_features(cfg.data.features_dir)
     train_records, val_records = training_records(cfg.data)
     class_names = resolve_class_names(cfg.data, train_records)
@@ -136,7 +145,7 @@ def build_feature_data(cfg: Config, index: tuple | None = None) -> tuple:
              "checkpoint %s, sha256 %s...)", cfg.data.features_dir, len(files), source["feature_dim"], source["chunk"],
              source["overlap"], source["frame_stride"], source["checkpoint"] or "(not recorded)",
              source["checkpoint_sha256"][:12])
-    return train_set, val_set, class_names, source
+    return FeatureData(train_set, val_set, class_names, source)
 
 
 def feature_loader(dataset: FeaturesDataset, seed: int, runtime: Runtime, batch_size: int, shuffle: bool,
