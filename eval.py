@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 from artifacts.checkpoint import CheckpointError
-from config import head_window
+from config import add_head_window_flag
 from core.cli import exit_on_usage_error
 from core.errors import ConfigError
 from core.logs import setup_logging
@@ -45,10 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                   "default train.chunk_infer_size")
     parser.add_argument("--overlap", type=int, help="frames shared by consecutive chunks")
     parser.add_argument("--agg", choices=AGGREGATIONS, help="chunk aggregation")
-    parser.add_argument("--head-window", type=head_window, metavar="N|auto|-1",
-                        help="the most chunks a temporal head sees at once; a longer video runs in windows of N "
-                             "chunks overlapping by half (default: model.temporal_window, auto: as many as its "
-                             "longest training clip; -1: the whole video at once)")
+    add_head_window_flag(parser)
     parser.add_argument("--batch", metavar="N|auto",
                         help="inference chunks per forward call, for all the views of a window at once; auto = the "
                              "most whose estimated device memory fits --memory-budget-gb (the memory planner)")

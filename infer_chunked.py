@@ -26,7 +26,7 @@ from artifacts.checkpoint import CheckpointError
 from artifacts.run_dir import ExperimentDirectory, most_recent_best
 from artifacts.timeline_plot import ROW_MINUTES, timeline_plot
 from artifacts.trained_model import load_trained_model
-from config import Config, apply_inference_flags, head_window, load_config
+from config import Config, add_head_window_flag, apply_inference_flags, load_config
 from core import memory_monitor
 from core.cli import exit_on_usage_error
 from core.errors import UsageError
@@ -74,10 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                     "train.chunk_overlap)")
     parser.add_argument("--agg", choices=AGGREGATIONS, help="how chunk logits are aggregated (default: "
                                                             "train.chunk_aggregation)")
-    parser.add_argument("--head-window", type=head_window, metavar="N|auto|-1",
-                        help="the most chunks a temporal head sees at once; a longer video runs in windows of N "
-                             "chunks overlapping by half (default: model.temporal_window, auto: as many as its "
-                             "longest training clip; -1: the whole video at once)")
+    add_head_window_flag(parser)
     parser.add_argument("--batch", metavar="N|auto",
                         help="inference chunks per forward call (default: train.video_batch_size); auto = the most "
                              "whose estimated device memory fits --memory-budget-gb (the memory planner)")

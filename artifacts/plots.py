@@ -56,10 +56,15 @@ def metric_label(key: str) -> str:
     return {**CLIP_METRICS, **SEGMENT_METRICS}.get(key, key)
 
 
+def percent_scale(key: str) -> float:
+    """What ``key``'s values are multiplied by to be drawn: frame accuracy (a share) joins the other timeline
+    scores in percent."""
+    return 100.0 if key.endswith("seg_frame_acc") else 1.0
+
+
 def series(rows: list[dict], key: str) -> list[tuple[int, float]]:
     """(epoch, value) of ``key`` in metrics.csv's rows, where it was measured; segment scores in percent."""
-    scale = 100.0 if key == "val_seg_frame_acc" else 1.0
-    return [(int(r["epoch"]), float(r[key]) * scale) for r in rows if r.get(key) not in (None, "")]
+    return [(int(r["epoch"]), float(r[key]) * percent_scale(key)) for r in rows if r.get(key) not in (None, "")]
 
 
 def curves_figure(plt, rows: list[dict], monitor: str, title: str):
@@ -136,12 +141,11 @@ def eval_history_plot(entries: list[dict], path: str) -> str | None:
     # "top1": clip_acc's name in eval.jsonl entries written before 2026-11
     metrics = [{"clip_acc": e["metrics"].get("top1"), **e["metrics"]} for e in entries]
     timelines = any(m.get("seg_f1@50") is not None for m in metrics)  # scored as timelines: those scores, in percent
-    labels = ({f"seg_{k}": v for k, v in (("frame_acc", "frame accuracy"), ("edit", "edit"), ("f1@10", "F1@10"),
-                                          ("f1@25", "F1@25"), ("f1@50", "F1@50"))} if timelines else
+    labels = ({key.removeprefix("val_"): label for key, label in SEGMENT_METRICS.items()} if timelines else
               {"clip_acc": "top-1 clip accuracy", "video_acc": "video accuracy", "top5": "top-5 clip accuracy"})
     for key, label in labels.items():
-        scale = 100.0 if key == "seg_frame_acc" else 1.0
-        points = [(e["global_step"], m[key] * scale) for e, m in zip(entries, metrics) if m.get(key) is not None]
+        points = [(e["global_step"], m[key] * percent_scale(key)) for e, m in zip(entries, metrics)
+                  if m.get(key) is not None]
         if points:
             axis.plot(*zip(*points), marker="o", label=label)
     splits = sorted({e.get("split", "?") for e in entries})

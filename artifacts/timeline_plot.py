@@ -13,6 +13,7 @@ import re
 import numpy as np
 
 from artifacts.plots import pyplot, save_figure
+from datasets.records import label_runs
 
 ROW_MINUTES = 5.0  # infer_chunked.py --plot-row-minutes
 MAX_ROWS = 24
@@ -49,19 +50,10 @@ def row_seconds(duration_s: float, row_minutes: float = ROW_MINUTES) -> float:
     return span
 
 
-def runs(labels: np.ndarray) -> list[tuple[int, int, int]]:
-    """(start, end, label) of each run of equal per-frame labels."""
-    if len(labels) == 0:
-        return []
-    cuts = np.flatnonzero(np.diff(labels)) + 1
-    starts, ends = np.r_[0, cuts], np.r_[cuts, len(labels)]
-    return [(int(s), int(e), int(labels[s])) for s, e in zip(starts, ends)]
-
-
 def disagreements(predicted: np.ndarray, truth: np.ndarray) -> list[tuple[int, int]]:
     """[start, end) of each run of annotated frames whose predicted label is not the annotated one."""
     wrong = (truth >= 0) & (predicted != truth)
-    return [(s, e) for s, e, value in runs(wrong.astype(np.int64)) if value]
+    return [(s, e) for s, e, value in label_runs(wrong.astype(np.int64)) if value]
 
 
 def nice_step(seconds: float) -> float:
@@ -98,7 +90,7 @@ def timeline_figure(plt, predicted: np.ndarray, truth: np.ndarray | None, class_
     for r, axis in enumerate(axes):
         start, end = r * span, min((r + 1) * span, duration)
         for y, (_, labels) in enumerate(reversed(bars)):
-            for s, e, label in runs(labels):
+            for s, e, label in label_runs(labels):
                 if label >= 0 and e / fps > start and s / fps < end:
                     axis.broken_barh([(s / fps, (e - s) / fps)], (y + 0.5, 0.9), facecolors=colours[class_names[label]])
         if truth is not None:

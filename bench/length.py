@@ -30,6 +30,7 @@ import sys
 import tempfile
 
 from bench.long_range import FAMILY_SHAPES, family_data
+from bench.scale import sets
 from datasets.long_range_tasks import TASKS, generate_long_range, generate_task
 from datasets.segmentation_task import generate_segmentation
 
@@ -45,10 +46,6 @@ def python(args: list[str], log: str) -> None:
     if done.returncode != 0:
         with open(log) as f:
             raise SystemExit(f"python {' '.join(args)} failed:\n{f.read()[-3000:]}")
-
-
-def sets(*items: str) -> list[str]:
-    return [word for item in items for word in ("--set", item)]
 
 
 def evaluate(work: str, checkpoint: str, manifest: str, name: str, extra: list[str] = ()) -> dict:

@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 
+from bench.resident import growth_since, reset_high_water_mark
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 2 ** 20
 
@@ -32,11 +34,6 @@ CASES = [  # (name, --set overrides, num_frames, batch)
     ("r3d_18 64x64", ["model.backbone=r3d_18", "data.img_size=64"], 16, 2),
     ("r3d_18 64x64 ckpt", ["model.backbone=r3d_18", "data.img_size=64", "model.grad_checkpointing=true"], 16, 2),
 ]
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
 def real_step(overrides: list[str], frames: int, batch: int) -> dict:
@@ -63,11 +60,9 @@ def real_step(overrides: list[str], frames: int, batch: int) -> dict:
         optimizer.zero_grad(set_to_none=True)
 
     step()
-    before = _status_kb("VmRSS") * 1024
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+    before = reset_high_water_mark()
     step()
-    return {"rss_growth": _status_kb("VmHWM") * 1024 - before}
+    return {"rss_growth": growth_since(before)}
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ import tempfile
 
 import numpy as np
 
+from bench.resident import growth_since, reset_high_water_mark
 from config import load_config
 from datasets.long_range_tasks import EVENT_COLOURS
 from datasets.segmentation_task import LOOKS, SEGMENT_CLASSES
@@ -135,11 +136,6 @@ def measure(work: str, frames: int) -> dict:
     return {"rows": rows, "estimates": estimates, "steps": steps}
 
 
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-
-
 def step_worker(head: str, chunks: int, feature_dim: int) -> dict:
     """In this (fresh) process: one training step of ``head`` (configs/timelines-head.yaml) over one video of
     ``chunks`` chunks, measured after a warm-up step; and the planner's estimate of it (MiB)."""
@@ -169,11 +165,9 @@ def step_worker(head: str, chunks: int, feature_dim: int) -> dict:
         optimizer.zero_grad(set_to_none=True)
 
     step()  # the optimizer state and the thread pools arrive in the first step
-    before = _status_kb("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # the high-water mark back to the current resident size
+    before = reset_high_water_mark()
     step()
-    measured = (_status_kb("VmHWM") - before) / 1024
+    measured = growth_since(before) / 2 ** 20
     estimate = feature_training_estimate(cfg, feature_dim, chunks, 1, classes)
     return {"measured": measured, "estimated": (estimate.peak - estimate.before_step) / 2 ** 20}
 

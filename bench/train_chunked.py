@@ -31,15 +31,11 @@ import subprocess
 import sys
 import time
 
+from bench.resident import growth_since, reset_high_water_mark
 from bench.worker import parse_or_measure
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MB = 2 ** 20
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
 def measure(args) -> dict:
@@ -78,15 +74,13 @@ def measure(args) -> dict:
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
     else:
-        before = _status_kb("VmRSS") * 1024
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset the high-water mark to the current resident size
+        before = reset_high_water_mark()
     step()
     if cuda:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - before
     else:
-        peak = _status_kb("VmHWM") * 1024 - before
+        peak = growth_since(before)
     times = []
     for _ in range(args.repeat):
         start = time.perf_counter()

@@ -16,7 +16,7 @@ fix it. The scripts print it and exit with code 2. The modules:
     flags       eval.py's and infer_chunked.py's flags -> keys (INFERENCE_FLAGS)
 """
 from config.compat import saved_config
-from config.flags import INFERENCE_FLAGS, apply_inference_flags, head_window
+from config.flags import INFERENCE_FLAGS, add_head_window_flag, apply_inference_flags
 from config.loading import dump, load_config, parse_override
 from config.schema import (
     ALL_KEYS,
@@ -35,5 +35,5 @@ from config.validation import apply_flags, validate
 from core.errors import ConfigError
 
 __all__ = ["ALL_KEYS", "BACKBONES", "INFERENCE_FLAGS", "NORMS", "SCHEMA", "Config", "ConfigError", "DataConfig", "Key",
-           "ModelConfig", "TrainConfig", "TrainerConfig", "apply_flags", "apply_inference_flags", "defaults", "dump",
-           "head_window", "load_config", "parse_override", "saved_config", "validate"]
+           "ModelConfig", "TrainConfig", "TrainerConfig", "add_head_window_flag", "apply_flags",
+           "apply_inference_flags", "defaults", "dump", "load_config", "parse_override", "saved_config", "validate"]

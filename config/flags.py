@@ -1,6 +1,8 @@
 """Command-line flags over a checkpoint's config: eval.py's and infer_chunked.py's flags and the keys they set."""
 from __future__ import annotations
 
+import argparse
+
 from config.schema import Config
 from config.validation import apply_flags
 from core.errors import ConfigError
@@ -17,6 +19,14 @@ INFERENCE_FLAGS = {
     "--sample-timeout": "data.sample_timeout_s",
     "--head-window": "model.temporal_window",
 }
+
+
+def add_head_window_flag(parser: argparse.ArgumentParser) -> None:
+    """--head-window, as eval.py and infer_chunked.py both take it (model.temporal_window)."""
+    parser.add_argument("--head-window", type=head_window, metavar="N|auto|-1",
+                        help="the most chunks a temporal head sees at once; a longer video runs in windows of N "
+                             "chunks overlapping by half (default: model.temporal_window, auto: as many as its "
+                             "longest training clip; -1: the whole video at once)")
 
 
 def head_window(text: str) -> int | str:

@@ -305,11 +305,11 @@ SCHEMA: dict[str, Any] = {
     **{name: {f.name: f.metadata["key"] for f in fields(section)} for name, section in SECTIONS.items()},
 }
 
-# Keys renamed, old name -> new: the old name keeps working (a preset with a one-line notice, a checkpoint's saved
-# config silently). "chunk" is the window of one forward pass; a sample window was once called a chunk too.
-# old name -> new name, in one section; the old name keeps working, with one notice where a file or --set used it
+# Keys renamed within their section, old name -> new: the old name keeps working (a preset or --set with a
+# one-line notice, a checkpoint's saved config silently). "chunk" is the window of one forward pass; a sample window
+# was once called a chunk too; model.temporal_head is a kind of head, model.temporal_attention_heads a count.
 RENAMED_KEYS = {"data.video_chunk_overlap": "data.sample_window_overlap",
-                "model.temporal_heads": "model.temporal_attention_heads"}  # a count of attention heads, not a kind
+                "model.temporal_heads": "model.temporal_attention_heads"}
 
 
 def with_new_names(data: dict, source: str | None = None) -> dict:

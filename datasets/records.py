@@ -51,6 +51,15 @@ def frame_labels(segments: list[tuple] | None, indices: np.ndarray, label: int =
     return labels
 
 
+def label_runs(labels: np.ndarray) -> list[tuple[int, int, int]]:
+    """(start, end, label) of each run of equal per-frame labels, end exclusive: ``frame_labels`` read back."""
+    labels = np.asarray(labels)
+    if len(labels) == 0:
+        return []
+    cuts = np.flatnonzero(np.diff(labels)) + 1
+    return [(int(s), int(e), int(labels[s])) for s, e in zip(np.r_[0, cuts], np.r_[cuts, len(labels)])]
+
+
 def manifest_path(data_cfg: DataConfig, split: str) -> str | None:
     name = {"train": data_cfg.train_manifest, "val": data_cfg.val_manifest, "test": data_cfg.test_manifest}[split]
     if name is None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from datasets.records import label_runs
+
 EDGE_WEIGHT = 0.05  # a chunk's weight at its edges, against 1 at its centre: frames covered once keep its label
 
 
@@ -45,18 +47,9 @@ def frame_probabilities(chunk_probs: np.ndarray, windows: np.ndarray, num_frames
 def segments_of_frames(labels: np.ndarray, fps: float, class_names: list[str] | None = None) -> list[dict]:
     """Per-frame class indices -> [{"start", "end", "start_sec", "end_sec", "label"}] runs (end exclusive),
     labelled with ``class_names`` where given; frames labelled -1 (not annotated) form no segment."""
-    segments, labels = [], np.asarray(labels)
-    if len(labels) == 0:
-        return segments
-    cuts = np.flatnonzero(np.diff(labels)) + 1
-    for start, end in zip(np.r_[0, cuts], np.r_[cuts, len(labels)]):
-        label = int(labels[start])
-        if label < 0:
-            continue
-        segments.append({"start": int(start), "end": int(end), "start_sec": round(start / fps, 3),
-                         "end_sec": round(end / fps, 3),
-                         "label": class_names[label] if class_names is not None else label})
-    return segments
+    return [{"start": start, "end": end, "start_sec": round(start / fps, 3), "end_sec": round(end / fps, 3),
+             "label": class_names[label] if class_names is not None else label}
+            for start, end, label in label_runs(labels) if label >= 0]
 
 
 def annotated(predicted: np.ndarray, truth: np.ndarray) -> tuple[list[int], list[int]]:
