@@ -496,6 +496,11 @@ def test_a_head_with_last_aggregation_or_late_fusion_is_refused_with_the_reason(
         load_config(None, ["model.temporal_head=transformer", "model.temporal_attention_heads=1"])
     assert load_config(None, ["model.temporal_head=transformer", "model.temporal_attention_heads=1",
                               "model.temporal_attention=bidirectional"]).model.temporal_attention_heads == 1
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["model.temporal_head=transformer", "model.temporal_window=0"])
+    assert str(info.value) == ("--set model.temporal_window=0: model.temporal_window: 0 chunks cannot hold a chunk; "
+                               "give a number of chunks, -1 (the whole video) or auto (the head's longest training "
+                               "clip)")
 
 
 def test_a_head_checkpoint_from_before_the_head_defaults_evaluates_and_resumes_as_it_was_trained():

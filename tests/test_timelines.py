@@ -125,3 +125,7 @@ def test_bad_features_directories_and_flags_say_what_to_do(tmp_path):
     with pytest.raises(UsageError) as info:
         infer_chunked.parse_args(["--plot", "pictures"])
     assert str(info.value) == "--plot pictures: plots a timeline; add --timeline"
+    with pytest.raises(UsageError) as info:
+        infer_chunked.parse_args(["--timeline", "--plot", "pictures", "--plot-row-minutes", "0"])
+    assert str(info.value) == ("--plot-row-minutes 0: give the minutes of video a row shows, more than 0 "
+                               "(default 5)")
