@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 
 from artifacts.checkpoint import CheckpointError, load_checkpoint
-from config import Config, saved_config
+from config import Config, derive, saved_config
 from core.errors import ConfigError
 from core.files import file_sha256
 from datasets.shape import DataShape
@@ -59,7 +59,8 @@ def _config_of(path: str, state: dict) -> Config:
 
 
 def _built(path: str, cfg: Config, shape: DataShape):
-    # the trained weights replace any pretrained ones: do not fetch those again
+    # the trained weights replace any pretrained ones: do not fetch those again (the arguments of the build, not a
+    # config: model.norm: frozen without pretrained weights is refused as a config, rightly)
     try:
         return build_model(dataclasses.replace(cfg.model, pretrained=None, temporal_head_init=None),
                            **shape.model_args())
@@ -87,16 +88,18 @@ def _paired(path: str, head_state: dict, head_cfg: Config, device: torch.device,
                               f"or train the head again on this one's features")
     backbone_state = load_checkpoint(backbone_path)
     backbone_cfg = _config_of(backbone_path, backbone_state)
-    model_cfg = dataclasses.replace(backbone_cfg.model, **{
-        f.name: getattr(head_cfg.model, f.name) for f in dataclasses.fields(head_cfg.model)
-        if f.name.startswith("temporal_")})
-    train_cfg = dataclasses.replace(backbone_cfg.train, chunk_infer_size=int(source["chunk"]),
-                                    chunk_overlap=int(source["overlap"]))
     # decoding and geometry as the features were made; the videos, labels and timeline settings of the head's run,
     # each video whole (the head was trained over whole videos), which evaluation streams from the file
-    data_cfg = dataclasses.replace(backbone_cfg.data, num_frames=-1, max_video_frames=None, **{
-        key: getattr(head_cfg.data, key) for key in HEAD_DATA_KEYS})
-    cfg = dataclasses.replace(backbone_cfg, model=model_cfg, train=train_cfg, data=data_cfg)
+    changes = {f"model.{f.name}": getattr(head_cfg.model, f.name) for f in dataclasses.fields(head_cfg.model)
+               if f.name.startswith("temporal_")}
+    changes.update({"infer.chunk_size": int(source["chunk"]), "infer.chunk_overlap": int(source["overlap"]),
+                    "infer.head_window": head_cfg.infer.head_window, "data.num_frames": -1,
+                    "data.max_video_frames": None, **{f"data.{key}": getattr(head_cfg.data, key)
+                                                      for key in HEAD_DATA_KEYS}})
+    try:
+        cfg = derive(backbone_cfg, changes, f"{path}: its head on the backbone {backbone_path}")
+    except ConfigError as e:
+        raise CheckpointError(str(e))
     class_names = list(head_state["class_names"])
     shape = dataclasses.replace(DataShape.of_checkpoint(backbone_state), num_classes=len(class_names))
     model = _built(path, cfg, shape)

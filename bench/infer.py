@@ -64,7 +64,7 @@ def measure(args) -> dict:
             with tempfile.TemporaryDirectory() as folder:
                 write_features(os.path.join(folder, "v.npz"), out, record, cfg,
                                settings_of(cfg, args.chunk, args.overlap, "float16", "-"), [str(i) for i in range(6)])
-        result.update(decode_s=out["decode_s"], compute_s=out["compute_s"], chunks=out["chunks"])
+        result.update(decode_s=out.decode_s, compute_s=out.compute_s, chunks=out.chunks)
     elif args.mode == "decode":
         stream = ChunkStream(record, dataclasses.replace(
             cfg.data, frame_stride=1, load_rgb=True, load_kpt=False, decoder="opencv"), spec)

@@ -41,7 +41,7 @@ from datasets.long_range_tasks import generate_long_range, generate_task
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "long-range.yaml")
 VARIANTS = {
-    "(a) short clips": ["data.num_frames=16", "train.chunk_train_size=-1", "train.chunk_infer_size=-1",
+    "(a) short clips": ["data.num_frames=16", "train.chunk_train_size=-1", "infer.chunk_size=-1",
                         "model.temporal_head=none"],
     "(b) chunks, mean": ["model.temporal_head=none"],
     "(c) attention": ["model.temporal_head=attention"],
@@ -88,8 +88,8 @@ def family_data(family: str, root: str) -> tuple[str, list[str]]:
     frames, chunk = FAMILY_SHAPES[family]
     return data, [f"data.train_manifest={names[0]}", f"data.val_manifest={names[1]}", "data.test_manifest=null",
                   "data.class_names=null", f"data.num_frames={frames}", "data.frame_stride=4",
-                  f"train.chunk_train_size={chunk}", "train.chunk_train_overlap=0", f"train.chunk_infer_size={chunk}",
-                  "train.chunk_overlap=0"]
+                  f"train.chunk_train_size={chunk}", "train.chunk_train_overlap=0", f"infer.chunk_size={chunk}",
+                  "infer.chunk_overlap=0"]
 
 
 def families(args) -> None:

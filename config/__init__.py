@@ -8,15 +8,16 @@ two equal. Code below the scripts takes the section it uses (``DataConfig``, ...
 Errors are ``ConfigError``: one line naming the file (or ``--set``), the key, what is wrong and how to
 fix it. The scripts print it and exit with code 2. The modules:
 
-    schema      the sections (Config, ModelConfig, DataConfig, TrainConfig, TrainerConfig), every key as a field
+    schema      the sections (Config, ModelConfig, DataConfig, TrainConfig, InferConfig,
+                TrainerConfig), every key as a field
                 (SCHEMA: the same as a mapping), its default and range; the backbone and norm names
     loading     YAML presets with base:, --set, dump
-    validation  each value, then the checks across keys; apply_flags
+    validation  each value, then the checks across keys; apply_flags, derive (a validated copy with keys changed)
     compat      configs of older checkpoints (saved_config)
-    flags       eval.py's and infer_chunked.py's flags -> keys (INFERENCE_FLAGS)
+    flags       eval.py's and infer_chunked.py's shared flags, the keys they set (INFERENCE_FLAGS)
 """
 from config.compat import saved_config
-from config.flags import INFERENCE_FLAGS, add_head_window_flag, apply_inference_flags
+from config.flags import INFERENCE_FLAGS, add_inference_flags, apply_inference_flags, inference_overrides
 from config.loading import dump, load_config, parse_override
 from config.schema import (
     ALL_KEYS,
@@ -25,15 +26,17 @@ from config.schema import (
     SCHEMA,
     Config,
     DataConfig,
+    InferConfig,
     Key,
     ModelConfig,
     TrainConfig,
     TrainerConfig,
     defaults,
 )
-from config.validation import apply_flags, validate
+from config.validation import apply_flags, derive, validate
 from core.errors import ConfigError
 
-__all__ = ["ALL_KEYS", "BACKBONES", "INFERENCE_FLAGS", "NORMS", "SCHEMA", "Config", "ConfigError", "DataConfig", "Key",
-           "ModelConfig", "TrainConfig", "TrainerConfig", "add_head_window_flag", "apply_flags",
-           "apply_inference_flags", "defaults", "dump", "load_config", "parse_override", "saved_config", "validate"]
+__all__ = ["ALL_KEYS", "BACKBONES", "INFERENCE_FLAGS", "NORMS", "SCHEMA", "Config", "ConfigError", "DataConfig",
+           "InferConfig", "Key", "ModelConfig", "TrainConfig", "TrainerConfig", "add_inference_flags", "apply_flags",
+           "apply_inference_flags", "defaults", "derive", "dump", "inference_overrides", "load_config",
+           "parse_override", "saved_config", "validate"]

@@ -16,12 +16,23 @@ _BEFORE_THE_KEY = {"data.resize": "stretch", "model.norm_groups": 8, "model.temp
                    "train.temporal_warmup_epochs": 0.0}
 
 
+def _tcn_dropout_then(saved: dict) -> float:
+    """model.temporal_tcn_dropout before the key: the tcn took MS-TCN's 0.5 while model.temporal_dropout was at
+    its default (0.1), else model.temporal_dropout."""
+    dropout = saved.get("model", {}).get("temporal_dropout", 0.1)
+    return 0.5 if dropout == 0.1 else dropout
+
+
+_DERIVED_BEFORE_THE_KEY = {"model.temporal_tcn_dropout": _tcn_dropout_then}  # key: the saved config -> its value
+
+
 def saved_config(cfg: dict) -> Config:
     """A config saved with a checkpoint, validated; keys it predates get the behaviour it was trained with (or
     the default), so an older checkpoint evaluates as it was trained."""
     cfg = with_new_names(cfg)
     full = defaults()
-    for dotted, value in _BEFORE_THE_KEY.items():
+    then = {**_BEFORE_THE_KEY, **{dotted: value_of(cfg) for dotted, value_of in _DERIVED_BEFORE_THE_KEY.items()}}
+    for dotted, value in then.items():
         section, key = dotted.split(".")
         if key not in cfg.get(section, {}):
             full[section][key] = value

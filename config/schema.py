@@ -1,6 +1,6 @@
 """Every configuration key, once: one dataclass per section (``ModelConfig``, ``DataConfig``, ``TrainConfig``,
-``TrainerConfig``) under ``Config``, each field with its type, default, range and meaning (a ``Key`` in the
-field's metadata). ``SCHEMA`` is the same declaration as a mapping, for validation and --print-config;
+``InferConfig``, ``TrainerConfig``) under ``Config``, each field with its type, default, range and meaning (a
+``Key`` in the field's metadata). ``SCHEMA`` is the same declaration as a mapping, for validation and --print-config;
 ``configs/base.yaml`` mirrors the defaults for readers and a test keeps the two equal.
 
 The YAML is the user's interface; code below the scripts takes the typed section it uses (``cfg.data``), never the
@@ -73,7 +73,7 @@ class ModelConfig:
     norm_frozen_affine: bool = setting(False, "bool", "norm: frozen: also freeze the BatchNorm scale and shift (false: "
                                        "they train, as MMAction2's norm_eval)")
     temporal_head: str = setting("none", "choice", "the model over a clip's chunk features: none (chunk logits "
-                                 "aggregated by train.chunk_aggregation, blind to order), attention (attention "
+                                 "aggregated by infer.chunk_aggregation, blind to order), attention (attention "
                                  "pooling with positions), transformer (an encoder over the chunks, then that "
                                  "pooling) or tcn (MS-TCN's multi-stage dilated convolutions, linear in length)",
                                  choices=("none", "attention", "transformer", "tcn"))
@@ -97,12 +97,10 @@ class ModelConfig:
     temporal_contrast: bool = setting(True, "bool", "temporal head (transformer): each token also sees its chunk's "
                                       "difference from the clip's mean chunk, so what changes within a clip stands "
                                       "out of what every chunk shares")
-    temporal_window: int | str = setting("auto", "int", "temporal head at inference: the most chunks a chunk's "
-                                         "output (the timeline) sees; over a longer video, windows of that many "
-                                         "overlapping by half (the video's label sees every chunk). auto = its "
-                                         "longest training clip; -1 = the whole video", minimum=-1, also=("auto",))
-    temporal_dropout: float = setting(0.1, "float", "temporal head: dropout in attention, feed-forward and before its "
-                                      "classifier", minimum=0.0, maximum=1.0)
+    temporal_dropout: float = setting(0.1, "float", "temporal head (attention, transformer): dropout in attention, "
+                                      "feed-forward and before its classifier", minimum=0.0, maximum=1.0)
+    temporal_tcn_dropout: float = setting(0.5, "float", "temporal head (tcn): dropout in each dilated layer (MS-TCN: "
+                                          "0.5)", minimum=0.0, maximum=1.0)
 
 
 @dataclass
@@ -186,15 +184,8 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    """train: the optimization, the training and inference chunks, and checkpoints. (Inference chunk keys live
-    here because the seed guides put them here: train.chunk_infer_size.)"""
+    """train: the optimization, the training chunks, and checkpoints."""
 
-    chunk_infer_size: int = setting(-1, "int", "frames per inference chunk at evaluation; -1 = the whole clip at once",
-                                    minimum=1, also=(-1,))
-    chunk_overlap: int = setting(0, "int", "frames shared by consecutive inference chunks", minimum=0)
-    chunk_aggregation: str = setting("mean", "choice", "how chunk logits become one prediction",
-                                     choices=("mean", "max", "last", "prob"))
-    video_batch_size: int = setting(1, "int", "inference chunks per forward call at evaluation", minimum=1)
     chunk_train_size: int = setting(-1, "int", "frames per chunk of a training clip, each chunk recomputed in backward "
                                     "(train.recompute) so training memory no longer grows with the clip; -1 = the "
                                     "whole clip in one forward", minimum=1, also=(-1,))
@@ -214,7 +205,7 @@ class TrainConfig:
                                            choices=("mean", "max", "prob"),
                                            refused=(("last", "'last' means nothing in training (only the last chunk "
                                                              "would learn); use mean, max or prob. Validation's "
-                                                             "train.chunk_aggregation may stay last"),))
+                                                             "infer.chunk_aggregation may stay last"),))
     chunk_loss: str = setting("clip", "choice", "clip: one loss per clip on the aggregated chunk logits; dense: one "
                               "loss per chunk against the label covering most of its frames (segments)",
                               choices=("clip", "dense"))
@@ -254,6 +245,25 @@ class TrainConfig:
 
 
 @dataclass
+class InferConfig:
+    """infer: how a trained model runs over a clip or a whole video: validation during training, eval.py and
+    infer_chunked.py. (The seed guides' train.chunk_infer_size, train.chunk_overlap, train.chunk_aggregation and
+    train.video_batch_size still work: RENAMED_KEYS.)"""
+
+    chunk_size: int = setting(-1, "int", "frames per inference chunk (one forward pass); -1 = the whole clip at once",
+                              minimum=1, also=(-1,))
+    chunk_overlap: int = setting(0, "int", "frames shared by consecutive inference chunks", minimum=0)
+    chunk_aggregation: str = setting("mean", "choice", "without a temporal head: how chunk logits become one "
+                                     "prediction", choices=("mean", "max", "last", "prob"))
+    chunks_per_forward: int = setting(1, "int", "inference chunks in one forward call (throughput against memory)",
+                                      minimum=1)
+    head_window: int | str = setting("auto", "int", "temporal head: the most chunks a chunk's output (the timeline) "
+                                     "sees; over a longer video, windows of that many overlapping by half (the "
+                                     "video's label sees every chunk). auto = its longest training clip; -1 = the "
+                                     "whole video", minimum=-1, also=("auto",))
+
+
+@dataclass
 class TrainerConfig:
     """trainer: the device, precision, memory budget, epochs and where runs go."""
 
@@ -287,6 +297,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    infer: InferConfig = field(default_factory=InferConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def to_dict(self) -> dict:
@@ -299,32 +310,44 @@ class Config:
                    **{name: section(**copy.deepcopy(values[name])) for name, section in SECTIONS.items()})
 
 
-SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "trainer": TrainerConfig}
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "infer": InferConfig,
+            "trainer": TrainerConfig}
 SCHEMA: dict[str, Any] = {
     "experiment": next(f.metadata["key"] for f in fields(Config) if f.name == "experiment"),
     **{name: {f.name: f.metadata["key"] for f in fields(section)} for name, section in SECTIONS.items()},
 }
 
-# Keys renamed within their section, old name -> new: the old name keeps working (a preset or --set with a
-# one-line notice, a checkpoint's saved config silently). "chunk" is the window of one forward pass; a sample window
-# was once called a chunk too; model.temporal_head is a kind of head, model.temporal_attention_heads a count.
+# Renamed keys, old name -> new: the old name keeps working (a preset or --set with a one-line notice, a
+# checkpoint's saved config silently). "chunk" is the window of one forward pass; a sample window was once called a
+# chunk too; model.temporal_head is a kind of head, model.temporal_attention_heads a count; the inference chunk's
+# keys lived in the train section, where training has keys of its own (train.chunk_train_size, ...).
 RENAMED_KEYS = {"data.video_chunk_overlap": "data.sample_window_overlap",
-                "model.temporal_heads": "model.temporal_attention_heads"}
+                "model.temporal_heads": "model.temporal_attention_heads",
+                "model.temporal_window": "infer.head_window",
+                "train.chunk_infer_size": "infer.chunk_size",
+                "train.chunk_overlap": "infer.chunk_overlap",
+                "train.chunk_aggregation": "infer.chunk_aggregation",
+                "train.video_batch_size": "infer.chunks_per_forward"}
 
 
 def with_new_names(data: dict, source: str | None = None) -> dict:
-    """``data`` (a config's sections) with each renamed key under its new name; with ``source`` (a file or a
-    --set), each old name found is said once, naming the new one."""
+    """``data`` (a config's sections) with each renamed key under its new name, in its new section; with
+    ``source`` (a file or a --set), each old name found is said once, naming the new one."""
     for old, new in RENAMED_KEYS.items():
-        section, old_key = old.split(".")
-        values = data.get(section)
+        old_section, old_key = old.split(".")
+        values = data.get(old_section)
         if not isinstance(values, dict) or old_key not in values:
             continue
-        new_key = new.split(".")[1]
-        if new_key in values:
+        new_section, new_key = new.split(".")
+        target = data.get(new_section) if new_section != old_section else values
+        target = target if isinstance(target, dict) else {}
+        if new_key in target:
             raise ConfigError(f"{source or 'a saved config'}: {old} and {new} are the same key (renamed); keep {new}")
-        values = {(new_key if k == old_key else k): v for k, v in values.items()}
-        data = {**data, section: values}
+        if new_section == old_section:  # in place, so the section keeps its order
+            data = {**data, old_section: {(new_key if k == old_key else k): v for k, v in values.items()}}
+        else:
+            data = {**data, old_section: {k: v for k, v in values.items() if k != old_key},
+                    new_section: {**target, new_key: values[old_key]}}
         if source is not None:
             log.warning("%s: %s is now called %s (the old name still works)", source, old, new)
     return data

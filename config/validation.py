@@ -145,16 +145,16 @@ def _augmentation_checks(data: dict, origin: Callable[[str], str]) -> None:
 
 def _temporal_head_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     """A temporal head is the aggregation: the settings that would aggregate otherwise must not contradict it."""
-    model, train = cfg["model"], cfg["train"]
-    if train["chunk_aggregation"] == "last":
-        raise ConfigError(f"{origin('train.chunk_aggregation')}: train.chunk_aggregation: last runs only the last "
+    model, infer = cfg["model"], cfg["infer"]
+    if infer["chunk_aggregation"] == "last":
+        raise ConfigError(f"{origin('infer.chunk_aggregation')}: infer.chunk_aggregation: last runs only the last "
                           f"chunk, but model.temporal_head={model['temporal_head']} needs every chunk's features (the "
                           f"head is the aggregation); use mean (ignored with a head)")
     if model["view_fusion"] == "late":
         raise ConfigError(f"{origin('model.view_fusion')}: model.view_fusion: late keeps one feature vector per view, "
                           f"but model.temporal_head needs one per chunk; use mean or concat")
-    if model["temporal_window"] == 0:
-        raise ConfigError(f"{origin('model.temporal_window')}: model.temporal_window: 0 chunks cannot hold a chunk; "
+    if infer["head_window"] == 0:
+        raise ConfigError(f"{origin('infer.head_window')}: infer.head_window: 0 chunks cannot hold a chunk; "
                           f"give a number of chunks, -1 (the whole video) or auto (the head's longest training clip)")
     heads, where = model["temporal_attention_heads"], origin("model.temporal_attention_heads")
     if model["temporal_width"] % heads:
@@ -191,10 +191,10 @@ def _norm_checks(cfg: dict, origin: Callable[[str], str]) -> None:
 
 def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     data, train, model = cfg["data"], cfg["train"], cfg["model"]
-    chunk, overlap = train["chunk_infer_size"], train["chunk_overlap"]
+    chunk, overlap = cfg["infer"]["chunk_size"], cfg["infer"]["chunk_overlap"]
     if chunk != -1 and overlap >= chunk:
-        raise ConfigError(f"{origin('train.chunk_overlap')}: train.chunk_overlap={overlap} must be smaller than "
-                          f"train.chunk_infer_size={chunk} (or set chunk_infer_size: -1 for no chunking)")
+        raise ConfigError(f"{origin('infer.chunk_overlap')}: infer.chunk_overlap={overlap} must be smaller than "
+                          f"infer.chunk_size={chunk} (or set chunk_size: -1 for no chunking)")
     chunk, overlap = train["chunk_train_size"], train["chunk_train_overlap"]
     if chunk != -1 and overlap >= chunk:
         raise ConfigError(f"{origin('train.chunk_train_overlap')}: train.chunk_train_overlap={overlap} must be smaller "
@@ -247,13 +247,24 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
 
 
 def apply_flags(cfg: Config, flags: dict) -> Config:
-    """A validated copy of ``cfg`` with command-line flags applied: ``{"train.chunk_overlap": ("--overlap", 8)}``
+    """A validated copy of ``cfg`` with command-line flags applied: ``{"infer.chunk_overlap": ("--overlap", 8)}``
     (a value of None leaves the key as it is). Errors name the flag, as --set's name --set."""
-    changed, origins = cfg.to_dict(), {}
-    for dotted, (flag, value) in flags.items():
-        if value is None:
-            continue
+    return _changed(cfg, {dotted: value for dotted, (_, value) in flags.items() if value is not None},
+                    {dotted: flag for dotted, (flag, value) in flags.items() if value is not None})
+
+
+def derive(cfg: Config, changes: dict[str, Any], why: str) -> Config:
+    """A validated copy of ``cfg`` with ``{"model.grad_checkpointing": True, ...}`` changed: the one way code
+    builds a config from another (the planner's alternatives, the precision a run resolved, a head with its
+    backbone's settings). A change the checks refuse is a ConfigError naming the key and ``why`` it was made."""
+    return _changed(cfg, changes, {dotted: why for dotted in changes})
+
+
+def _changed(cfg: Config, changes: dict[str, Any], origins: dict[str, str]) -> Config:
+    values = cfg.to_dict()
+    for dotted, value in changes.items():
         section, key = dotted.split(".")
-        changed[section][key] = value
-        origins[dotted] = flag
-    return Config.from_dict(validate(changed, origins))
+        if section not in values or key not in values[section]:
+            raise ConfigError(f"{origins[dotted]}: unknown key '{dotted}'{did_you_mean(dotted)}")
+        values[section][key] = value
+    return Config.from_dict(validate(values, origins))

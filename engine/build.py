@@ -2,7 +2,6 @@
 a ``Trainer``."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 
@@ -14,7 +13,7 @@ from torch.utils.data import DataLoader
 from artifacts.checkpoint import CheckpointError, TrainState, load_checkpoint, restore_training
 from artifacts.csv_log import CsvLog
 from artifacts.run_dir import ExperimentDirectory, RunDirectory
-from config import Config, TrainConfig, dump
+from config import Config, TrainConfig, derive, dump
 from core.errors import ConfigError
 from core.files import atomic_write_bytes, remove_stale_temp_files
 from core.logs import attach_log_file, detach_log_file
@@ -27,7 +26,7 @@ from engine.data import build_data, cap_workers, make_loader
 from engine.feature_data import build_feature_data, feature_loader
 from engine.optim import build_optimizer, build_scheduler, max_grad_norm, warmup_epochs
 from engine.trainer import RunReport, Trainer
-from models import ModelConfigError, build_feature_head, build_model, temporal_head_of
+from models import ModelConfigError, build_feature_head, build_model, set_temporal_window, temporal_head_of
 from models.norms import convert_norms
 
 log = logging.getLogger("longvideo")
@@ -135,6 +134,7 @@ def _feature_head_on_device(cfg: Config, runtime: Runtime, feature_dim: int, num
     except ModelConfigError as e:
         raise ConfigError(str(e))
     init_temporal_head(model, cfg.model.temporal_head_init)
+    set_temporal_window(model, cfg.infer.head_window)  # validation runs the head as eval.py will
     return model.to(runtime.device)
 
 
@@ -168,6 +168,7 @@ def _model_on_device(cfg: Config, runtime: Runtime, shape: DataShape) -> tuple:
         raise ConfigError(str(e))
     if cfg.model.temporal_head != "none":
         init_temporal_head(model, cfg.model.temporal_head_init)
+        set_temporal_window(model, cfg.infer.head_window)  # validation runs the head as eval.py will
     if cfg.model.norm == "sync":
         _synchronize_norms(model, cfg, runtime)
     model.to(runtime.device)
@@ -209,7 +210,7 @@ def _write_first_files(trainer: Trainer, num_samples: int) -> None:
         log.warning("removed %d temporary file(s) left by writers that were killed: %s", len(removed),
                     ", ".join(removed))
     # as run: the precision resolved for this device (the capped workers and a fitted batch are in cfg already)
-    as_run = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, precision=runtime.precision))
+    as_run = derive(cfg, {"trainer.precision": runtime.precision}, "the precision this device runs")
     atomic_write_bytes(run.config_yaml, dump(as_run).encode())
     trainer.report.memory_log = CsvLog(run.memory_csv)
     global_batch = cfg.data.batch_size * cfg.train.accumulate_grad_batches * runtime.world_size

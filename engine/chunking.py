@@ -130,11 +130,11 @@ def run_chunks(model, groups: Iterable[tuple[list, dict]], windows: list[tuple[i
 
 
 def forward_chunked(model, inputs: dict, chunk_size: int, overlap: int = 0, aggregation: str = "mean",
-                    video_batch_size: int = 1, chunk_logits_out: list | None = None,
+                    chunks_per_forward: int = 1, chunk_logits_out: list | None = None,
                     frame_stride: int = 1) -> torch.Tensor:
     """Logits [B, K] of clips in memory, longer than the model's memory allows in one pass (``run_chunks``).
 
-    ``video_batch_size`` chunks go through one forward call (throughput versus memory). If ``chunk_logits_out`` is
+    ``chunks_per_forward`` chunks go through one forward call (throughput versus memory). If ``chunk_logits_out`` is
     a list, each inference chunk's (start, end, logits on the CPU) is appended to it. A model with a temporal head
     (``model.temporal``) runs its backbone chunk by chunk and the head once over all chunk features (``aggregation``
     is the head's then; ``frame_stride`` places the chunks in video frames).
@@ -153,8 +153,8 @@ def forward_chunked(model, inputs: dict, chunk_size: int, overlap: int = 0, aggr
                else inference_windows(length, chunk_size, overlap, aggregation))
 
     def groups():
-        for first in range(0, len(windows), video_batch_size):
-            group = windows[first:first + video_batch_size]
+        for first in range(0, len(windows), chunks_per_forward):
+            group = windows[first:first + chunks_per_forward]
             parts = [slice_time(inputs, s, e, min_frames) for s, e in group]
             yield group, {key: torch.cat([p[key] for p in parts]) for key in inputs}  # [n * B, ...]
 

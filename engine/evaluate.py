@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from artifacts.trained_model import load_trained_model
-from config import Config, TrainConfig, apply_inference_flags
+from config import Config, InferConfig, apply_inference_flags
 from core.files import atomic_write_bytes
 from core.runtime import Runtime, resolve_device, setup_runtime, unwrap_model
 from datasets.bad_input import BAD_INPUT_ERRORS, BadInputReport
@@ -36,7 +36,7 @@ log = logging.getLogger("longvideo")
 
 @torch.inference_mode()
 def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer, runtime: Runtime,
-             train_cfg: TrainConfig, num_classes: int, bad_inputs: BadInputReport | None = None,
+             infer_cfg: InferConfig, num_classes: int, bad_inputs: BadInputReport | None = None,
              meter: ClassificationMeter | None = None, on_clips=None, frame_stride: int = 1,
              background: tuple = ()) -> dict:
     """Clip- and video-level metrics with the shared chunked forward; predictions move to the CPU at once.
@@ -54,7 +54,7 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer,
     model.eval()
     meter = meter if meter is not None else ClassificationMeter(num_classes)
     timelines = SegmentationScores(background)
-    for batch, logits, chunk_logits in clip_predictions(model, loader, prepare, runtime, train_cfg, bad_inputs,
+    for batch, logits, chunk_logits in clip_predictions(model, loader, prepare, runtime, infer_cfg, bad_inputs,
                                                         frame_stride):
         meter.update(logits, batch["label"], batch["video_index"])
         if chunk_logits is not None:
@@ -72,7 +72,7 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer,
     return metrics
 
 
-def clip_predictions(model, loader: DataLoader, prepare: InputPreparer, runtime: Runtime, train_cfg: TrainConfig,
+def clip_predictions(model, loader: DataLoader, prepare: InputPreparer, runtime: Runtime, infer_cfg: InferConfig,
                      bad_inputs: BadInputReport | None, frame_stride: int):
     """(batch, clip logits [B, K] on the CPU, each inference chunk's (start, end, logits [B, K]) where the batch
     has annotated frames, else None) for the loader's samples in order: clips decoded by the loader and put
@@ -80,7 +80,7 @@ def clip_predictions(model, loader: DataLoader, prepare: InputPreparer, runtime:
     features paired with its backbone, ``eval.py --num-frames -1``), each sample the loader's sampler gives this
     rank streamed from its file (``streamed_predictions``), so memory does not grow with the window's length."""
     if streams_whole_windows(loader.dataset):
-        yield from streamed_predictions(model, loader, prepare, runtime, train_cfg, bad_inputs)
+        yield from streamed_predictions(model, loader, prepare, runtime, infer_cfg, bad_inputs)
         return
     for batch in GuardedBatches(loader, bad_inputs):
         if bad_inputs is not None:
@@ -88,8 +88,8 @@ def clip_predictions(model, loader: DataLoader, prepare: InputPreparer, runtime:
         annotated_frames = "frame_labels" in batch and bool((batch["frame_labels"] >= 0).any())
         chunk_logits = [] if annotated_frames else None
         with runtime.autocast():
-            logits = forward_chunked(model, prepare(batch), train_cfg.chunk_infer_size, train_cfg.chunk_overlap,
-                                     train_cfg.chunk_aggregation, train_cfg.video_batch_size,
+            logits = forward_chunked(model, prepare(batch), infer_cfg.chunk_size, infer_cfg.chunk_overlap,
+                                     infer_cfg.chunk_aggregation, infer_cfg.chunks_per_forward,
                                      chunk_logits_out=chunk_logits, frame_stride=frame_stride)
         yield batch, logits.float().cpu(), chunk_logits
 
@@ -101,13 +101,13 @@ def streams_whole_windows(dataset) -> bool:
 
 
 def streamed_predictions(model, loader: DataLoader, prepare: InputPreparer, runtime: Runtime,
-                         train_cfg: TrainConfig, bad_inputs: BadInputReport | None):
+                         infer_cfg: InferConfig, bad_inputs: BadInputReport | None):
     """``clip_predictions`` of whole sample windows, one sample at a time: its window's inference chunks decoded
     a few ahead of the model (``ChunkStream``), through ``run_stream`` as infer_chunked.py runs them (chunk
     features or logits on the host, a temporal head once at the end). The same samples, labels and chunks as
     the loader's; a file that cannot be read is skipped or raised as data.on_bad_video says."""
     dataset = loader.dataset
-    spec = InferenceSpec.of_config(train_cfg)
+    spec = InferenceSpec.of_config(infer_cfg)
     for index in loader.sampler:
         window = dataset.windows[index // dataset.samples_per_window]
         record = dataset.records[window.record]
@@ -150,7 +150,8 @@ def score_clip_timelines(scores: SegmentationScores, chunk_logits: list, frame_l
 def evaluate_dataset(model, dataset, cfg: Config, runtime, class_names: list[str]) -> tuple[dict, list, list]:
     """(metrics, per-clip rows, per-video rows): train.py's evaluation loop with the rows eval.py writes.
     The test clips x crops of one sample window (data.test_clips x data.test_crops, all of one length) go through
-    the model together, in chunks of ``train.video_batch_size``; predictions go to the CPU as they are made."""
+    the model together, ``infer.chunks_per_forward`` chunks a forward call; predictions go to the CPU as they are
+    made."""
     loader = make_loader(dataset, cfg.data, cfg.train.seed, runtime, dataset.samples_per_window, shuffle=False,
                          pad=False)
     prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
@@ -163,7 +164,7 @@ def evaluate_dataset(model, dataset, cfg: Config, runtime, class_names: list[str
                               "window_end": int(window[1]), "label": class_names[int(label)],
                               "predicted": class_names[int(p.argmax())], "probability": round(float(p.max()), 6)})
 
-    metrics = evaluate(model, loader, prepare, runtime, cfg.train, len(class_names), bad_inputs, meter,
+    metrics = evaluate(model, loader, prepare, runtime, cfg.infer, len(class_names), bad_inputs, meter,
                        add_clip_rows, frame_stride=cfg.data.frame_stride,
                        background=background_indices(cfg.data.background_labels, class_names))
     bad_inputs.end_run()
@@ -220,8 +221,8 @@ class EvaluationResult:
 
 @dataclass(frozen=True)
 class EvaluationSpec:
-    """What eval.py evaluates a checkpoint on, and how: ``flags`` over the checkpoint config's keys
-    ({"--chunk": 32, ...}, names of config.INFERENCE_FLAGS; None keeps the checkpoint's value)."""
+    """What eval.py evaluates a checkpoint on, and how: ``overrides`` of the checkpoint config's keys, each with
+    the flag that set it, for the errors ({"infer.chunk_size": ("--chunk", 32)}: config.inference_overrides)."""
     split: str = "val"
     data: str | None = None  # a manifest instead of the config's split
     device: str | None = None
@@ -229,19 +230,19 @@ class EvaluationSpec:
     # --batch auto: (cfg, data shape, runtime) -> chunks per forward for one window's views (the planner's);
     # passed in by eval.py, since the planner sits above the engine
     fit_batch: Callable | None = None
-    flags: dict = field(default_factory=dict)
+    overrides: dict = field(default_factory=dict)
     backbone: str | None = None  # a head trained on features: its backbone checkpoint, if not where it was
 
 
 def evaluate_checkpoint(path: str, spec: EvaluationSpec) -> EvaluationResult:
     device = resolve_device(spec.device or "auto")
     model, cfg, class_names, state = load_trained_model(path, device, spec.backbone)
-    cfg = cap_workers(apply_inference_flags(cfg, spec.flags))
-    head_reach = set_temporal_window(model, cfg.model.temporal_window)
+    cfg = cap_workers(apply_inference_flags(cfg, spec.overrides))
+    head_reach = set_temporal_window(model, cfg.infer.head_window)
     runtime = setup_runtime(cfg.trainer, device=str(device), precision=spec.precision)
     if spec.fit_batch is not None:
         batch = spec.fit_batch(cfg, DataShape.of_checkpoint(state), runtime)
-        cfg = apply_inference_flags(cfg, {"--batch": batch})
+        cfg = apply_inference_flags(cfg, {"infer.chunks_per_forward": ("--batch auto", batch)})
     dataset = build_dataset(cfg, spec.split, class_names, training=False, manifest=spec.data,
                             index_cache=index_cache_for(cfg))
     metrics, clip_rows, video_rows = evaluate_dataset(model, dataset, cfg, runtime, class_names)

@@ -33,14 +33,18 @@ from config import Config, dump
 from core.errors import UsageError
 from core.files import atomic_open
 from datasets.manifest import VideoRecord
+from engine.video_result import VideoResult
 
 FEATURE_DTYPES = ("float16", "float32")
 
 
 @dataclass(frozen=True)
-class FeatureSpec:
+class FeatureOutput:
+    """--features DIR: where each video's file goes, what decides its content (``settings_of``: a file written
+    with other settings is recomputed) and the checkpoint that writes it."""
     directory: str
-    dtype: str = "float16"
+    settings: dict
+    checkpoint: str
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
@@ -100,17 +104,19 @@ def done_before(path: str, settings: dict) -> str | None:
     return f"written with other settings ({', '.join(changed)})"
 
 
-def write_features(path: str, result: dict, record: VideoRecord, cfg: Config, settings: dict,
+def write_features(path: str, result: VideoResult, record: VideoRecord, cfg: Config, settings: dict,
                    class_names: list[str], checkpoint: str = "") -> None:
-    frames = np.asarray(result["frame_windows"], dtype=np.int64).reshape(-1, 2)
+    """``result``'s chunk features (classify_video with keep_features) as ``path``, atomically."""
+    chunks = result.features
+    frames = np.asarray(chunks.frame_windows, dtype=np.int64).reshape(-1, 2)
     arrays = {
-        "features": result["features"].astype(settings["dtype"]),
-        "logits": result["chunk_logits"].astype(np.float32),
+        "features": chunks.features.astype(settings["dtype"]),
+        "logits": chunks.chunk_logits.astype(np.float32),
         "windows_frames": frames,
-        "windows_seconds": frames / result["fps"],
-        "fps": np.float64(result["fps"]), "frame_stride": np.int64(result["stride"]),
+        "windows_seconds": frames / result.fps,
+        "fps": np.float64(result.fps), "frame_stride": np.int64(chunks.stride),
         "chunk": np.int64(settings["chunk"]), "overlap": np.int64(settings["overlap"]),
-        "num_frames": np.int64(result["num_frames"]),
+        "num_frames": np.int64(result.num_frames),
         "view_fusion": np.str_(settings["view_fusion"]), "temporal_head": np.str_(settings["temporal_head"]),
         "video": np.str_(json.dumps(record.views)), "class_names": np.array(class_names, dtype=np.str_),
         "checkpoint_sha256": np.str_(settings["checkpoint_sha256"]), "config": np.str_(dump(cfg)),

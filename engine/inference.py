@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from config import DataConfig, TrainConfig
+from config import Config, DataConfig, InferConfig
 from core import memory_monitor
 from datasets.chunk_stream import ChunkStream
 from datasets.manifest import VideoRecord
@@ -23,18 +23,10 @@ from datasets.records import check_labels, frame_labels, segment_frames
 from engine.chunking import ChunkedOutput, clip_length, run_chunks, slice_time
 from engine.segment_metrics import SegmentationScores
 from engine.timeline import annotated, frame_probabilities, segments_of_frames
+from engine.video_result import ChunkFeatures, FrameTimeline, VideoResult
 
 log = logging.getLogger("longvideo")
 TRIM_EVERY = 32  # chunk groups between two malloc_trim calls (core.memory_monitor.trim_freed_memory)
-
-
-@dataclass(frozen=True)
-class FrameTimeline:
-    """A video's per-frame timeline: each frame's predicted class index and its probability, and the annotated
-    class index (-1 where no segment is; None without segments)."""
-    labels: np.ndarray
-    probability: np.ndarray
-    truth: np.ndarray | None
 
 
 @dataclass(frozen=True)
@@ -50,27 +42,34 @@ class InferenceSpec:
     decode_threads: int | None = None  # None: FFmpeg's choice
 
     @classmethod
-    def of_config(cls, train_cfg: TrainConfig, topk: int = 3, timeline: bool = False,
+    def of_config(cls, infer_cfg: InferConfig, topk: int = 3, timeline: bool = False,
                   decode_threads: int | None = None) -> InferenceSpec:
-        """The inference chunks of a config (``train.chunk_infer_size``, ``chunk_overlap``, ``chunk_aggregation``,
-        ``video_batch_size``): one representation, so what runs is what the config says."""
-        return cls(train_cfg.chunk_infer_size, train_cfg.chunk_overlap, train_cfg.chunk_aggregation,
-                   train_cfg.video_batch_size, topk, timeline, decode_threads)
+        """The inference chunks of a config's infer section: one representation, so what runs is what the config
+        says."""
+        return cls(infer_cfg.chunk_size, infer_cfg.chunk_overlap, infer_cfg.chunk_aggregation,
+                   infer_cfg.chunks_per_forward, topk, timeline, decode_threads)
+
+
+def how_it_runs(cfg: Config, head_reach: str) -> str:
+    """The line eval.py and infer_chunked.py print of how the model runs over a video: its inference chunks and
+    their aggregation, or the temporal head and how many chunks it sees at once (``head_reach``)."""
+    infer, head = cfg.infer, cfg.model.temporal_head
+    aggregation = f"temporal head {head}, {head_reach}" if head != "none" else f"agg {infer.chunk_aggregation}"
+    return f"chunk {infer.chunk_size} overlap {infer.chunk_overlap} {aggregation}"
 
 
 @torch.inference_mode()
 def classify_video(model, record: VideoRecord, data_cfg: DataConfig, spec: InferenceSpec, runtime, prepare,
-                   class_names, keep_features: bool = False, scores: SegmentationScores | None = None) -> dict:
-    """One video's result: top-k labels; with ``spec.timeline`` every chunk's result, the per-frame timeline's
-    segments (engine.timeline: the chunks' probabilities blended per frame) and "frames" (a FrameTimeline, not
-    JSON: the caller takes it out). A video with annotated segments is scored as a timeline ("scores", added to
-    ``scores``: the split's).
+                   class_names, keep_features: bool = False, scores: SegmentationScores | None = None
+                   ) -> VideoResult:
+    """One video's result: top-k labels; with ``spec.timeline`` every chunk's result, the per-frame timeline and
+    its segments (engine.timeline: the chunks' probabilities blended per frame). A video with annotated segments is
+    scored as a timeline (its ``scores``, added to ``scores``: the split's).
 
     The chunks go through ``run_chunks``, the chunked forward of evaluation, as they are decoded: without a
     temporal head their logits are aggregated as they come; with one, only each chunk's features are kept (on the
-    host, 4 bytes x D a chunk) and the head runs once at the end. ``keep_features``: the result also
-    holds "features" (float32 [n, D], each chunk's backbone features after view fusion, on the host) and
-    "chunk_logits" ([n, K]: the head's per-chunk outputs with a head), numpy arrays for ``engine.features``."""
+    host, 4 bytes x D a chunk) and the head runs once at the end. ``keep_features``: the result also holds its
+    ``ChunkFeatures``, for ``engine.features``."""
     check_labels(record, class_names, unlabelled_ok=True)  # the checks and messages of train.py and eval.py
     stream = ChunkStream(record, data_cfg, spec)
     truth = None
@@ -87,21 +86,15 @@ def classify_video(model, record: VideoRecord, data_cfg: DataConfig, spec: Infer
                               for s, e in stream.windows], dtype=np.int64).reshape(-1, 2)
     probs = out.logits[0].float().softmax(dim=0)
     top = probs.topk(min(spec.topk, len(class_names)))
-    result = {"video": record.first_path if len(record.views) == 1 else record.views,
-              "num_frames": stream.num_frames, "fps": stream.fps, "chunks": len(frame_windows),
-              "topk": [{"label": class_names[int(i)], "prob": round(float(v), 4)} for v, i in zip(top.values,
-                                                                                              top.indices)],
-              "decode_s": round(stream.decode_seconds, 3), "compute_s": round(compute_seconds, 3)}
-    if record.label is not None:
-        result["label"] = record.label
-        result["correct"] = result["topk"][0]["label"] == record.label
+    result = VideoResult(record.first_path if len(record.views) == 1 else record.views, stream.num_frames,
+                         stream.fps, len(frame_windows),
+                         [{"label": class_names[int(i)], "prob": round(float(v), 4)} for v, i in zip(top.values,
+                                                                                                 top.indices)],
+                         round(stream.decode_seconds, 3), round(compute_seconds, 3), record.label)
     if spec.timeline or truth is not None:
-        result.update(timeline_result(chunk_probs.numpy(), frame_windows, stream.num_frames, stream.fps, class_names,
-                                      truth, scores, spec.timeline))
+        add_timeline(result, chunk_probs.numpy(), frame_windows, class_names, truth, scores, spec.timeline)
     if keep_features:
-        result["features"], result["chunk_logits"] = out.features[0].numpy(), chunk_logits.numpy()
-        result["frame_windows"] = frame_windows
-        result["stride"] = stream.stride
+        result.features = ChunkFeatures(out.features[0].numpy(), chunk_logits.numpy(), frame_windows, stream.stride)
     return result
 
 
@@ -136,21 +129,20 @@ def run_stream(model, stream: ChunkStream, prepare, runtime, aggregation: str, k
     return out, time.perf_counter() - started - waited
 
 
-def timeline_result(chunk_probs: np.ndarray, frame_windows: np.ndarray, num_frames: int, fps: float,
-                    class_names: list[str], truth: np.ndarray | None, scores: SegmentationScores | None,
-                    full: bool) -> dict:
-    """A video's per-frame timeline (its chunks' probabilities blended, engine.timeline): "scores" against the
-    annotated ``truth`` (added to the split's ``scores``); with ``full``, every chunk's result ("timeline"), the
-    segments, and "frames" (per frame, for --output's CSV and --plot; not JSON: the caller takes it out)."""
-    per_frame = frame_probabilities(chunk_probs, frame_windows, num_frames)
+def add_timeline(result: VideoResult, chunk_probs: np.ndarray, frame_windows: np.ndarray, class_names: list[str],
+                 truth: np.ndarray | None, scores: SegmentationScores | None, full: bool) -> None:
+    """A video's per-frame timeline (its chunks' probabilities blended, engine.timeline) into ``result``: its
+    scores against the annotated ``truth`` (added to the split's ``scores``); with ``full``, every chunk's result,
+    the segments, and the per-frame labels (for --output's CSV and --plot)."""
+    fps = result.fps
+    per_frame = frame_probabilities(chunk_probs, frame_windows, result.num_frames)
     labels = per_frame.argmax(axis=1)
-    result = {}
     if truth is not None and scores is not None:
-        result["scores"] = scores.add(*annotated(labels, truth))
+        result.scores = scores.add(*annotated(labels, truth))
     if full:
-        result["timeline"] = [{"start": int(start), "end": int(end), "start_sec": round(start / fps, 3),
-                               "end_sec": round(end / fps, 3), "label": class_names[int(p.argmax())],
-                               "prob": round(float(p.max()), 4)} for (start, end), p in zip(frame_windows, chunk_probs)]
-        result["segments"] = segments_of_frames(labels, fps, class_names)
-        result["frames"] = FrameTimeline(labels, per_frame[np.arange(len(labels)), labels], truth)
-    return result
+        result.chunk_results = [{"start": int(start), "end": int(end), "start_sec": round(start / fps, 3),
+                                 "end_sec": round(end / fps, 3), "label": class_names[int(p.argmax())],
+                                 "prob": round(float(p.max()), 4)}
+                                for (start, end), p in zip(frame_windows, chunk_probs)]
+        result.segments = segments_of_frames(labels, fps, class_names)
+        result.frames = FrameTimeline(labels, per_frame[np.arange(len(labels)), labels], truth)

@@ -199,7 +199,7 @@ def _fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | No
         if val_loader is not None and _validation_due(cfg.trainer, state.epoch):
             precise_bn_before_validation(trainer, train_loader.dataset)
             sync_buffers(trainer)
-            metrics = evaluate(trainer.model, val_loader, trainer.prepare, runtime, cfg.train,
+            metrics = evaluate(trainer.model, val_loader, trainer.prepare, runtime, cfg.infer,
                                len(trainer.class_names), trainer.report.bad_inputs,
                                frame_stride=cfg.data.frame_stride,
                                background=background_indices(cfg.data.background_labels, trainer.class_names))
@@ -247,14 +247,14 @@ def _warn_if_head_at_chance(trainer: Trainer) -> None:
     said.add(kind)
     model_cfg = trainer.cfg.model
     # a bidirectional encoder starts nearly blind to order, and tokens without their contrast differ little where
-    # most chunks look alike (models/temporal.py says why): the first switches
+    # most chunks look alike: the first switches (docs/long-videos.md has the measurements)
     transformer = model_cfg.temporal_head == "transformer"
     first = [switch for switch, wanted in (
-        ("model.temporal_attention: directional (now bidirectional; on 64 chunks of 4 frames it learnt 1.000 where "
-         "bidirectional stayed at chance, seed 0)", transformer and model_cfg.temporal_attention == "bidirectional"),
-        ("model.temporal_contrast: true (now false; a head on features that all share one vector learnt 0.995 with "
-         "it, 0.560 without)", transformer and not model_cfg.temporal_contrast)) if wanted]
-    first_switches = f"first set {' and '.join(first)}; " if first else ""
+        ("model.temporal_attention: directional (now bidirectional)",
+         transformer and model_cfg.temporal_attention == "bidirectional"),
+        ("model.temporal_contrast: true (now false)", transformer and not model_cfg.temporal_contrast)) if wanted]
+    first_switches = (f"first set {' and '.join(first)} (docs/long-videos.md, Temporal context across chunks); "
+                      if first else "")
     if kind == "fitting":
         # a head on features (data.features_dir) has the chunks infer_chunked.py --features wrote them with
         chunking = ("infer_chunked.py --features --chunk" if trainer.cfg.data.features_dir is not None
@@ -266,7 +266,7 @@ def _warn_if_head_at_chance(trainer: Trainer) -> None:
     max_norm = max_grad_norm(train_cfg, True)
     log.warning("%s; %sa head that does not learn usually trains too fast: lower train.temporal_lr_scale (now %g) "
                 "or train.lr (now %g), lengthen train.temporal_warmup_epochs (now %g), set train.temporal_grad_clip "
-                "(now %s), or narrow model.temporal_width (now %d; 64 learnt where 128 did not); "
+                "(now %s), or narrow model.temporal_width (now %d); "
                 "model.temporal_head: none shows what the chunks alone give",
                 at_chance, first_switches, train_cfg.temporal_lr_scale, train_cfg.lr,
                 warmup_epochs(train_cfg, True), "off" if max_norm is None else f"{max_norm:g}",

@@ -58,8 +58,9 @@ def temporal_settings(model_cfg: ModelConfig) -> dict:
     """The temporal head's constructor arguments (models/temporal.py) from the model section."""
     return {"kind": model_cfg.temporal_head, "width": model_cfg.temporal_width, "layers": model_cfg.temporal_layers,
             "heads": model_cfg.temporal_attention_heads, "dropout": model_cfg.temporal_dropout,
+            "tcn_dropout": model_cfg.temporal_tcn_dropout,
             "attention": model_cfg.temporal_attention, "input_norm": model_cfg.temporal_input_norm,
-            "contrast": model_cfg.temporal_contrast, "window": model_cfg.temporal_window,
+            "contrast": model_cfg.temporal_contrast,
             "stages": model_cfg.temporal_stages, "tcn_layers": model_cfg.temporal_tcn_layers}
 
 
@@ -71,7 +72,7 @@ def temporal_head_of(model: nn.Module) -> TemporalHead | None:
 
 
 def set_temporal_window(model: nn.Module, window: int | str) -> str:
-    """Set the most chunks ``model``'s temporal head sees at once at inference (model.temporal_window); what it
+    """Set the most chunks ``model``'s temporal head sees at once at inference (infer.head_window); what it
     will do, in words ("" without a head)."""
     head = temporal_head_of(model)
     if head is None:

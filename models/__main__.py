@@ -7,13 +7,12 @@ the peak training memory (forward + backward + AdamW step) for fp32 and fp16, wi
 checkpointing: estimated on any machine (the memory planner), and with CUDA measured beside it.
 """
 import argparse
-import dataclasses
 import os
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from config import Config, ModelConfig, load_config
+from config import Config, ModelConfig, derive, load_config
 from models import build_model, build_rgb_backbone, registered_names
 from planner import project  # python -m models is an entry point, like the scripts: it may use the planner
 
@@ -42,11 +41,10 @@ def training_memory_mb(cfg: Config, name: str, shape, cuda: bool) -> list[str]:
     checkpointing off / on: the planner's estimate, the one train.py --probe-memory uses."""
     cells = []
     for precision, ckpt in (("32", False), ("32", True), ("16", False), ("16", True)):
-        changed = dataclasses.replace(
-            cfg, model=dataclasses.replace(cfg.model, backbone=name, grad_checkpointing=ckpt, pretrained=None,
-                                           input_type="rgb", view_fusion="none"),
-            data=dataclasses.replace(cfg.data, img_size=list(shape[1:])),
-            train=dataclasses.replace(cfg.train, accumulate_grad_batches=1))
+        changed = derive(cfg, {"model.backbone": name, "model.grad_checkpointing": ckpt, "model.pretrained": None,
+                               "model.input_type": "rgb", "model.view_fusion": "none",
+                               "data.img_size": list(shape[1:]), "train.accumulate_grad_batches": 1},
+                         "python -m models --profile")
         estimate = project.config_training_estimate(changed, shape[0], 1, precision=precision)
         cells.append(f"{estimate.peak / 2 ** 20:.0f}")
         if cuda:
@@ -77,8 +75,9 @@ def main() -> None:
     header += "".join(f" {c:>14s}" for c in ("fp32", "fp32+ckpt", "fp16", "fp16+ckpt"))
     print(header)
     for name in registered_names():
-        model_cfg = dataclasses.replace(cfg.model, backbone=name, grad_checkpointing=False, pretrained=None,
-                                        input_type="rgb", view_fusion="none")
+        model_cfg = derive(cfg, {"model.backbone": name, "model.grad_checkpointing": False, "model.pretrained": None,
+                                 "model.input_type": "rgb", "model.view_fusion": "none"},
+                           "python -m models --profile").model
         shape = clip_shape_for(name, cfg.data.num_frames, cfg.data.img_size)
         params = sum(p.numel() for p in build_model(model_cfg, num_classes=10).parameters())
         line = (f"{name:12s} {params / 1e6:9.2f} {forward_gflops(model_cfg, shape):8.1f} "

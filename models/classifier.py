@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from models.registry import ModelConfigError
-from models.temporal import TemporalHead
+from models.temporal import temporal_head
 
 
 def batch_norm(channels: int, dims: int) -> nn.Module:
@@ -120,7 +120,7 @@ class VideoClassifier(nn.Module):
             if view_fusion == "late":
                 raise ModelConfigError("model.temporal_head needs one feature vector per chunk, but view_fusion late "
                                        "keeps one per view; use view_fusion mean or concat")
-            self.temporal = TemporalHead(self.feature_dim, num_classes, **temporal)
+            self.temporal = temporal_head(self.feature_dim, num_classes, **temporal)
 
     def set_grad_checkpointing(self, enabled: bool = True) -> None:
         for branch in (self.rgb, self.kpt):

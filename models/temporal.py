@@ -44,7 +44,7 @@ tasks").
 padded): padded chunks change nothing in the real ones' outputs.
 
 At inference the head sees at most as many chunks at once as it was trained on (``window``,
-``model.temporal_window``: auto; the chunks it trains on are counted in the ``trained_chunks`` buffer, saved with
+``infer.head_window``: auto; the chunks it trains on are counted in the ``trained_chunks`` buffer, saved with
 its weights). A longer video runs in windows of that many chunks overlapping by half, each window's positions
 counted from its first chunk as a training clip's are; each chunk keeps the outputs of the window it is most
 central in. The clip logits come from one pass over every chunk: a label about the whole video needs all of it.
@@ -276,44 +276,16 @@ def most_central(n: int, window: int, starts: list[int]) -> torch.Tensor:
 
 
 class TemporalHead(nn.Module):
-    def __init__(self, feature_dim: int, num_classes: int, kind: str = "transformer", width: int = 64, layers: int = 2,
-                 heads: int = 4, dropout: float = 0.1, stages: int = 4, tcn_layers: int = 10,
-                 attention: str = "directional", input_norm: bool = True, contrast: bool = True,
-                 window: int | str = "auto"):
+    """What every kind of head shares: the count of the chunks it trained on, and inference in windows of that many
+    (the module docstring). A kind defines ``_forward``: features [B, n, D] at windows -> HeadOutput."""
+
+    kind = ""
+
+    def __init__(self, window: int | str = "auto"):
         super().__init__()
         self.window = window  # chunks seen at once at inference: "auto" (trained_chunks), -1 (all), or a number
         # the most real chunks of a clip the head has trained on (0: not known, a checkpoint from before the count)
         self.register_buffer("trained_chunks", torch.zeros((), dtype=torch.long))
-        if kind not in HEADS[1:]:
-            raise ValueError(f"unknown temporal head '{kind}'; expected one of {', '.join(HEADS[1:])}")
-        if attention not in ("directional", "bidirectional"):
-            raise ValueError(f"unknown temporal attention '{attention}'; expected directional or bidirectional")
-        self.kind, self.width, self.heads = kind, width, heads
-        self.directional = kind == "transformer" and attention == "directional"
-        self.contrast = kind == "transformer" and contrast
-        if kind == "tcn":  # MS-TCN: no projection, no positions (convolutions see relative time), no pooling
-            self.stages = nn.ModuleList(
-                TCNStage(feature_dim if i == 0 else num_classes, width, num_classes, tcn_layers,
-                         0.5 if dropout == 0.1 else dropout)  # the paper's dropout unless one is set
-                for i in range(stages))
-            return
-        # the transformer's only: the attention head's order comes from positions alone, which it would drown
-        self.input_norm = nn.LayerNorm(feature_dim) if input_norm and kind == "transformer" else None
-        self.project = nn.Linear(feature_dim * (2 if self.contrast else 1), width)
-        self.encoder = None
-        if kind == "transformer":
-            self.encoder = Encoder(EncoderLayer(width, heads, dropout), layers)
-        self.query = nn.Parameter(torch.randn(1, 1, width) * 0.02)
-        self.pool = nn.MultiheadAttention(width, heads, dropout=dropout, batch_first=True)
-        self.norm = nn.LayerNorm(width)
-        self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(width, num_classes))
-
-    def positions(self, windows: torch.Tensor) -> torch.Tensor:
-        """[..., n, 2] chunk windows in video frames -> [..., n, width]: centre and length, half the width each."""
-        windows = windows.float()
-        centre, length = windows.mean(dim=-1), windows[..., 1] - windows[..., 0]
-        return torch.cat([sinusoidal(centre, self.width // 2), sinusoidal(length, self.width - self.width // 2)],
-                         dim=-1)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # checkpoints from before the count: not known, so inference sees the whole clip, as it did then
@@ -342,6 +314,10 @@ class TemporalHead(nn.Module):
             if reach is not None and features.shape[1] > reach:
                 return self._in_windows(features, windows, mask, reach)
         return self._forward(features, windows, mask)
+
+    def _forward(self, features: torch.Tensor, windows: torch.Tensor,
+                 mask: torch.Tensor | None = None) -> HeadOutput:
+        raise NotImplementedError
 
     def _in_windows(self, features: torch.Tensor, windows: torch.Tensor, mask: torch.Tensor | None,
                     reach: int) -> HeadOutput:
@@ -379,10 +355,37 @@ class TemporalHead(nn.Module):
         parts = [torch.cat([w[i] for w in per_window])[pick, offset][None] for i in range(len(per_window[0]))]
         return parts, self._forward(x, at).clip
 
+
+
+class AttentionHead(TemporalHead):
+    """``attention``: each chunk's features projected to ``width`` plus its position, pooled by attention with a
+    learned query; chunk logits see their own chunk only."""
+
+    kind = "attention"
+
+    def __init__(self, feature_dim: int, num_classes: int, width: int = 64, heads: int = 4, dropout: float = 0.1,
+                 window: int | str = "auto"):
+        super().__init__(window)
+        self.width, self.heads = width, heads
+        self.input_norm, self.contrast, self.encoder, self.directional = None, False, None, False
+        self.project = nn.Linear(feature_dim, width)
+        self._add_pooling(num_classes, dropout)
+
+    def _add_pooling(self, num_classes: int, dropout: float) -> None:
+        self.query = nn.Parameter(torch.randn(1, 1, self.width) * 0.02)
+        self.pool = nn.MultiheadAttention(self.width, self.heads, dropout=dropout, batch_first=True)
+        self.norm = nn.LayerNorm(self.width)
+        self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(self.width, num_classes))
+
+    def positions(self, windows: torch.Tensor) -> torch.Tensor:
+        """[..., n, 2] chunk windows in video frames -> [..., n, width]: centre and length, half the width each."""
+        windows = windows.float()
+        centre, length = windows.mean(dim=-1), windows[..., 1] - windows[..., 0]
+        return torch.cat([sinusoidal(centre, self.width // 2), sinusoidal(length, self.width - self.width // 2)],
+                         dim=-1)
+
     def _forward(self, features: torch.Tensor, windows: torch.Tensor,
                  mask: torch.Tensor | None = None) -> HeadOutput:
-        if self.kind == "tcn":
-            return self._tcn(features, mask)
         raw = features
         if self.input_norm is not None:
             features = self.input_norm(features)
@@ -396,7 +399,44 @@ class TemporalHead(nn.Module):
         pooled, _ = self.pool(query, tokens, tokens, key_padding_mask=padding, need_weights=False)
         return HeadOutput(self.classifier(self.norm(pooled[:, 0])), self.classifier(self.norm(tokens)))
 
-    def _tcn(self, features: torch.Tensor, mask: torch.Tensor | None) -> HeadOutput:
+
+class TransformerHead(AttentionHead):
+    """``transformer``: the attention head after ``layers`` pre-norm encoder layers over the chunk tokens, with
+    the input LayerNorm, the contrast features and the directional attention of the module docstring."""
+
+    kind = "transformer"
+
+    def __init__(self, feature_dim: int, num_classes: int, width: int = 64, heads: int = 4, dropout: float = 0.1,
+                 layers: int = 2, attention: str = "directional", input_norm: bool = True, contrast: bool = True,
+                 window: int | str = "auto"):
+        if attention not in ("directional", "bidirectional"):
+            raise ValueError(f"unknown temporal attention '{attention}'; expected directional or bidirectional")
+        # TemporalHead's, not AttentionHead's: the layers register in the order of the checkpoints (and of the
+        # optimizer states) this head has always saved: input norm, projection, encoder, pooling
+        TemporalHead.__init__(self, window)
+        self.width, self.heads = width, heads
+        self.directional, self.contrast = attention == "directional", contrast
+        self.input_norm = nn.LayerNorm(feature_dim) if input_norm else None
+        self.project = nn.Linear(feature_dim * (2 if contrast else 1), width)
+        self.encoder = Encoder(EncoderLayer(width, heads, dropout), layers)
+        self._add_pooling(num_classes, dropout)
+
+
+class TCNHead(TemporalHead):
+    """``tcn``: MS-TCN's stages (the module docstring). No projection, no positions (convolutions see relative
+    time), no pooling: clip logits are the last stage's chunk logits averaged."""
+
+    kind = "tcn"
+
+    def __init__(self, feature_dim: int, num_classes: int, width: int = 64, stages: int = 4, layers: int = 10,
+                 dropout: float = 0.5, window: int | str = "auto"):
+        super().__init__(window)
+        self.width = width
+        self.stages = nn.ModuleList(TCNStage(feature_dim if i == 0 else num_classes, width, num_classes, layers,
+                                             dropout) for i in range(stages))
+
+    def _forward(self, features: torch.Tensor, windows: torch.Tensor,
+                 mask: torch.Tensor | None = None) -> HeadOutput:
         valid = (torch.ones(features.shape[:2], dtype=torch.bool, device=features.device) if mask is None
                  else mask.to(features.device))
         m = valid.unsqueeze(1).to(features.dtype)  # [B, 1, n]
@@ -410,6 +450,22 @@ class TemporalHead(nn.Module):
         return HeadOutput(clip, chunks[-1], chunks)
 
 
+def temporal_head(feature_dim: int, num_classes: int, kind: str = "transformer", width: int = 64, layers: int = 2,
+                  heads: int = 4, dropout: float = 0.1, tcn_dropout: float = 0.5, stages: int = 4,
+                  tcn_layers: int = 10, attention: str = "directional", input_norm: bool = True,
+                  contrast: bool = True, window: int | str = "auto") -> TemporalHead:
+    """The head of ``kind`` with the settings that kind has (models.temporal_settings: the model section's); the
+    others are not its own and are left out."""
+    if kind == "attention":
+        return AttentionHead(feature_dim, num_classes, width, heads, dropout, window)
+    if kind == "transformer":
+        return TransformerHead(feature_dim, num_classes, width, heads, dropout, layers, attention, input_norm,
+                               contrast, window)
+    if kind == "tcn":
+        return TCNHead(feature_dim, num_classes, width, stages, tcn_layers, tcn_dropout, window)
+    raise ValueError(f"unknown temporal head '{kind}'; expected one of {', '.join(HEADS[1:])}")
+
+
 class FeatureHead(nn.Module):
     """The temporal head alone, over chunk features read from files (training on features, data.features_dir).
     Its state dict is the end-to-end classifier's ``temporal.*`` entries, so either loads into the other
@@ -419,7 +475,7 @@ class FeatureHead(nn.Module):
     def __init__(self, feature_dim: int, num_classes: int, **temporal):
         super().__init__()
         self.feature_dim = feature_dim
-        self.temporal = TemporalHead(feature_dim, num_classes, **temporal)
+        self.temporal = temporal_head(feature_dim, num_classes, **temporal)
 
     def forward(self, features: torch.Tensor, windows: torch.Tensor, mask: torch.Tensor | None = None) -> HeadOutput:
         return self.temporal(features, windows, mask)

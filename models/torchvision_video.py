@@ -96,7 +96,7 @@ class TorchvisionMViT(StagedBackbone):
             t, h, w = self.shape
             raise ValueError(f"{self.name} needs clips of exactly {t} frames at {h}x{w}, got "
                              f"{x.shape[-3]}x{x.shape[-2]}x{x.shape[-1]}; set data.num_frames: {t}, "
-                             f"data.img_size: [{h}, {w}] and train.chunk_infer_size: {t}")
+                             f"data.img_size: [{h}, {w}] and infer.chunk_size: {t}")
         net = self.net
         x = net.pos_encoding(net.conv_proj(x).flatten(2).transpose(1, 2))
         thw = (net.pos_encoding.temporal_size,) + tuple(net.pos_encoding.spatial_size)

@@ -83,10 +83,12 @@ def chunks_to_keep(cfg: Config, runtime: Runtime, data_shape: DataShape) -> int:
     return kept
 
 
-def inference_batch_for_budget(cfg: Config, runtime: Runtime, data_shape: DataShape, chunk: int,
-                               budget_gb: float | None = None) -> int:
-    """--batch auto: the most chunks per forward whose estimated peak fits the budget (``budget_gb``, else the
-    config's trainer.memory_budget_gb)."""
+def inference_batch_for_budget(cfg: Config, runtime: Runtime, data_shape: DataShape, budget_gb: float | None = None,
+                               test_views: int = 1) -> int:
+    """--batch auto: the most inference chunks (``cfg.infer.chunk_size``) per forward whose estimated peak fits the
+    budget (``budget_gb``, else the config's trainer.memory_budget_gb), for each of ``test_views`` (eval.py's test
+    clips x crops of a window, which go through each forward together)."""
+    chunk = cfg.infer.chunk_size
     budget = budget_gb or cfg.trainer.memory_budget_gb
     if not budget:
         raise UsageError("--batch auto needs a memory budget: --memory-budget-gb N (the checkpoint's config has no "
@@ -100,4 +102,4 @@ def inference_batch_for_budget(cfg: Config, runtime: Runtime, data_shape: DataSh
         raise UsageError(f"--batch auto: even 1 chunk of {frames} frames does not fit the "
                           f"{margin_text(budget, cuda)}; use a shorter --chunk")
     print(f"--batch auto: {batch} chunks of {frames} frames per forward ({margin_text(budget, cuda)})")
-    return batch
+    return max(1, batch // test_views)

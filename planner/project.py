@@ -9,7 +9,7 @@ import logging
 import torch
 from torch import nn
 
-from config import Config, DataConfig, apply_flags
+from config import Config, DataConfig
 from core.runtime import Runtime
 from datasets.device_input import InputPreparer
 from datasets.windows import chunk_windows
@@ -220,8 +220,3 @@ def clip_frames(data_cfg: DataConfig) -> int:
     if frames > 0:
         return frames
     return data_cfg.max_video_frames or 32
-
-
-def with_value(cfg: Config, dotted: str, value) -> Config:
-    """A validated copy of ``cfg`` with one key changed (config.apply_flags)."""
-    return apply_flags(cfg, {dotted: (f"{dotted}: {value}", value)})

@@ -156,7 +156,7 @@ def overrides(synthetic_root, out, *extra):
 def trained_run(synthetic_root, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     import train
-    assert train.main(overrides(synthetic_root, out, "train.chunk_infer_size=4", "train.chunk_overlap=1")) == 0
+    assert train.main(overrides(synthetic_root, out, "infer.chunk_size=4", "infer.chunk_overlap=1")) == 0
     return os.path.realpath(os.path.join(out, "e2e", "latest")), out
 
 

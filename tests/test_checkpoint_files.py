@@ -20,7 +20,7 @@ def test_resume_from_a_checkpoint_outside_a_run_directory_starts_a_new_one(train
     users.mkdir(parents=True)
     shutil.copy(os.path.join(run_dir, "checkpoints", "epoch_0001.pt"), users / "best.pt")
     before = sorted(os.listdir(tmp_path / "somewhere"))
-    args = overrides(synthetic_root, tmp_path / "runs", "train.chunk_infer_size=4", "train.chunk_overlap=1")
+    args = overrides(synthetic_root, tmp_path / "runs", "infer.chunk_size=4", "infer.chunk_overlap=1")
     assert train.main(args + ["--resume", str(users / "best.pt")]) == 0
     assert sorted(os.listdir(tmp_path / "somewhere")) == before == ["models"]  # nothing written beside it
     assert os.listdir(users) == ["best.pt"]

@@ -40,7 +40,7 @@ def test_aggregations_equal_a_hand_computation(aggregation):
     assert windows == [(0, 16), (12, 28), (24, 40), (34, 50)]
     per_window = torch.stack([model({"video": clip["video"][:, :, s:e]}) for s, e in windows])  # [n, B, K]
     model.calls.clear()
-    got = forward_chunked(model, clip, 16, 4, aggregation, video_batch_size=3)
+    got = forward_chunked(model, clip, 16, 4, aggregation, chunks_per_forward=3)
     if aggregation == "mean":
         want = per_window.mean(dim=0)
     elif aggregation == "max":

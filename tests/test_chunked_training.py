@@ -161,7 +161,7 @@ def test_chunk_train_aggregation_last_is_refused_with_its_reason():
         load_config(None, ["train.chunk_train_aggregation=last"])
     assert str(info.value) == ("--set train.chunk_train_aggregation=last: train.chunk_train_aggregation: 'last' means "
                                "nothing in training (only the last chunk would learn); use mean, max or prob. "
-                               "Validation's train.chunk_aggregation may stay last")
+                               "Validation's infer.chunk_aggregation may stay last")
     with pytest.raises(ConfigError, match="train.chunk_train_overlap=8 must be smaller than train.chunk_train_size=8"):
         load_config(None, ["train.chunk_train_size=8", "train.chunk_train_overlap=8"])
 
@@ -176,7 +176,7 @@ def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(synthetic_root,
     precise BN: the statistics recomputed before each validation; with a budget: chunks kept unrecomputed,
     train.recompute: auto)."""
     extra = ["model.dropout=0.5", "train.chunk_train_size=4", "train.chunk_train_overlap=1", "train.keep_last_k=2",
-             "train.chunk_infer_size=4"] + (["train.chunk_loss=dense", "data.train_manifest=long.jsonl", "data.val_manifest=long.jsonl",
+             "infer.chunk_size=4"] + (["train.chunk_loss=dense", "data.train_manifest=long.jsonl", "data.val_manifest=long.jsonl",
                                               "data.max_video_frames=40"] if dense else [])
     extra += ["train.precise_bn_batches=2"] if precise else []
     extra += ["trainer.memory_budget_gb=2", "trainer.device=cpu"] if budget else []

@@ -37,8 +37,8 @@ def test_unknown_key_in_the_wrong_section_suggests_the_right_one(tmp_path):
 
 def test_unknown_key_reports_the_inheriting_file_not_the_base(tmp_path):
     write(tmp_path, "base.yaml", "data:\n  batch_size: 4\n")
-    child = write(tmp_path, "child.yaml", "base: base.yaml\ntrain:\n  chunk_agregation: mean\n")
-    assert error_of(child) == f"{child}: unknown key 'train.chunk_agregation'; did you mean 'train.chunk_aggregation'?"
+    child = write(tmp_path, "child.yaml", "base: base.yaml\ninfer:\n  chunk_agregation: mean\n")
+    assert error_of(child) == f"{child}: unknown key 'infer.chunk_agregation'; did you mean 'infer.chunk_aggregation'?"
 
 
 def test_wrong_type_and_impossible_values(tmp_path):
@@ -46,21 +46,21 @@ def test_wrong_type_and_impossible_values(tmp_path):
     assert error_of(path) == f"{path}: data.batch_size must be an integer >= 1 (or auto), got -4"
     path = write(tmp_path, "y.yaml", "data:\n  batch_size: four\n")
     assert error_of(path) == f"{path}: data.batch_size must be an integer >= 1 (or auto), got 'four'"
-    path = write(tmp_path, "z.yaml", "train:\n  chunk_infer_size: 0\n")
-    assert error_of(path) == f"{path}: train.chunk_infer_size must be an integer >= 1 (or -1), got 0"
+    path = write(tmp_path, "z.yaml", "infer:\n  chunk_size: 0\n")
+    assert error_of(path) == f"{path}: infer.chunk_size must be an integer >= 1 (or -1), got 0"
 
 
 def test_overlap_must_be_smaller_than_chunk(tmp_path):
-    path = write(tmp_path, "x.yaml", "train:\n  chunk_infer_size: 32\n  chunk_overlap: 32\n")
-    assert error_of(path) == (f"{path}: train.chunk_overlap=32 must be smaller than train.chunk_infer_size=32 "
-                              f"(or set chunk_infer_size: -1 for no chunking)")
+    path = write(tmp_path, "x.yaml", "infer:\n  chunk_size: 32\n  chunk_overlap: 32\n")
+    assert error_of(path) == (f"{path}: infer.chunk_overlap=32 must be smaller than infer.chunk_size=32 "
+                              f"(or set chunk_size: -1 for no chunking)")
     # -1 means no chunking: any overlap is irrelevant and allowed
-    assert load_config(write(tmp_path, "y.yaml", "train:\n  chunk_infer_size: -1\n  chunk_overlap: 8\n"))
+    assert load_config(write(tmp_path, "y.yaml", "infer:\n  chunk_size: -1\n  chunk_overlap: 8\n"))
 
 
 def test_choice_error_lists_the_choices(tmp_path):
-    path = write(tmp_path, "x.yaml", "train:\n  chunk_aggregation: avg\n")
-    assert error_of(path) == f"{path}: train.chunk_aggregation: 'avg' is not one of mean, max, last, prob"
+    path = write(tmp_path, "x.yaml", "infer:\n  chunk_aggregation: avg\n")
+    assert error_of(path) == f"{path}: infer.chunk_aggregation: 'avg' is not one of mean, max, last, prob"
 
 
 def test_unknown_backbone_lists_the_registered_ones(tmp_path):
@@ -194,7 +194,53 @@ def test_a_checkpoint_config_with_the_old_name_loads_silently(caplog):
     assert saved_config(old).data.sample_window_overlap == 4 and not caplog.records
 
 
-SECTION_NAMES = {"model", "data", "train", "trainer"}
+SEED_GUIDE_INFERENCE_KEYS = {"train.chunk_infer_size": ("infer.chunk_size", 32),
+                             "train.chunk_overlap": ("infer.chunk_overlap", 8),
+                             "train.chunk_aggregation": ("infer.chunk_aggregation", "max"),
+                             "train.video_batch_size": ("infer.chunks_per_forward", 3)}
+
+
+def test_the_seed_guides_inference_keys_under_train_move_to_the_infer_section_with_a_notice(tmp_path, caplog):
+    import logging
+    lines = "".join(f"  {old.split('.')[1]}: {value}\n" for old, (_, value) in SEED_GUIDE_INFERENCE_KEYS.items())
+    path = write(tmp_path, "seed.yaml", "train:\n  lr: 0.01\n" + lines)
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
+        cfg = load_config(path, ["model.temporal_window=5"])
+    assert (cfg.infer.chunk_size, cfg.infer.chunk_overlap, cfg.infer.chunk_aggregation,
+            cfg.infer.chunks_per_forward, cfg.infer.head_window, cfg.train.lr) == (32, 8, "max", 3, 5, 0.01)
+    assert [r.getMessage() for r in caplog.records] == [
+        *(f"{path}: {old} is now called {new} (the old name still works)"
+          for old, (new, _) in SEED_GUIDE_INFERENCE_KEYS.items()),
+        "--set model.temporal_window=5: model.temporal_window is now called infer.head_window (the old name still "
+        "works)"]
+    # a --set of an old name overrides the preset's new one, and errors name the new key where it came from
+    preset = write(tmp_path, "new.yaml", "infer:\n  chunk_size: 16\n  chunk_overlap: 4\n")
+    assert load_config(preset, ["train.chunk_infer_size=8", "train.chunk_overlap=2"]).infer.chunk_size == 8
+    with pytest.raises(ConfigError) as info:
+        load_config(preset, ["train.chunk_overlap=16"])
+    assert str(info.value) == ("--set train.chunk_overlap=16: infer.chunk_overlap=16 must be smaller than "
+                               "infer.chunk_size=16 (or set chunk_size: -1 for no chunking)")
+    both = write(tmp_path, "both.yaml", "train:\n  chunk_infer_size: 8\ninfer:\n  chunk_size: 16\n")
+    assert error_of(both) == (f"{both}: train.chunk_infer_size and infer.chunk_size are the same key (renamed); keep "
+                              f"infer.chunk_size")
+
+
+def test_a_checkpoint_config_from_before_the_infer_section_loads_silently_as_it_ran(caplog):
+    from config import saved_config
+    old = defaults()
+    infer = old.pop("infer")
+    old["model"]["temporal_window"] = 6
+    for old_key, (new_key, value) in SEED_GUIDE_INFERENCE_KEYS.items():
+        old["train"][old_key.split(".")[1]] = value
+        infer.pop(new_key.split(".")[1])
+    assert infer == {"head_window": "auto"}  # the section held nothing else
+    cfg = saved_config(old)
+    assert (cfg.infer.chunk_size, cfg.infer.chunk_overlap, cfg.infer.chunk_aggregation,
+            cfg.infer.chunks_per_forward, cfg.infer.head_window) == (32, 8, "max", 3, 6)
+    assert not caplog.records
+
+
+SECTION_NAMES = {"model", "data", "train", "infer", "trainer"}
 CONFIG_WORDS = SECTION_NAMES | {key.rsplit(".", 1)[-1] for key in ALL_KEYS}
 
 
@@ -262,3 +308,43 @@ def test_a_global_batch_that_the_processes_cannot_share_is_refused():
     with pytest.raises(ConfigError) as info:
         batch_for_budget(cfg, Runtime(torch.device("cpu"), "32", 0, 2), DataShape(6))
     assert str(info.value) == "train.global_batch_size=15 must be a multiple of the 2 processes"
+
+
+def test_derive_is_a_validated_copy_and_names_why_a_change_is_refused():
+    from config import derive
+    cfg = load_config(None)
+    changed = derive(cfg, {"model.grad_checkpointing": True, "infer.chunk_size": 16}, "a test")
+    assert (changed.model.grad_checkpointing, changed.infer.chunk_size) == (True, 16)
+    assert (cfg.model.grad_checkpointing, cfg.infer.chunk_size) == (False, -1)  # the original is untouched
+    with pytest.raises(ConfigError) as info:
+        derive(cfg, {"infer.chunk_size": 8, "infer.chunk_overlap": 8}, "the planner's alternative")
+    assert str(info.value) == ("the planner's alternative: infer.chunk_overlap=8 must be smaller than "
+                               "infer.chunk_size=8 (or set chunk_size: -1 for no chunking)")
+    with pytest.raises(ConfigError, match="^a test: unknown key 'model.temporal_heads'; did you mean"):
+        derive(cfg, {"model.temporal_heads": 2}, "a test")
+
+
+def test_the_inference_flags_become_overrides_keyed_by_the_config_key_they_set():
+    import argparse
+
+    from config import add_inference_flags, inference_overrides
+    parser = argparse.ArgumentParser()
+    add_inference_flags(parser, clips=True)
+    args = parser.parse_args(["--chunk", "16", "--overlap", "4", "--batch", "auto", "--head-window", "-1",
+                              "--crops", "3"])
+    assert inference_overrides(args) == {"infer.chunk_size": ("--chunk", 16), "infer.chunk_overlap": ("--overlap", 4),
+                                         "infer.head_window": ("--head-window", -1), "data.test_crops": ("--crops", 3)}
+    assert inference_overrides(parser.parse_args(["--batch", "3"])) == {"infer.chunks_per_forward": ("--batch", 3)}
+    with pytest.raises(ConfigError, match=r"^--batch many: expected a number of chunks, or auto$"):
+        parser.parse_args(["--batch", "many"])
+
+
+@pytest.mark.parametrize("dropout, tcn_dropout", [(0.1, 0.5), (0.3, 0.3)])
+def test_a_tcn_checkpoint_from_before_its_own_dropout_key_keeps_the_dropout_it_trained_with(dropout, tcn_dropout):
+    """Before model.temporal_tcn_dropout the tcn took MS-TCN's 0.5 while model.temporal_dropout was at its default,
+    else model.temporal_dropout."""
+    from config import saved_config
+    old = defaults()
+    del old["model"]["temporal_tcn_dropout"]
+    old["model"].update(temporal_head="tcn", temporal_dropout=dropout)
+    assert saved_config(old).model.temporal_tcn_dropout == tcn_dropout

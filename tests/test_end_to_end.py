@@ -37,7 +37,7 @@ def test_training_writes_the_run_directory(trained_run):
 def test_resume_continues_exactly(trained_run, synthetic_root, tmp_path):
     run_dir, _ = trained_run
     reference = load_checkpoint(os.path.join(run_dir, "checkpoints", "last.pt"))
-    args = overrides(synthetic_root, tmp_path, "train.chunk_infer_size=4", "train.chunk_overlap=1")
+    args = overrides(synthetic_root, tmp_path, "infer.chunk_size=4", "infer.chunk_overlap=1")
     assert train.main(args + ["--stop-after-steps", "3"]) == 0  # stopped in the middle of epoch 1
     assert train.main(args + ["--resume", "auto"]) == 0
     resumed = load_checkpoint(os.path.join(tmp_path, "e2e", "latest", "checkpoints", "last.pt"))
@@ -78,8 +78,8 @@ def test_eval_reports_and_writes_metrics_and_predictions(trained_run, tmp_path):
     bad = subprocess.run([sys.executable, "eval.py", "--checkpoint", best, "--chunk", "4", "--overlap", "4"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2
-    assert bad.stderr == ("error: --overlap: train.chunk_overlap=4 must be smaller than train.chunk_infer_size=4 "
-                          "(or set chunk_infer_size: -1 for no chunking)\n")
+    assert bad.stderr == ("error: --overlap: infer.chunk_overlap=4 must be smaller than infer.chunk_size=4 "
+                          "(or set chunk_size: -1 for no chunking)\n")
 
 
 def test_infer_chunked_streams_a_long_video_with_a_timeline(trained_run, synthetic_root, tmp_path):
@@ -94,8 +94,8 @@ def test_infer_chunked_streams_a_long_video_with_a_timeline(trained_run, synthet
     line = json.loads(output.read_text().splitlines()[0])
     assert line["num_frames"] == 300 and line["fps"] == 25.0
     # 300 frames at stride 2 = 150 clip frames; chunks of 8 with overlap 2: 1 + ceil((150 - 8) / 6) = 25
-    assert line["chunks"] == len(line["timeline"]) == 25
-    assert line["timeline"][0]["start"] == 0 and line["timeline"][-1]["end"] == 299
+    assert line["chunks"] == len(line["chunk_results"]) == 25
+    assert line["chunk_results"][0]["start"] == 0 and line["chunk_results"][-1]["end"] == 299
     assert line["segments"][0]["start"] == 0 and line["segments"][-1]["end"] == 300
     assert all(a["end"] == b["start"] for a, b in zip(line["segments"], line["segments"][1:]))
     # the frame accuracy is the share of annotated frames whose segment has their label, counted here again
@@ -126,8 +126,8 @@ def test_infer_chunked_bad_inputs(trained_run, tmp_path):
     result = run("--input", str(tmp_path / "nope.mp4"))
     assert (result.returncode, result.stderr) == (2, f"error: --input {tmp_path / 'nope.mp4'}: file not found\n")
     result = run("--chunk", "8", "--overlap", "8")  # checked by config.py, over the checkpoint config's defaults
-    assert (result.returncode, result.stderr) == (2, "error: --overlap: train.chunk_overlap=8 must be smaller than "
-                                                     "train.chunk_infer_size=8 (or set chunk_infer_size: -1 for no "
+    assert (result.returncode, result.stderr) == (2, "error: --overlap: infer.chunk_overlap=8 must be smaller than "
+                                                     "infer.chunk_size=8 (or set chunk_size: -1 for no "
                                                      "chunking)\n")
     (tmp_path / "videos").mkdir()
     (tmp_path / "videos" / "a_broken.mp4").write_bytes(b"not a video" * 100)
@@ -183,3 +183,27 @@ def test_plots_are_drawn_once_at_the_end_or_one_note_without_matplotlib(trained_
     assert plots.training_plots(RunDirectory(run_dir), ["a"], [[1]]) == []
     assert capsys.readouterr().out == ("note: plotting the training curves needs matplotlib (pip install "
                                        "matplotlib); no plots written\n")
+
+
+def test_a_checkpoint_from_before_the_infer_section_evaluates_as_it_did(trained_run, tmp_path):
+    """A checkpoint whose saved config has the seed guides' layout (the inference chunk under train) evaluates
+    with those settings, as one saved with the infer section does, and says nothing about the old names."""
+    run_dir, _ = trained_run
+    state = load_checkpoint(os.path.join(run_dir, "checkpoints", "best.pt"))
+    config = state["config"]
+    infer = config.pop("infer")
+    assert (infer["chunk_size"], infer["chunk_overlap"]) == (4, 1)
+    config["train"].update(chunk_infer_size=4, chunk_overlap=1, chunk_aggregation=infer["chunk_aggregation"],
+                           video_batch_size=infer["chunks_per_forward"])
+    config["model"]["temporal_window"] = infer["head_window"]
+    old = str(tmp_path / "old.pt")
+    torch.save(state, old)
+
+    def run(path):
+        result = subprocess.run([sys.executable, "eval.py", "--checkpoint", path], cwd=ROOT, capture_output=True,
+                                text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.split("\n", 1)[1], result.stdout.split("\n", 1)[0], result.stderr
+    report, first_line, stderr = run(old)
+    assert "chunk 4 overlap 1" in first_line and "is now called" not in stderr
+    assert report == run(os.path.join(run_dir, "checkpoints", "best.pt"))[0]

@@ -70,9 +70,9 @@ def test_a_features_file_reads_back_against_the_chunk_arithmetic_and_a_direct_fo
     np.testing.assert_allclose(saved["windows_seconds"], np.array(expected) / float(saved["fps"]))
     assert (int(saved["chunk"]), int(saved["overlap"]), str(saved["view_fusion"])) == (12, 4, "none")
     assert json.loads(str(saved["settings"]))["checkpoint_sha256"] == str(saved["checkpoint_sha256"])
-    stored = yaml.safe_load(str(saved["config"]))["train"]  # the config that ran: --chunk 12 --overlap 4
-    assert (stored["chunk_infer_size"], stored["chunk_overlap"]) == (12, 4) != (cfg.train.chunk_infer_size,
-                                                                           cfg.train.chunk_overlap)
+    stored = yaml.safe_load(str(saved["config"]))["infer"]  # the config that ran: --chunk 12 --overlap 4
+    assert (stored["chunk_size"], stored["chunk_overlap"]) == (12, 4) != (cfg.infer.chunk_size,
+                                                                     cfg.infer.chunk_overlap)
     # a direct forward of the same frames: decoded at evaluation's geometry, the first and the last chunk
     transform = ClipTransform(dataclasses.replace(cfg.data, test_crops=1), training=False)
     plan = transform.plan([(reader_info.height, reader_info.width)], None)[0]
@@ -161,7 +161,7 @@ def test_clips_times_crops_views_read_the_right_frames_and_average_by_hand(barco
     path, frames = barcode_videos["mpeg4_avi"]
     cfg = load_config(None, ["data.num_workers=0", "data.sample_timeout_s=null", "data.num_frames=4",
                              "data.frame_stride=3", "data.test_clips=3", "data.test_crops=3", "data.resize=stretch",
-                             "data.img_size=[48, 120]", "train.chunk_infer_size=-1"])
+                             "data.img_size=[48, 120]", "infer.chunk_size=-1"])
     dataset = VideoWindowDataset([VideoRecord({"video": path}, label="b", where="v")], ["a", "b"], cfg.data,
                                  training=False)
     assert len(dataset) == 9  # 3 clips x 3 crops of the one window

@@ -11,7 +11,7 @@ import train
 from config import load_config
 from datasets.long_range_tasks import generate_long_range, generate_task
 from engine.optim import build_optimizer, build_scheduler, max_grad_norm
-from models.temporal import TemporalHead
+from models.temporal import temporal_head
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WITH_AND_WITHOUT_A_HEAD = {"none": ["model.temporal_head=none"], "transformer": ["model.temporal_head=transformer"]}
@@ -25,7 +25,7 @@ def best_accuracy(data: str, tmp_path, variants: dict, *settings: str, epochs: i
         out = tmp_path / name
         args = ["--config", os.path.join(ROOT, "configs", "long-range.yaml"), "--set", f"data.data_dir={data}",
                 "--set", f"trainer.output_dir={out}", "--set", f"train.chunk_train_size={chunk}", "--set",
-                f"train.chunk_infer_size={chunk}", "--set", f"trainer.max_epochs={epochs}", "--set",
+                f"infer.chunk_size={chunk}", "--set", f"trainer.max_epochs={epochs}", "--set",
                 "data.img_size=16"] + [item for s in (*settings, *changes) for item in ("--set", s)]
         assert train.main(args) == 0
         with open(os.path.join(out, "long_range", "latest", "metrics.csv")) as f:
@@ -104,7 +104,7 @@ def test_with_its_contrast_the_head_picks_out_events_from_what_every_chunk_share
     # steps, a 1-epoch warm-up
     train_cfg = load_config(None, ["train.lr=0.001", "train.weight_decay=0.01", "train.warmup_epochs=1"]).train
     torch.manual_seed(0)
-    head = TemporalHead(8, 2)
+    head = temporal_head(8, 2)
     optimizer = build_optimizer(head, train_cfg)
     schedule = build_scheduler(optimizer, train_cfg, steps_per_epoch=12, max_epochs=12, has_temporal_head=True)
     best = 0.0

@@ -68,3 +68,20 @@ def test_infer_flag_and_checkpoint_choice_errors(trained_run, tmp_path):
     assert result.returncode == 2
     assert result.stderr.startswith("error: --batch auto: even 1 chunk of 16 frames does not fit the ")
     assert result.stderr.endswith("; use a shorter --chunk\n")
+
+
+def test_a_video_result_line_holds_the_set_fields_and_never_the_arrays():
+    import numpy as np
+
+    from engine.video_result import ChunkFeatures, FrameTimeline, VideoResult
+    result = VideoResult("a.mp4", 100, 25.0, 4, [{"label": "up", "prob": 0.9}, {"label": "down", "prob": 0.1}],
+                         0.5, 0.25, label="down", scores={"frame_acc": 0.5},
+                         frames=FrameTimeline(np.zeros(100, dtype=np.int64), np.ones(100), None),
+                         features=ChunkFeatures(np.zeros((4, 8)), np.zeros((4, 2)), np.zeros((4, 2)), 2))
+    line = result.to_json()
+    assert list(line) == ["video", "num_frames", "fps", "chunks", "topk", "decode_s", "compute_s", "label",
+                          "correct", "scores"]
+    assert line["correct"] is False and json.loads(json.dumps(line)) == line
+    assert VideoResult("b.mp4", error="b.mp4: cannot be read").to_json() == {"video": "b.mp4",
+                                                                              "error": "b.mp4: cannot be read"}
+    assert VideoResult("c.mp4", topk=[{"label": "up", "prob": 1.0}]).correct is None  # no label: neither

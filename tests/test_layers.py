@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -90,3 +91,57 @@ def test_every_package_is_under_the_contracts():
     packages = {name for name in os.listdir(ROOT) if not name.startswith(".") and os.path.isdir(os.path.join(ROOT, name))
                 and any(f.endswith(".py") for f in os.listdir(os.path.join(ROOT, name)))}
     assert packages - {"tests", "bench"} == checked == set(PACKAGES)  # tests and bench sit above every layer
+
+
+def modules_in_the_tree(root: str = ROOT) -> set[str]:
+    """Every module of every package, as ``package/module.py`` (``__init__.py`` left out)."""
+    found = set()
+    for name in PACKAGES:
+        for folder, _, files in os.walk(os.path.join(root, name)):
+            found |= {os.path.relpath(os.path.join(folder, f), root) for f in files
+                      if f.endswith(".py") and f != "__init__.py"}
+    return found
+
+
+def modules_in_the_architecture(text: str) -> set[str]:
+    """The modules docs/architecture.md's listing names: under a ``package/`` line, each indented line's leading
+    names (``tiny3d.py, vgg3d.py, ...`` names several)."""
+    listing = text.split("```")[1]
+    named, package = set(), None
+    for line in listing.splitlines():
+        if line.endswith("/") and not line.startswith(" "):
+            package = line[:-1]
+        elif not line.strip() or not line.startswith(" "):
+            package = None if line.strip() else package
+        elif package and line.startswith("  ") and not line.startswith("   "):
+            names = re.match(r"((?:[\w/]+\.py(?:, )?)+)", line.strip())
+            named |= {f"{package}/{n}" for n in names.group(1).split(", ")} if names else set()
+    return named
+
+
+def test_the_architecture_doc_names_every_module_and_only_modules_that_exist(tmp_path):
+    text = open(os.path.join(ROOT, "docs", "architecture.md")).read()
+    assert modules_in_the_architecture(text) == modules_in_the_tree()
+    root = copy_of_the_tree(tmp_path)
+    (tmp_path / "engine" / "newcomer.py").write_text('"""A module the listing does not name."""\n')
+    assert modules_in_the_tree(root) - modules_in_the_architecture(text) == {"engine/newcomer.py"}
+
+
+def long_script_functions(root: str = ROOT, limit: int = 50) -> list[str]:
+    """The scripts' functions of ``limit`` lines or more: a script wires, the packages hold the work."""
+    found = []
+    for name in SCRIPTS:
+        tree = ast.parse(open(os.path.join(root, f"{name}.py")).read())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length >= limit:
+                    found.append(f"{name}.py:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
+def test_no_script_function_is_50_lines_or_longer(tmp_path):
+    assert long_script_functions() == []
+    root = copy_of_the_tree(tmp_path)
+    (tmp_path / "eval.py").write_text("def long():\n" + "    pass\n" * 49)
+    assert long_script_functions(root) == ["eval.py:1 long: 50 lines"]

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import train
-from config import ConfigError, load_config
+from config import ConfigError, derive, load_config
 from core.runtime import Runtime
 from datasets.shape import DataShape
 from models import build_model
@@ -18,7 +18,6 @@ from models.norms import batch_norms
 from planner import estimate as me
 from planner import project
 from planner.batch_size import batch_for_budget
-from planner.project import with_value
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KiB = 1024
@@ -67,7 +66,7 @@ def test_the_fake_step_equals_the_real_cpu_step_under_the_same_tracker(changes):
 def test_checkpointing_per_block_and_half_precision_shrink_the_activations():
     cfg = load_config(None, ["model.backbone=r3d_18", "data.img_size=112", "data.num_frames=16"])
     plain = project.config_training_estimate(cfg, 16, 4, precision="32")
-    ckpt = project.config_training_estimate(with_value(cfg, "model.grad_checkpointing", True), 16, 4, precision="32")
+    ckpt = project.config_training_estimate(derive(cfg, {"model.grad_checkpointing": True}, "a test"), 16, 4, precision="32")
     half = project.config_training_estimate(cfg, 16, 4, precision="16")
     # the same parameters, gradients and optimizer state: only what the step keeps changes
     assert plain.parameters == ckpt.parameters == half.parameters and plain.optimizer_state == half.optimizer_state
@@ -78,7 +77,7 @@ def test_checkpointing_per_block_and_half_precision_shrink_the_activations():
 def test_the_estimate_knows_each_norm_mode():
     cfg = load_config(None, ["model.backbone=r3d_18", "data.img_size=112", "data.num_frames=16"])
     batch = project.config_training_estimate(cfg, 16, 2, precision="16")
-    group = project.config_training_estimate(with_value(cfg, "model.norm", "group"), 16, 2, precision="16")
+    group = project.config_training_estimate(derive(cfg, {"model.norm": "group"}, "a test"), 16, 2, precision="16")
     # CUDA's autocast runs group_norm in fp32 (batch_norm in its input's fp16): more activations kept
     assert group.peak > 1.2 * batch.peak and group.parameters < batch.parameters  # (no running statistics)
     frozen = load_config(None, ["model.backbone=r3d_18", "data.img_size=112", "data.num_frames=16",

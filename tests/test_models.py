@@ -93,7 +93,7 @@ def test_a_clip_of_the_wrong_shape_for_mvit_names_the_shape_it_needs():
     with pytest.raises(ValueError) as info, torch.no_grad():
         model({"video": torch.randn(1, 3, 8, 112, 112)})
     assert str(info.value) == ("mvit_v2_s needs clips of exactly 16 frames at 224x224, got 8x112x112; set "
-                               "data.num_frames: 16, data.img_size: [224, 224] and train.chunk_infer_size: 16")
+                               "data.num_frames: 16, data.img_size: [224, 224] and infer.chunk_size: 16")
 
 
 def test_weighted_fusion_learns_a_weighting_of_both_branches():

@@ -23,7 +23,7 @@ def test_stale_temporary_files_of_killed_writers_are_removed_on_start(trained_ru
     live = copy / "checkpoints" / f".last.pt.{os.getppid()}.efgh5678.tmp"  # a writer still running
     stale.write_bytes(b"x" * 1000)
     live.write_bytes(b"x" * 1000)
-    args = overrides(synthetic_root, tmp_path / "runs", "train.chunk_infer_size=4", "train.chunk_overlap=1")
+    args = overrides(synthetic_root, tmp_path / "runs", "infer.chunk_size=4", "infer.chunk_overlap=1")
     with caplog.at_level("WARNING", logger="longvideo"):
         assert train.main(args + ["--resume", "auto"]) == 0
     assert not stale.exists() and live.exists()
@@ -52,7 +52,7 @@ def test_written_files_get_the_mode_of_the_users_umask(tmp_path, umask, mode):
 @pytest.mark.parametrize("stop_after", [3, 5])  # mid-epoch, and exactly at the end of epoch 1 (5 steps)
 def test_metrics_csv_after_a_resume_equals_the_uninterrupted_run(trained_run, synthetic_root, tmp_path, stop_after):
     run_dir, _ = trained_run
-    args = overrides(synthetic_root, tmp_path, "train.chunk_infer_size=4", "train.chunk_overlap=1")
+    args = overrides(synthetic_root, tmp_path, "infer.chunk_size=4", "infer.chunk_overlap=1")
     assert train.main(args + ["--stop-after-steps", str(stop_after)]) == 0
     assert train.main(args + ["--resume", "auto"]) == 0
 

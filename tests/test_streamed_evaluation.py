@@ -31,8 +31,8 @@ def whole_window_cfg(root, *extra):
                               "data.val_manifest=seg_val.jsonl", "data.class_names=null", "data.num_frames=-1",
                               "data.frame_stride=2", "data.img_size=24", "data.num_workers=0",
                               "data.sample_timeout_s=null", "model.width=4", "model.temporal_width=16",
-                              "model.temporal_attention_heads=2", "train.chunk_infer_size=8", "train.chunk_overlap=2",
-                              "train.video_batch_size=3", "trainer.device=cpu", *extra])
+                              "model.temporal_attention_heads=2", "infer.chunk_size=8", "infer.chunk_overlap=2",
+                              "infer.chunks_per_forward=3", "trainer.device=cpu", *extra])
 
 
 def evaluated(cfg, streamed: bool, monkeypatch, dataset=None):
@@ -48,7 +48,7 @@ def evaluated(cfg, streamed: bool, monkeypatch, dataset=None):
         loader = make_loader(dataset, cfg.data, 0, runtime, dataset.samples_per_window, shuffle=False, pad=False)
         clips = []
         metrics = evaluation.evaluate(
-            model, loader, InputPreparer(runtime.device, cfg.data.mean, cfg.data.std), runtime, cfg.train,
+            model, loader, InputPreparer(runtime.device, cfg.data.mean, cfg.data.std), runtime, cfg.infer,
             len(dataset.class_names), BadInputReport(dataset),
             on_clips=lambda batch, logits: clips.extend(zip(batch["video_index"].tolist(),
                                                             batch["window"].tolist(), logits)),
@@ -60,7 +60,7 @@ def evaluated(cfg, streamed: bool, monkeypatch, dataset=None):
 @pytest.mark.parametrize("settings", [
     ["model.temporal_head=transformer"],  # the head once over every chunk of the window
     ["model.temporal_head=tcn", "data.max_video_frames=60", "data.test_crops=3"],  # sample windows, 3 crops each
-    ["model.temporal_head=none", "train.chunk_aggregation=prob"],  # chunk logits aggregated as they come
+    ["model.temporal_head=none", "infer.chunk_aggregation=prob"],  # chunk logits aggregated as they come
 ], ids=["transformer", "tcn-windows-crops", "no-head"])
 def test_streamed_whole_windows_give_the_loaders_results(segments_root, monkeypatch, settings):
     cfg = whole_window_cfg(segments_root, *settings)

@@ -30,7 +30,7 @@ from engine.oom import OutOfMemoryError
 from engine.step import training_loss
 from models import build_model, temporal
 from models import set_temporal_window as models_window
-from models.temporal import TemporalHead, clip_contrast, directional_attention
+from models.temporal import TemporalHead, clip_contrast, directional_attention, temporal_head
 from planner import project
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,7 +52,7 @@ def clip_batch(length=24, batch=3, views=1, seed=7):
 
 
 def test_the_head_sees_order_a_bag_of_chunks_does_not():
-    head = TemporalHead(8, 2, kind="transformer", width=16, layers=1, heads=2, dropout=0.0).eval()
+    head = temporal_head(8, 2, kind="transformer", width=16, layers=1, heads=2, dropout=0.0).eval()
     features = torch.randn(1, 4, 8)
     windows = chunk_positions(chunk_windows(32, 8), frame_stride=4)
     reordered = features[:, [3, 1, 2, 0]]  # the same chunks, the first and last swapped
@@ -125,7 +125,7 @@ def test_the_encoder_gives_the_outputs_of_the_nn_transformer_encoder_it_replaced
     """Checkpoints trained with nn.TransformerEncoder load into the linear-memory encoder (the same parameter
     names) and give its outputs, on padded clips too; every layer starts as a copy of the first, as there."""
     torch.manual_seed(0)
-    head = TemporalHead(8, 3, width=24, layers=2, heads=heads, attention=attention).eval()
+    head = temporal_head(8, 3, width=24, layers=2, heads=heads, attention=attention).eval()
     first, second = (layer.state_dict() for layer in head.encoder.layers)
     assert all(torch.equal(first[name], second[name]) for name in first)
     reference = reference_encoder_head(head)
@@ -172,7 +172,7 @@ def test_a_padded_chunk_anywhere_changes_nothing_in_the_real_ones():
     """Padding is not only at the end: a clip whose third chunk is padding gives its other chunks the outputs of
     the same clip without that chunk (positions kept), in both directions."""
     torch.manual_seed(0)
-    head = TemporalHead(8, 3, width=16, heads=2).eval()
+    head = temporal_head(8, 3, width=16, heads=2).eval()
     features, windows = torch.randn(1, 5, 8), torch.rand(1, 5, 2).cumsum(dim=1) * 40
     mask = torch.tensor([[True, True, False, True, True]])
     keep = [0, 1, 3, 4]
@@ -188,7 +188,7 @@ def test_the_forward_heads_of_directional_attention_see_no_later_chunk(attention
     output projection zeroed, a chunk's logits do not move when later chunks change (they do, bidirectionally).
     Without the contrast, whose clip mean sees every chunk by design."""
     torch.manual_seed(0)
-    head = TemporalHead(8, 2, kind="transformer", width=16, layers=2, heads=2, dropout=0.0,
+    head = temporal_head(8, 2, kind="transformer", width=16, layers=2, heads=2, dropout=0.0,
                         attention=attention, contrast=False).eval()
     with torch.no_grad():
         for layer in head.encoder.layers:
@@ -211,11 +211,11 @@ def test_with_its_input_norm_the_transformer_head_ignores_a_clip_wide_shift_and_
     windows = chunk_positions(chunk_windows(48, 8))
     for input_norm in (True, False):
         torch.manual_seed(0)
-        head = TemporalHead(8, 2, width=16, layers=1, heads=2, dropout=0.0, input_norm=input_norm).eval()
+        head = temporal_head(8, 2, width=16, layers=1, heads=2, dropout=0.0, input_norm=input_norm).eval()
         with torch.no_grad():
             same = torch.allclose(head(features, windows).clip, head(shifted, windows).clip, atol=1e-4)
         assert same == input_norm
-    assert TemporalHead(8, 2, kind="attention", input_norm=True).input_norm is None
+    assert temporal_head(8, 2, kind="attention", input_norm=True).input_norm is None
 
 
 def test_the_clip_contrast_is_each_chunk_against_its_clip_and_ignores_what_every_chunk_shares():
@@ -235,9 +235,9 @@ def test_the_clip_contrast_is_each_chunk_against_its_clip_and_ignores_what_every
     assert torch.allclose(with_padding[:, :16], contrast, atol=1e-5) and (with_padding[:, 16:] == 0).all()
     still = clip_contrast(torch.ones(2, 5, 4) * torch.randn(2, 1, 4), None)  # nothing changes within the clip
     assert torch.isfinite(still).all() and still.abs().max() < 1e-3
-    assert TemporalHead(8, 2, kind="attention").contrast is False
-    assert TemporalHead(8, 2, contrast=False).project.in_features == 8
-    assert TemporalHead(8, 2).project.in_features == 16  # the chunk's own features beside its contrast
+    assert temporal_head(8, 2, kind="attention").contrast is False
+    assert temporal_head(8, 2, contrast=False).project.in_features == 8
+    assert temporal_head(8, 2).project.in_features == 16  # the chunk's own features beside its contrast
 
 
 def test_the_head_output_does_not_depend_on_the_micro_batch_split():
@@ -311,7 +311,7 @@ def test_a_head_trained_on_short_windows_runs_on_a_video_ten_times_longer():
     long_clip = prepare(clip_batch(length=64 * 10 + 13, batch=1))  # 21 chunks where training saw 2
     per_window = []
     with torch.no_grad():
-        logits = forward_chunked(model, long_clip, 32, 0, video_batch_size=4, chunk_logits_out=per_window)
+        logits = forward_chunked(model, long_clip, 32, 0, chunks_per_forward=4, chunk_logits_out=per_window)
     assert logits.shape == (1, 3) and torch.isfinite(logits).all()
     assert len(per_window) == 21 and all(torch.isfinite(chunk).all() for _, _, chunk in per_window)
     far = chunk_positions([(0, 32), (99_968, 100_000)])  # a 100,000-frame video's first and last chunk
@@ -328,7 +328,7 @@ def positions_of(n: int, length: int = 8) -> torch.Tensor:
 @pytest.mark.parametrize("kind", ["transformer", "tcn", "attention"])
 def test_a_head_counts_its_training_chunks_and_runs_longer_clips_in_windows_of_that_many(kind):
     torch.manual_seed(0)
-    head = TemporalHead(16, 5, kind=kind, layers=1, stages=2, tcn_layers=3)
+    head = temporal_head(16, 5, kind=kind, layers=1, stages=2, tcn_layers=3)
     mask = torch.ones(2, 14, dtype=torch.bool)
     mask[1, 12:] = False
     head.train()(torch.randn(2, 14, 16), positions_of(14), mask)
@@ -358,7 +358,7 @@ def test_a_head_counts_its_training_chunks_and_runs_longer_clips_in_windows_of_t
 
 def test_windows_are_per_clip_so_a_padded_batch_gives_each_clip_its_own_outputs():
     torch.manual_seed(0)
-    head = TemporalHead(16, 5, layers=1)
+    head = temporal_head(16, 5, layers=1)
     head.train()(torch.randn(1, 10, 16), positions_of(10))
     head.eval()
     videos, at = torch.randn(2, 37, 16), positions_of(37)
@@ -374,10 +374,10 @@ def test_windows_are_per_clip_so_a_padded_batch_gives_each_clip_its_own_outputs(
 
 def test_a_head_saved_before_the_count_loads_and_sees_whole_videos_as_it_did():
     torch.manual_seed(0)
-    head = TemporalHead(16, 5)
+    head = temporal_head(16, 5)
     state = head.state_dict()
     del state["trained_chunks"]
-    loaded = TemporalHead(16, 5)
+    loaded = temporal_head(16, 5)
     loaded.load_state_dict(state)  # strict: the missing count is filled, not an error
     assert int(loaded.trained_chunks) == 0 and loaded.reach() is None
     model = build_model(load_config(None, ["model.temporal_head=transformer", "model.width=4"]).model, 3)
@@ -412,10 +412,10 @@ def test_streaming_inference_with_a_head_equals_the_whole_forward(tmp_path):
     with torch.no_grad():
         logits = forward_chunked(model, prepare({"video": clip}), 8, 2, chunk_logits_out=per_window, frame_stride=2)
     probs = logits.softmax(dim=1)[0]
-    assert [t["label"] for t in streamed["topk"]] == [ORDER_CLASSES[int(i)] for i in probs.argsort(descending=True)]
-    assert streamed["topk"][0]["prob"] == pytest.approx(float(probs.max()), abs=1e-4)
-    assert len(streamed["timeline"]) == len(per_window) > 5
-    for row, (_, _, chunk_logits) in zip(streamed["timeline"], per_window):
+    assert [t["label"] for t in streamed.topk] == [ORDER_CLASSES[int(i)] for i in probs.argsort(descending=True)]
+    assert streamed.topk[0]["prob"] == pytest.approx(float(probs.max()), abs=1e-4)
+    assert len(streamed.chunk_results) == len(per_window) > 5
+    for row, (_, _, chunk_logits) in zip(streamed.chunk_results, per_window):
         assert row["prob"] == pytest.approx(float(chunk_logits.softmax(dim=-1).max()), abs=1e-4)
 
 
@@ -484,9 +484,9 @@ def test_a_head_trains_under_autocast():
 
 
 def test_a_head_with_last_aggregation_or_late_fusion_is_refused_with_the_reason():
-    with pytest.raises(ConfigError, match="train.chunk_aggregation: last runs only the last chunk, but "
+    with pytest.raises(ConfigError, match="infer.chunk_aggregation: last runs only the last chunk, but "
                                           "model.temporal_head=attention needs every chunk's features"):
-        load_config(None, ["model.temporal_head=attention", "train.chunk_aggregation=last"])
+        load_config(None, ["model.temporal_head=attention", "infer.chunk_aggregation=last"])
     with pytest.raises(ConfigError, match="model.view_fusion: late keeps one feature vector per view"):
         load_config(None, ["model.temporal_head=transformer", "model.view_fusion=late"])
     with pytest.raises(ConfigError, match="model.temporal_attention_heads=3 must divide model.temporal_width=64"):
@@ -497,8 +497,8 @@ def test_a_head_with_last_aggregation_or_late_fusion_is_refused_with_the_reason(
     assert load_config(None, ["model.temporal_head=transformer", "model.temporal_attention_heads=1",
                               "model.temporal_attention=bidirectional"]).model.temporal_attention_heads == 1
     with pytest.raises(ConfigError) as info:
-        load_config(None, ["model.temporal_head=transformer", "model.temporal_window=0"])
-    assert str(info.value) == ("--set model.temporal_window=0: model.temporal_window: 0 chunks cannot hold a chunk; "
+        load_config(None, ["model.temporal_head=transformer", "infer.head_window=0"])
+    assert str(info.value) == ("--set infer.head_window=0: infer.head_window: 0 chunks cannot hold a chunk; "
                                "give a number of chunks, -1 (the whole video) or auto (the head's longest training "
                                "clip)")
 
@@ -557,8 +557,8 @@ def test_resuming_a_checkpoint_from_before_the_head_defaults_names_the_settings_
 def head_run(synthetic_root, tmp_path_factory):
     out = tmp_path_factory.mktemp("head_runs")
     args = overrides(synthetic_root, out, "model.temporal_head=transformer", "model.temporal_width=32",
-                     "train.chunk_train_size=8", "train.chunk_train_overlap=0", "train.chunk_infer_size=8",
-                     "train.chunk_overlap=0")
+                     "train.chunk_train_size=8", "train.chunk_train_overlap=0", "infer.chunk_size=8",
+                     "infer.chunk_overlap=0")
     assert train.main(args) == 0
     return os.path.join(out, "e2e", "latest", "checkpoints", "best.pt")
 
@@ -813,9 +813,9 @@ def test_a_transformer_head_at_chance_is_told_to_make_its_attention_directional_
     # a transformer without its contrast is told to turn it on first, beside the attention when both are off
     for changes, first in ((["model.temporal_contrast=false"], "first set model.temporal_contrast: true (now false"),
                            (["model.temporal_contrast=false", "model.temporal_attention=bidirectional"],
-                            "first set model.temporal_attention: directional (now bidirectional; on 64 chunks of 4 "
-                            "frames it learnt 1.000 where bidirectional stayed at chance, seed 0) and "
-                            "model.temporal_contrast: true (now false")):
+                            "first set model.temporal_attention: directional (now bidirectional) and "
+                            "model.temporal_contrast: true (now false) (docs/long-videos.md, Temporal context across "
+                            "chunks)")):
         warnings = _head_warnings(caplog, _trainer_at(rows, ("a", "b"), ["model.temporal_head=transformer",
                                                                          *changes]), [rows])
         assert len(warnings) == 1 and first in warnings[0]

@@ -9,7 +9,7 @@ import torch
 from engine.feature_data import collate_features
 from engine.step import training_loss
 from engine.timeline import frame_probabilities, segments_of_frames
-from models.temporal import TemporalHead
+from models.temporal import temporal_head
 
 # ------------------------------------------------------------------------------------------- per-frame blending
 
@@ -48,7 +48,7 @@ def test_segments_of_frames_are_runs_in_frames_and_seconds_without_the_unannotat
 
 def test_tcn_padding_changes_nothing_in_the_real_chunks_and_its_loss_counts_every_stage():
     torch.manual_seed(0)
-    head = TemporalHead(8, 3, kind="tcn", width=16, stages=3, tcn_layers=4).eval()
+    head = temporal_head(8, 3, kind="tcn", width=16, stages=3, tcn_layers=4).eval()
     short, windows = torch.randn(1, 5, 8), torch.arange(10.0).view(1, 5, 2)
     alone = head(short, windows)
     padded = torch.cat([short, torch.randn(1, 3, 8)], dim=1)
