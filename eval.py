@@ -75,8 +75,8 @@ def main(argv=None) -> int:
                             args.lock_limit)
         return watch(watched, lambda path: evaluate_checkpoint(path, spec))
     result = evaluate_checkpoint(args.checkpoint, spec)
-    state = result.state
-    print(f"{args.checkpoint} (epoch {state.get('epoch')}, step {state.get('global_step')}) on "
+    saved = result.checkpoint
+    print(f"{args.checkpoint} (epoch {saved.epoch}, step {saved.global_step}) on "
           f"{args.data or args.split}: {how_it_runs(result.cfg, result.head_reach)}")
     print(format_report(result.metrics, result.class_names))
     if args.output:

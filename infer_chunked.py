@@ -87,13 +87,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def inference_config(args, cfg: Config, runtime, state: dict) -> Config:
+def inference_config(args, cfg: Config, runtime, shape: DataShape) -> Config:
     """The checkpoint's config with the flags applied, validated by config (its messages name the flag); with
     --batch auto, the most chunks per forward that fit the budget. What runs is this config: the features files
     store it, and the InferenceSpec is read from it."""
     cfg = apply_inference_flags(cfg, inference_overrides(args))
     if args.batch == "auto":
-        batch = inference_batch_for_budget(cfg, runtime, DataShape.of_checkpoint(state), args.memory_budget_gb)
+        batch = inference_batch_for_budget(cfg, runtime, shape, args.memory_budget_gb)
         cfg = apply_inference_flags(cfg, {"infer.chunks_per_forward": ("--batch auto", batch)})
     return cfg
 
@@ -140,11 +140,11 @@ def main(argv=None) -> int:
         prepare_directory(args.features)
     checkpoint_path, why = find_checkpoint(args)
     device = resolve_device(args.device or "auto")
-    model, cfg, class_names, state = load_trained_model(checkpoint_path, device, args.backbone)
-    if "backbone" in state:
-        why += f"; its backbone: {state['backbone']}"
+    model, cfg, class_names, saved = load_trained_model(checkpoint_path, device, args.backbone)
+    if saved.backbone is not None:
+        why += f"; its backbone: {saved.backbone}"
     runtime = setup_runtime(cfg.trainer, device=str(device), precision=args.precision)
-    cfg = inference_config(args, cfg, runtime, state)
+    cfg = inference_config(args, cfg, runtime, saved.shape)
     head_reach = set_temporal_window(model, cfg.infer.head_window)
     spec = InferenceSpec.of_config(cfg.infer, args.topk, args.timeline, args.decode_threads or None)
     source, records, names, part = input_records(args, cfg)

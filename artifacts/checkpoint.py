@@ -2,7 +2,7 @@
 save, its safe load, and the RNG states it carries. Where checkpoints live is ``artifacts.run_dir``'s; turning
 one into a model for evaluation is ``artifacts.trained_model``'s.
 
-Writes go through ``atomic_files``: a temporary file in the same directory, flushed and fsynced, then renamed
+Writes go through ``core.files``: a temporary file in the same directory, flushed and fsynced, then renamed
 over the target: a job killed at any moment leaves either the old file or the new one, never a torn file.
 Loads use ``torch.load(weights_only=True)``: a checkpoint that needs pickled code is refused (a cron job
 must never run code that a file in a shared directory brings).

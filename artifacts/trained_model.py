@@ -23,16 +23,28 @@ HEAD_DATA_KEYS = ("data_dir", "train_manifest", "val_manifest", "test_manifest",
                   "background_labels")
 
 
+class CheckpointSummary(NamedTuple):
+    """What the scripts read of a checkpoint besides its weights, config and classes."""
+    epoch: int | None
+    global_step: int | None
+    shape: DataShape  # the data it trained on: classes, camera views, keypoints
+    backbone: str | None = None  # a head trained on features: the backbone checkpoint it runs with
+
+    @classmethod
+    def of(cls, state: dict, shape: DataShape | None = None, backbone: str | None = None) -> CheckpointSummary:
+        return cls(state.get("epoch"), state.get("global_step"), shape or DataShape.of_checkpoint(state), backbone)
+
+
 class TrainedModel(NamedTuple):
-    """A checkpoint made a model for evaluation (unpacks as the 4-tuple it was)."""
+    """A checkpoint made a model for evaluation."""
     model: torch.nn.Module  # in eval mode, on the device asked for
     cfg: Config  # the checkpoint's config (older keys given the behaviour they were trained with)
     class_names: list
-    state: dict  # the checkpoint dict
+    checkpoint: CheckpointSummary
 
 
 def load_trained_model(path: str, device: torch.device, backbone: str | None = None) -> TrainedModel:
-    """The checkpoint at ``path`` as a model in eval mode on ``device``, with its config, class names and dict. A
+    """The checkpoint at ``path`` as a model in eval mode on ``device``, with its config, class names and summary. A
     head trained on features is paired with its backbone: ``backbone`` (--backbone), else the checkpoint it
     records."""
     state = load_checkpoint(path)
@@ -42,13 +54,14 @@ def load_trained_model(path: str, device: torch.device, backbone: str | None = N
     if backbone is not None:
         raise CheckpointError(f"{path}: --backbone {backbone} pairs a temporal head trained on features with its "
                               f"backbone, but this checkpoint is a whole model; leave --backbone out")
-    model = _built(path, cfg, DataShape.of_checkpoint(state))
+    summary = CheckpointSummary.of(state)
+    model = _built(path, cfg, summary.shape)
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:
         raise CheckpointError(f"{path}: weights do not match model.backbone={cfg.model.backbone}: "
                               f"{str(e).splitlines()[0]}")
-    return TrainedModel(model.to(device).eval(), cfg, list(state["class_names"]), state)
+    return TrainedModel(model.to(device).eval(), cfg, list(state["class_names"]), summary)
 
 
 def _config_of(path: str, state: dict) -> Config:
@@ -111,5 +124,5 @@ def _paired(path: str, head_state: dict, head_cfg: Config, device: torch.device,
     except RuntimeError as e:
         raise CheckpointError(f"{path} with {backbone_path}: the head does not fit the backbone: "
                               f"{str(e).splitlines()[0]}")
-    state = {**head_state, **shape.checkpoint_fields(), "backbone": backbone_path}
-    return TrainedModel(model.to(device).eval(), cfg, class_names, state)
+    summary = CheckpointSummary.of(head_state, shape, backbone_path)
+    return TrainedModel(model.to(device).eval(), cfg, class_names, summary)

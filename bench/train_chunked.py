@@ -60,8 +60,9 @@ def measure(args) -> dict:
     spec = ChunkSpec(args.chunk, args.overlap, kept=args.kept)
 
     def step():
-        outputs = forward(inputs, spec)  # a temporal head's {"clip", "chunks"}, else chunk logits
-        logits = outputs["clip"] if isinstance(outputs, dict) else aggregate_chunk_logits(outputs, "mean")
+        outputs = forward(inputs, spec)  # with a temporal head its clip logits, else None
+        logits = (outputs.clip if outputs.clip is not None
+                  else aggregate_chunk_logits(outputs.chunks.transpose(0, 1), "mean"))
         loss = torch.nn.functional.cross_entropy(logits, labels)
         loss.backward()
         optimizer.step()

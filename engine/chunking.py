@@ -20,6 +20,7 @@ from core.runtime import unwrap_model
 from datasets.windows import chunk_windows, inference_windows
 from models import temporal_head_of
 from models.classifier import recompute_in_backward
+from models.temporal import HeadOutput
 
 AGGREGATIONS = ("mean", "max", "last", "prob")
 TIME_AXIS = {"video": -3, "kpt": 1, "features": 1}  # video [B, (V,) C, T, H, W]; kpt [B, T, J, C]; features [B, n, D]
@@ -90,13 +91,15 @@ def chunk_positions(windows: list[tuple[int, int]], frame_stride: int = 1) -> to
 
 @dataclass
 class ChunkedOutput:
-    """What ``run_chunks`` gives: ``logits`` [B, K] of the clip; ``chunk_logits`` [n, B, K] on the CPU, each
-    chunk's (the head's per-chunk outputs with a temporal head); ``features`` [B, n, ...] of each chunk (with a
-    head, or when asked for; None otherwise)."""
+    """What evaluation's chunked forward gives (``run_chunks``, ``forward_chunked``): ``logits`` [B, K] of the
+    clip; ``chunk_logits`` [n, B, K] on the CPU, each chunk's (the head's per-chunk outputs with a temporal head);
+    ``features`` [B, n, ...] of each chunk (with a head, or when asked for; None otherwise); ``windows``: each
+    chunk's [start, end) (clip frames; video frames for a head over features)."""
 
     logits: torch.Tensor
     chunk_logits: torch.Tensor
     features: torch.Tensor | None
+    windows: list
 
 
 def run_chunks(model, groups: Iterable[tuple[list, dict]], windows: list[tuple[int, int]], aggregation: str = "mean",
@@ -124,31 +127,28 @@ def run_chunks(model, groups: Iterable[tuple[list, dict]], windows: list[tuple[i
             chunk_logits.append(logits.detach().float().cpu())
     all_features = torch.cat(features).transpose(0, 1) if features else None  # [B, n, ...]
     if head is None:
-        return ChunkedOutput(aggregator.result(), torch.cat(chunk_logits), all_features)
+        return ChunkedOutput(aggregator.result(), torch.cat(chunk_logits), all_features, windows)
     out = head(all_features.to(device), chunk_positions(windows, frame_stride))
-    return ChunkedOutput(out.clip, out.chunks.detach().float().cpu().transpose(0, 1), all_features)
+    return ChunkedOutput(out.clip, out.chunks.detach().float().cpu().transpose(0, 1), all_features, windows)
 
 
 def forward_chunked(model, inputs: dict, chunk_size: int, overlap: int = 0, aggregation: str = "mean",
-                    chunks_per_forward: int = 1, chunk_logits_out: list | None = None,
-                    frame_stride: int = 1) -> torch.Tensor:
-    """Logits [B, K] of clips in memory, longer than the model's memory allows in one pass (``run_chunks``).
+                    chunks_per_forward: int = 1, frame_stride: int = 1) -> ChunkedOutput:
+    """Clips in memory, longer than the model's memory allows in one pass, through ``run_chunks``: their logits
+    [B, K] and each inference chunk's.
 
-    ``chunks_per_forward`` chunks go through one forward call (throughput versus memory). If ``chunk_logits_out`` is
-    a list, each inference chunk's (start, end, logits on the CPU) is appended to it. A model with a temporal head
-    (``model.temporal``) runs its backbone chunk by chunk and the head once over all chunk features (``aggregation``
-    is the head's then; ``frame_stride`` places the chunks in video frames).
+    ``chunks_per_forward`` chunks go through one forward call (throughput versus memory). A model with a temporal
+    head (``model.temporal``) runs its backbone chunk by chunk and the head once over all chunk features
+    (``aggregation`` is the head's then; ``frame_stride`` places the chunks in video frames).
     """
     if "features" in inputs:  # a temporal head over features read from files (data.features_dir)
-        return forward_features(model, inputs, chunk_logits_out)
+        return forward_features(model, inputs)
     length = clip_length(inputs)
     min_frames = getattr(model, "min_frames", 1)
     has_head = temporal_head_of(model) is not None
     if not has_head and (chunk_size == -1 or chunk_size >= length):  # exactly the plain forward
         logits = model(slice_time(inputs, 0, length, min_frames))
-        if chunk_logits_out is not None:
-            chunk_logits_out.append((0, length, logits.detach().float().cpu()))
-        return logits
+        return ChunkedOutput(logits, logits.detach().float().cpu()[None], None, [(0, length)])
     windows = (chunk_windows(length, chunk_size, overlap) if has_head
                else inference_windows(length, chunk_size, overlap, aggregation))
 
@@ -158,22 +158,17 @@ def forward_chunked(model, inputs: dict, chunk_size: int, overlap: int = 0, aggr
             parts = [slice_time(inputs, s, e, min_frames) for s, e in group]
             yield group, {key: torch.cat([p[key] for p in parts]) for key in inputs}  # [n * B, ...]
 
-    out = run_chunks(model, groups(), windows, aggregation, frame_stride)
-    if chunk_logits_out is not None:
-        chunk_logits_out.extend((s, e, logits) for (s, e), logits in zip(windows, out.chunk_logits))
-    return out.logits
+    return run_chunks(model, groups(), windows, aggregation, frame_stride)
 
 
-def forward_features(model, inputs: dict, chunk_logits_out: list | None = None) -> torch.Tensor:
-    """Clip logits [B, K] of a temporal head over chunk features ({"features" [B, n, D], "windows" [B, n, 2] in
-    video frames, "mask" [B, n]}); ``chunk_logits_out`` gets each chunk's (start, end, logits [B, K]) with the
-    first sample's windows (evaluation runs one whole video a batch)."""
+def forward_features(model, inputs: dict) -> ChunkedOutput:
+    """A temporal head over chunk features ({"features" [B, n, D], "windows" [B, n, 2] in video frames, "mask"
+    [B, n]}): its clip logits, and each chunk's with the first sample's windows (evaluation runs one whole video a
+    batch)."""
     out = unwrap_model(model)(inputs["features"], inputs["windows"], inputs.get("mask"))
-    if chunk_logits_out is not None:
-        n = int(inputs["mask"][0].sum()) if "mask" in inputs else out.chunks.shape[1]
-        windows = inputs["windows"][0, :n].long().tolist()
-        chunk_logits_out.extend((s, e, out.chunks[:, i].detach().float().cpu()) for i, (s, e) in enumerate(windows))
-    return out.clip
+    n = int(inputs["mask"][0].sum()) if "mask" in inputs else out.chunks.shape[1]
+    windows = [tuple(w) for w in inputs["windows"][0, :n].long().tolist()]
+    return ChunkedOutput(out.clip, out.chunks[:, :n].detach().float().cpu().transpose(0, 1), None, windows)
 
 
 # ---------------------------------------------------------------------------------------------- training
@@ -197,8 +192,9 @@ class ChunkSpec:
 
 
 class ChunkedTrainingForward(nn.Module):
-    """The training forward: chunk logits ``[n, B, K]`` of a clip (n = 1 without chunking); with a temporal head,
-    ``{"clip": [B, K], "chunks": [n, B, K]}`` (the head's clip logits and its per-chunk logits).
+    """The training forward: a ``HeadOutput`` of a clip's chunk logits ``[B, n, K]`` (n = 1 without chunking);
+    with a temporal head also its clip logits [B, K] (and a tcn's stages), without one ``clip`` is None (the loss
+    aggregates the chunks, train.chunk_train_aggregation).
 
     Each chunk's forward runs under non-reentrant checkpointing: between forward and backward only the chunk
     inputs (views of the uint8 clip, 1 byte a pixel) and the chunk logits stay alive, and in backward one
@@ -218,13 +214,13 @@ class ChunkedTrainingForward(nn.Module):
         self.normalize = normalize
         self.frame_stride = frame_stride  # clip frame i is video frame i * frame_stride (the head's positions)
 
-    def forward(self, inputs: dict, spec: ChunkSpec) -> torch.Tensor | dict:
+    def forward(self, inputs: dict, spec: ChunkSpec) -> HeadOutput:
         windows = chunk_windows(clip_length(inputs), spec.size, spec.overlap)
         head = temporal_head_of(self.module)
         if head is not None:
             return self._through_head(head, inputs, windows, spec)
         if len(windows) == 1:
-            return self.module(self.normalize(inputs)).unsqueeze(0)
+            return HeadOutput(None, self.module(self.normalize(inputs)).unsqueeze(1))
         min_frames = getattr(unwrap_model(self.module), "min_frames", 1)
         logits = []
         for i, (start, end) in enumerate(windows):
@@ -233,7 +229,7 @@ class ChunkedTrainingForward(nn.Module):
                 logits.append(recompute_in_backward(self.module, self._chunk_logits, chunk))
             else:
                 logits.append(self._chunk_logits(chunk))
-        return torch.stack(logits)
+        return HeadOutput(None, torch.stack(logits, dim=1))
 
     def _chunk_logits(self, chunk: dict) -> torch.Tensor:
         return self.module(self.normalize(chunk))
@@ -241,7 +237,7 @@ class ChunkedTrainingForward(nn.Module):
     def _chunk_features(self, chunk: dict) -> torch.Tensor:
         return self.module.features(self.normalize(chunk))
 
-    def _through_head(self, head: nn.Module, inputs: dict, windows: list, spec: ChunkSpec) -> dict:
+    def _through_head(self, head: nn.Module, inputs: dict, windows: list, spec: ChunkSpec) -> HeadOutput:
         """Each chunk's features (recomputed in backward: one chunk's activations alive at a time), then the
         head over all of them; only the [B, n, D] features and the head's own activations stay alive."""
         min_frames = getattr(unwrap_model(self.module), "min_frames", 1)
@@ -252,16 +248,7 @@ class ChunkedTrainingForward(nn.Module):
                 features.append(recompute_in_backward(self.module, self._chunk_features, chunk))
             else:
                 features.append(self._chunk_features(chunk))
-        return head_outputs(head(torch.stack(features, dim=1), chunk_positions(windows, self.frame_stride)))
-
-
-def head_outputs(out) -> dict:
-    """A temporal head's HeadOutput as the training loss takes it: {"clip": [B, K], "chunks": [n, B, K], and with
-    a tcn "stages": each stage's [n, B, K]}."""
-    outputs = {"clip": out.clip, "chunks": out.chunks.transpose(0, 1)}
-    if out.stages is not None:
-        outputs["stages"] = [stage.transpose(0, 1) for stage in out.stages]
-    return outputs
+        return head(torch.stack(features, dim=1), chunk_positions(windows, self.frame_stride))
 
 
 class FeatureHeadForward(nn.Module):
@@ -273,8 +260,8 @@ class FeatureHeadForward(nn.Module):
         super().__init__()
         self.module = module
 
-    def forward(self, inputs: dict, spec: ChunkSpec) -> dict:
-        return head_outputs(self.module(inputs["features"], inputs["windows"], inputs["mask"]))
+    def forward(self, inputs: dict, spec: ChunkSpec) -> HeadOutput:
+        return self.module(inputs["features"], inputs["windows"], inputs["mask"])
 
 
 def aggregate_chunk_logits(chunk_logits: torch.Tensor, aggregation: str) -> torch.Tensor:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from artifacts.trained_model import load_trained_model
+from artifacts.trained_model import CheckpointSummary, load_trained_model
 from config import Config, InferConfig, apply_inference_flags
 from core.files import atomic_write_bytes
 from core.runtime import Runtime, resolve_device, setup_runtime, unwrap_model
@@ -21,9 +21,8 @@ from datasets.bad_input import BAD_INPUT_ERRORS, BadInputReport
 from datasets.chunk_stream import ChunkStream
 from datasets.device_input import InputPreparer
 from datasets.records import frame_labels
-from datasets.shape import DataShape
 from datasets.video_dataset import VideoWindowDataset, build_dataset, index_cache_for
-from engine.chunking import forward_chunked
+from engine.chunking import ChunkedOutput, forward_chunked
 from engine.data import GuardedBatches, cap_workers, make_loader
 from engine.inference import InferenceSpec, run_stream
 from engine.metrics import ClassificationMeter
@@ -54,11 +53,11 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer,
     model.eval()
     meter = meter if meter is not None else ClassificationMeter(num_classes)
     timelines = SegmentationScores(background)
-    for batch, logits, chunk_logits in clip_predictions(model, loader, prepare, runtime, infer_cfg, bad_inputs,
-                                                        frame_stride):
+    for batch, logits, chunked in clip_predictions(model, loader, prepare, runtime, infer_cfg, bad_inputs,
+                                                   frame_stride):
         meter.update(logits, batch["label"], batch["video_index"])
-        if chunk_logits is not None:
-            score_clip_timelines(timelines, chunk_logits, batch["frame_labels"])
+        if chunked is not None:
+            score_clip_timelines(timelines, chunked, batch["frame_labels"])
         if on_clips is not None:
             on_clips(batch, logits)
     if runtime.distributed:
@@ -74,8 +73,8 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer,
 
 def clip_predictions(model, loader: DataLoader, prepare: InputPreparer, runtime: Runtime, infer_cfg: InferConfig,
                      bad_inputs: BadInputReport | None, frame_stride: int):
-    """(batch, clip logits [B, K] on the CPU, each inference chunk's (start, end, logits [B, K]) where the batch
-    has annotated frames, else None) for the loader's samples in order: clips decoded by the loader and put
+    """(batch, clip logits [B, K] on the CPU, the ChunkedOutput where the batch has annotated frames, else None)
+    for the loader's samples in order: clips decoded by the loader and put
     through ``forward_chunked``; or, where each clip is a whole sample window (data.num_frames -1: a head on
     features paired with its backbone, ``eval.py --num-frames -1``), each sample the loader's sampler gives this
     rank streamed from its file (``streamed_predictions``), so memory does not grow with the window's length."""
@@ -86,12 +85,10 @@ def clip_predictions(model, loader: DataLoader, prepare: InputPreparer, runtime:
         if bad_inputs is not None:
             bad_inputs.take(batch)
         annotated_frames = "frame_labels" in batch and bool((batch["frame_labels"] >= 0).any())
-        chunk_logits = [] if annotated_frames else None
         with runtime.autocast():
-            logits = forward_chunked(model, prepare(batch), infer_cfg.chunk_size, infer_cfg.chunk_overlap,
-                                     infer_cfg.chunk_aggregation, infer_cfg.chunks_per_forward,
-                                     chunk_logits_out=chunk_logits, frame_stride=frame_stride)
-        yield batch, logits.float().cpu(), chunk_logits
+            out = forward_chunked(model, prepare(batch), infer_cfg.chunk_size, infer_cfg.chunk_overlap,
+                                  infer_cfg.chunk_aggregation, infer_cfg.chunks_per_forward, frame_stride)
+        yield batch, out.logits.float().cpu(), out if annotated_frames else None
 
 
 def streams_whole_windows(dataset) -> bool:
@@ -131,16 +128,14 @@ def streamed_predictions(model, loader: DataLoader, prepare: InputPreparer, runt
         labels = torch.from_numpy(frame_labels(window.segments, indices, window.label))[None]
         batch = {"label": torch.tensor([window.label]), "video_index": torch.tensor([window.record]),
                  "window": torch.tensor([[window.start, window.end]]), "frame_labels": labels}
-        chunk_logits = ([(s, e, logits) for (s, e), logits in zip(stream.windows, out.chunk_logits)]
-                        if bool((labels >= 0).any()) else None)
-        yield batch, out.logits.float().cpu(), chunk_logits
+        yield batch, out.logits.float().cpu(), out if bool((labels >= 0).any()) else None
 
 
-def score_clip_timelines(scores: SegmentationScores, chunk_logits: list, frame_labels: torch.Tensor) -> None:
+def score_clip_timelines(scores: SegmentationScores, chunked: ChunkedOutput, frame_labels: torch.Tensor) -> None:
     """Each clip's per-frame labels (its chunks' probabilities blended, engine.timeline) scored against its
-    frame labels, on the frames a segment covers. ``chunk_logits``: forward_chunked's (start, end, [B, K])."""
-    windows = np.array([[start, end] for start, end, _ in chunk_logits])
-    probs = torch.stack([logits for _, _, logits in chunk_logits]).float().softmax(dim=-1).numpy()  # [n, B, K]
+    frame labels, on the frames a segment covers."""
+    windows = np.array(chunked.windows).reshape(-1, 2)
+    probs = chunked.chunk_logits.float().softmax(dim=-1).numpy()  # [n, B, K]
     for b, truth in enumerate(frame_labels.numpy()):
         if (truth >= 0).any():
             predicted = frame_probabilities(probs[:, b], windows, len(truth)).argmax(axis=1)
@@ -209,11 +204,11 @@ def write_outputs(prefix: str, metrics: dict, clip_rows: list[dict], video_rows:
 
 @dataclass
 class EvaluationResult:
-    """One checkpoint evaluated: its metrics, the config used, its class names and checkpoint dict, the rows."""
+    """One checkpoint evaluated: its metrics, the config used, its class names and summary, the rows."""
     metrics: dict
     cfg: Config
     class_names: list
-    state: dict
+    checkpoint: CheckpointSummary
     clip_rows: list
     video_rows: list
     head_reach: str = ""  # how a temporal head saw each video ("windows of 38 chunks, ...")
@@ -227,8 +222,8 @@ class EvaluationSpec:
     data: str | None = None  # a manifest instead of the config's split
     device: str | None = None
     precision: str | None = None
-    # --batch auto: (cfg, data shape, runtime) -> chunks per forward for one window's views (the planner's);
-    # passed in by eval.py, since the planner sits above the engine
+    # --batch auto: (cfg, data shape, runtime) -> chunks per forward for each test clip x crop of a window (the
+    # planner's); passed in by eval.py, since the planner sits above the engine
     fit_batch: Callable | None = None
     overrides: dict = field(default_factory=dict)
     backbone: str | None = None  # a head trained on features: its backbone checkpoint, if not where it was
@@ -236,12 +231,12 @@ class EvaluationSpec:
 
 def evaluate_checkpoint(path: str, spec: EvaluationSpec) -> EvaluationResult:
     device = resolve_device(spec.device or "auto")
-    model, cfg, class_names, state = load_trained_model(path, device, spec.backbone)
+    model, cfg, class_names, checkpoint = load_trained_model(path, device, spec.backbone)
     cfg = cap_workers(apply_inference_flags(cfg, spec.overrides))
     head_reach = set_temporal_window(model, cfg.infer.head_window)
     runtime = setup_runtime(cfg.trainer, device=str(device), precision=spec.precision)
     if spec.fit_batch is not None:
-        batch = spec.fit_batch(cfg, DataShape.of_checkpoint(state), runtime)
+        batch = spec.fit_batch(cfg, checkpoint.shape, runtime)
         cfg = apply_inference_flags(cfg, {"infer.chunks_per_forward": ("--batch auto", batch)})
     dataset = build_dataset(cfg, spec.split, class_names, training=False, manifest=spec.data,
                             index_cache=index_cache_for(cfg))
@@ -249,4 +244,4 @@ def evaluate_checkpoint(path: str, spec: EvaluationSpec) -> EvaluationResult:
     del model
     if runtime.device.type == "cuda":
         torch.cuda.empty_cache()  # the next checkpoint starts from a clean device
-    return EvaluationResult(metrics, cfg, class_names, state, clip_rows, video_rows, head_reach)
+    return EvaluationResult(metrics, cfg, class_names, checkpoint, clip_rows, video_rows, head_reach)

@@ -26,6 +26,7 @@ from engine.oom import (
 )
 from engine.optim import max_grad_norm
 from engine.trainer import Trainer
+from models.temporal import HeadOutput
 
 log = logging.getLogger("longvideo")
 
@@ -109,16 +110,16 @@ def micro_batches(trainer: Trainer, batch: dict) -> list[dict]:
                                                        for k in keys)) if len(parts[0])]
 
 
-def training_loss(outputs: torch.Tensor | dict, piece: dict, spec: ChunkSpec, train_cfg: TrainConfig,
+def training_loss(outputs: HeadOutput, piece: dict, spec: ChunkSpec, train_cfg: TrainConfig,
                   criterion: torch.nn.Module) -> torch.Tensor:
     """train.chunk_loss clip: the aggregated chunk logits (or a temporal head's clip logits) against the clip
     label (the plain loss for one chunk); dense: each chunk (a head's per-chunk logits) against the label
     covering most of its frames, chunks no segment covers left out, averaged over the chunks that count.
-    ``outputs``: ChunkedTrainingForward's, chunk logits [n, B, K] or a head's {"clip", "chunks"}."""
-    chunk_logits = outputs["chunks"] if isinstance(outputs, dict) else outputs
+    ``outputs``: ChunkedTrainingForward's (or FeatureHeadForward's)."""
+    chunk_logits = outputs.chunks.transpose(0, 1)  # [n, B, K], as the chunk labels
     device = chunk_logits.device
     if train_cfg.chunk_loss == "clip":
-        logits = (outputs["clip"] if isinstance(outputs, dict)
+        logits = (outputs.clip if outputs.clip is not None
                   else aggregate_chunk_logits(chunk_logits, train_cfg.chunk_train_aggregation))
         return criterion(logits, piece["label"].to(device, non_blocking=True))
     if "chunk_labels" in piece:  # whole videos of features: each chunk's label read with them
@@ -132,7 +133,7 @@ def training_loss(outputs: torch.Tensor | dict, piece: dict, spec: ChunkSpec, tr
     counted = labels >= 0
     if not counted.any():  # no chunk of this piece lies in a segment: nothing to learn, no NaN either
         return chunk_logits.sum() * 0.0
-    stages = outputs.get("stages") if isinstance(outputs, dict) else None
+    stages = None if outputs.stages is None else [stage.transpose(0, 1) for stage in outputs.stages]
     if stages is None:
         return criterion(chunk_logits[counted], labels[counted])
     real = (piece["mask"].t().to(device) if "mask" in piece

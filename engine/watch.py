@@ -69,16 +69,16 @@ def watch_once(spec: WatchSpec, evaluate) -> tuple[int, int, int, int]:
         entry = {"checkpoint": relative, "sha256": digest, "size": after.st_size, "split": spec.split}
         try:
             result = evaluate(path)
-            metrics, class_names, state = result.metrics, result.class_names, result.state
+            metrics, class_names, saved = result.metrics, result.class_names, result.checkpoint
         except CheckpointError as e:  # a property of this file: recorded, not retried until it changes
             entry.update(status="failed", error=str(e))
             log.warning("%s: %s", relative, e)
             failed += 1
         else:
-            entry.update(status="ok", epoch=state.get("epoch"), global_step=state.get("global_step"),
-                         metrics=metrics, class_names=class_names)
-            log.info("%s: epoch %s step %s top-1 %.4f video acc %.4f", relative, state.get("epoch"),
-                     state.get("global_step"), metrics["clip_acc"], metrics.get("video_acc", float("nan")))
+            entry.update(status="ok", epoch=saved.epoch, global_step=saved.global_step, metrics=metrics,
+                         class_names=class_names)
+            log.info("%s: epoch %s step %s top-1 %.4f video acc %.4f", relative, saved.epoch, saved.global_step,
+                     metrics["clip_acc"], metrics.get("video_acc", float("nan")))
             evaluated += 1
         entry.update(seconds=round(time.perf_counter() - start, 3), time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         append_ledger(ledger, entry)

@@ -70,7 +70,9 @@ HEADS = ("none", "attention", "transformer", "tcn")
 
 
 class HeadOutput(NamedTuple):
-    clip: torch.Tensor  # [B, K]
+    """A clip's logits and its chunks': a temporal head's, and the training forward's (engine.chunking) with or
+    without a head."""
+    clip: torch.Tensor | None  # [B, K]; None from a training forward without a head (the loss aggregates chunks)
     chunks: torch.Tensor  # [B, n, K]
     stages: list | None = None  # tcn: every stage's [B, n, K] (the last is ``chunks``), for the multi-stage loss
 

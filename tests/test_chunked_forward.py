@@ -40,7 +40,8 @@ def test_aggregations_equal_a_hand_computation(aggregation):
     assert windows == [(0, 16), (12, 28), (24, 40), (34, 50)]
     per_window = torch.stack([model({"video": clip["video"][:, :, s:e]}) for s, e in windows])  # [n, B, K]
     model.calls.clear()
-    got = forward_chunked(model, clip, 16, 4, aggregation, chunks_per_forward=3)
+    out = forward_chunked(model, clip, 16, 4, aggregation, chunks_per_forward=3)
+    got = out.logits
     if aggregation == "mean":
         want = per_window.mean(dim=0)
     elif aggregation == "max":
@@ -64,7 +65,7 @@ def test_chunk_at_least_the_clip_length_is_exactly_the_plain_forward():
     with torch.no_grad():
         plain = model(clip)
         for chunk in (-1, 12, 40):
-            assert torch.equal(forward_chunked(model, clip, chunk, 0, "mean"), plain)
+            assert torch.equal(forward_chunked(model, clip, chunk, 0, "mean").logits, plain)
 
 
 def test_keypoints_and_views_are_windowed_with_the_frames():
@@ -92,7 +93,7 @@ def test_short_windows_are_padded_to_the_model_minimum():
             return inputs["video"][:, 0, :, 0, 0].sum(dim=1, keepdim=True)
 
     clip = indexed_clip(1, 2)  # frames 0, 1 -> padded with the last frame: 0 + 1 + 1 + 1
-    assert forward_chunked(NeedsFour(), clip, -1).item() == 3.0
+    assert forward_chunked(NeedsFour(), clip, -1).logits.item() == 3.0
 
 
 def test_unknown_aggregation_is_an_error():

@@ -14,6 +14,7 @@ from datasets.device_input import InputPreparer
 from engine.chunking import ChunkedTrainingForward, ChunkSpec, aggregate_chunk_logits, chunk_labels, chunk_windows
 from engine.step import training_loss
 from models import build_model
+from models.temporal import HeadOutput
 
 MEAN, STD = [0.45] * 3, [0.225] * 3
 
@@ -42,8 +43,9 @@ def gradients_of(model, inputs, spec, aggregation="mean", labels=(0, 2), seed=5,
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        outputs = forward(prepare.transfer(inputs), spec)  # a temporal head's {"clip", "chunks"}, else chunk logits
-        logits = outputs["clip"] if isinstance(outputs, dict) else aggregate_chunk_logits(outputs, aggregation)
+        outputs = forward(prepare.transfer(inputs), spec)  # with a temporal head its clip logits, else None
+        logits = (outputs.clip if outputs.clip is not None
+                  else aggregate_chunk_logits(outputs.chunks.transpose(0, 1), aggregation))
     nn.functional.cross_entropy(logits, torch.tensor(labels[:len(logits)])).backward()
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
@@ -150,7 +152,8 @@ def test_dense_loss_is_the_mean_over_counted_chunks(tmp_path):
     piece = {"video": torch.zeros(2, 3, 12, 1, 1), "label": torch.tensor([0, 0]),
              "frame_labels": torch.tensor([[2, 2, 2, 1, 1, 1, 1, -1, -1, -1, -1, -1],
                                            [0, 0, 0, 0, 0, 0, 3, 3, 3, 3, 3, 0]])}
-    loss = training_loss(chunk_logits, piece, ChunkSpec(4, 1), cfg.train, nn.CrossEntropyLoss())
+    loss = training_loss(HeadOutput(None, chunk_logits.transpose(0, 1)), piece, ChunkSpec(4, 1), cfg.train,
+                         nn.CrossEntropyLoss())
     rows = [(0, 0, 2), (0, 1, 0), (1, 0, 1), (1, 1, 0), (2, 0, 1), (2, 1, 3), (3, 1, 3)]  # (chunk, clip, label)
     by_hand = sum(-chunk_logits[c, b].log_softmax(-1)[k] for c, b, k in rows) / len(rows)
     torch.testing.assert_close(loss, by_hand)
@@ -230,8 +233,8 @@ def test_only_the_chunks_not_kept_run_their_forward_again(kept, forwards):
     model = NoBatchNorm()
     prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
     forward = ChunkedTrainingForward(model, prepare.normalize).train()
-    logits = forward(prepare.transfer(clip_batch(length=12)), ChunkSpec(4, 0, kept=kept))
-    logits.mean().backward()
+    outputs = forward(prepare.transfer(clip_batch(length=12)), ChunkSpec(4, 0, kept=kept))
+    outputs.chunks.mean().backward()
     assert len(model.chunk_lengths) == forwards
     recomputed = [ChunkSpec(4, 0, kept=kept).recomputed(i, 3) for i in range(3)]
     assert recomputed == [i < 3 - min(kept, 3) for i in range(3)]

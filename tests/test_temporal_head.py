@@ -248,9 +248,8 @@ def test_the_head_output_does_not_depend_on_the_micro_batch_split():
     with torch.no_grad():
         whole = forward(inputs, spec)
         pieces = [forward({"video": part}, spec) for part in torch.tensor_split(inputs["video"], 3)]
-    torch.testing.assert_close(torch.cat([p["clip"] for p in pieces]), whole["clip"], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(torch.cat([p["chunks"] for p in pieces], dim=1), whole["chunks"], rtol=1e-5,
-                               atol=1e-6)
+    torch.testing.assert_close(torch.cat([p.clip for p in pieces]), whole.clip, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.cat([p.chunks for p in pieces]), whole.chunks, rtol=1e-5, atol=1e-6)
 
 
 def gradients(model, inputs, spec, loss="clip", seed=5):
@@ -290,8 +289,8 @@ def test_views_are_fused_per_chunk_before_the_head_and_one_chunk_is_one_token():
     with torch.no_grad():
         chunked = forward(inputs, ChunkSpec(8, 0))
         whole = forward(inputs, ChunkSpec(-1))
-    assert chunked["chunks"].shape == (3, 3, 3) and whole["chunks"].shape == (1, 3, 3)
-    torch.testing.assert_close(whole["clip"], model(prepare.normalize(inputs)))  # one chunk: the plain forward
+    assert chunked.chunks.shape == (3, 3, 3) and whole.chunks.shape == (3, 1, 3)  # [B, n, K]
+    torch.testing.assert_close(whole.clip, model(prepare.normalize(inputs)))  # one chunk: the plain forward
 
 
 def test_a_head_trained_on_short_windows_runs_on_a_video_ten_times_longer():
@@ -309,11 +308,10 @@ def test_a_head_trained_on_short_windows_runs_on_a_video_ten_times_longer():
         optimizer.step()
     model.eval()
     long_clip = prepare(clip_batch(length=64 * 10 + 13, batch=1))  # 21 chunks where training saw 2
-    per_window = []
     with torch.no_grad():
-        logits = forward_chunked(model, long_clip, 32, 0, chunks_per_forward=4, chunk_logits_out=per_window)
-    assert logits.shape == (1, 3) and torch.isfinite(logits).all()
-    assert len(per_window) == 21 and all(torch.isfinite(chunk).all() for _, _, chunk in per_window)
+        out = forward_chunked(model, long_clip, 32, 0, chunks_per_forward=4)
+    assert out.logits.shape == (1, 3) and torch.isfinite(out.logits).all()
+    assert len(out.windows) == 21 and out.chunk_logits.shape == (21, 1, 3) and torch.isfinite(out.chunk_logits).all()
     far = chunk_positions([(0, 32), (99_968, 100_000)])  # a 100,000-frame video's first and last chunk
     with torch.no_grad():
         clip = model.temporal(torch.randn(1, 2, model.feature_dim), far).clip
@@ -408,14 +406,13 @@ def test_streaming_inference_with_a_head_equals_the_whole_forward(tmp_path):
     # the same frames read at once: every second frame, the whole clip through forward_chunked
     reader = open_reader(path, (32, 32))
     clip = torch.from_numpy(reader.read(range(0, reader.num_frames, 2))).permute(3, 0, 1, 2).unsqueeze(0)
-    per_window = []
     with torch.no_grad():
-        logits = forward_chunked(model, prepare({"video": clip}), 8, 2, chunk_logits_out=per_window, frame_stride=2)
-    probs = logits.softmax(dim=1)[0]
+        whole = forward_chunked(model, prepare({"video": clip}), 8, 2, frame_stride=2)
+    probs = whole.logits.softmax(dim=1)[0]
     assert [t["label"] for t in streamed.topk] == [ORDER_CLASSES[int(i)] for i in probs.argsort(descending=True)]
     assert streamed.topk[0]["prob"] == pytest.approx(float(probs.max()), abs=1e-4)
-    assert len(streamed.chunk_results) == len(per_window) > 5
-    for row, (_, _, chunk_logits) in zip(streamed.chunk_results, per_window):
+    assert len(streamed.chunk_results) == len(whole.windows) > 5
+    for row, chunk_logits in zip(streamed.chunk_results, whole.chunk_logits):
         assert row["prob"] == pytest.approx(float(chunk_logits.softmax(dim=-1).max()), abs=1e-4)
 
 
@@ -476,8 +473,8 @@ def test_a_head_trains_under_autocast():
     forward = ChunkedTrainingForward(model, prepare.normalize).train()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         outputs = forward(prepare.transfer(clip_batch()), ChunkSpec(8, 0))
-        loss = nn.functional.cross_entropy(outputs["clip"].float(), torch.tensor([0, 1, 2]))
-    assert outputs["clip"].dtype == torch.bfloat16  # the head's linear layers ran in the lower precision
+        loss = nn.functional.cross_entropy(outputs.clip.float(), torch.tensor([0, 1, 2]))
+    assert outputs.clip.dtype == torch.bfloat16  # the head's linear layers ran in the lower precision
     loss.backward()
     grads = [p.grad for p in model.temporal.parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)

@@ -58,8 +58,7 @@ def test_tcn_padding_changes_nothing_in_the_real_chunks_and_its_loss_counts_ever
     assert torch.allclose(together.clip, alone.clip, atol=1e-5)
     assert len(together.stages) == 3 and together.stages[-1] is together.chunks
     # the multi-stage loss: each stage's cross-entropy on the labelled real chunks, plus the smoothing term
-    outputs = {"clip": together.clip, "chunks": together.chunks.transpose(0, 1),
-               "stages": [s.transpose(0, 1) for s in together.stages]}
+    outputs = together
     piece = {"chunk_labels": torch.tensor([[0, 0, 1, -1, 2, -1, -1, -1]]), "mask": mask}
     train_cfg = type("T", (), {"chunk_loss": "dense"})()
     loss = training_loss(outputs, piece, None, train_cfg, torch.nn.CrossEntropyLoss())
