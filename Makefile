@@ -28,6 +28,7 @@ demo: $(VENV)/.runtime-installed
 
 test: $(VENV)/.dev-installed
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 	$(PY) -m pytest -q -n auto --dist loadfile tests
 

@@ -8,6 +8,7 @@ the test (else val) manifest of that checkpoint's config. Chunk and overlap coun
 frames at the checkpoint's data.frame_stride. A background thread decodes the next inference chunks
 while the model runs the current ones; frames shared by overlapping chunks are decoded once.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,44 +48,84 @@ from planner.batch_size import inference_batch_for_budget
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", help="checkpoint (default: best.pt of the experiment of --config, else the "
-                                             "most recent best.pt in --runs)")
+    parser.add_argument(
+        "--checkpoint",
+        help="checkpoint (default: best.pt of the experiment of --config, else the most recent best.pt in --runs)",
+    )
     parser.add_argument("--config", help="a training preset: its experiment's latest run gives the checkpoint")
     parser.add_argument("--runs", default="runs", help="where to look for the most recent run")
     parser.add_argument("--input", help="a video file, a directory of videos, or a manifest (.jsonl/.csv)")
     add_inference_flags(parser)
     parser.add_argument("--topk", type=int, default=3, help="labels reported per video")
-    parser.add_argument("--output", help="write one JSON line per video to this file (with --timeline: its segments; "
-                                         "and OUTPUT_frames.csv: every frame's label); with annotated segments, "
-                                         "OUTPUT_scores.json: the timeline scores over all videos")
-    parser.add_argument("--timeline", action="store_true",
-                        help="per-frame timelines: every chunk's result, and the segments of the frames' labels (each "
-                             "frame's probabilities blended from the chunks that cover it)")
-    parser.add_argument("--plot", metavar="DIR", help="with --timeline: DIR/<video stem>.png per video, ground truth "
-                                                      "(where annotated) above the prediction and the frames where "
-                                                      "they disagree, in rows of --plot-row-minutes")
-    parser.add_argument("--plot-row-minutes", type=float, default=ROW_MINUTES, metavar="M",
-                        help=f"--plot: minutes of video a row (default {ROW_MINUTES:g}; at most 24 rows: a longer "
-                             f"video gets longer rows)")
-    parser.add_argument("--decode-threads", type=int, default=0,
-                        help="FFmpeg decoder threads (0 = OpenCV's choice, all cores)")
-    parser.add_argument("--max-videos", type=int, help="stop after this many videos")
-    parser.add_argument("--features", metavar="DIR",
-                        help="also write each video's per-chunk features to DIR/<stem>.npz (docs/inference.md); a "
-                             "video whose file is there with the same settings is skipped")
-    parser.add_argument("--features-dtype", choices=FEATURE_DTYPES, default="float16",
-                        help="dtype of the stored features (the logits are always float32)")
-    parser.add_argument("--shard", metavar="i/N",
-                        help="take every N-th video from the i-th (0-based): N processes or machines split the input")
+    add_output_flags(parser)
+    add_feature_flags(parser)
     args = parser.parse_args(argv)
     if args.topk < 1:
         raise UsageError(f"--topk {args.topk}: must be >= 1")
     if args.plot and not args.timeline:
         raise UsageError(f"--plot {args.plot}: plots a timeline; add --timeline")
     if not args.plot_row_minutes > 0:
-        raise UsageError(f"--plot-row-minutes {args.plot_row_minutes:g}: give the minutes of video a row shows, "
-                         f"more than 0 (default {ROW_MINUTES:g})")
+        raise UsageError(
+            f"--plot-row-minutes {args.plot_row_minutes:g}: give the minutes of video a row shows, "
+            f"more than 0 (default {ROW_MINUTES:g})"
+        )
     return args
+
+
+def add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """What infer_chunked.py writes and draws of each video, and how it reads them."""
+    parser.add_argument(
+        "--output",
+        help="write one JSON line per video to this file (with --timeline: its segments; "
+        "and OUTPUT_frames.csv: every frame's label); with annotated segments, "
+        "OUTPUT_scores.json: the timeline scores over all videos",
+    )
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="per-frame timelines: every chunk's result, and the segments of the frames' labels (each "
+        "frame's probabilities blended from the chunks that cover it)",
+    )
+    parser.add_argument(
+        "--plot",
+        metavar="DIR",
+        help="with --timeline: DIR/<video stem>.png per video, ground truth "
+        "(where annotated) above the prediction and the frames where "
+        "they disagree, in rows of --plot-row-minutes",
+    )
+    parser.add_argument(
+        "--plot-row-minutes",
+        type=float,
+        default=ROW_MINUTES,
+        metavar="M",
+        help=f"--plot: minutes of video a row (default {ROW_MINUTES:g}; at most 24 rows: a longer "
+        f"video gets longer rows)",
+    )
+    parser.add_argument(
+        "--decode-threads", type=int, default=0, help="FFmpeg decoder threads (0 = OpenCV's choice, all cores)"
+    )
+    parser.add_argument("--max-videos", type=int, help="stop after this many videos")
+
+
+def add_feature_flags(parser: argparse.ArgumentParser) -> None:
+    """--features DIR: the per-chunk features of each video, and the shard of the input this process takes."""
+    parser.add_argument(
+        "--features",
+        metavar="DIR",
+        help="also write each video's per-chunk features to DIR/<stem>.npz (docs/inference.md); a "
+        "video whose file is there with the same settings is skipped",
+    )
+    parser.add_argument(
+        "--features-dtype",
+        choices=FEATURE_DTYPES,
+        default="float16",
+        help="dtype of the stored features (the logits are always float32)",
+    )
+    parser.add_argument(
+        "--shard",
+        metavar="i/N",
+        help="take every N-th video from the i-th (0-based): N processes or machines split the input",
+    )
 
 
 def inference_config(args, cfg: Config, runtime, shape: DataShape) -> Config:
@@ -107,8 +148,9 @@ def find_checkpoint(args) -> tuple[str, str]:
         cfg = load_config(args.config)
         path = ExperimentDirectory.of_config(cfg).latest_best(f"--config {args.config}")
         return path, f"the latest run of experiment '{cfg.experiment}' ({args.config})"
-    return most_recent_best(args.runs), (f"the most recently written best.pt under {args.runs}/ (--config or "
-                                         f"--checkpoint to choose another)")
+    return most_recent_best(args.runs), (
+        f"the most recently written best.pt under {args.runs}/ (--config or --checkpoint to choose another)"
+    )
 
 
 def input_records(args, cfg: Config) -> tuple[str, list, list[str], str]:
@@ -116,7 +158,7 @@ def input_records(args, cfg: Config) -> tuple[str, list, list[str], str]:
     shard_index, shard_count = parse_shard(args.shard)
     source, records = resolve_inputs(args.input, cfg.data)
     if args.max_videos:
-        records = records[:args.max_videos]
+        records = records[: args.max_videos]
     names = feature_names(records)  # over the whole list: every shard names a file alike
     records, names = shard(records, shard_index, shard_count), shard(names, shard_index, shard_count)
     return source, records, names, f", shard {shard_index}/{shard_count}" if shard_count > 1 else ""
@@ -126,8 +168,9 @@ def feature_output(args, cfg: Config, checkpoint_path: str) -> FeatureOutput | N
     """--features DIR: where each video's file goes and the settings that decide it."""
     if not args.features:
         return None
-    settings = settings_of(cfg, cfg.infer.chunk_size, cfg.infer.chunk_overlap, args.features_dtype,
-                           file_sha256(checkpoint_path))
+    settings = settings_of(
+        cfg, cfg.infer.chunk_size, cfg.infer.chunk_overlap, args.features_dtype, file_sha256(checkpoint_path)
+    )
     return FeatureOutput(args.features, settings, checkpoint_path)
 
 
@@ -148,13 +191,16 @@ def main(argv=None) -> int:
     head_reach = set_temporal_window(model, cfg.infer.head_window)
     spec = InferenceSpec.of_config(cfg.infer, args.topk, args.timeline, args.decode_threads or None)
     source, records, names, part = input_records(args, cfg)
-    print(f"checkpoint: {checkpoint_path} ({why})\ninput: {source} ({len(records)} videos{part})\n"
-          f"{how_it_runs(cfg, head_reach)} batch {spec.batch} on {runtime.device}")
+    print(
+        f"checkpoint: {checkpoint_path} ({why})\ninput: {source} ({len(records)} videos{part})\n"
+        f"{how_it_runs(cfg, head_reach)} batch {spec.batch} on {runtime.device}"
+    )
     if runtime.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(runtime.device)
     outputs = Outputs(args.output, args.plot, args.timeline, args.plot_row_minutes)
-    failures = run_videos(model, records, names, cfg, spec, runtime, class_names, outputs,
-                          feature_output(args, cfg, checkpoint_path))
+    failures = run_videos(
+        model, records, names, cfg, spec, runtime, class_names, outputs, feature_output(args, cfg, checkpoint_path)
+    )
     snap = memory_monitor.snapshot(runtime.device)
     peak = f", device peak {snap['device_peak_mb']:.0f} MB" if "device_peak_mb" in snap else ""
     print(f"peak memory: host RSS {memory_monitor.host_peak_rss_mb():.0f} MB{peak}")
@@ -162,6 +208,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    exit_on_usage_error(main, BAD_INPUT_ERRORS + (CheckpointError,),
-                        disk_advice="free space there and run the same command again: with --features, the videos "
-                                    "whose files are written are skipped")
+    exit_on_usage_error(
+        main,
+        BAD_INPUT_ERRORS + (CheckpointError,),
+        disk_advice="free space there and run the same command again: with --features, the videos "
+        "whose files are written are skipped",
+    )

@@ -6,6 +6,7 @@
 
 A hand-written loop: ``train_one_epoch`` and ``evaluate`` return dicts of plain floats; ``main`` wires.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,24 +45,41 @@ log = logging.getLogger("longvideo")  # set up by main(): importing train config
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_arguments(parser)
-    parser.add_argument("--resume", metavar="auto|PATH",
-                        help="continue a run: auto = last.pt of runs/<experiment>/latest, or a checkpoint path")
+    parser.add_argument(
+        "--resume",
+        metavar="auto|PATH",
+        help="continue a run: auto = last.pt of runs/<experiment>/latest, or a checkpoint path",
+    )
     parser.add_argument("--device", help="override trainer.device (auto, cpu, cuda, cuda:N)")
-    parser.add_argument("--probe-memory", action="store_true",
-                        help="estimate (on any machine; with CUDA also measure) the peak device memory of one "
-                             "training step over a grid of num_frames x batch_size, print the largest batch that "
-                             "fits trainer.memory_budget_gb, and exit")
+    parser.add_argument(
+        "--probe-memory",
+        action="store_true",
+        help="estimate (on any machine; with CUDA also measure) the peak device memory of one "
+        "training step over a grid of num_frames x batch_size, print the largest batch that "
+        "fits trainer.memory_budget_gb, and exit",
+    )
     parser.add_argument("--probe-frames", metavar="N,N,...", help="num_frames values of the probe grid")
     parser.add_argument("--probe-batches", metavar="N,N,...", help="batch sizes of the probe grid")
-    parser.add_argument("--world-size", type=int, metavar="N", default=int(os.environ.get("WORLD_SIZE", 1)),
-                        help="--probe-memory for N processes (torchrun --nproc_per_node=N); default: this "
-                             "launch's WORLD_SIZE, else 1")
-    parser.add_argument("--fit-budget", action="store_true",
-                        help="before training, pick the largest micro-batch whose estimated memory fits "
-                             "trainer.memory_budget_gb and keep the global batch by accumulation (as "
-                             "data.batch_size: auto does)")
-    parser.add_argument("--stop-after-steps", type=int, metavar="N",
-                        help="stop after N optimizer steps (saving last.pt): smoke tests and quick checks")
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        metavar="N",
+        default=int(os.environ.get("WORLD_SIZE", 1)),
+        help="--probe-memory for N processes (torchrun --nproc_per_node=N); default: this launch's WORLD_SIZE, else 1",
+    )
+    parser.add_argument(
+        "--fit-budget",
+        action="store_true",
+        help="before training, pick the largest micro-batch whose estimated memory fits "
+        "trainer.memory_budget_gb and keep the global batch by accumulation (as "
+        "data.batch_size: auto does)",
+    )
+    parser.add_argument(
+        "--stop-after-steps",
+        type=int,
+        metavar="N",
+        help="stop after N optimizer steps (saving last.pt): smoke tests and quick checks",
+    )
     return parser.parse_args(argv)
 
 
@@ -70,9 +88,11 @@ def refuse_gpu_preset_without_cuda(cfg: Config, config_path: str | None, device:
     train for hours on the CPU without a word: stop at once, unless --device cpu says that is meant."""
     budget, wanted = cfg.trainer.memory_budget_gb, device or cfg.trainer.device
     if budget and wanted != "cpu" and not torch.cuda.is_available():
-        raise ConfigError(f"{config_path or 'the config'}: this machine has no CUDA device, and the preset is for a "
-                          f"{budget:g} GB GPU (trainer.memory_budget_gb); use configs/cpu.yaml, or add --device cpu "
-                          f"to run it on the CPU anyway")
+        raise ConfigError(
+            f"{config_path or 'the config'}: this machine has no CUDA device, and the preset is for a "
+            f"{budget:g} GB GPU (trainer.memory_budget_gb); use configs/cpu.yaml, or add --device cpu "
+            f"to run it on the CPU anyway"
+        )
 
 
 def refuse_demo_data_for_gpu_preset(cfg: Config, origins: dict, config_path: str | None) -> None:
@@ -80,10 +100,12 @@ def refuse_demo_data_for_gpu_preset(cfg: Config, origins: dict, config_path: str
     would train on the demo's synthetic clips without a word."""
     origin = origins.get("data.data_dir", "defaults")
     if cfg.trainer.memory_budget_gb and (origin == "defaults" or os.path.basename(origin) == "base.yaml"):
-        raise ConfigError(f"{config_path or 'the config'}: data.data_dir is not set, and a GPU preset does not fall "
-                          f"back to the demo's {cfg.data.data_dir}: set data.data_dir (and data.train_manifest, "
-                          f"data.val_manifest or data.val_fraction) to your data, e.g. --set "
-                          f"data.data_dir=/data/clips; a manifest may be {DATA_LAYOUTS}")
+        raise ConfigError(
+            f"{config_path or 'the config'}: data.data_dir is not set, and a GPU preset does not fall "
+            f"back to the demo's {cfg.data.data_dir}: set data.data_dir (and data.train_manifest, "
+            f"data.val_manifest or data.val_fraction) to your data, e.g. --set "
+            f"data.data_dir=/data/clips; a manifest may be {DATA_LAYOUTS}"
+        )
 
 
 def main(argv=None) -> int:
@@ -101,21 +123,12 @@ def main(argv=None) -> int:
     resume_path = resolve_resume(args.resume, cfg) if args.resume else None
     runtime = setup_runtime(cfg.trainer, device=args.device)
     setup_logging(runtime.is_main)
-    shape = DataShape.of_manifest(cfg)  # read once (manifest, keypoints) for both decisions below
-    features_index = None
-    if cfg.data.features_dir is not None:  # a temporal head on features: no clips, no chunks to recompute
-        features_index = index_features(cfg.data.features_dir)  # every file's header, read once for both
-        cfg, kept_chunks = plan_feature_training(cfg, runtime, shape.num_classes, features_index), 0
-    else:
-        if args.fit_budget or cfg.data.batch_size == "auto":  # the same decision again on resume: deterministic
-            cfg = batch_for_budget(cfg, runtime, shape)
-        kept_chunks = chunks_to_keep(cfg, runtime, shape)  # train.recompute: auto, at the run's batch
-        if runtime.is_main:
-            warn_if_host_memory_short(cfg, shape, runtime.device.type == "cuda")
+    cfg, kept_chunks, features_index = memory_decisions(cfg, runtime, args.fit_budget)
     plan = None
     try:
-        trainer, train_loader, val_loader = build_trainer(cfg, runtime, resume_path, args.stop_after_steps,
-                                                          kept_chunks, features_index)
+        trainer, train_loader, val_loader = build_trainer(
+            cfg, runtime, resume_path, args.stop_after_steps, kept_chunks, features_index
+        )
         plan = state_disk_needs(trainer, len(train_loader), resumed=bool(resume_path)) if runtime.is_main else None
     except DiskFullError as e:
         raise disk_full_advice(e, plan, args, resumable=bool(args.resume)) from None
@@ -137,6 +150,21 @@ def main(argv=None) -> int:
     return 0
 
 
+def memory_decisions(cfg: Config, runtime, fit_budget: bool) -> tuple[Config, int, dict | None]:
+    """(the config with its batch fitted to the budget, the training chunks whose activations are kept, the
+    features files' headers of a head trained on features): the planner's decisions before the run is built."""
+    shape = DataShape.of_manifest(cfg)  # read once (manifest, keypoints) for both decisions below
+    if cfg.data.features_dir is not None:  # a temporal head on features: no clips, no chunks to recompute
+        features_index = index_features(cfg.data.features_dir)  # every file's header, read once for both
+        return plan_feature_training(cfg, runtime, shape.num_classes, features_index), 0, features_index
+    if fit_budget or cfg.data.batch_size == "auto":  # the same decision again on resume: deterministic
+        cfg = batch_for_budget(cfg, runtime, shape)
+    kept_chunks = chunks_to_keep(cfg, runtime, shape)  # train.recompute: auto, at the run's batch
+    if runtime.is_main:
+        warn_if_host_memory_short(cfg, shape, runtime.device.type == "cuda")
+    return cfg, kept_chunks, None
+
+
 def state_disk_needs(trainer, loader_batches: int, resumed: bool) -> DiskPlan:
     """The disk the run needs, stated (and a warning if the free space is short) before the first step."""
     cfg = trainer.cfg
@@ -146,20 +174,28 @@ def state_disk_needs(trainer, loader_batches: int, resumed: bool) -> DiskPlan:
     return plan
 
 
-def disk_full_advice(error: DiskFullError, plan: DiskPlan | None, args: argparse.Namespace,
-                     resumable: bool) -> DiskFullError:
+def disk_full_advice(
+    error: DiskFullError, plan: DiskPlan | None, args: argparse.Namespace, resumable: bool
+) -> DiskFullError:
     """The one line of a full disk: the failed write, what the run needs, and how to go on (``resumable``: a
     checkpoint of this run exists)."""
-    needs = f"this run needs about {plan.total / 2 ** 20:.0f} MB in all; " if plan else ""
-    then = (f"the last checkpoint written is intact: free space there, then continue with: {resume_command(args)}"
-            if resumable else "free space there, then run the same command again")
+    needs = f"this run needs about {plan.total / 2**20:.0f} MB in all; " if plan else ""
+    then = (
+        f"the last checkpoint written is intact: free space there, then continue with: {resume_command(args)}"
+        if resumable
+        else "free space there, then run the same command again"
+    )
     return DiskFullError(f"{error}; {needs}{then}")
 
 
 def resume_command(args: argparse.Namespace) -> str:
     """The command that continues this run after a Ctrl-C."""
-    return " ".join(["python", "train.py"] + (["--config", args.config] if args.config else [])
-                    + [f"--set {item}" for item in args.overrides] + ["--resume", "auto"])
+    return " ".join(
+        ["python", "train.py"]
+        + (["--config", args.config] if args.config else [])
+        + [f"--set {item}" for item in args.overrides]
+        + ["--resume", "auto"]
+    )
 
 
 if __name__ == "__main__":

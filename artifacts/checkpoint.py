@@ -7,6 +7,7 @@ over the target: a job killed at any moment leaves either the old file or the ne
 Loads use ``torch.load(weights_only=True)``: a checkpoint that needs pickled code is refused (a cron job
 must never run code that a file in a shared directory brings).
 """
+
 from __future__ import annotations
 
 import json
@@ -55,34 +56,51 @@ class TrainState:
         return cls(**{name: ckpt[name] for name in names if name in ckpt})
 
 
-def training_checkpoint(model, optimizer, scheduler, scaler, state: TrainState, cfg: Config, class_names: list,
-                        data_info: dict) -> dict:
+def training_checkpoint(
+    model, optimizer, scheduler, scaler, state: TrainState, cfg: Config, class_names: list, data_info: dict
+) -> dict:
     """What a training checkpoint holds: the unwrapped model, optimizer, scheduler and scaler, the training state
     by field name (``TrainState.from_checkpoint`` reads it back the same way), the config, the class names, the
     RNG states and the data's shape (views, keypoints)."""
     progress = {f.name: getattr(state, f.name) for f in fields(TrainState) if f.name != "nonfinite_streak"}
-    return {"format": CHECKPOINT_FORMAT, "model": unwrap_model(model).state_dict(),
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-            **progress, "config": cfg.to_dict(), "class_names": class_names, "rng": rng_state(), **data_info}
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "model": unwrap_model(model).state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),
+        **progress,
+        "config": cfg.to_dict(),
+        "class_names": class_names,
+        "rng": rng_state(),
+        **data_info,
+    }
 
 
 def changed_settings(saved: dict, cfg: Config) -> dict[str, tuple]:
     """The model.* and train.* keys whose value in ``cfg`` differs from a checkpoint's saved config (read as
     config.compat reads it: a key the checkpoint predates has the value it trained with): {dotted: (then, now)}."""
     then, now = saved_config(saved).to_dict(), cfg.to_dict()
-    return {f"{section}.{key}": (then[section][key], value) for section in ("model", "train")
-            for key, value in now[section].items() if then[section].get(key) != value}
+    return {
+        f"{section}.{key}": (then[section][key], value)
+        for section in ("model", "train")
+        for key, value in now[section].items()
+        if then[section].get(key) != value
+    }
 
 
 def _settings_as_before(changed: dict[str, tuple], keys) -> str:
     """The --set options that give ``keys`` of ``changed_settings`` their checkpoint's values back."""
+
     def value(then) -> str:
         return json.dumps(then) if then is None or isinstance(then, (bool, list)) else str(then)
+
     return " ".join(f"--set {key}={value(changed[key][0])}" for key in keys)
 
 
-def restore_training(path: str, model, optimizer, scheduler, scaler,
-                     cfg: Config | None = None) -> tuple[TrainState, dict]:
+def restore_training(
+    path: str, model, optimizer, scheduler, scaler, cfg: Config | None = None
+) -> tuple[TrainState, dict]:
     """The training state of a checkpoint (model, optimizer, scheduler and scaler loaded in place) and its RNG
     states. With ``cfg``, settings that differ from the checkpoint's are named: a warning (a resumed run should
     go on as it began: a default changed since, such as the head's warm-up, would change its schedule), or the
@@ -94,19 +112,28 @@ def restore_training(path: str, model, optimizer, scheduler, scaler,
     except RuntimeError as e:
         differing = [key for key in changed if key.startswith("model.")]
         settings = ", ".join(differing) or "no model setting differs"
-        hint = (f"resume with the checkpoint's settings: {_settings_as_before(changed, differing)}" if differing
-                else "resume with the config it was trained with")
-        raise CheckpointError(f"{path}: its model does not fit this config's ({settings}); {hint}: "
-                              f"{str(e).splitlines()[0]}") from None
+        hint = (
+            f"resume with the checkpoint's settings: {_settings_as_before(changed, differing)}"
+            if differing
+            else "resume with the config it was trained with"
+        )
+        raise CheckpointError(
+            f"{path}: its model does not fit this config's ({settings}); {hint}: {str(e).splitlines()[0]}"
+        ) from None
     if changed:
-        log.warning("%s: resuming with settings that differ from the checkpoint's (%s); to go on as it began: %s",
-                    path, ", ".join(f"{key} {then!r} then, {now!r} now" for key, (then, now) in changed.items()),
-                    _settings_as_before(changed, changed))
+        log.warning(
+            "%s: resuming with settings that differ from the checkpoint's (%s); to go on as it began: %s",
+            path,
+            ", ".join(f"{key} {then!r} then, {now!r} now" for key, (then, now) in changed.items()),
+            _settings_as_before(changed, changed),
+        )
     saved_groups, groups = len(ckpt["optimizer"]["param_groups"]), len(optimizer.param_groups)
     if saved_groups != groups:  # 2: one learning rate for all; 4: the temporal head's own (train.temporal_lr_scale)
-        raise CheckpointError(f"{path}: its optimizer has {saved_groups} parameter groups, this config's has {groups} "
-                              f"(a temporal head gets groups of its own when train.temporal_lr_scale is not 1); "
-                              f"resume with the checkpoint's setting, e.g. --set train.temporal_lr_scale=1")
+        raise CheckpointError(
+            f"{path}: its optimizer has {saved_groups} parameter groups, this config's has {groups} "
+            f"(a temporal head gets groups of its own when train.temporal_lr_scale is not 1); "
+            f"resume with the checkpoint's setting, e.g. --set train.temporal_lr_scale=1"
+        )
     optimizer.load_state_dict(ckpt["optimizer"])
     scheduler.load_state_dict(ckpt["scheduler"])
     scaler.load_state_dict(ckpt["scaler"])
@@ -126,16 +153,22 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
     try:
         state = load_tensors(path, map_location)
     except UnsafeFile as e:
-        raise CheckpointError(f"{path}: {e}; only checkpoints of tensors and plain values are loaded "
-                              f"(weights_only=True): use a checkpoint written by this project's train.py")
+        raise CheckpointError(
+            f"{path}: {e}; only checkpoints of tensors and plain values are loaded "
+            f"(weights_only=True): use a checkpoint written by this project's train.py"
+        )
     except UnreadableFile as e:
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {e}; use another "
-                              f"checkpoint of the run (last.pt, best.pt, epoch_N.pt)")
+        raise CheckpointError(
+            f"{path}: not a readable checkpoint (truncated or corrupt?): {e}; use another "
+            f"checkpoint of the run (last.pt, best.pt, epoch_N.pt)"
+        )
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path}: not a checkpoint of this project (no 'model' entry)")
     if state.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path}: checkpoint format {state.get('format')!r}, but this code reads format "
-                              f"{CHECKPOINT_FORMAT}; use the version of this project that wrote it")
+        raise CheckpointError(
+            f"{path}: checkpoint format {state.get('format')!r}, but this code reads format "
+            f"{CHECKPOINT_FORMAT}; use the version of this project that wrote it"
+        )
     return state
 
 

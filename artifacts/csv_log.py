@@ -3,6 +3,7 @@
 A row is appended whole or not at all (``core.files.append_whole``): a full disk leaves no partial row. A row torn
 by a kill mid-write is cut off when the log is opened again (on resume), with one warning.
 """
+
 from __future__ import annotations
 
 import csv
@@ -23,8 +24,11 @@ class CsvLog:
         self.fields: list[str] | None = None
         torn = repair_torn_tail(path)
         if torn:
-            log.warning("%s: its last row was cut short (a run killed or a disk full while writing it): removed %d "
-                        "bytes", path, torn)
+            log.warning(
+                "%s: its last row was cut short (a run killed or a disk full while writing it): removed %d bytes",
+                path,
+                torn,
+            )
         if os.path.exists(path):
             with open(path, newline="") as f:
                 self.fields = next(csv.reader(f), None)

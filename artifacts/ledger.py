@@ -1,5 +1,6 @@
 """The cron evaluator's record of a run directory: ``eval.jsonl`` (one JSON line per evaluated checkpoint,
 rewritten atomically for each new line) and the lock that keeps two evaluators apart."""
+
 from __future__ import annotations
 
 import fcntl

@@ -1,6 +1,7 @@
 """Plots, drawn once at the end (never every epoch): training curves of the monitored metric with best.pt's epoch
 marked, the confusion matrix, eval.py --watch's history (timelines: artifacts/timeline_plot.py). matplotlib is a
 requirement; where it is missing anyway, one note, no plots."""
+
 from __future__ import annotations
 
 import csv
@@ -12,8 +13,10 @@ from core.files import atomic_path
 def pyplot(note_prefix: str):
     try:
         import matplotlib  # lazy: a second to import, needed once at the end of a run (and may be missing)
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # (the same)
+
         return plt
     except ImportError:
         print(f"note: {note_prefix} needs matplotlib (pip install matplotlib); no plots written")
@@ -28,8 +31,13 @@ def save_figure(figure, plt, path: str) -> str:
     return path
 
 
-def training_plots(run: RunDirectory, class_names: list[str], confusion: list | None,
-                   monitor: str = "val_video_acc", epoch: int | None = None) -> list[str]:
+def training_plots(
+    run: RunDirectory,
+    class_names: list[str],
+    confusion: list | None,
+    monitor: str = "val_video_acc",
+    epoch: int | None = None,
+) -> list[str]:
     """training_curves.png from metrics.csv (the best epoch of ``monitor`` marked), and confusion_matrix.png of
     the last validation (``epoch``)."""
     plt = pyplot("plotting the training curves")
@@ -41,15 +49,27 @@ def training_plots(run: RunDirectory, class_names: list[str], confusion: list | 
     if rows:
         written.append(_curves(plt, rows, monitor, f"training of run {run.name}", run.curves_png))
     if confusion is not None:
-        written.append(_confusion(plt, confusion, class_names, f"validation confusion matrix, epoch {epoch} "
-                                  f"(run {run.name})", run.confusion_png))
+        written.append(
+            _confusion(
+                plt,
+                confusion,
+                class_names,
+                f"validation confusion matrix, epoch {epoch} (run {run.name})",
+                run.confusion_png,
+            )
+        )
     return written
 
 
 CLIP_METRICS = {"val_clip_acc": "clip accuracy", "val_video_acc": "video accuracy", "val_top5": "top-5 clip accuracy"}
 # frame accuracy is a share of the frames, the others are on the field's 0-100 scale: drawn as percentages
-SEGMENT_METRICS = {"val_seg_frame_acc": "frame accuracy", "val_seg_edit": "edit", "val_seg_f1@10": "F1@10",
-                   "val_seg_f1@25": "F1@25", "val_seg_f1@50": "F1@50"}
+SEGMENT_METRICS = {
+    "val_seg_frame_acc": "frame accuracy",
+    "val_seg_edit": "edit",
+    "val_seg_f1@10": "F1@10",
+    "val_seg_f1@25": "F1@25",
+    "val_seg_f1@50": "F1@50",
+}
 
 
 def metric_label(key: str) -> str:
@@ -90,19 +110,29 @@ def curves_figure(plt, rows: list[dict], monitor: str, title: str):
         monitor_axis.axvline(best_epoch, color="grey", linestyle="--", linewidth=1)
         shown = f"{best:.1f}" if percent else f"{best:.3f}"
         right = best_epoch > (epochs[0] + epochs[-1]) / 2  # the note on the side with room
-        monitor_axis.annotate(f"best {shown}\n(epoch {best_epoch}: best.pt)", (best_epoch, best),
-                              textcoords="offset points", xytext=(-6 if right else 6, -28), fontsize=8,
-                              ha="right" if right else "left")
-    monitor_axis.set(xlabel="epoch", title=f"{metric_label(monitor)} (train.monitor: {monitor})",
-                     ylabel="percent" if percent else "share of the validation set")
+        monitor_axis.annotate(
+            f"best {shown}\n(epoch {best_epoch}: best.pt)",
+            (best_epoch, best),
+            textcoords="offset points",
+            xytext=(-6 if right else 6, -28),
+            fontsize=8,
+            ha="right" if right else "left",
+        )
+    monitor_axis.set(
+        xlabel="epoch",
+        title=f"{metric_label(monitor)} (train.monitor: {monitor})",
+        ylabel="percent" if percent else "share of the validation set",
+    )
     if panels == 3:
         other_axis = axes[0][2]
         for key in moving:
             other_axis.plot(*zip(*series(rows, key)), marker="o", label=metric_label(key))
         note = "; ".join(f"{metric_label(k)} constant at {series(rows, k)[0][1]:.3f}: not drawn" for k in constant)
-        other_axis.set(xlabel="epoch" + (f"\n({note})" if note else ""),
-                       ylabel="percent" if segments else "share of the validation set",
-                       title="validation: timeline scores" if segments else "validation")
+        other_axis.set(
+            xlabel="epoch" + (f"\n({note})" if note else ""),
+            ylabel="percent" if segments else "share of the validation set",
+            title="validation: timeline scores" if segments else "validation",
+        )
     for axis in axes[0]:
         axis.grid(alpha=0.3)
         axis.xaxis.get_major_locator().set_params(integer=True)
@@ -126,8 +156,15 @@ def _confusion(plt, confusion: list, class_names: list[str], title: str, path: s
     top = max((max(row) for row in confusion), default=0)
     for i, row in enumerate(confusion):
         for j, value in enumerate(row):  # white on dark cells, black on light ones
-            axis.text(j, i, str(value), ha="center", va="center", fontsize=8,
-                      color="white" if top and value > top / 2 else "black")
+            axis.text(
+                j,
+                i,
+                str(value),
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if top and value > top / 2 else "black",
+            )
     return save_figure(figure, plt, path)
 
 
@@ -141,18 +178,24 @@ def eval_history_plot(entries: list[dict], path: str) -> str | None:
     # "top1": clip_acc's name in eval.jsonl entries written before 2026-11
     metrics = [{"clip_acc": e["metrics"].get("top1"), **e["metrics"]} for e in entries]
     timelines = any(m.get("seg_f1@50") is not None for m in metrics)  # scored as timelines: those scores, in percent
-    labels = ({key.removeprefix("val_"): label for key, label in SEGMENT_METRICS.items()} if timelines else
-              {"clip_acc": "top-1 clip accuracy", "video_acc": "video accuracy", "top5": "top-5 clip accuracy"})
+    labels = (
+        {key.removeprefix("val_"): label for key, label in SEGMENT_METRICS.items()}
+        if timelines
+        else {"clip_acc": "top-1 clip accuracy", "video_acc": "video accuracy", "top5": "top-5 clip accuracy"}
+    )
     for key, label in labels.items():
-        points = [(e["global_step"], m[key] * percent_scale(key)) for e, m in zip(entries, metrics)
-                  if m.get(key) is not None]
+        points = [
+            (e["global_step"], m[key] * percent_scale(key)) for e, m in zip(entries, metrics) if m.get(key) is not None
+        ]
         if points:
             axis.plot(*zip(*points), marker="o", label=label)
     splits = sorted({e.get("split", "?") for e in entries})
-    axis.set(xlabel="optimizer step of the checkpoint",
-             ylabel="percent (timeline scores)" if timelines else "accuracy (share of the evaluated set)",
-             title=f"eval.py --watch: {len(entries)} checkpoints on {', '.join(splits)}",
-             ylim=(-2, 105) if timelines else (-0.02, 1.05))
+    axis.set(
+        xlabel="optimizer step of the checkpoint",
+        ylabel="percent (timeline scores)" if timelines else "accuracy (share of the evaluated set)",
+        title=f"eval.py --watch: {len(entries)} checkpoints on {', '.join(splits)}",
+        ylim=(-2, 105) if timelines else (-0.02, 1.05),
+    )
     axis.legend(fontsize=8)
     axis.grid(alpha=0.3)
     return save_figure(figure, plt, path)

@@ -9,6 +9,7 @@
 
 Nobody else joins path strings under a run directory.
 """
+
 from __future__ import annotations
 
 import glob
@@ -117,16 +118,19 @@ class ExperimentDirectory:
         """``--resume auto``: last.pt of the latest run; an error when there is none."""
         path = self.latest.checkpoint("last.pt")
         if not os.path.exists(path):
-            raise UsageError(f"--resume auto: no {path} to continue from; start without --resume, or give a "
-                              f"checkpoint path")
+            raise UsageError(
+                f"--resume auto: no {path} to continue from; start without --resume, or give a checkpoint path"
+            )
         return path
 
     def latest_best(self, why: str) -> str:
         """best.pt of the latest run; an error naming ``why`` (the flag that chose this experiment) if none."""
         path = self.latest.checkpoint("best.pt")
         if not os.path.exists(path):
-            raise ConfigError(f"{why}: no {path} (experiment '{self.experiment}' has no trained run here); train "
-                              f"it first or pass --checkpoint PATH")
+            raise ConfigError(
+                f"{why}: no {path} (experiment '{self.experiment}' has no trained run here); train "
+                f"it first or pass --checkpoint PATH"
+            )
         return path
 
 
@@ -134,8 +138,10 @@ def most_recent_best(runs_root: str) -> str:
     """The most recently written best.pt of any experiment under ``runs_root`` (the last one trained)."""
     candidates = glob.glob(os.path.join(runs_root, "*", "*", CHECKPOINTS, "best.pt"))
     if not candidates:
-        raise ConfigError(f"no --checkpoint given and no {runs_root}/<experiment>/<run>/checkpoints/best.pt found; "
-                          f"train first or pass --checkpoint PATH")
+        raise ConfigError(
+            f"no --checkpoint given and no {runs_root}/<experiment>/<run>/checkpoints/best.pt found; "
+            f"train first or pass --checkpoint PATH"
+        )
     return max(candidates, key=os.path.getmtime)
 
 

@@ -5,6 +5,7 @@ over a video of several rows a strip of the accuracy per minute. One class has o
 Size: at most ``MAX_ROWS`` rows; a video longer than ``MAX_ROWS`` x the row span gets longer rows (in whole
 minutes), so a 10-hour video is 24 rows of 25 minutes and every picture stays under about 1,200 x 2,700 pixels.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,8 +70,15 @@ def hms(seconds: float, _=None) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def timeline_figure(plt, predicted: np.ndarray, truth: np.ndarray | None, class_names: list[str], fps: float,
-                    title: str, row_minutes: float = ROW_MINUTES):
+def timeline_figure(
+    plt,
+    predicted: np.ndarray,
+    truth: np.ndarray | None,
+    class_names: list[str],
+    fps: float,
+    title: str,
+    row_minutes: float = ROW_MINUTES,
+):
     """The figure: per-frame ``predicted`` labels (class indices) and ``truth`` (-1: not annotated; None: no
     annotation) in rows; each row an axis, the per-minute accuracy strip (several rows, with truth) first."""
     duration = len(predicted) / fps
@@ -80,8 +88,9 @@ def timeline_figure(plt, predicted: np.ndarray, truth: np.ndarray | None, class_
     bars.append(("predicted", predicted))
     summary = truth is not None and count > 1
     heights = ([1.2] if summary else []) + [0.35 + 0.35 * len(bars)] * count
-    figure, axes = plt.subplots(len(heights), 1, figsize=(12, 0.9 + sum(heights)), squeeze=False,
-                                gridspec_kw={"height_ratios": heights})
+    figure, axes = plt.subplots(
+        len(heights), 1, figsize=(12, 0.9 + sum(heights)), squeeze=False, gridspec_kw={"height_ratios": heights}
+    )
     axes = list(axes[:, 0])
     colours = class_colours(class_names)
     if summary:
@@ -94,10 +103,17 @@ def timeline_figure(plt, predicted: np.ndarray, truth: np.ndarray | None, class_
                 if label >= 0 and e / fps > start and s / fps < end:
                     axis.broken_barh([(s / fps, (e - s) / fps)], (y + 0.5, 0.9), facecolors=colours[class_names[label]])
         if truth is not None:
-            axis.broken_barh([(s / fps, (e - s) / fps) for s, e in wrong if e / fps > start and s / fps < end],
-                             (0, 0.4), facecolors="black", label="disagree")
-        axis.set_yticks([0.2] * (truth is not None) + [y + 0.95 for y in range(len(bars))],
-                        ["disagree"] * (truth is not None) + [name for name, _ in reversed(bars)], fontsize=8)
+            axis.broken_barh(
+                [(s / fps, (e - s) / fps) for s, e in wrong if e / fps > start and s / fps < end],
+                (0, 0.4),
+                facecolors="black",
+                label="disagree",
+            )
+        axis.set_yticks(
+            [0.2] * (truth is not None) + [y + 0.95 for y in range(len(bars))],
+            ["disagree"] * (truth is not None) + [name for name, _ in reversed(bars)],
+            fontsize=8,
+        )
         axis.set_xlim(start, start + span)
         axis.set_ylim(0, len(bars) + 0.5)
         axis.xaxis.set_major_formatter(hms)
@@ -107,8 +123,15 @@ def timeline_figure(plt, predicted: np.ndarray, truth: np.ndarray | None, class_
     shown = sorted({int(v) for _, labels in bars for v in np.unique(labels) if v >= 0})
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[class_names[i]]) for i in shown]
     top = figure.axes[0]
-    top.legend(handles, [class_names[i] for i in shown], loc="lower left", bbox_to_anchor=(0, 1.02), fontsize="small",
-               frameon=False, ncols=min(len(shown), 6))
+    top.legend(
+        handles,
+        [class_names[i] for i in shown],
+        loc="lower left",
+        bbox_to_anchor=(0, 1.02),
+        fontsize="small",
+        frameon=False,
+        ncols=min(len(shown), 6),
+    )
     figure.suptitle(title, fontsize="medium")
     return figure
 
@@ -123,8 +146,9 @@ def _minute_accuracy(axis, predicted: np.ndarray, truth: np.ndarray, fps: float)
     for m in range(minutes):
         part = slice(m * per_minute, (m + 1) * per_minute)
         annotated = truth[part] >= 0
-        accuracy.append(float((predicted[part][annotated] == truth[part][annotated]).mean())
-                        if annotated.any() else np.nan)
+        accuracy.append(
+            float((predicted[part][annotated] == truth[part][annotated]).mean()) if annotated.any() else np.nan
+        )
     axis.bar(np.arange(minutes) * 60 + 30, accuracy, width=54, color="grey")
     axis.set(xlim=(0, minutes * 60), ylim=(0, 1.02))
     axis.set_ylabel("right\nper minute", fontsize=8)
@@ -134,13 +158,20 @@ def _minute_accuracy(axis, predicted: np.ndarray, truth: np.ndarray, fps: float)
     axis.grid(alpha=0.3, axis="y")
 
 
-def timeline_plot(path: str, predicted: np.ndarray, truth: np.ndarray | None, class_names: list[str], fps: float,
-                  title: str, scores: dict | None = None, row_minutes: float = ROW_MINUTES) -> str | None:
+def timeline_plot(
+    path: str,
+    predicted: np.ndarray,
+    truth: np.ndarray | None,
+    class_names: list[str],
+    fps: float,
+    title: str,
+    scores: dict | None = None,
+    row_minutes: float = ROW_MINUTES,
+) -> str | None:
     """Draw a video's timeline (``timeline_figure``) to ``path``; None where matplotlib is missing."""
     plt = pyplot("--plot")
     if plt is None:
         return None
     if scores:
-        title += (f"  (frame acc {scores['frame_acc']:.3f}, edit {scores['edit']:.1f}, "
-                  f"F1@50 {scores['f1@50']:.1f})")
+        title += f"  (frame acc {scores['frame_acc']:.3f}, edit {scores['edit']:.1f}, F1@50 {scores['f1@50']:.1f})"
     return save_figure(timeline_figure(plt, predicted, truth, class_names, fps, title, row_minutes), plt, path)

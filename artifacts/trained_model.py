@@ -4,6 +4,7 @@ A checkpoint of a temporal head trained on features (``data.features_dir``) is o
 backbone checkpoint its features came from (path and sha256), and is loaded paired with it: the backbone's network,
 data settings and chunking, the head's weights, classes and timeline settings.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,12 +20,20 @@ from core.files import file_sha256
 from datasets.shape import DataShape
 from models import ModelConfigError, build_model
 
-HEAD_DATA_KEYS = ("data_dir", "train_manifest", "val_manifest", "test_manifest", "val_fraction", "class_names",
-                  "background_labels")
+HEAD_DATA_KEYS = (
+    "data_dir",
+    "train_manifest",
+    "val_manifest",
+    "test_manifest",
+    "val_fraction",
+    "class_names",
+    "background_labels",
+)
 
 
 class CheckpointSummary(NamedTuple):
     """What the scripts read of a checkpoint besides its weights, config and classes."""
+
     epoch: int | None
     global_step: int | None
     shape: DataShape  # the data it trained on: classes, camera views, keypoints
@@ -37,6 +46,7 @@ class CheckpointSummary(NamedTuple):
 
 class TrainedModel(NamedTuple):
     """A checkpoint made a model for evaluation."""
+
     model: torch.nn.Module  # in eval mode, on the device asked for
     cfg: Config  # the checkpoint's config (older keys given the behaviour they were trained with)
     class_names: list
@@ -52,15 +62,18 @@ def load_trained_model(path: str, device: torch.device, backbone: str | None = N
     if "features_source" in state:
         return _paired(path, state, cfg, device, backbone)
     if backbone is not None:
-        raise CheckpointError(f"{path}: --backbone {backbone} pairs a temporal head trained on features with its "
-                              f"backbone, but this checkpoint is a whole model; leave --backbone out")
+        raise CheckpointError(
+            f"{path}: --backbone {backbone} pairs a temporal head trained on features with its "
+            f"backbone, but this checkpoint is a whole model; leave --backbone out"
+        )
     summary = CheckpointSummary.of(state)
     model = _built(path, cfg, summary.shape)
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:
-        raise CheckpointError(f"{path}: weights do not match model.backbone={cfg.model.backbone}: "
-                              f"{str(e).splitlines()[0]}")
+        raise CheckpointError(
+            f"{path}: weights do not match model.backbone={cfg.model.backbone}: {str(e).splitlines()[0]}"
+        )
     return TrainedModel(model.to(device).eval(), cfg, list(state["class_names"]), summary)
 
 
@@ -75,14 +88,14 @@ def _built(path: str, cfg: Config, shape: DataShape):
     # the trained weights replace any pretrained ones: do not fetch those again (the arguments of the build, not a
     # config: model.norm: frozen without pretrained weights is refused as a config, rightly)
     try:
-        return build_model(dataclasses.replace(cfg.model, pretrained=None, temporal_head_init=None),
-                           **shape.model_args())
+        return build_model(
+            dataclasses.replace(cfg.model, pretrained=None, temporal_head_init=None), **shape.model_args()
+        )
     except ModelConfigError as e:
         raise CheckpointError(f"{path}: its model section cannot be built: {e}")
 
 
-def _paired(path: str, head_state: dict, head_cfg: Config, device: torch.device,
-            backbone: str | None) -> TrainedModel:
+def _paired(path: str, head_state: dict, head_cfg: Config, device: torch.device, backbone: str | None) -> TrainedModel:
     """The backbone checkpoint the head's features came from, its sha256 checked, with the head in place of its
     classifier; the config: the backbone's, with the head's model.temporal_* and timeline settings, and the
     features' chunking (what the head was trained on)."""
@@ -91,24 +104,37 @@ def _paired(path: str, head_state: dict, head_cfg: Config, device: torch.device,
     backbone_path = backbone or source.get("checkpoint") or ""
     if not backbone_path or not os.path.exists(backbone_path):
         where = f"it was at {backbone_path}, now missing" if backbone_path else "its path was not recorded"
-        raise CheckpointError(f"{path}: a temporal head trained on the features of backbone checkpoint sha256 "
-                              f"{wanted[:12]}... ({where}); give that checkpoint with --backbone PATH")
+        raise CheckpointError(
+            f"{path}: a temporal head trained on the features of backbone checkpoint sha256 "
+            f"{wanted[:12]}... ({where}); give that checkpoint with --backbone PATH"
+        )
     actual = file_sha256(backbone_path)
     if actual != wanted:
-        raise CheckpointError(f"{path}: refused: its temporal head was trained on the features of backbone sha256 "
-                              f"{wanted[:12]}..., but {backbone_path} is sha256 {actual[:12]}... (another backbone, "
-                              f"or one trained further); give the checkpoint that wrote the features with --backbone, "
-                              f"or train the head again on this one's features")
+        raise CheckpointError(
+            f"{path}: refused: its temporal head was trained on the features of backbone sha256 "
+            f"{wanted[:12]}..., but {backbone_path} is sha256 {actual[:12]}... (another backbone, "
+            f"or one trained further); give the checkpoint that wrote the features with --backbone, "
+            f"or train the head again on this one's features"
+        )
     backbone_state = load_checkpoint(backbone_path)
     backbone_cfg = _config_of(backbone_path, backbone_state)
     # decoding and geometry as the features were made; the videos, labels and timeline settings of the head's run,
     # each video whole (the head was trained over whole videos), which evaluation streams from the file
-    changes = {f"model.{f.name}": getattr(head_cfg.model, f.name) for f in dataclasses.fields(head_cfg.model)
-               if f.name.startswith("temporal_")}
-    changes.update({"infer.chunk_size": int(source["chunk"]), "infer.chunk_overlap": int(source["overlap"]),
-                    "infer.head_window": head_cfg.infer.head_window, "data.num_frames": -1,
-                    "data.max_video_frames": None, **{f"data.{key}": getattr(head_cfg.data, key)
-                                                      for key in HEAD_DATA_KEYS}})
+    changes = {
+        f"model.{f.name}": getattr(head_cfg.model, f.name)
+        for f in dataclasses.fields(head_cfg.model)
+        if f.name.startswith("temporal_")
+    }
+    changes.update(
+        {
+            "infer.chunk_size": int(source["chunk"]),
+            "infer.chunk_overlap": int(source["overlap"]),
+            "infer.head_window": head_cfg.infer.head_window,
+            "data.num_frames": -1,
+            "data.max_video_frames": None,
+            **{f"data.{key}": getattr(head_cfg.data, key) for key in HEAD_DATA_KEYS},
+        }
+    )
     try:
         cfg = derive(backbone_cfg, changes, f"{path}: its head on the backbone {backbone_path}")
     except ConfigError as e:
@@ -116,13 +142,13 @@ def _paired(path: str, head_state: dict, head_cfg: Config, device: torch.device,
     class_names = list(head_state["class_names"])
     shape = dataclasses.replace(DataShape.of_checkpoint(backbone_state), num_classes=len(class_names))
     model = _built(path, cfg, shape)
-    weights = {k: v for k, v in backbone_state["model"].items()
-               if not k.startswith(("classifier.", "temporal."))}
+    weights = {k: v for k, v in backbone_state["model"].items() if not k.startswith(("classifier.", "temporal."))}
     weights.update(head_state["model"])  # the head's "temporal.*"
     try:
         model.load_state_dict(weights)
     except RuntimeError as e:
-        raise CheckpointError(f"{path} with {backbone_path}: the head does not fit the backbone: "
-                              f"{str(e).splitlines()[0]}")
+        raise CheckpointError(
+            f"{path} with {backbone_path}: the head does not fit the backbone: {str(e).splitlines()[0]}"
+        )
     summary = CheckpointSummary.of(head_state, shape, backbone_path)
     return TrainedModel(model.to(device).eval(), cfg, class_names, summary)

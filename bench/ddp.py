@@ -12,6 +12,7 @@ what it held before the model was wrapped, and its difference to agreed's (Distr
 beside what the planner adds to one process's estimated peak for 2 processes. A CPU figure: gloo over loopback on 2 cores that also compute, so
 overlap has little to hide behind; on GPUs with NCCL the balance differs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,7 +23,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MB = 2 ** 20
+MB = 2**20
 
 
 def _status_bytes(field: str) -> int:
@@ -42,8 +43,15 @@ def worker(args) -> None:
     from engine.step import step_loss
     from models import build_model
 
-    cfg = load_config(None, [f"model.backbone={args.backbone}", f"train.ddp_sync={args.mode}", "trainer.device=cpu",
-                             f"data.img_size={args.size}"])
+    cfg = load_config(
+        None,
+        [
+            f"model.backbone={args.backbone}",
+            f"train.ddp_sync={args.mode}",
+            "trainer.device=cpu",
+            f"data.img_size={args.size}",
+        ],
+    )
     runtime = setup_runtime(cfg.trainer)
     torch.manual_seed(0)
     model = build_model(cfg.model, num_classes=10).train()
@@ -52,14 +60,16 @@ def worker(args) -> None:
     wrapped = build.wrap_for_training(model, prepare, cfg, runtime)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(runtime.rank)
-    clip = torch.randint(0, 255, (args.batch, 3, args.frames, args.size, args.size), dtype=torch.uint8,
-                         generator=generator)
+    clip = torch.randint(
+        0, 255, (args.batch, 3, args.frames, args.size, args.size), dtype=torch.uint8, generator=generator
+    )
     piece = {"label": torch.arange(args.batch) % 10}
 
     def step() -> float:
         start = time.perf_counter()
-        loss = step_loss(wrapped, prepare.transfer({"video": clip}), piece, ChunkSpec(), cfg.train,
-                         torch.nn.CrossEntropyLoss())
+        loss = step_loss(
+            wrapped, prepare.transfer({"video": clip}), piece, ChunkSpec(), cfg.train, torch.nn.CrossEntropyLoss()
+        )
         loss.backward()
         if args.mode == "agreed":
             average_gradients([p.grad for p in model.parameters() if p.grad is not None], runtime.world_size)
@@ -71,16 +81,31 @@ def worker(args) -> None:
     times = sorted(step() for _ in range(args.steps))
     if runtime.rank == 0:
         grown = _status_bytes("VmHWM") - before  # the steps' peak resident memory above the unwrapped model's
-        print(json.dumps({"step_s": times[len(times) // 2], "grown_mb": grown / MB,
-                          "gradients_mb": sum(p.numel() * 4 for p in model.parameters()) / MB}))
+        print(
+            json.dumps(
+                {
+                    "step_s": times[len(times) // 2],
+                    "grown_mb": grown / MB,
+                    "gradients_mb": sum(p.numel() * 4 for p in model.parameters()) / MB,
+                }
+            )
+        )
     torch.distributed.destroy_process_group()
 
 
 def estimate_added_mb(args, mode: str) -> float:
     from config import load_config
     from planner.project import config_training_estimate
-    cfg = load_config(None, [f"model.backbone={args.backbone}", f"train.ddp_sync={mode}", "train.optimizer=sgd",
-                             f"data.img_size={args.size}"])
+
+    cfg = load_config(
+        None,
+        [
+            f"model.backbone={args.backbone}",
+            f"train.ddp_sync={mode}",
+            "train.optimizer=sgd",
+            f"data.img_size={args.size}",
+        ],
+    )
     alone = config_training_estimate(cfg, args.frames, args.batch)
     several = config_training_estimate(cfg, args.frames, args.batch, world_size=2)
     return (several.peak - alone.peak) / MB
@@ -99,25 +124,51 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    print(f"{args.backbone} at {args.size}x{args.size}, {args.frames} frames, batch {args.batch} a process, 2 gloo "
-          f"processes on {os.cpu_count()} CPUs, SGD, fp32; median of {args.steps} steps")
+    print(
+        f"{args.backbone} at {args.size}x{args.size}, {args.frames} frames, batch {args.batch} a process, 2 gloo "
+        f"processes on {os.cpu_count()} CPUs, SGD, fp32; median of {args.steps} steps"
+    )
     rows = {}
     for mode in ("agreed", "overlap"):
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-                   "bench.ddp", "--worker", "--mode", mode, "--backbone", args.backbone, "--size", str(args.size),
-                   "--frames", str(args.frames), "--batch", str(args.batch), "--steps", str(args.steps)]
-        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ,
-                                                                                      "PYTHONPATH": ROOT})
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "bench.ddp",
+            "--worker",
+            "--mode",
+            mode,
+            "--backbone",
+            args.backbone,
+            "--size",
+            str(args.size),
+            "--frames",
+            str(args.frames),
+            "--batch",
+            str(args.batch),
+            "--steps",
+            str(args.steps),
+        ]
+        result = subprocess.run(
+            command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT}
+        )
         if result.returncode != 0:
             print(f"{mode}: failed: {result.stderr.strip().splitlines()[-1]}")
             return
         rows[mode] = json.loads(result.stdout.strip().splitlines()[-1])
-    print(f"{'train.ddp_sync':<15s} {'s/step':>7s} {'x agreed':>8s} {'peak growth MB':>14s} {'x agreed':>8s} "
-          f"{'estimate: added to one process MB':>33s}")
+    print(
+        f"{'train.ddp_sync':<15s} {'s/step':>7s} {'x agreed':>8s} {'peak growth MB':>14s} {'x agreed':>8s} "
+        f"{'estimate: added to one process MB':>33s}"
+    )
     for mode, row in rows.items():
-        print(f"{mode:<15s} {row['step_s']:>7.3f} {row['step_s'] / rows['agreed']['step_s']:>7.2f}x "
-              f"{row['grown_mb']:>14.1f} {row['grown_mb'] - rows['agreed']['grown_mb']:>+7.1f}M "
-              f"{estimate_added_mb(args, mode):>33.1f}")
+        print(
+            f"{mode:<15s} {row['step_s']:>7.3f} {row['step_s'] / rows['agreed']['step_s']:>7.2f}x "
+            f"{row['grown_mb']:>14.1f} {row['grown_mb'] - rows['agreed']['grown_mb']:>+7.1f}M "
+            f"{estimate_added_mb(args, mode):>33.1f}"
+        )
     print(f"(gradients: {rows['agreed']['gradients_mb']:.1f} MB)")
 
 

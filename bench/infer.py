@@ -14,6 +14,7 @@ decoder's multi-thread speed-up on one full pass (threads = OpenCV's default vs 
 given clip size on --device; on the CPU it gets --torch-threads threads (1 by default, so decode and compute each
 have a core of a 2-core machine).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,37 +43,61 @@ def measure(args) -> dict:
     from datasets.manifest import VideoRecord
     from engine import inference as infer_chunked
     from models import build_model
+
     torch.set_num_threads(args.torch_threads)
-    cfg = load_config(None, ["model.backbone=tiny3d", f"model.width={args.width}", f"data.img_size={args.img}",
-                             "data.frame_stride=1", f"trainer.device={args.device}"])
+    cfg = load_config(
+        None,
+        [
+            "model.backbone=tiny3d",
+            f"model.width={args.width}",
+            f"data.img_size={args.img}",
+            "data.frame_stride=1",
+            f"trainer.device={args.device}",
+        ],
+    )
     runtime = setup_runtime(cfg.trainer)
     model = build_model(cfg.model, num_classes=6).to(runtime.device).eval()
     record = VideoRecord({"video": args.video}, where=args.video)
-    spec = infer_chunked.InferenceSpec(args.chunk, args.overlap, "last" if args.mode == "last" else "mean",
-                                       args.batch, decode_threads=args.decode_threads or None)
+    spec = infer_chunked.InferenceSpec(
+        args.chunk,
+        args.overlap,
+        "last" if args.mode == "last" else "mean",
+        args.batch,
+        decode_threads=args.decode_threads or None,
+    )
     prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
     start = time.perf_counter()
     result: dict = {}
     if args.mode in ("full", "last", "features"):
         features = args.mode == "features"  # infer_chunked.py --features: the features kept, then written
-        out = infer_chunked.classify_video(model, record, cfg.data, spec, runtime, prepare, [str(i) for i in range(6)],
-                                           keep_features=features)
+        out = infer_chunked.classify_video(
+            model, record, cfg.data, spec, runtime, prepare, [str(i) for i in range(6)], keep_features=features
+        )
         if features:
             import tempfile
 
             from engine.features import settings_of, write_features
+
             with tempfile.TemporaryDirectory() as folder:
-                write_features(os.path.join(folder, "v.npz"), out, record, cfg,
-                               settings_of(cfg, args.chunk, args.overlap, "float16", "-"), [str(i) for i in range(6)])
+                write_features(
+                    os.path.join(folder, "v.npz"),
+                    out,
+                    record,
+                    cfg,
+                    settings_of(cfg, args.chunk, args.overlap, "float16", "-"),
+                    [str(i) for i in range(6)],
+                )
         result.update(decode_s=out.decode_s, compute_s=out.compute_s, chunks=out.chunks)
     elif args.mode == "decode":
-        stream = ChunkStream(record, dataclasses.replace(
-            cfg.data, frame_stride=1, load_rgb=True, load_kpt=False, decoder="opencv"), spec)
+        stream = ChunkStream(
+            record, dataclasses.replace(cfg.data, frame_stride=1, load_rgb=True, load_kpt=False, decoder="opencv"), spec
+        )
         result["chunks"] = sum(len(windows) for windows, _ in stream)
         stream.close()
     else:  # compute alone: the same number of chunks, already decoded
         from datasets.video.probe import probe
         from datasets.windows import inference_windows
+
         windows = inference_windows(probe(args.video).num_frames, args.chunk, args.overlap, "mean")
         size = cfg.data.img_size
         # the layout the stream hands over: decoded [n, L, H, W, 3] frames, permuted (not copied) to [n, C, L, H, W]
@@ -87,7 +112,7 @@ def measure(args) -> dict:
     with open("/proc/self/status") as f:
         result["peak_rss_mb"] = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
     if runtime.device.type == "cuda":
-        result["device_peak_mb"] = torch.cuda.max_memory_allocated() / 2 ** 20
+        result["device_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return result
 
 
@@ -102,15 +127,43 @@ def run_interleaved(video: str, modes: tuple, args) -> list[dict]:
 
 
 def run(video: str, mode: str, args, decode_threads: int | None = None, repeat: int | None = None) -> dict:
-    command = [sys.executable, "-m", "bench.infer", "--worker", "--video", video, "--mode", mode, "--chunk", str(args.chunk),
-               "--overlap", str(args.overlap), "--batch", str(args.batch), "--img", str(args.img), "--width",
-               str(args.width), "--device", args.device, "--torch-threads", str(args.torch_threads), "--decode-threads",
-               str(args.decode_threads if decode_threads is None else decode_threads)]
+    command = [
+        sys.executable,
+        "-m",
+        "bench.infer",
+        "--worker",
+        "--video",
+        video,
+        "--mode",
+        mode,
+        "--chunk",
+        str(args.chunk),
+        "--overlap",
+        str(args.overlap),
+        "--batch",
+        str(args.batch),
+        "--img",
+        str(args.img),
+        "--width",
+        str(args.width),
+        "--device",
+        args.device,
+        "--torch-threads",
+        str(args.torch_threads),
+        "--decode-threads",
+        str(args.decode_threads if decode_threads is None else decode_threads),
+    ]
     # glibc gives each thread (the decode thread, torch's) its own malloc arena: peak RSS then varies by hundreds of
     # MB from run to run (1.0-1.6 GB for the same 30,000-frame video); two arenas make it repeatable
     env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
-    runs = [json.loads(subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True, env=env).stdout.strip()
-                       .splitlines()[-1]) for _ in range(repeat or args.repeat)]
+    runs = [
+        json.loads(
+            subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True, env=env)
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        for _ in range(repeat or args.repeat)
+    ]
     return min(runs, key=lambda r: r["wall_s"])  # the least disturbed run: the machine is shared
 
 
@@ -125,63 +178,92 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=16, help="tiny3d width")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeat", type=int, default=3, help="runs per measurement; the fastest is reported")
-    parser.add_argument("--decode-threads", type=int, default=1,
-                        help="decoder threads of the overlap measurements (0 = OpenCV's default)")
-    parser.add_argument("--torch-threads", type=int, default=1,
-                        help="CPU threads of the model: on a CPU-only machine, decode and compute overlap only if "
-                             "they do not both want every core")
-    parser.add_argument("--features", action="store_true",
-                        help="compare feature extraction (infer_chunked.py --features) with plain classification")
+    parser.add_argument(
+        "--decode-threads",
+        type=int,
+        default=1,
+        help="decoder threads of the overlap measurements (0 = OpenCV's default)",
+    )
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="CPU threads of the model: on a CPU-only machine, decode and compute overlap only if "
+        "they do not both want every core",
+    )
+    parser.add_argument(
+        "--features",
+        action="store_true",
+        help="compare feature extraction (infer_chunked.py --features) with plain classification",
+    )
     args = parse_or_measure(parser, measure, video=str, mode=str)
     if args is None:
         return
     if args.features:
         return compare_features(args)
     from datasets.video_files import write_h264
+
     os.makedirs(CACHE, exist_ok=True)
     width, height = map(int, args.size.split("x"))
-    print(f"tiny3d width {args.width} at {args.img}x{args.img} on {args.device} ({args.torch_threads} torch threads); "
-          f"chunk {args.chunk} overlap {args.overlap}, {args.batch} chunks per forward; H.264 {width}x{height} "
-          f"(GOP 250, B-frames), {args.decode_threads or 'default'} decoder threads, {os.cpu_count()} CPUs")
-    print("in the streamed run: its wall time, the decode thread's busy time and the model's; wall/max is the wall time "
-          "over the larger of the two (1.0 = fully overlapped). Alone: each in a process of its own.")
-    print(f"{'frames':>7s} {'chunks':>6s} {'peak RSS':>9s} {'wall':>8s} {'decode':>8s} {'compute':>8s} "
-          f"{'wall/max':>8s} | {'decode alone':>12s} {'compute alone':>13s} | {'last: RSS':>9s} {'wall':>7s}")
+    print(
+        f"tiny3d width {args.width} at {args.img}x{args.img} on {args.device} ({args.torch_threads} torch threads); "
+        f"chunk {args.chunk} overlap {args.overlap}, {args.batch} chunks per forward; H.264 {width}x{height} "
+        f"(GOP 250, B-frames), {args.decode_threads or 'default'} decoder threads, {os.cpu_count()} CPUs"
+    )
+    print(
+        "in the streamed run: its wall time, the decode thread's busy time and the model's; wall/max is the wall time "
+        "over the larger of the two (1.0 = fully overlapped). Alone: each in a process of its own."
+    )
+    print(
+        f"{'frames':>7s} {'chunks':>6s} {'peak RSS':>9s} {'wall':>8s} {'decode':>8s} {'compute':>8s} "
+        f"{'wall/max':>8s} | {'decode alone':>12s} {'compute alone':>13s} | {'last: RSS':>9s} {'wall':>7s}"
+    )
     first_rss = None
     for length in [int(n) for n in args.lengths.split(",")]:
         video = write_h264(os.path.join(CACHE, f"h264_{width}x{height}_{length}.mp4"), length, width, height)
         full, decode, compute, last = run_interleaved(video, ("full", "decode", "compute", "last"), args)
         first_rss = first_rss or full["peak_rss_mb"]
         ratio = full["wall_s"] / max(full["decode_s"], full["compute_s"])
-        print(f"{length:7d} {full['chunks']:6d} {full['peak_rss_mb']:7.0f}MB {full['wall_s']:7.1f}s "
-              f"{full['decode_s']:7.1f}s {full['compute_s']:7.1f}s {ratio:7.2f}x | {decode['wall_s']:11.1f}s "
-              f"{compute['wall_s']:12.1f}s | {last['peak_rss_mb']:7.0f}MB {last['wall_s']:6.2f}s"
-              + (f"  device peak {full['device_peak_mb']:.0f} MB" if "device_peak_mb" in full else ""))
+        print(
+            f"{length:7d} {full['chunks']:6d} {full['peak_rss_mb']:7.0f}MB {full['wall_s']:7.1f}s "
+            f"{full['decode_s']:7.1f}s {full['compute_s']:7.1f}s {ratio:7.2f}x | {decode['wall_s']:11.1f}s "
+            f"{compute['wall_s']:12.1f}s | {last['peak_rss_mb']:7.0f}MB {last['wall_s']:6.2f}s"
+            + (f"  device peak {full['device_peak_mb']:.0f} MB" if "device_peak_mb" in full else "")
+        )
     print(f"peak RSS, longest vs shortest video: {full['peak_rss_mb'] / first_rss:.3f}x")
     one = run(video, "decode", args, decode_threads=1)
     many = run(video, "decode", args, decode_threads=0)
-    print(f"decode alone, {length} frames: 1 thread {one['wall_s']:.1f}s, OpenCV default threads "
-          f"{many['wall_s']:.1f}s: {one['wall_s'] / many['wall_s']:.2f}x")
+    print(
+        f"decode alone, {length} frames: 1 thread {one['wall_s']:.1f}s, OpenCV default threads "
+        f"{many['wall_s']:.1f}s: {one['wall_s'] / many['wall_s']:.2f}x"
+    )
 
 
 def compare_features(args) -> None:
     """Feature extraction against infer_chunked.py's plain classification of the same video: chunks per second
     and peak host RSS of each, interleaved, the fastest of --repeat kept."""
     from datasets.video_files import write_h264
+
     os.makedirs(CACHE, exist_ok=True)
     width, height = map(int, args.size.split("x"))
-    print(f"tiny3d width {args.width} at {args.img}x{args.img} on {args.device}; chunk {args.chunk} overlap "
-          f"{args.overlap}; H.264 {width}x{height}; features float16; the fastest of {args.repeat} runs")
-    print(f"{'frames':>7s} {'chunks':>6s} | {'features: chunks/s':>18s} {'peak RSS':>9s} | {'classify: chunks/s':>18s} "
-          f"{'peak RSS':>9s} | {'speed features/classify':>23s}")
+    print(
+        f"tiny3d width {args.width} at {args.img}x{args.img} on {args.device}; chunk {args.chunk} overlap "
+        f"{args.overlap}; H.264 {width}x{height}; features float16; the fastest of {args.repeat} runs"
+    )
+    print(
+        f"{'frames':>7s} {'chunks':>6s} | {'features: chunks/s':>18s} {'peak RSS':>9s} | {'classify: chunks/s':>18s} "
+        f"{'peak RSS':>9s} | {'speed features/classify':>23s}"
+    )
     rss = []
     for length in [int(n) for n in args.lengths.split(",")]:
         video = write_h264(os.path.join(CACHE, f"h264_{width}x{height}_{length}.mp4"), length, width, height)
         features, plain = run_interleaved(video, ("features", "full"), args)
         rss.append(features["peak_rss_mb"])
         speed = [r["chunks"] / r["wall_s"] for r in (features, plain)]
-        print(f"{length:7d} {features['chunks']:6d} | {speed[0]:18.1f} {features['peak_rss_mb']:7.0f}MB | "
-              f"{speed[1]:18.1f} {plain['peak_rss_mb']:7.0f}MB | {speed[0] / speed[1]:22.3f}x")
+        print(
+            f"{length:7d} {features['chunks']:6d} | {speed[0]:18.1f} {features['peak_rss_mb']:7.0f}MB | "
+            f"{speed[1]:18.1f} {plain['peak_rss_mb']:7.0f}MB | {speed[0] / speed[1]:22.3f}x"
+        )
     print(f"feature extraction's peak RSS, longest vs shortest video: {rss[-1] / rss[0]:.3f}x")
 
 

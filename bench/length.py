@@ -20,6 +20,7 @@ chunk, so infer.head_window does not change them).
 
 Each run is a fresh process (train.py, infer_chunked.py, eval.py) on data written under --work.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,8 +53,10 @@ def evaluate(work: str, checkpoint: str, manifest: str, name: str, extra: list[s
     """eval.py's metrics of ``checkpoint`` on ``manifest``, every video whole in one stream."""
     prefix = os.path.join(work, "eval", name)
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
-    python(["eval.py", "--checkpoint", checkpoint, "--data", manifest, "--num-frames", "-1", "--output", prefix,
-            *extra], prefix + ".log")
+    python(
+        ["eval.py", "--checkpoint", checkpoint, "--data", manifest, "--num-frames", "-1", "--output", prefix, *extra],
+        prefix + ".log",
+    )
     with open(prefix + ".json") as f:
         return json.load(f)["metrics"]
 
@@ -64,48 +67,84 @@ def train(work: str, experiment: str, config: str, overrides: list[str]) -> str:
     best = os.path.join(work, "runs", experiment, "latest", "checkpoints", "best.pt")
     if os.path.exists(best):
         return best
-    python(["train.py", "--config", config, *sets(f"trainer.output_dir={work}/runs", f"experiment={experiment}",
-                                                  *overrides)], os.path.join(work, f"{experiment}.log"))
+    python(
+        [
+            "train.py",
+            "--config",
+            config,
+            *sets(f"trainer.output_dir={work}/runs", f"experiment={experiment}", *overrides),
+        ],
+        os.path.join(work, f"{experiment}.log"),
+    )
     return best
 
 
 def scored(work: str, name: str, checkpoint: str, validation: dict, head: bool) -> list[tuple[str, dict]]:
     """(row name, {scale: eval.py's metrics}) of ``checkpoint`` on each scale's ``validation`` manifest: with a
     temporal head, in windows of its training length (infer.head_window: auto) and whole (-1)."""
-    ways = {"": []} if not head else {", windows (auto)": ["--head-window", "auto"],
-                                      ", whole video": ["--head-window", "-1"]}
+    ways = (
+        {"": []}
+        if not head
+        else {", windows (auto)": ["--head-window", "auto"], ", whole video": ["--head-window", "-1"]}
+    )
     rows = []
     for way, flags in ways.items():
         tag = name.replace(" ", "_").replace(":", "") + ("_whole" if "whole" in way else "")
-        rows.append((name + way, {scale: evaluate(work, checkpoint, validation[scale], f"{tag}_{scale}x", flags)
-                                  for scale in SCALES}))
+        rows.append(
+            (
+                name + way,
+                {scale: evaluate(work, checkpoint, validation[scale], f"{tag}_{scale}x", flags) for scale in SCALES},
+            )
+        )
     return rows
 
 
 def timelines(work: str, args) -> list[tuple[str, dict]]:
-    data = {scale: generate_segmentation(os.path.join(work, f"seg_{scale}x"), size=32, frames=600 * scale,
-                                         num_train=48 if scale == 1 else 0, num_val=args.timeline_videos,
-                                         quiet=True) for scale in SCALES}
+    data = {
+        scale: generate_segmentation(
+            os.path.join(work, f"seg_{scale}x"),
+            size=32,
+            frames=600 * scale,
+            num_train=48 if scale == 1 else 0,
+            num_val=args.timeline_videos,
+            quiet=True,
+        )
+        for scale in SCALES
+    }
     val = {scale: os.path.join(data[scale], "seg_val.jsonl") for scale in SCALES}
     base = [f"data.data_dir={data[1]}", "data.num_workers=0"]
-    backbone = train(work, "backbone", "configs/timelines.yaml",
-                     base + [f"trainer.max_epochs={args.backbone_epochs}"])
+    backbone = train(work, "backbone", "configs/timelines.yaml", base + [f"trainer.max_epochs={args.backbone_epochs}"])
     features = os.path.join(work, "features")
     for manifest in (os.path.join(data[1], "seg_train.jsonl"), val[1]):  # eval.py streams the longer videos
-        python(["infer_chunked.py", "--checkpoint", backbone, "--input", manifest, "--features", features],
-               os.path.join(work, "features.log"))
+        python(
+            ["infer_chunked.py", "--checkpoint", backbone, "--input", manifest, "--features", features],
+            os.path.join(work, "features.log"),
+        )
     models = {"backbone alone (each chunk)": backbone}
     for head in ("tcn", "transformer"):
-        models[f"features + {head}"] = train(work, f"head_{head}", "configs/timelines-head.yaml",
-                                             base + [f"data.features_dir={features}", f"model.temporal_head={head}",
-                                                     f"trainer.max_epochs={args.head_epochs}"])
+        models[f"features + {head}"] = train(
+            work,
+            f"head_{head}",
+            "configs/timelines-head.yaml",
+            base
+            + [
+                f"data.features_dir={features}",
+                f"model.temporal_head={head}",
+                f"trainer.max_epochs={args.head_epochs}",
+            ],
+        )
     rows = []
     for name, checkpoint in models.items():
         for row, scores in scored(work, name, checkpoint, val, head=name.startswith("features")):
             rows.append((row, scores))
-            print(f"timelines  {row:46s} " + "  ".join(
-                f"{scale:2d}x: acc {s['seg_frame_acc']:.3f} F1@50 {s['seg_f1@50']:5.1f}"
-                for scale, s in scores.items()), flush=True)
+            print(
+                f"timelines  {row:46s} "
+                + "  ".join(
+                    f"{scale:2d}x: acc {s['seg_frame_acc']:.3f} F1@50 {s['seg_f1@50']:5.1f}"
+                    for scale, s in scores.items()
+                ),
+                flush=True,
+            )
     return rows
 
 
@@ -113,12 +152,20 @@ def long_validation(work: str, family: str, scale: int, videos: int) -> str:
     """The family's validation videos at ``scale`` times its length and gaps; their manifest."""
     if family == "order":
         shape = {**ORDER_SHAPE, "frames": ORDER_SHAPE["frames"] * scale, "min_gap": ORDER_SHAPE["min_gap"] * scale}
-        root = generate_long_range(os.path.join(work, f"order_{scale}x"), num_train=0, num_val=videos, quiet=True,
-                                   **shape)
+        root = generate_long_range(
+            os.path.join(work, f"order_{scale}x"), num_train=0, num_val=videos, quiet=True, **shape
+        )
         return os.path.join(root, "order_val.jsonl")
     spec = TASKS[family]
-    root = generate_task(os.path.join(work, f"{family}_{scale}x"), family, num_train=0, num_val=videos, quiet=True,
-                         frames=spec["frames"] * scale, min_gap=spec["min_gap"] * scale)
+    root = generate_task(
+        os.path.join(work, f"{family}_{scale}x"),
+        family,
+        num_train=0,
+        num_val=videos,
+        quiet=True,
+        frames=spec["frames"] * scale,
+        min_gap=spec["min_gap"] * scale,
+    )
     return os.path.join(root, f"{family}_val.jsonl")
 
 
@@ -130,23 +177,38 @@ def families(work: str, args) -> list[tuple[str, dict]]:
         val = {1: os.path.join(data, name)}
         val.update({scale: long_validation(work, family, scale, args.family_videos) for scale in SCALES[1:]})
         for head, label in (("transformer", "transformer"), ("tcn", "tcn"), ("none", "mean of chunk logits")):
-            checkpoint = train(work, f"{family}_{head}", "configs/long-range.yaml",
-                               [f"data.data_dir={data}", *shape, f"model.temporal_head={head}",
-                                f"trainer.max_epochs={args.family_epochs}"])
+            checkpoint = train(
+                work,
+                f"{family}_{head}",
+                "configs/long-range.yaml",
+                [
+                    f"data.data_dir={data}",
+                    *shape,
+                    f"model.temporal_head={head}",
+                    f"trainer.max_epochs={args.family_epochs}",
+                ],
+            )
             # one evaluation: the video's label comes from one pass over every chunk, windows or not
             for row, scores in scored(work, f"{family}: {label}", checkpoint, val, head=False):
                 rows.append((row, scores))
-                print(f"families   {row:46s} " + "  ".join(
-                    f"{scale:2d}x: acc {s['video_acc']:.3f}" for scale, s in scores.items()), flush=True)
+                print(
+                    f"families   {row:46s} "
+                    + "  ".join(f"{scale:2d}x: acc {s['video_acc']:.3f}" for scale, s in scores.items()),
+                    flush=True,
+                )
     return rows
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.length", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.length", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--part", choices=("timelines", "families", "both"), default="both")
-    parser.add_argument("--families", default="order,distractors",
-                        help=f"--part families: which, comma-separated, of {', '.join(FAMILY_SHAPES)}")
+    parser.add_argument(
+        "--families",
+        default="order,distractors",
+        help=f"--part families: which, comma-separated, of {', '.join(FAMILY_SHAPES)}",
+    )
     parser.add_argument("--work", help="where data, runs and evaluations go (default: a temporary folder)")
     parser.add_argument("--backbone-epochs", type=int, default=3)
     parser.add_argument("--head-epochs", type=int, default=40)

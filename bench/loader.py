@@ -16,6 +16,7 @@ and the fastest of --repeat rounds kept:
 and the peak RSS of a process that loads one 16-frame clip from a 300-frame and from a 5,000-frame video
 (target: ratio <= 1.1). Without PyAV installed its rows are skipped.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,6 +83,7 @@ def reader_reads(decoder: str, size=None, access: str = "random"):
     def run(path: str, reads) -> int:
         with open_reader(path, size, threads=1, decoder=decoder, access=access) as reader:
             return sum(len(reader.read(frames)) for frames in reads)
+
     return run
 
 
@@ -90,6 +92,7 @@ def pyav_clips(path: str, clips) -> int:
     with one shared converter: frame.to_ndarray() alone builds a new swscale context every frame)."""
     import av
     from av.video.reformatter import VideoReformatter
+
     count, reformatter = 0, VideoReformatter()
     with av.open(path) as container:
         stream = container.streams.video[0]
@@ -127,12 +130,15 @@ def peak_rss_of_one_clip(path: str, decoder: str) -> float:
     Read from VmHWM: getrusage's ru_maxrss survives exec, so a child started from this (large) process would
     report this process's peak, not its own.
     """
-    code = ("from datasets.video.choice import open_reader; "
-            f"r = open_reader({path!r}, threads=1, decoder={decoder!r}); n = r.num_frames; "
-            f"r.read(range(n // 2, n // 2 + 32, 2)); "
-            f"print(next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')) / 1024)")
-    return float(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                                check=True).stdout)
+    code = (
+        "from datasets.video.choice import open_reader; "
+        f"r = open_reader({path!r}, threads=1, decoder={decoder!r}); n = r.num_frames; "
+        f"r.read(range(n // 2, n // 2 + 32, 2)); "
+        f"print(next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')) / 1024)"
+    )
+    return float(
+        subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    )
 
 
 def print_table(title: str, fps: dict, baseline: str) -> None:
@@ -142,26 +148,41 @@ def print_table(title: str, fps: dict, baseline: str) -> None:
 
 
 # the loader benchmark's codecs: (write_h264 codec, extension, width, height)
-CODEC_VIDEOS = {"H.264 640x360": ("h264", "mp4", 640, 360), "H.264 1280x720": ("h264", "mp4", 1280, 720),
-                "H.265 640x360": ("hevc", "mp4", 640, 360), "MPEG-4 AVI 640x360": ("mpeg4", "avi", 640, 360), "VP9 640x360": ("vp9", "webm", 640, 360)}
+CODEC_VIDEOS = {
+    "H.264 640x360": ("h264", "mp4", 640, 360),
+    "H.264 1280x720": ("h264", "mp4", 1280, 720),
+    "H.265 640x360": ("hevc", "mp4", 640, 360),
+    "MPEG-4 AVI 640x360": ("mpeg4", "avi", 640, 360),
+    "VP9 640x360": ("vp9", "webm", 640, 360),
+}
 
 
 def codec_rows(frames: int, count: int, repeat: int, rng) -> None:
     """Every codec, every access pattern: the project's decoders (auto included) against the plain recipe."""
     for title, (codec, ext, width, height) in CODEC_VIDEOS.items():
-        path = write_h264(os.path.join(CACHE, f"{codec}_{width}x{height}_{frames}.{ext}"), frames, width, height,
-                          codec=codec)
+        path = write_h264(
+            os.path.join(CACHE, f"{codec}_{width}x{height}_{frames}.{ext}"), frames, width, height, codec=codec
+        )
         clips = [int(rng.integers(0, frames - 32)) + np.arange(0, 32, 2) for _ in range(count)]
         dense = [range(s, s + 64) for s in rng.integers(0, frames - 64, size=count // 2)]
         passes = [range(s, min(s + 64, frames)) for s in range(0, frames, 64)]
         print(f"\n{title}, {frames} frames; fastest of {repeat} interleaved rounds")
-        for pattern, reads, access in (("random 16-frame clips at stride 2", clips, "random"),
-                                       ("random 64-frame windows", dense, "random"),
-                                       ("sequential pass in 64-frame windows", passes, "sequential")):
-            modes = {"PyAV seek+decode": (pyav_clips, reads)} if access == "random" else \
-                {"plain cv2 read(), every frame dropped": (plain_sequential, reads)}
-            modes.update({f"reader, {decoder}": (reader_reads(decoder, access=access), reads)
-                          for decoder in ("opencv", "pyav", "auto")})
+        for pattern, reads, access in (
+            ("random 16-frame clips at stride 2", clips, "random"),
+            ("random 64-frame windows", dense, "random"),
+            ("sequential pass in 64-frame windows", passes, "sequential"),
+        ):
+            modes = (
+                {"PyAV seek+decode": (pyav_clips, reads)}
+                if access == "random"
+                else {"plain cv2 read(), every frame dropped": (plain_sequential, reads)}
+            )
+            modes.update(
+                {
+                    f"reader, {decoder}": (reader_reads(decoder, access=access), reads)
+                    for decoder in ("opencv", "pyav", "auto")
+                }
+            )
             print_table(pattern, fastest(modes, path, repeat), next(iter(modes)))
 
 
@@ -172,25 +193,37 @@ def sample_path(frames: int, count: int, repeat: int, rng) -> None:
     from datasets.clip_transform import ClipTransform, decode_size
     from datasets.manifest import VideoRecord
     from datasets.video_dataset import VideoWindowDataset
+
     path = write_h264(os.path.join(CACHE, f"h264_640x360_{frames}.mp4"), frames, 640, 360)
-    data = load_config(os.path.join(ROOT, "configs", "rtx5080.yaml"),
-                       ["data.augment=true", "data.color_jitter=0.2", "data.index_cache=null",
-                        "data.max_video_frames=200"]).data
-    samples = {decoder: VideoWindowDataset([VideoRecord({"video": path}, label="a", where="bench")], ["a"],
-                                           dataclasses.replace(data, decoder=decoder), training=True)
-               for decoder in ("opencv", "pyav", "auto")}
+    data = load_config(
+        os.path.join(ROOT, "configs", "rtx5080.yaml"),
+        ["data.augment=true", "data.color_jitter=0.2", "data.index_cache=null", "data.max_video_frames=200"],
+    ).data
+    samples = {
+        decoder: VideoWindowDataset(
+            [VideoRecord({"video": path}, label="a", where="bench")],
+            ["a"],
+            dataclasses.replace(data, decoder=decoder),
+            training=True,
+        )
+        for decoder in ("opencv", "pyav", "auto")
+    }
     order = rng.permutation(len(samples["auto"]))[:count]
     placed = [samples["auto"][int(i)]["frame_indices"].numpy() for i in order]  # the same clips for the recipe
 
     def dataset_reads(decoder):
         def run(_, indices) -> int:
             return sum(samples[decoder][int(i)]["video"].shape[1] for i in indices)
+
         return run
+
     modes = {"PyAV seek+decode (full size, no transform)": (pyav_clips, placed)}
     modes.update({f"dataset sample, {decoder}": (dataset_reads(decoder), order) for decoder in samples})
-    print(f"\ntraining samples: {data.num_frames} frames at stride {data.frame_stride} -> "
-          f"{data.img_size[0]}x{data.img_size[1]} from 640x360 H.264 ({frames} frames, {len(order)} samples), "
-          f"augment on (random resized crop, flip, colour jitter 0.2), one process")
+    print(
+        f"\ntraining samples: {data.num_frames} frames at stride {data.frame_stride} -> "
+        f"{data.img_size[0]}x{data.img_size[1]} from 640x360 H.264 ({frames} frames, {len(order)} samples), "
+        f"augment on (random resized crop, flip, colour jitter 0.2), one process"
+    )
     print_table("decode + geometry + augmentation", fastest(modes, path, repeat), next(iter(modes)))
     # the transform's own cost per clip, beside the decode's
     transform = ClipTransform(data, training=True)
@@ -203,11 +236,16 @@ def sample_path(frames: int, count: int, repeat: int, rng) -> None:
         for k, frames_ in enumerate(decoded):
             clip_rng = np.random.default_rng(k)
             [plan] = transform.plan([(360, 640)], clip_rng)
-            transform.frames(torch.from_numpy(frames_).permute(0, 3, 1, 2), plan,
-                             transform.colour_factors(clip_rng) if colour else None)
+            transform.frames(
+                torch.from_numpy(frames_).permute(0, 3, 1, 2),
+                plan,
+                transform.colour_factors(clip_rng) if colour else None,
+            )
         ms = (time.perf_counter() - start) * 1000 / len(decoded)
-        print(f"    augmentation {'with' if colour else 'without'} colour jitter: {ms:6.2f} ms a clip "
-              f"(decode at {decode_size(360, 640, data)}: {decode_ms:6.2f} ms a clip)")
+        print(
+            f"    augmentation {'with' if colour else 'without'} colour jitter: {ms:6.2f} ms a clip "
+            f"(decode at {decode_size(360, 640, data)}: {decode_ms:6.2f} ms a clip)"
+        )
 
 
 def main() -> None:
@@ -216,15 +254,23 @@ def main() -> None:
     parser.add_argument("--sizes", default="640x360,1280x720", help="comma-separated WIDTHxHEIGHT")
     parser.add_argument("--clips", type=int, default=40, help="random clips/windows per measurement")
     parser.add_argument("--repeat", type=int, default=2, help="interleaved rounds; the fastest counts")
-    parser.add_argument("--train-size", default="160x210", help="HEIGHTxWIDTH of the resized full-pass row "
-                                                                  "(the rtx5080 preset's img_size)")
-    parser.add_argument("--part", choices=("all", "h264", "codecs", "samples"), default="all",
-                        help="h264: the H.264 table and memory; codecs: every codec and access pattern; samples: the "
-                             "training sample path")
+    parser.add_argument(
+        "--train-size",
+        default="160x210",
+        help="HEIGHTxWIDTH of the resized full-pass row (the rtx5080 preset's img_size)",
+    )
+    parser.add_argument(
+        "--part",
+        choices=("all", "h264", "codecs", "samples"),
+        default="all",
+        help="h264: the H.264 table and memory; codecs: every codec and access pattern; samples: the "
+        "training sample path",
+    )
     args = parser.parse_args()
     os.makedirs(CACHE, exist_ok=True)
     try:
         import av
+
         decoders = ["opencv", "pyav"]
         versions = f"PyAV {av.__version__}"
     except ImportError:
@@ -246,15 +292,22 @@ def main() -> None:
         dense = [range(s, s + 64) for s in rng.integers(0, n - 64, size=args.clips // 2)]
         windows = [(s, min(s + 64, n)) for s in range(0, n, 64)]
         print(f"\n{width}x{height}, {n} frames, H.264 GOP 250 with B-frames; fastest of {args.repeat} rounds")
-        full = {"plain cv2 read(), every frame dropped": (plain_sequential, windows),
-                "plain cv2 read(), each window stacked": (plain_windows, windows),
-                "plain cv2 read(), copied into each window": (plain_window_floor, windows)}
+        full = {
+            "plain cv2 read(), every frame dropped": (plain_sequential, windows),
+            "plain cv2 read(), each window stacked": (plain_windows, windows),
+            "plain cv2 read(), copied into each window": (plain_window_floor, windows),
+        }
         for decoder in decoders:
             full[f"reader, {decoder}"] = (reader_reads(decoder), [range(s, e) for s, e in windows])
-        full[f"reader, opencv, resized to {args.train_size}"] = (reader_reads("opencv", train_size),
-                                                                 [range(s, e) for s, e in windows])
-        print_table("(c) full pass in 64-frame windows", fastest(full, path, args.repeat),
-                    "plain cv2 read(), every frame dropped")
+        full[f"reader, opencv, resized to {args.train_size}"] = (
+            reader_reads("opencv", train_size),
+            [range(s, e) for s, e in windows],
+        )
+        print_table(
+            "(c) full pass in 64-frame windows",
+            fastest(full, path, args.repeat),
+            "plain cv2 read(), every frame dropped",
+        )
         for title, reads in (("(a) random 16-frame clips at stride 2", clips), ("(b) random 64-frame windows", dense)):
             modes = {"PyAV seek+decode": (pyav_clips, reads)} if "pyav" in decoders else {}
             modes.update({f"reader, {decoder}": (reader_reads(decoder), reads) for decoder in decoders})
@@ -263,8 +316,10 @@ def main() -> None:
     long = write_h264(os.path.join(CACHE, "h264_640x360_5000.mp4"), 5000, 640, 360)
     for decoder in decoders:
         rss_short, rss_long = peak_rss_of_one_clip(short, decoder), peak_rss_of_one_clip(long, decoder)
-        print(f"\npeak RSS loading one 16-frame clip (640x360, {decoder}): 300-frame video {rss_short:.1f} MB, "
-              f"5,000-frame video {rss_long:.1f} MB, ratio {rss_long / rss_short:.3f}")
+        print(
+            f"\npeak RSS loading one 16-frame clip (640x360, {decoder}): 300-frame video {rss_short:.1f} MB, "
+            f"5,000-frame video {rss_long:.1f} MB, ratio {rss_long / rss_short:.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ Each runs train.py in a fresh process. Printed: the best and the last validation
 as ``python -m bench.train_chunked`` measures it (host RSS growth during the step, batch 1), with the step memory
 of (d) at a 1,024-frame clip against a 64-frame one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,12 @@ from datasets.long_range_tasks import generate_long_range, generate_task
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "long-range.yaml")
 VARIANTS = {
-    "(a) short clips": ["data.num_frames=16", "train.chunk_train_size=-1", "infer.chunk_size=-1",
-                        "model.temporal_head=none"],
+    "(a) short clips": [
+        "data.num_frames=16",
+        "train.chunk_train_size=-1",
+        "infer.chunk_size=-1",
+        "model.temporal_head=none",
+    ],
     "(b) chunks, mean": ["model.temporal_head=none"],
     "(c) attention": ["model.temporal_head=attention"],
     "(d) transformer": ["model.temporal_head=transformer"],
@@ -51,10 +56,22 @@ VARIANTS = {
 
 def train_variant(overrides: list[str], data: str, epochs: int, seed: int, config: str = CONFIG) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, "train.py", "--config", config, "--set", f"data.data_dir={data}",
-                   "--set", "experiment=long_range",
-                   "--set", f"trainer.output_dir={out}", "--set", f"trainer.max_epochs={epochs}",
-                   "--set", f"train.seed={seed}"] + [item for o in overrides for item in ("--set", o)]
+        command = [
+            sys.executable,
+            "train.py",
+            "--config",
+            config,
+            "--set",
+            f"data.data_dir={data}",
+            "--set",
+            "experiment=long_range",
+            "--set",
+            f"trainer.output_dir={out}",
+            "--set",
+            f"trainer.max_epochs={epochs}",
+            "--set",
+            f"train.seed={seed}",
+        ] + [item for o in overrides for item in ("--set", o)]
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr}")
@@ -63,15 +80,21 @@ def train_variant(overrides: list[str], data: str, epochs: int, seed: int, confi
     accuracy = [float(r["val_clip_acc"]) for r in rows]
     elapsed = [float(r["elapsed_s"]) for r in rows]
     reached = next((int(r["epoch"]) for r, a in zip(rows, accuracy) if a >= 0.9), None)
-    return {"best": max(accuracy), "last": accuracy[-1], "to_0.9": reached,
-            "epoch_s": (elapsed[-1] - elapsed[0]) / max(len(rows) - 1, 1)}
+    return {
+        "best": max(accuracy),
+        "last": accuracy[-1],
+        "to_0.9": reached,
+        "epoch_s": (elapsed[-1] - elapsed[0]) / max(len(rows) - 1, 1),
+    }
 
 
 # Each family at its own shape: (clip frames at stride 4, training/inference chunk in clip frames)
 FAMILY_SHAPES = {"order": (256, 32), "middle": (96, 16), "last": (160, 8), "distractors": (256, 4)}
 PRESETS = {
-    "quickstart + head": (os.path.join(ROOT, "configs", "quickstart.yaml"),
-                          ["model.temporal_head=transformer", "data.flip_label_pairs=null", "data.batch_size=8"]),
+    "quickstart + head": (
+        os.path.join(ROOT, "configs", "quickstart.yaml"),
+        ["model.temporal_head=transformer", "data.flip_label_pairs=null", "data.batch_size=8"],
+    ),
     "long-range": (CONFIG, []),
     "order-blind mean": (CONFIG, ["model.temporal_head=none"]),
 }
@@ -86,18 +109,30 @@ def family_data(family: str, root: str) -> tuple[str, list[str]]:
         data = generate_task(os.path.join(root, f"task_{family}"), family, quiet=True)
         names = (f"{family}_train.jsonl", f"{family}_val.jsonl")
     frames, chunk = FAMILY_SHAPES[family]
-    return data, [f"data.train_manifest={names[0]}", f"data.val_manifest={names[1]}", "data.test_manifest=null",
-                  "data.class_names=null", f"data.num_frames={frames}", "data.frame_stride=4",
-                  f"train.chunk_train_size={chunk}", "train.chunk_train_overlap=0", f"infer.chunk_size={chunk}",
-                  "infer.chunk_overlap=0"]
+    return data, [
+        f"data.train_manifest={names[0]}",
+        f"data.val_manifest={names[1]}",
+        "data.test_manifest=null",
+        "data.class_names=null",
+        f"data.num_frames={frames}",
+        "data.frame_stride=4",
+        f"train.chunk_train_size={chunk}",
+        "train.chunk_train_overlap=0",
+        f"infer.chunk_size={chunk}",
+        "infer.chunk_overlap=0",
+    ]
 
 
 def families(args) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
-    print(f"long-range task families, {args.epochs} epochs, seeds {seeds}, on the CPU ({os.cpu_count()} CPUs); each "
-          f"family's validation set is balanced (chance: 1 / classes)")
-    print(f"{'family':12s} {'chunks':>6s} {'variant':18s} {'best':>6s} {'last':>6s} {'to 0.9':>6s} {'s/epoch':>8s}"
-          f"  best, last of each seed")
+    print(
+        f"long-range task families, {args.epochs} epochs, seeds {seeds}, on the CPU ({os.cpu_count()} CPUs); each "
+        f"family's validation set is balanced (chance: 1 / classes)"
+    )
+    print(
+        f"{'family':12s} {'chunks':>6s} {'variant':18s} {'best':>6s} {'last':>6s} {'to 0.9':>6s} {'s/epoch':>8s}"
+        f"  best, last of each seed"
+    )
     for family in args.families.split(","):
         data, shape = family_data(family, os.path.join(ROOT, "data"))
         frames, chunk = FAMILY_SHAPES[family]
@@ -107,15 +142,19 @@ def families(args) -> None:
             runs = [train_variant(shape + overrides, data, args.epochs, seed, config) for seed in seeds]
             reached = [r["to_0.9"] for r in runs]
             each = " ".join(f"{r['best']:.3f},{r['last']:.3f}" for r in runs)
-            print(f"{family:12s} {frames // chunk:6d} {name:18s} {sum(r['best'] for r in runs) / len(runs):6.3f} "
-                  f"{sum(r['last'] for r in runs) / len(runs):6.3f} "
-                  f"{'-' if None in reached else max(reached):>6} {sum(r['epoch_s'] for r in runs) / len(runs):8.1f}"
-                  f"  {each}", flush=True)
+            print(
+                f"{family:12s} {frames // chunk:6d} {name:18s} {sum(r['best'] for r in runs) / len(runs):6.3f} "
+                f"{sum(r['last'] for r in runs) / len(runs):6.3f} "
+                f"{'-' if None in reached else max(reached):>6} {sum(r['epoch_s'] for r in runs) / len(runs):8.1f}"
+                f"  {each}",
+                flush=True,
+            )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.long_range", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.long_range", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--part", choices=("order", "families"), default="order")
     parser.add_argument("--data", default=os.path.join(ROOT, "data", "long_range"), help="the order task's directory")
     parser.add_argument("--epochs", type=int, default=12)
@@ -132,10 +171,11 @@ def main() -> None:
         return
     generate_long_range(args.data, quiet=True)
     seeds = [int(s) for s in args.seeds.split(",")]
-    print(f"long-range order task ({args.data}): 96 training and 48 validation videos of 1,024 frames; "
-          f"{args.epochs} epochs, seeds {seeds}, on the CPU ({os.cpu_count()} CPUs); chance is 0.50")
-    print(f"{'variant':18s} {'val acc best':>12s} {'val acc last':>12s} {'s/epoch':>8s} {'step MB':>8s} "
-          f"{'clip':>16s}")
+    print(
+        f"long-range order task ({args.data}): 96 training and 48 validation videos of 1,024 frames; "
+        f"{args.epochs} epochs, seeds {seeds}, on the CPU ({os.cpu_count()} CPUs); chance is 0.50"
+    )
+    print(f"{'variant':18s} {'val acc best':>12s} {'val acc last':>12s} {'s/epoch':>8s} {'step MB':>8s} {'clip':>16s}")
     for name, overrides in VARIANTS.items():
         runs = [train_variant(overrides, args.data, args.epochs, seed) for seed in seeds]
         best = sum(r["best"] for r in runs) / len(runs)
@@ -143,16 +183,21 @@ def main() -> None:
         epoch_s = sum(r["epoch_s"] for r in runs) / len(runs)
         short = name.startswith("(a)")
         head = next(o.split("=")[1] for o in overrides if o.startswith("model.temporal_head"))
-        memory = step_cell("tiny3d", 16, 32, 16 if short else 256, -1 if short else 32, repeat=1,
-                           temporal_head=head, temporal_width=64)
+        memory = step_cell(
+            "tiny3d", 16, 32, 16 if short else 256, -1 if short else 32, repeat=1, temporal_head=head, temporal_width=64
+        )
         step_mb = f"{memory['peak_mb']:8.1f}" if isinstance(memory, dict) else f"{'failed':>8s}"
         clip = "16 frames" if short else "256 in chunks of 32"
         print(f"{name:18s} {best:12.3f} {last:12.3f} {epoch_s:8.1f} {step_mb} {clip:>16s}", flush=True)
-    cells = {length: step_cell("tiny3d", 16, 32, length, 32, repeat=1, temporal_head="transformer",
-                               temporal_width=64) for length in (64, 1024)}
+    cells = {
+        length: step_cell("tiny3d", 16, 32, length, 32, repeat=1, temporal_head="transformer", temporal_width=64)
+        for length in (64, 1024)
+    }
     if all(isinstance(c, dict) for c in cells.values()):
-        print(f"(d)'s step memory, chunks of 32: {cells[64]['peak_mb']:.1f} MB at a 64-frame clip, "
-              f"{cells[1024]['peak_mb']:.1f} MB at 1,024 frames ({cells[1024]['peak_mb'] / cells[64]['peak_mb']:.2f}x)")
+        print(
+            f"(d)'s step memory, chunks of 32: {cells[64]['peak_mb']:.1f} MB at a 64-frame clip, "
+            f"{cells[1024]['peak_mb']:.1f} MB at 1,024 frames ({cells[1024]['peak_mb'] / cells[64]['peak_mb']:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

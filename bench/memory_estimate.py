@@ -12,6 +12,7 @@ The estimator counts tensors in 512-byte blocks; the process also holds what tor
 (b) The estimator's time for train.py --probe-memory's whole grid on configs/rtx5080.yaml (5 x 3 cells, gradient
 checkpointing off and on: 30 estimates), on this machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,7 @@ import time
 from bench.resident import growth_since, reset_high_water_mark
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MiB = 2 ** 20
+MiB = 2**20
 
 CASES = [  # (name, --set overrides, num_frames, batch)
     ("tiny3d w32 64x64", ["model.width=32", "data.img_size=64"], 32, 4),
@@ -78,19 +79,29 @@ def main() -> None:
     from config import load_config
     from planner import memory_table as memory_estimate
     from planner import project
-    print(f"(a) one fp32 training step on the CPU (torch {torch.__version__}, {os.cpu_count()} CPUs): resident "
-          f"memory growth of the real step vs the estimate's growth")
+
+    print(
+        f"(a) one fp32 training step on the CPU (torch {torch.__version__}, {os.cpu_count()} CPUs): resident "
+        f"memory growth of the real step vs the estimate's growth"
+    )
     print(f"{'case':30s} {'T':>4s} {'batch':>5s} {'real MiB':>9s} {'estimated MiB':>13s} {'est/real':>8s}")
     for name, overrides, frames, batch in CASES:
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-        done = subprocess.run([sys.executable, "-m", "bench.memory_estimate", "--worker", json.dumps([overrides, frames, batch])],
-                              cwd=ROOT, capture_output=True, text=True, env=env, check=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.memory_estimate", "--worker", json.dumps([overrides, frames, batch])],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        )
         real = json.loads(done.stdout.strip().splitlines()[-1])["rss_growth"]
-        estimate = project.config_training_estimate(load_config(None, overrides), frames, batch,
-                                                            precision="32")
+        estimate = project.config_training_estimate(load_config(None, overrides), frames, batch, precision="32")
         growth = estimate.peak - estimate.before_step
-        print(f"{name:30s} {frames:>4d} {batch:>5d} {real / MiB:>9.1f} {growth / MiB:>13.1f} {growth / real:>7.2f}x",
-              flush=True)
+        print(
+            f"{name:30s} {frames:>4d} {batch:>5d} {real / MiB:>9.1f} {growth / MiB:>13.1f} {growth / real:>7.2f}x",
+            flush=True,
+        )
     print("(b) train.py --probe-memory's grid on configs/rtx5080.yaml (30 estimates)")
     cfg = load_config(os.path.join(ROOT, "configs", "rtx5080.yaml"))
     start = time.perf_counter()

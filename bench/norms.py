@@ -19,6 +19,7 @@ Printed per variant: the last epoch's validation clip accuracy over the seeds (m
 throughput (clips/s from metrics.csv, and its ratio to batch: the step-time cost) and the seconds per epoch with
 validation (where precise BN's pass is counted).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,16 @@ def variants(checkpoint: str, precise_batches: int) -> dict[str, list[str]]:
 
 def train(overrides: list[str], data: str, out: str) -> list[dict]:
     """train.py with the quickstart preset and ``overrides``; the rows of its metrics.csv."""
-    command = [sys.executable, "train.py", "--config", CONFIG, "--set", f"data.data_dir={data}",
-               "--set", f"trainer.output_dir={out}"] + [item for o in overrides for item in ("--set", o)]
+    command = [
+        sys.executable,
+        "train.py",
+        "--config",
+        CONFIG,
+        "--set",
+        f"data.data_dir={data}",
+        "--set",
+        f"trainer.output_dir={out}",
+    ] + [item for o in overrides for item in ("--set", o)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
@@ -58,9 +67,11 @@ def train(overrides: list[str], data: str, out: str) -> list[dict]:
 
 def summary(rows: list[dict]) -> dict:
     elapsed = [float(r["elapsed_s"]) for r in rows]
-    return {"acc": float(rows[-1]["val_clip_acc"]),
-            "clips_s": sum(float(r["train_clips_per_s"]) for r in rows) / len(rows),
-            "epoch_s": (elapsed[-1] - elapsed[0]) / max(len(rows) - 1, 1)}
+    return {
+        "acc": float(rows[-1]["val_clip_acc"]),
+        "clips_s": sum(float(r["train_clips_per_s"]) for r in rows) / len(rows),
+        "epoch_s": (elapsed[-1] - elapsed[0]) / max(len(rows) - 1, 1),
+    }
 
 
 def main() -> None:
@@ -77,22 +88,35 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         rows = train([f"trainer.max_epochs={args.pretrain_epochs}"], args.data, os.path.join(work, "pretrain"))
         checkpoint = os.path.join(work, "pretrain", "quickstart", "latest", "checkpoints", "last.pt")
-        print(f"normalization at batch 2, training chunks of 8 frames (tiny3d, demo data, {args.epochs} epochs, seeds "
-              f"{seeds}, CPU with {os.cpu_count()} CPUs); the batch-16 checkpoint ({args.pretrain_epochs} epochs): "
-              f"validation accuracy {float(rows[-1]['val_clip_acc']):.3f}")
-        print(f"{'variant':20s} {'val acc mean':>12s} {'min':>6s} {'max':>6s} {'clips/s':>8s} {'vs batch':>8s} "
-              f"{'s/epoch':>8s}")
+        print(
+            f"normalization at batch 2, training chunks of 8 frames (tiny3d, demo data, {args.epochs} epochs, seeds "
+            f"{seeds}, CPU with {os.cpu_count()} CPUs); the batch-16 checkpoint ({args.pretrain_epochs} epochs): "
+            f"validation accuracy {float(rows[-1]['val_clip_acc']):.3f}"
+        )
+        print(
+            f"{'variant':20s} {'val acc mean':>12s} {'min':>6s} {'max':>6s} {'clips/s':>8s} {'vs batch':>8s} "
+            f"{'s/epoch':>8s}"
+        )
         baseline = None
         for name, overrides in variants(checkpoint, args.precise_batches).items():
-            runs = [summary(train(SMALL_BATCH + overrides + [f"trainer.max_epochs={args.epochs}", f"train.seed={seed}"],
-                                  args.data, os.path.join(work, f"{name}-{seed}".replace(" ", "_"))))
-                    for seed in seeds]
+            runs = [
+                summary(
+                    train(
+                        SMALL_BATCH + overrides + [f"trainer.max_epochs={args.epochs}", f"train.seed={seed}"],
+                        args.data,
+                        os.path.join(work, f"{name}-{seed}".replace(" ", "_")),
+                    )
+                )
+                for seed in seeds
+            ]
             accuracy = [r["acc"] for r in runs]
             clips_s = sum(r["clips_s"] for r in runs) / len(runs)
             baseline = baseline or clips_s
-            print(f"{name:20s} {sum(accuracy) / len(accuracy):12.3f} {min(accuracy):6.3f} {max(accuracy):6.3f} "
-                  f"{clips_s:8.1f} {clips_s / baseline:7.2f}x {sum(r['epoch_s'] for r in runs) / len(runs):8.1f}",
-                  flush=True)
+            print(
+                f"{name:20s} {sum(accuracy) / len(accuracy):12.3f} {min(accuracy):6.3f} {max(accuracy):6.3f} "
+                f"{clips_s:8.1f} {clips_s / baseline:7.2f}x {sum(r['epoch_s'] for r in runs) / len(runs):8.1f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """A benchmark process's resident memory as the kernel counts it: one step's growth is the high-water mark after
 the step over the resident size before it, the mark reset to that size just before (/proc/self/clear_refs)."""
+
 from __future__ import annotations
 
 

@@ -20,6 +20,7 @@ training step (forward, dense loss, backward, AdamW) against its level before, e
 mapping so resident memory follows the live tensors (as ``bench.train_chunked`` measures); against the planner's
 estimate of the same step (its peak over what was alive as it began).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,14 @@ def write_segmented_video(path: str, frames: int, seed: int) -> list[dict]:
         length = int(rng.integers(40, 121))
         end = frames if frames - (start + length) < 40 else start + length
         look = str(rng.choice([look for look in LOOKS if look != previous]))
-        segments.append({"start": start, "end": end, "label": look if previous is None else f"{look}_after_{previous}",
-                         "look": look})
+        segments.append(
+            {
+                "start": start,
+                "end": end,
+                "label": look if previous is None else f"{look}_after_{previous}",
+                "look": look,
+            }
+        )
         start, previous = end, look
 
     def made():
@@ -95,11 +102,19 @@ def measure(work: str, frames: int) -> dict:
             f.write(json.dumps({"video": path, "segments": segments}) + "\n")
         videos[length] = manifest
         print(f"video of {length} frames: {len(segments)} segments", flush=True)
-    data = sets(f"data.data_dir={work}", f"data.train_manifest={videos[SHORT]}", f"data.val_manifest={videos[SHORT]}",
-                "data.num_workers=0", "data.sample_timeout_s=null", "trainer.max_epochs=1",
-                f"trainer.output_dir={work}/runs")
-    peak_rss_mib(["train.py", "--config", "configs/timelines.yaml", *data, "--set", "experiment=backbone"],
-                 os.path.join(work, "backbone.log"))
+    data = sets(
+        f"data.data_dir={work}",
+        f"data.train_manifest={videos[SHORT]}",
+        f"data.val_manifest={videos[SHORT]}",
+        "data.num_workers=0",
+        "data.sample_timeout_s=null",
+        "trainer.max_epochs=1",
+        f"trainer.output_dir={work}/runs",
+    )
+    peak_rss_mib(
+        ["train.py", "--config", "configs/timelines.yaml", *data, "--set", "experiment=backbone"],
+        os.path.join(work, "backbone.log"),
+    )
     backbone = os.path.join(work, "runs", "backbone", "latest", "checkpoints", "last.pt")
     rows: dict[str, dict] = {}
     estimates = {}
@@ -110,29 +125,53 @@ def measure(work: str, frames: int) -> dict:
             rows.setdefault(name, {})[length] = peak_rss_mib(args, os.path.join(work, f"{name}_{length}.log"))
             print(f"{name:<44s} {length:>7d} frames: {rows[name][length]:8.0f} MiB", flush=True)
 
-        stage("infer_chunked.py --features", ["infer_chunked.py", "--checkpoint", backbone, "--input", manifest,
-                                              "--features", features])
+        stage(
+            "infer_chunked.py --features",
+            ["infer_chunked.py", "--checkpoint", backbone, "--input", manifest, "--features", features],
+        )
         header = read_header(os.path.join(features, f"video_{length}.npz"))
         for head in ("tcn", "transformer"):
             run = f"head_{head}_{length}"
-            stage(f"train the {head} head on features",
-                  ["train.py", "--config", "configs/timelines-head.yaml",
-                   *sets(f"data.features_dir={features}", f"data.train_manifest={manifest}",
-                         f"data.val_manifest={manifest}", f"model.temporal_head={head}", f"experiment={run}",
-                         f"trainer.output_dir={work}/runs", "trainer.max_epochs=1")])
+            stage(
+                f"train the {head} head on features",
+                [
+                    "train.py",
+                    "--config",
+                    "configs/timelines-head.yaml",
+                    *sets(
+                        f"data.features_dir={features}",
+                        f"data.train_manifest={manifest}",
+                        f"data.val_manifest={manifest}",
+                        f"model.temporal_head={head}",
+                        f"experiment={run}",
+                        f"trainer.output_dir={work}/runs",
+                        "trainer.max_epochs=1",
+                    ),
+                ],
+            )
             checkpoint = os.path.join(work, "runs", run, "latest", "checkpoints", "last.pt")
-            stage(f"infer_chunked.py --timeline, {head} head",
-                  ["infer_chunked.py", "--checkpoint", checkpoint, "--input", manifest, "--timeline"])
+            stage(
+                f"infer_chunked.py --timeline, {head} head",
+                ["infer_chunked.py", "--checkpoint", checkpoint, "--input", manifest, "--timeline"],
+            )
             stage(f"eval.py, {head} head", ["eval.py", "--checkpoint", checkpoint, "--data", manifest])
-            cfg = load_config(os.path.join(ROOT, "configs", "timelines-head.yaml"),
-                              [f"model.temporal_head={head}", f"data.features_dir={features}"])
-            estimates[(head, length)] = feature_training_estimate(cfg, int(header["feature_dim"]),
-                                                                  int(header["chunks"]), 1,
-                                                                  len(SEGMENT_CLASSES)).peak / 2 ** 20
+            cfg = load_config(
+                os.path.join(ROOT, "configs", "timelines-head.yaml"),
+                [f"model.temporal_head={head}", f"data.features_dir={features}"],
+            )
+            estimates[(head, length)] = (
+                feature_training_estimate(
+                    cfg, int(header["feature_dim"]), int(header["chunks"]), 1, len(SEGMENT_CLASSES)
+                ).peak
+                / 2**20
+            )
         rows.setdefault("(chunks a video)", {})[length] = int(header["chunks"])
     chunks = rows["(chunks a video)"]
-    steps = {(head, n): measure_step(head, n, int(header["feature_dim"]))
-             for head in ("tcn", "transformer") for n in sorted({chunks[SHORT], chunks[frames], STEP_CHUNKS})}
+    steps = {
+        (head, n): measure_step(head, n, int(header["feature_dim"]))
+        for head in ("tcn", "transformer")
+        for n in sorted({chunks[SHORT], chunks[frames], STEP_CHUNKS})
+    }
     return {"rows": rows, "estimates": estimates, "steps": steps}
 
 
@@ -147,16 +186,22 @@ def step_worker(head: str, chunks: int, feature_dim: int) -> dict:
     from models import build_feature_head
 
     torch.manual_seed(0)
-    cfg = load_config(os.path.join(ROOT, "configs", "timelines-head.yaml"),
-                      [f"model.temporal_head={head}", "data.features_dir=unused"])
+    cfg = load_config(
+        os.path.join(ROOT, "configs", "timelines-head.yaml"),
+        [f"model.temporal_head={head}", "data.features_dir=unused"],
+    )
     classes = len(SEGMENT_CLASSES)
     model = build_feature_head(cfg.model, feature_dim, classes).train()
     optimizer = build_optimizer(model, cfg.train)
     criterion = torch.nn.CrossEntropyLoss()
     starts = torch.arange(chunks, dtype=torch.float32) * 16
-    batch = {"features": torch.randn(1, chunks, feature_dim), "windows": torch.stack([starts, starts + 16], -1)[None],
-             "mask": torch.ones(1, chunks, dtype=torch.bool), "chunk_labels": torch.randint(0, classes, (1, chunks)),
-             "label": torch.zeros(1, dtype=torch.long)}
+    batch = {
+        "features": torch.randn(1, chunks, feature_dim),
+        "windows": torch.stack([starts, starts + 16], -1)[None],
+        "mask": torch.ones(1, chunks, dtype=torch.bool),
+        "chunk_labels": torch.randint(0, classes, (1, chunks)),
+        "label": torch.zeros(1, dtype=torch.long),
+    }
 
     def step() -> None:
         loss = training_loss(FeatureHeadForward(model)(batch, ChunkSpec()), batch, ChunkSpec(), cfg.train, criterion)
@@ -167,15 +212,16 @@ def step_worker(head: str, chunks: int, feature_dim: int) -> dict:
     step()  # the optimizer state and the thread pools arrive in the first step
     before = reset_high_water_mark()
     step()
-    measured = growth_since(before) / 2 ** 20
+    measured = growth_since(before) / 2**20
     estimate = feature_training_estimate(cfg, feature_dim, chunks, 1, classes)
-    return {"measured": measured, "estimated": (estimate.peak - estimate.before_step) / 2 ** 20}
+    return {"measured": measured, "estimated": (estimate.peak - estimate.before_step) / 2**20}
 
 
 def measure_step(head: str, chunks: int, feature_dim: int) -> dict:
     command = [sys.executable, "-m", "bench.scale", "--step-worker", head, str(chunks), str(feature_dim)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    )
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -188,8 +234,10 @@ def report(result: dict, frames: int) -> str:
         if name.startswith("("):
             lines.append(f"| {name} | {by_length[SHORT]:,} | {by_length[frames]:,} | |")
             continue
-        lines.append(f"| `{name}` | {by_length[SHORT]:,.0f} MiB | {by_length[frames]:,.0f} MiB | "
-                     f"{by_length[frames] / by_length[SHORT]:.2f} |")
+        lines.append(
+            f"| `{name}` | {by_length[SHORT]:,.0f} MiB | {by_length[frames]:,.0f} MiB | "
+            f"{by_length[frames] / by_length[SHORT]:.2f} |"
+        )
     lines.append("")
     lines.append("| head: a training step | estimated growth | measured growth of the peak | estimate / measured |")
     lines.append("|---|---|---|---|")
@@ -197,14 +245,18 @@ def report(result: dict, frames: int) -> str:
         estimated = estimates[(head, frames)] - estimates[(head, SHORT)]
         stage = rows[f"train the {head} head on features"]
         measured = stage[frames] - stage[SHORT]
-        lines.append(f"| {head} | {estimated:,.1f} MiB | {measured:,.1f} MiB | "
-                     f"{estimated / measured if measured > 0 else float('nan'):.2f} |")
+        lines.append(
+            f"| {head} | {estimated:,.1f} MiB | {measured:,.1f} MiB | "
+            f"{estimated / measured if measured > 0 else float('nan'):.2f} |"
+        )
     lines.append("")
     lines.append("| head: one training step alone | chunks | measured | estimated | estimate / measured |")
     lines.append("|---|---|---|---|---|")
     for (head, chunks), step in result["steps"].items():
-        lines.append(f"| {head} | {chunks:,} | {step['measured']:,.1f} MiB | {step['estimated']:,.1f} MiB | "
-                     f"{step['estimated'] / step['measured']:.2f} |")
+        lines.append(
+            f"| {head} | {chunks:,} | {step['measured']:,.1f} MiB | {step['estimated']:,.1f} MiB | "
+            f"{step['estimated'] / step['measured']:.2f} |"
+        )
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ estimate of one training step's peak (device memory at the run's batch; ``planne
 RSS (memory.csv). The features variants' times leave out writing the features (once, by the per-chunk backbone:
 one inference pass over the videos).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,10 +43,19 @@ from planner.project import config_training_estimate
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def train(out: str, experiment: str, overrides: list[str], config: str = "configs/timelines.yaml",
-          videos: int = 48) -> dict:
-    command = [sys.executable, "train.py", "--config", config, "--set", f"trainer.output_dir={out}",
-               "--set", f"experiment={experiment}"] + [item for o in overrides for item in ("--set", o)]
+def train(
+    out: str, experiment: str, overrides: list[str], config: str = "configs/timelines.yaml", videos: int = 48
+) -> dict:
+    command = [
+        sys.executable,
+        "train.py",
+        "--config",
+        config,
+        "--set",
+        f"trainer.output_dir={out}",
+        "--set",
+        f"experiment={experiment}",
+    ] + [item for o in overrides for item in ("--set", o)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
@@ -56,25 +66,38 @@ def train(out: str, experiment: str, overrides: list[str], config: str = "config
         rss = max(float(r["host_rss_mb"]) for r in csv.DictReader(f))
     best = max(rows, key=lambda r: float(r["val_seg_f1@50"]))
     elapsed = [float(r["elapsed_s"]) for r in rows]
-    return {"scores": {k: float(best[f"val_seg_{k}"]) for k in ("frame_acc", "edit", "f1@10", "f1@25", "f1@50")},
-            "epoch": int(best["epoch"]), "epoch_s": (elapsed[-1] - elapsed[0]) / max(len(rows) - 1, 1),
-            # the training part of an epoch: the training videos over its training speed (no validation, no saving)
-            "train_s": sum(videos / float(r["train_clips_per_s"]) for r in rows) / len(rows),
-            "rss_mb": rss, "checkpoint": os.path.join(run, "checkpoints", "best.pt")}
+    return {
+        "scores": {k: float(best[f"val_seg_{k}"]) for k in ("frame_acc", "edit", "f1@10", "f1@25", "f1@50")},
+        "epoch": int(best["epoch"]),
+        "epoch_s": (elapsed[-1] - elapsed[0]) / max(len(rows) - 1, 1),
+        # the training part of an epoch: the training videos over its training speed (no validation, no saving)
+        "train_s": sum(videos / float(r["train_clips_per_s"]) for r in rows) / len(rows),
+        "rss_mb": rss,
+        "checkpoint": os.path.join(run, "checkpoints", "best.pt"),
+    }
 
 
 def write_features(backbone: str, data: str, features: str) -> None:
     for split in ("train", "val"):
-        command = [sys.executable, "infer_chunked.py", "--checkpoint", backbone, "--input",
-                   os.path.join(data, f"seg_{split}.jsonl"), "--features", features]
+        command = [
+            sys.executable,
+            "infer_chunked.py",
+            "--checkpoint",
+            backbone,
+            "--input",
+            os.path.join(data, f"seg_{split}.jsonl"),
+            "--features",
+            features,
+        ]
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.timelines", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.timelines", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data", default=os.path.join(ROOT, "data", "segmentation"))
     parser.add_argument("--backbone-epochs", type=int, default=6, help="per-chunk and end-to-end runs")
     parser.add_argument("--head-epochs", type=int, default=40, help="the heads trained on features")
@@ -84,40 +107,50 @@ def main() -> None:
     data = generate_segmentation(f"{args.data}-{args.size}", size=args.size, quiet=True)
     shape = [f"data.data_dir={data}", f"data.img_size={args.size}", f"model.width={args.width}"]
     cfg = load_config(os.path.join(ROOT, "configs", "timelines.yaml"), shape)
-    print(f"timeline task ({data}): 48 training and 16 validation videos of 600 frames at {args.size}x{args.size}, "
-          f"{len(SEGMENT_CLASSES)} classes; tiny3d width {args.width}; on the CPU ({os.cpu_count()} CPUs)")
+    print(
+        f"timeline task ({data}): 48 training and 16 validation videos of 600 frames at {args.size}x{args.size}, "
+        f"{len(SEGMENT_CLASSES)} classes; tiny3d width {args.width}; on the CPU ({os.cpu_count()} CPUs)"
+    )
     rows = {}
     with tempfile.TemporaryDirectory() as out:
         epochs = f"trainer.max_epochs={args.backbone_epochs}"
         rows["per-chunk"] = train(out, "per_chunk", shape + [epochs])
-        rows["per-chunk"]["peak"] = config_training_estimate(cfg, 300, cfg.data.batch_size,
-                                                             len(SEGMENT_CLASSES)).peak
+        rows["per-chunk"]["peak"] = config_training_estimate(cfg, 300, cfg.data.batch_size, len(SEGMENT_CLASSES)).peak
         features = os.path.join(out, "features")
         write_features(rows["per-chunk"]["checkpoint"], data, features)
         files, source = index_features(features)
         chunks = max(header["chunks"] for _, header in files.values())
         for head in ("tcn", "transformer"):
-            overrides = shape + [f"data.features_dir={features}", f"model.temporal_head={head}",
-                                 f"trainer.max_epochs={args.head_epochs}"]
+            overrides = shape + [
+                f"data.features_dir={features}",
+                f"model.temporal_head={head}",
+                f"trainer.max_epochs={args.head_epochs}",
+            ]
             rows[f"features + {head}"] = train(out, f"features_{head}", overrides, "configs/timelines-head.yaml")
             head_cfg = load_config(os.path.join(ROOT, "configs", "timelines-head.yaml"), overrides)
             rows[f"features + {head}"]["peak"] = feature_training_estimate(
-                head_cfg, source["feature_dim"], chunks, head_cfg.data.batch_size, len(SEGMENT_CLASSES)).peak
+                head_cfg, source["feature_dim"], chunks, head_cfg.data.batch_size, len(SEGMENT_CLASSES)
+            ).peak
         e2e = shape + [epochs, "model.temporal_head=transformer"]
         rows["end to end + transformer"] = train(out, "end_to_end", e2e)
         e2e_cfg = load_config(os.path.join(ROOT, "configs", "timelines.yaml"), e2e)
         rows["end to end + transformer"]["peak"] = config_training_estimate(
-            e2e_cfg, 300, e2e_cfg.data.batch_size, len(SEGMENT_CLASSES)).peak
+            e2e_cfg, 300, e2e_cfg.data.batch_size, len(SEGMENT_CLASSES)
+        ).peak
     end_to_end = rows["end to end + transformer"]
-    print(f"{'variant':26s} {'frame acc':>9s} {'edit':>6s} {'F1@10':>6s} {'F1@25':>6s} {'F1@50':>6s} {'best ep':>7s} "
-          f"{'train s/ep':>10s} {'vs e2e':>7s} {'s/epoch':>8s} {'vs e2e':>7s} {'step MiB':>8s} {'RSS MB':>7s}")
+    print(
+        f"{'variant':26s} {'frame acc':>9s} {'edit':>6s} {'F1@10':>6s} {'F1@25':>6s} {'F1@50':>6s} {'best ep':>7s} "
+        f"{'train s/ep':>10s} {'vs e2e':>7s} {'s/epoch':>8s} {'vs e2e':>7s} {'step MiB':>8s} {'RSS MB':>7s}"
+    )
     for name, row in rows.items():
         s = row["scores"]
-        print(f"{name:26s} {s['frame_acc']:9.3f} {s['edit']:6.1f} {s['f1@10']:6.1f} {s['f1@25']:6.1f} "
-              f"{s['f1@50']:6.1f} {row['epoch']:7d} {row['train_s']:10.2f} "
-              f"{end_to_end['train_s'] / row['train_s']:6.1f}x {row['epoch_s']:8.2f} "
-              f"{end_to_end['epoch_s'] / row['epoch_s']:6.1f}x {row['peak'] / 2 ** 20:8.1f} {row['rss_mb']:7.0f}",
-              flush=True)
+        print(
+            f"{name:26s} {s['frame_acc']:9.3f} {s['edit']:6.1f} {s['f1@10']:6.1f} {s['f1@25']:6.1f} "
+            f"{s['f1@50']:6.1f} {row['epoch']:7d} {row['train_s']:10.2f} "
+            f"{end_to_end['train_s'] / row['train_s']:6.1f}x {row['epoch_s']:8.2f} "
+            f"{end_to_end['epoch_s'] / row['epoch_s']:6.1f}x {row['peak'] / 2**20:8.1f} {row['rss_mb']:7.0f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

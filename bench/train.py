@@ -8,6 +8,7 @@ process, --repeat times (the fastest run is kept). Printed: clips/s, the data-lo
 (is the model starved?), and the peak memory (CUDA: allocated device memory; CPU: host RSS of the main process,
 sampled), each also as a ratio to fp32 without checkpointing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,9 +33,16 @@ def measure(args) -> dict:
     from engine import build, loop
 
     with tempfile.TemporaryDirectory() as out:
-        cfg = load_config(args.config, [f"trainer.precision={args.precision}",
-                                        f"model.grad_checkpointing={args.checkpointing}", f"trainer.output_dir={out}",
-                                        "train.log_every=1000000", *args.set])
+        cfg = load_config(
+            args.config,
+            [
+                f"trainer.precision={args.precision}",
+                f"model.grad_checkpointing={args.checkpointing}",
+                f"trainer.output_dir={out}",
+                "train.log_every=1000000",
+                *args.set,
+            ],
+        )
         runtime = setup_runtime(cfg.trainer)
         setup_logging(is_main=False)  # errors only: the table is the output
         trainer, loader, _ = build.build_trainer(cfg, runtime, stop_after_steps=args.steps)
@@ -42,11 +50,16 @@ def measure(args) -> dict:
             torch.cuda.reset_peak_memory_stats()
         with memory_monitor.PeakRssSampler() as sampler:
             metrics = loop.train_one_epoch(trainer, loader)
-        result = {"clips_per_s": metrics["train_clips_per_s"], "data_share": metrics["data_time_share"],
-                  "steps": trainer.state.global_step, "precision": runtime.precision,
-                  "peak_mb": sampler.peak_mb, "memory": "host RSS"}
+        result = {
+            "clips_per_s": metrics["train_clips_per_s"],
+            "data_share": metrics["data_time_share"],
+            "steps": trainer.state.global_step,
+            "precision": runtime.precision,
+            "peak_mb": sampler.peak_mb,
+            "memory": "host RSS",
+        }
         if runtime.device.type == "cuda":
-            result.update(peak_mb=torch.cuda.max_memory_allocated() / 2 ** 20, memory="device allocated")
+            result.update(peak_mb=torch.cuda.max_memory_allocated() / 2**20, memory="device allocated")
         return result
 
 
@@ -60,35 +73,61 @@ def main() -> None:
     if args is None:
         return
     import torch
+
     cuda = torch.cuda.is_available()
     args.config = args.config or os.path.join(ROOT, "configs", "rtx5080.yaml" if cuda else "quickstart.yaml")
     from config import load_config
     from datasets.synthetic import generate
+
     data_dir = load_config(args.config, args.set).data.data_dir
     if not os.path.isabs(data_dir):
         data_dir = os.path.join(ROOT, data_dir)
     if data_dir.endswith(os.path.join("data", "synthetic")) and not os.path.exists(data_dir):
         generate(data_dir)
     mixed = "16" if cuda else "bf16"
-    print(f"{os.path.relpath(args.config, ROOT)}, {args.steps} steps per variant on {'cuda' if cuda else 'cpu'}, "
-          f"{os.cpu_count()} CPUs")
+    print(
+        f"{os.path.relpath(args.config, ROOT)}, {args.steps} steps per variant on {'cuda' if cuda else 'cpu'}, "
+        f"{os.cpu_count()} CPUs"
+    )
     rows = []
     for precision in ("32", mixed):
         for checkpointing in ("false", "true"):
-            command = [sys.executable, "-m", "bench.train", "--worker", "--config", args.config, "--steps", str(args.steps),
-                       "--precision", precision, "--checkpointing", checkpointing]
+            command = [
+                sys.executable,
+                "-m",
+                "bench.train",
+                "--worker",
+                "--config",
+                args.config,
+                "--steps",
+                str(args.steps),
+                "--precision",
+                precision,
+                "--checkpointing",
+                checkpointing,
+            ]
             for item in args.set:
                 command += ["--set", item]
-            runs = [json.loads(subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
-                               .stdout.strip().splitlines()[-1]) for _ in range(args.repeat)]
+            runs = [
+                json.loads(
+                    subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
+                    .stdout.strip()
+                    .splitlines()[-1]
+                )
+                for _ in range(args.repeat)
+            ]
             best = max(runs, key=lambda r: r["clips_per_s"])
             rows.append((precision, checkpointing, best))
     base = rows[0][2]
-    print(f"{'precision':>9s} {'checkpointing':>13s} {'clips/s':>8s} {'x fp32':>7s} {'data share':>10s} "
-          f"{'peak MB (' + base['memory'] + ')':>28s} {'x fp32':>7s}")
+    print(
+        f"{'precision':>9s} {'checkpointing':>13s} {'clips/s':>8s} {'x fp32':>7s} {'data share':>10s} "
+        f"{'peak MB (' + base['memory'] + ')':>28s} {'x fp32':>7s}"
+    )
     for precision, checkpointing, r in rows:
-        print(f"{precision:>9s} {checkpointing:>13s} {r['clips_per_s']:8.1f} {r['clips_per_s'] / base['clips_per_s']:6.2f}x "
-              f"{100 * r['data_share']:9.0f}% {r['peak_mb']:28.0f} {r['peak_mb'] / base['peak_mb']:6.2f}x")
+        print(
+            f"{precision:>9s} {checkpointing:>13s} {r['clips_per_s']:8.1f} {r['clips_per_s'] / base['clips_per_s']:6.2f}x "
+            f"{100 * r['data_share']:9.0f}% {r['peak_mb']:28.0f} {r['peak_mb'] / base['peak_mb']:6.2f}x"
+        )
 
 
 if __name__ == "__main__":

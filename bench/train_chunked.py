@@ -22,6 +22,7 @@ the planner's decisions for them), and all (every chunk recomputed). Time per fr
 memory: the step's peak (the estimate of what the step began with plus the measured growth during it) beside the
 planner's estimate of the peak, and the budget.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,7 @@ from bench.resident import growth_since, reset_high_water_mark
 from bench.worker import parse_or_measure
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MB = 2 ** 20
+MB = 2**20
 
 
 def measure(args) -> dict:
@@ -48,8 +49,15 @@ def measure(args) -> dict:
 
     torch.manual_seed(0)
     device = torch.device(args.device)
-    cfg = load_config(None, [f"model.backbone={args.backbone}", f"model.width={args.width}",
-                             f"model.temporal_head={args.temporal_head}", f"model.temporal_width={args.temporal_width}"])
+    cfg = load_config(
+        None,
+        [
+            f"model.backbone={args.backbone}",
+            f"model.width={args.width}",
+            f"model.temporal_head={args.temporal_head}",
+            f"model.temporal_width={args.temporal_width}",
+        ],
+    )
     model = build_model(cfg.model, num_classes=10).to(device).train()
     prepare = InputPreparer(device, cfg.data.mean, cfg.data.std)
     forward = ChunkedTrainingForward(model, prepare.normalize)
@@ -61,8 +69,9 @@ def measure(args) -> dict:
 
     def step():
         outputs = forward(inputs, spec)  # with a temporal head its clip logits, else None
-        logits = (outputs.clip if outputs.clip is not None
-                  else aggregate_chunk_logits(outputs.chunks.transpose(0, 1), "mean"))
+        logits = (
+            outputs.clip if outputs.clip is not None else aggregate_chunk_logits(outputs.chunks.transpose(0, 1), "mean")
+        )
         loss = torch.nn.functional.cross_entropy(logits, labels)
         loss.backward()
         optimizer.step()
@@ -92,18 +101,55 @@ def measure(args) -> dict:
     return {"peak_mb": peak / MB, "step_s": min(times), "input_mb": clip["video"].numel() / MB}
 
 
-def step_cell(backbone: str, width: int, size: int, length: int, chunk: int, overlap: int = 0, repeat: int = 3,
-              device: str = "cpu", temporal_head: str = "none", temporal_width: int = 64, kept: int = 0) -> dict | str:
+def step_cell(
+    backbone: str,
+    width: int,
+    size: int,
+    length: int,
+    chunk: int,
+    overlap: int = 0,
+    repeat: int = 3,
+    device: str = "cpu",
+    temporal_head: str = "none",
+    temporal_width: int = 64,
+    kept: int = 0,
+) -> dict | str:
     """One cell of the table: {"peak_mb", "step_s", "input_mb"} of one training step, or the error's last line.
     Memory: every allocation above 64 KB its own mapping, returned when freed, so resident memory follows the
     live tensors (glibc would keep freed blocks of the warm-up step resident and hide the measured one); time: a
     second process with the usual allocator (mapping every block costs page faults)."""
-    command = [sys.executable, "-m", "bench.train_chunked", "--worker", "--backbone", backbone, "--width", str(width),
-               "--size", str(size), "--length", str(length), "--chunk", str(chunk), "--overlap", str(overlap),
-               "--repeat", str(repeat), "--device", device, "--temporal-head", temporal_head,
-               "--temporal-width", str(temporal_width), "--kept", str(kept)]
-    runs = [subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
-            for env in ({**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}, os.environ)]
+    command = [
+        sys.executable,
+        "-m",
+        "bench.train_chunked",
+        "--worker",
+        "--backbone",
+        backbone,
+        "--width",
+        str(width),
+        "--size",
+        str(size),
+        "--length",
+        str(length),
+        "--chunk",
+        str(chunk),
+        "--overlap",
+        str(overlap),
+        "--repeat",
+        str(repeat),
+        "--device",
+        device,
+        "--temporal-head",
+        temporal_head,
+        "--temporal-width",
+        str(temporal_width),
+        "--kept",
+        str(kept),
+    ]
+    runs = [
+        subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+        for env in ({**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}, os.environ)
+    ]
     failed = next((r for r in runs if r.returncode != 0), None)
     if failed is not None:
         return failed.stderr.strip().splitlines()[-1]
@@ -123,13 +169,18 @@ def main() -> None:
     parser.add_argument("--temporal-width", type=int, default=64, help="model.temporal_width")
     parser.add_argument("--repeat", type=int, default=3, help="timed steps after the measured one; the fastest kept")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    parser.add_argument("--part", choices=("growth", "recompute"), default="growth",
-                        help="growth: memory and time as the clip grows; recompute: train.recompute auto vs all")
+    parser.add_argument(
+        "--part",
+        choices=("growth", "recompute"),
+        default="growth",
+        help="growth: memory and time as the clip grows; recompute: train.recompute auto vs all",
+    )
     args = parse_or_measure(parser, measure, length=int, chunk=int, kept=int)
     if args is None:
         return
     if args.device is None:
         import torch
+
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.part == "recompute":
         recompute_table(args)
@@ -138,13 +189,25 @@ def main() -> None:
     modes = [-1] + [int(v) for v in args.chunks.split(",")]
     memory = "device allocated" if args.device == "cuda" else "host RSS growth"
     head = "" if args.temporal_head == "none" else f", temporal head {args.temporal_head} (width {args.temporal_width})"
-    print(f"{args.backbone} (width {args.width}){head} at {args.size}x{args.size}, batch 1, fp32, AdamW, on {args.device}, "
-          f"{os.cpu_count()} CPUs; memory: {memory} during one step")
+    print(
+        f"{args.backbone} (width {args.width}){head} at {args.size}x{args.size}, batch 1, fp32, AdamW, on {args.device}, "
+        f"{os.cpu_count()} CPUs; memory: {memory} during one step"
+    )
     results = {}
     for length in frames:  # modes interleaved per length: the shared machine's speed drifts between minutes
         for chunk in modes:
-            result = step_cell(args.backbone, args.width, args.size, length, chunk, args.overlap, args.repeat,
-                               args.device, args.temporal_head, args.temporal_width)
+            result = step_cell(
+                args.backbone,
+                args.width,
+                args.size,
+                length,
+                chunk,
+                args.overlap,
+                args.repeat,
+                args.device,
+                args.temporal_head,
+                args.temporal_width,
+            )
             if isinstance(result, str):
                 results[length, chunk] = None
                 print(f"T={length} chunk={chunk}: failed: {result}", flush=True)
@@ -166,8 +229,7 @@ def main() -> None:
                 continue
             per_frame = 1000 * r["step_s"] / length
             ratio = f"{r['step_s'] / whole['step_s']:.2f}x" if whole else "-"
-            line += (f" | {r['peak_mb']:>16.1f} {r['peak_mb'] / base['peak_mb']:>6.2f}x {per_frame:>8.2f} "
-                     f"{ratio:>7s}")
+            line += f" | {r['peak_mb']:>16.1f} {r['peak_mb'] / base['peak_mb']:>6.2f}x {per_frame:>8.2f} {ratio:>7s}"
         print(line, flush=True)
 
 
@@ -176,10 +238,17 @@ def recompute_table(args) -> None:
     from config import load_config
     from planner.estimate import SAFETY_MARGIN
     from planner.project import config_training_estimate, most_chunks_kept, training_chunk_count
+
     length, chunk = int(args.frames.split(",")[0]), int(args.chunks.split(",")[0])
-    common = [f"model.backbone={args.backbone}", f"model.width={args.width}", f"model.temporal_head={args.temporal_head}",
-              f"model.temporal_width={args.temporal_width}", f"data.img_size={args.size}", f"data.num_frames={length}",
-              "data.batch_size=1"]
+    common = [
+        f"model.backbone={args.backbone}",
+        f"model.width={args.width}",
+        f"model.temporal_head={args.temporal_head}",
+        f"model.temporal_width={args.temporal_width}",
+        f"data.img_size={args.size}",
+        f"data.num_frames={length}",
+        "data.batch_size=1",
+    ]
     cfg = load_config(None, [*common, f"train.chunk_train_size={chunk}", f"train.chunk_train_overlap={args.overlap}"])
     plain = config_training_estimate(load_config(None, common), length, 1)
     chunks = training_chunk_count(cfg, length)
@@ -189,25 +258,47 @@ def recompute_table(args) -> None:
         usable = estimates[held].peak  # the budget a user would set: this, with the planner's margin on top
         rows.append((name, chunk, most_chunks_kept(cfg, length, 1, usable)[0], usable / (1 - SAFETY_MARGIN)))
     rows.append(("all (every chunk recomputed)", chunk, 0, None))
-    print(f"{args.backbone} (width {args.width}) at {args.size}x{args.size}, T={length}, training chunks of {chunk} "
-          f"({chunks} chunks), batch 1, fp32, AdamW, on {args.device}, {os.cpu_count()} CPUs")
-    results = [step_cell(args.backbone, args.width, args.size, length, size, args.overlap, args.repeat, args.device,
-                         args.temporal_head, args.temporal_width, kept) for _, size, kept, _ in rows]
+    print(
+        f"{args.backbone} (width {args.width}) at {args.size}x{args.size}, T={length}, training chunks of {chunk} "
+        f"({chunks} chunks), batch 1, fp32, AdamW, on {args.device}, {os.cpu_count()} CPUs"
+    )
+    results = [
+        step_cell(
+            args.backbone,
+            args.width,
+            args.size,
+            length,
+            size,
+            args.overlap,
+            args.repeat,
+            args.device,
+            args.temporal_head,
+            args.temporal_width,
+            kept,
+        )
+        for _, size, kept, _ in rows
+    ]
     whole = results[0]
-    print(f"{'train.recompute':<32s} {'kept':>6s} {'ms/frame':>8s} {'x plain':>7s} {'measured MB':>11s} "
-          f"{'estimated MB':>12s} {'budget MB':>9s}")
+    print(
+        f"{'train.recompute':<32s} {'kept':>6s} {'ms/frame':>8s} {'x plain':>7s} {'measured MB':>11s} "
+        f"{'estimated MB':>12s} {'budget MB':>9s}"
+    )
     for (name, size, kept, budget), result in zip(rows, results):
         if isinstance(result, str):
             print(f"{name:<32s} failed: {result}")
             continue
-        estimate = plain if size == -1 else (estimates.get(kept)
-                                             or config_training_estimate(cfg, length, 1, kept_chunks=kept))
+        estimate = (
+            plain if size == -1 else (estimates.get(kept) or config_training_estimate(cfg, length, 1, kept_chunks=kept))
+        )
         kept_text = "-" if size == -1 else f"{kept}/{chunks}"
         budget_text = "-" if budget is None else f"{budget / MB:.1f}"
         measured = estimate.before_step / MB + result["peak_mb"]  # what the step began with, plus its growth
-        print(f"{name:<32s} {kept_text:>6s} {1000 * result['step_s'] / length:>8.2f} "
-              f"{result['step_s'] / whole['step_s']:>6.2f}x {measured:>11.1f} {estimate.peak / MB:>12.1f} "
-              f"{budget_text:>9s}", flush=True)
+        print(
+            f"{name:<32s} {kept_text:>6s} {1000 * result['step_s'] / length:>8.2f} "
+            f"{result['step_s'] / whole['step_s']:>6.2f}x {measured:>11.1f} {estimate.peak / MB:>12.1f} "
+            f"{budget_text:>9s}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

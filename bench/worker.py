@@ -1,5 +1,6 @@
 """What the benchmarks share: each measurement runs in a fresh process of the same script (``--worker``), so one
 measurement's allocator, caches and threads cannot colour the next one's."""
+
 from __future__ import annotations
 
 import argparse

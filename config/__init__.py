@@ -16,6 +16,7 @@ fix it. The scripts print it and exit with code 2. The modules:
     compat      configs of older checkpoints (saved_config)
     flags       eval.py's and infer_chunked.py's shared flags, the keys they set (INFERENCE_FLAGS)
 """
+
 from config.compat import saved_config
 from config.flags import INFERENCE_FLAGS, add_inference_flags, apply_inference_flags, inference_overrides
 from config.loading import dump, load_config, parse_override
@@ -36,7 +37,29 @@ from config.schema import (
 from config.validation import apply_flags, derive, validate
 from core.errors import ConfigError
 
-__all__ = ["ALL_KEYS", "BACKBONES", "INFERENCE_FLAGS", "NORMS", "SCHEMA", "Config", "ConfigError", "DataConfig",
-           "InferConfig", "Key", "ModelConfig", "TrainConfig", "TrainerConfig", "add_inference_flags", "apply_flags",
-           "apply_inference_flags", "defaults", "derive", "dump", "inference_overrides", "load_config",
-           "parse_override", "saved_config", "validate"]
+__all__ = [
+    "ALL_KEYS",
+    "BACKBONES",
+    "INFERENCE_FLAGS",
+    "NORMS",
+    "SCHEMA",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "InferConfig",
+    "Key",
+    "ModelConfig",
+    "TrainConfig",
+    "TrainerConfig",
+    "add_inference_flags",
+    "apply_flags",
+    "apply_inference_flags",
+    "defaults",
+    "derive",
+    "dump",
+    "inference_overrides",
+    "load_config",
+    "parse_override",
+    "saved_config",
+    "validate",
+]

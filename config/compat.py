@@ -1,4 +1,5 @@
 """Configs saved with older checkpoints: keys they predate get the behaviour they were trained with."""
+
 from __future__ import annotations
 
 from config.schema import Config, defaults, with_new_names
@@ -11,9 +12,14 @@ from config.validation import validate
 # model.temporal_input_norm: the head projected the chunk features as they came before the key
 # model.temporal_contrast: the head's tokens were its chunks' features alone before the key
 # train.temporal_warmup_epochs: a run with a head warmed up for train.warmup_epochs before the key
-_BEFORE_THE_KEY = {"data.resize": "stretch", "model.norm_groups": 8, "model.temporal_attention": "bidirectional",
-                   "model.temporal_input_norm": False, "model.temporal_contrast": False,
-                   "train.temporal_warmup_epochs": 0.0}
+_BEFORE_THE_KEY = {
+    "data.resize": "stretch",
+    "model.norm_groups": 8,
+    "model.temporal_attention": "bidirectional",
+    "model.temporal_input_norm": False,
+    "model.temporal_contrast": False,
+    "train.temporal_warmup_epochs": 0.0,
+}
 
 
 def _tcn_dropout_then(saved: dict) -> float:

@@ -1,6 +1,7 @@
 """eval.py's and infer_chunked.py's shared flags over a checkpoint's config: their one definition
 (``add_inference_flags``), the config keys they set (``INFERENCE_FLAGS``) and the overrides they make
 (``inference_overrides``), applied and validated by ``apply_inference_flags``."""
+
 from __future__ import annotations
 
 import argparse
@@ -29,40 +30,73 @@ def add_inference_flags(parser: argparse.ArgumentParser, clips: bool = False) ->
     """The flags both scripts take: the inference chunk, the head's window, chunks per forward (``--batch N|auto``)
     and its budget, the sample deadline, the device, precision and backbone; with ``clips``, eval.py's clip flags
     (--num-frames, --crops, --clips). Each defaults to the checkpoint's setting."""
-    parser.add_argument("--backbone", metavar="PATH",
-                        help="a temporal head trained on features (data.features_dir) runs with the backbone "
-                             "checkpoint that wrote them, found where it was; give it here if it moved (its sha256 "
-                             "is checked)")
-    parser.add_argument("--chunk", type=int, help="clip frames per inference chunk; -1 = the whole clip or video at "
-                                                  "once (default: the checkpoint's infer.chunk_size)")
-    parser.add_argument("--overlap", type=int, help="clip frames shared by consecutive chunks (default: "
-                                                    "infer.chunk_overlap)")
-    parser.add_argument("--agg", choices=SCHEMA["infer"]["chunk_aggregation"].choices,
-                        help="without a temporal head: how chunk logits are aggregated (default: "
-                             "infer.chunk_aggregation)")
-    parser.add_argument("--head-window", type=head_window, metavar="N|auto|-1",
-                        help="the most chunks a temporal head sees at once; a longer video runs in windows of N "
-                             "chunks overlapping by half (default: infer.head_window, auto: as many as its "
-                             "longest training clip; -1: the whole video at once)")
-    parser.add_argument("--batch", type=chunks_or_auto, metavar="N|auto",
-                        help="inference chunks per forward call, for every test view of a window at once (default: "
-                             "infer.chunks_per_forward); auto = the most whose estimated device memory fits "
-                             "--memory-budget-gb (the memory planner)")
-    parser.add_argument("--memory-budget-gb", type=float,
-                        help="the memory --batch auto fits (default: the checkpoint's trainer.memory_budget_gb)")
-    parser.add_argument("--sample-timeout", type=float, metavar="SECONDS",
-                        help="seconds a video's header, a sample or one group of chunks may take to decode before "
-                             "the video counts as unreadable (default: the checkpoint's data.sample_timeout_s)")
+    parser.add_argument(
+        "--backbone",
+        metavar="PATH",
+        help="a temporal head trained on features (data.features_dir) runs with the backbone "
+        "checkpoint that wrote them, found where it was; give it here if it moved (its sha256 "
+        "is checked)",
+    )
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        help="clip frames per inference chunk; -1 = the whole clip or video at "
+        "once (default: the checkpoint's infer.chunk_size)",
+    )
+    parser.add_argument(
+        "--overlap", type=int, help="clip frames shared by consecutive chunks (default: infer.chunk_overlap)"
+    )
+    parser.add_argument(
+        "--agg",
+        choices=SCHEMA["infer"]["chunk_aggregation"].choices,
+        help="without a temporal head: how chunk logits are aggregated (default: infer.chunk_aggregation)",
+    )
+    parser.add_argument(
+        "--head-window",
+        type=head_window,
+        metavar="N|auto|-1",
+        help="the most chunks a temporal head sees at once; a longer video runs in windows of N "
+        "chunks overlapping by half (default: infer.head_window, auto: as many as its "
+        "longest training clip; -1: the whole video at once)",
+    )
+    parser.add_argument(
+        "--batch",
+        type=chunks_or_auto,
+        metavar="N|auto",
+        help="inference chunks per forward call, for every test view of a window at once (default: "
+        "infer.chunks_per_forward); auto = the most whose estimated device memory fits "
+        "--memory-budget-gb (the memory planner)",
+    )
+    parser.add_argument(
+        "--memory-budget-gb",
+        type=float,
+        help="the memory --batch auto fits (default: the checkpoint's trainer.memory_budget_gb)",
+    )
+    parser.add_argument(
+        "--sample-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="seconds a video's header, a sample or one group of chunks may take to decode before "
+        "the video counts as unreadable (default: the checkpoint's data.sample_timeout_s)",
+    )
     parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda if available, else cpu)")
     parser.add_argument("--precision", help="32, 16, bf16 or amp (default: the checkpoint's)")
     if clips:
         parser.add_argument("--num-frames", type=int, help="frames per clip (-1 = the whole sample window)")
-        parser.add_argument("--crops", type=int, help="spatial crops per clip: 1 (the centre) or 3 (along the long "
-                                                      "side, each an evaluated clip; video accuracy averages them "
-                                                      "all)")
-        parser.add_argument("--clips", type=int, help="temporal clips per sample window, evenly spaced "
-                                                      "(data.test_clips), each times --crops: --clips 10 --crops 3 "
-                                                      "is the 30-view protocol")
+        parser.add_argument(
+            "--crops",
+            type=int,
+            help="spatial crops per clip: 1 (the centre) or 3 (along the long "
+            "side, each an evaluated clip; video accuracy averages them "
+            "all)",
+        )
+        parser.add_argument(
+            "--clips",
+            type=int,
+            help="temporal clips per sample window, evenly spaced "
+            "(data.test_clips), each times --crops: --clips 10 --crops 3 "
+            "is the 30-view protocol",
+        )
 
 
 def head_window(text: str) -> int | str:
@@ -89,8 +123,11 @@ def inference_overrides(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
     """The inference flags given on the command line, as ``{config key: (flag, value)}`` (``--batch auto`` is not
     a value: the planner sizes it once the model is loaded)."""
     given = {flag: getattr(args, flag[2:].replace("-", "_"), None) for flag in INFERENCE_FLAGS}
-    return {INFERENCE_FLAGS[flag]: (flag, value) for flag, value in given.items()
-            if value is not None and not (flag == "--batch" and value == "auto")}
+    return {
+        INFERENCE_FLAGS[flag]: (flag, value)
+        for flag, value in given.items()
+        if value is not None and not (flag == "--batch" and value == "auto")
+    }
 
 
 def apply_inference_flags(cfg: Config, overrides: dict[str, tuple[str, Any]]) -> Config:
@@ -99,6 +136,8 @@ def apply_inference_flags(cfg: Config, overrides: dict[str, tuple[str, Any]]) ->
     head = cfg.model.temporal_head
     flag, value = overrides.get("infer.chunk_aggregation", (None, None))
     if value is not None and head != "none":
-        raise ConfigError(f"{flag} {value}: this model has a temporal head (model.temporal_head: {head}), which is the "
-                          f"aggregation over its chunks; leave {flag} out")
+        raise ConfigError(
+            f"{flag} {value}: this model has a temporal head (model.temporal_head: {head}), which is the "
+            f"aggregation over its chunks; leave {flag} out"
+        )
     return apply_flags(cfg, overrides)

@@ -1,5 +1,6 @@
 """A config from YAML presets (``base:`` inheritance, deep-merged; lists are replaced) and ``--set`` overrides,
 then validated into a typed ``Config``; and back to YAML (``dump``)."""
+
 from __future__ import annotations
 
 import copy
@@ -28,8 +29,9 @@ def _read_yaml(path: str) -> dict:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a config must be a mapping of sections (model:, data:, ...), got "
-                          f"{type(data).__name__}")
+        raise ConfigError(
+            f"{path}: a config must be a mapping of sections (model:, data:, ...), got {type(data).__name__}"
+        )
     return data
 
 
@@ -40,7 +42,7 @@ def _merge(into: dict, update: dict, origins: dict, source: str, prefix: str = "
             _merge(into[key], value, origins, source, dotted + ".")
         else:
             into[key] = copy.deepcopy(value)
-            for leaf in (flat_keys(value, dotted + ".") if isinstance(value, dict) else [dotted]):
+            for leaf in flat_keys(value, dotted + ".") if isinstance(value, dict) else [dotted]:
                 origins[leaf] = source
             origins.setdefault(dotted, source)
 
@@ -58,8 +60,10 @@ def _load_chain(path: str, seen: tuple = ()) -> list[tuple[str, dict]]:
         raise ConfigError(f"{path}: base: must be a file name such as base.yaml, got {base!r}")
     base_path = base if os.path.isabs(base) else os.path.join(os.path.dirname(path), base)
     if not os.path.exists(base_path):
-        raise ConfigError(f"{path}: base: {base} not found ({base_path}); a base is resolved relative to the file "
-                          f"that names it: fix the 'base:' line, e.g. base: base.yaml")
+        raise ConfigError(
+            f"{path}: base: {base} not found ({base_path}); a base is resolved relative to the file "
+            f"that names it: fix the 'base:' line, e.g. base: base.yaml"
+        )
     return _load_chain(base_path, seen + (real,)) + [(path, data)]
 
 
@@ -74,8 +78,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def load_config(path: str | None, overrides: list[str] = (), use_amp: bool = False,
-                origins: dict | None = None) -> Config:
+def load_config(
+    path: str | None, overrides: list[str] = (), use_amp: bool = False, origins: dict | None = None
+) -> Config:
     """Defaults <- the preset's base chain <- the preset <- each --set; then validated. ``origins``, if given, is
     filled with where each key was set (a file, or "--set KEY=VALUE"; keys left at their defaults are absent)."""
     cfg = defaults()

@@ -5,6 +5,7 @@
 
 The YAML is the user's interface; code below the scripts takes the typed section it uses (``cfg.data``), never the
 configuration by string keys."""
+
 from __future__ import annotations
 
 import copy
@@ -19,8 +20,19 @@ log = logging.getLogger("longvideo")
 
 # The RGB backbones a config may name. The schema owns the names; models/ registers one builder for each, and
 # registering a name missing here fails at import (so config never imports the model registry above it).
-BACKBONES = ("tiny3d", "vgg3d", "r3d_18", "mc3_18", "r2plus1d_18", "s3d", "swin3d_t", "mvit_v2_s", "resnet18",
-             "resnet34", "resnet50")
+BACKBONES = (
+    "tiny3d",
+    "vgg3d",
+    "r3d_18",
+    "mc3_18",
+    "r2plus1d_18",
+    "s3d",
+    "swin3d_t",
+    "mvit_v2_s",
+    "resnet18",
+    "resnet34",
+    "resnet50",
+)
 NORMS = ("batch", "frozen", "sync", "group")  # model.norm: models/norms.py converts BatchNorm to each
 
 
@@ -51,56 +63,109 @@ class ModelConfig:
     """model: the network: backbone, input, normalization layers and the temporal head."""
 
     backbone: str = setting("tiny3d", "str", "model name from the registry (python -m models --list)")
-    model_class_num: int | None = setting(None, "int", "number of classes; null = from data.class_names or the "
-                                          "training labels", minimum=2, nullable=True)
+    model_class_num: int | None = setting(
+        None, "int", "number of classes; null = from data.class_names or the training labels", minimum=2, nullable=True
+    )
     input_type: str = setting("rgb", "choice", "what the model sees", choices=("rgb", "kpt", "rgb_kpt"))
-    view_fusion: str = setting("none", "choice", "how camera views are combined",
-                               choices=("none", "late", "mean", "concat"))
+    view_fusion: str = setting(
+        "none", "choice", "how camera views are combined", choices=("none", "late", "mean", "concat")
+    )
     grad_checkpointing: bool = setting(False, "bool", "recompute each stage's activations in backward")
     dropout: float = setting(0.0, "float", "dropout before the classifier", minimum=0.0, maximum=1.0)
     width: int = setting(32, "int", "base channel width of the small models (tiny3d, keypoint branch)", minimum=1)
-    pretrained: Any = setting(None, "any", "null, a local weights file (torchvision's .pth files work as they are), or "
-                              "true for torchvision's download")
-    fusion: str = setting("concat", "choice", "how RGB and keypoint features combine (rgb_kpt): concat, or weighted (a "
-                          "learned weighting of both, projected to one size)", choices=("concat", "weighted"))
-    norm: str = setting("batch", "choice", "the BatchNorm layers of every backbone: batch (statistics of each "
-                        "micro-batch or training chunk), frozen (the pretrained running statistics, never updated: "
-                        "fine-tuning at batch 1-2), sync (statistics over every torchrun process; BatchNorm on one) "
-                        "or group (GroupNorm: per sample, for training from scratch)",
-                        choices=("batch", "frozen", "sync", "group"))
-    norm_groups: int = setting(32, "int", "norm: group: groups per layer, lowered to the nearest divisor of its "
-                               "channels that leaves 2 channels a group", minimum=1)
-    norm_frozen_affine: bool = setting(False, "bool", "norm: frozen: also freeze the BatchNorm scale and shift (false: "
-                                       "they train, as MMAction2's norm_eval)")
-    temporal_head: str = setting("none", "choice", "the model over a clip's chunk features: none (chunk logits "
-                                 "aggregated by infer.chunk_aggregation, blind to order), attention (attention "
-                                 "pooling with positions), transformer (an encoder over the chunks, then that "
-                                 "pooling) or tcn (MS-TCN's multi-stage dilated convolutions, linear in length)",
-                                 choices=("none", "attention", "transformer", "tcn"))
+    pretrained: Any = setting(
+        None,
+        "any",
+        "null, a local weights file (torchvision's .pth files work as they are), or true for torchvision's download",
+    )
+    fusion: str = setting(
+        "concat",
+        "choice",
+        "how RGB and keypoint features combine (rgb_kpt): concat, or weighted (a "
+        "learned weighting of both, projected to one size)",
+        choices=("concat", "weighted"),
+    )
+    norm: str = setting(
+        "batch",
+        "choice",
+        "the BatchNorm layers of every backbone: batch (statistics of each "
+        "micro-batch or training chunk), frozen (the pretrained running statistics, never updated: "
+        "fine-tuning at batch 1-2), sync (statistics over every torchrun process; BatchNorm on one) "
+        "or group (GroupNorm: per sample, for training from scratch)",
+        choices=("batch", "frozen", "sync", "group"),
+    )
+    norm_groups: int = setting(
+        32,
+        "int",
+        "norm: group: groups per layer, lowered to the nearest divisor of its channels that leaves 2 channels a group",
+        minimum=1,
+    )
+    norm_frozen_affine: bool = setting(
+        False,
+        "bool",
+        "norm: frozen: also freeze the BatchNorm scale and shift (false: they train, as MMAction2's norm_eval)",
+    )
+    temporal_head: str = setting(
+        "none",
+        "choice",
+        "the model over a clip's chunk features: none (chunk logits "
+        "aggregated by infer.chunk_aggregation, blind to order), attention (attention "
+        "pooling with positions), transformer (an encoder over the chunks, then that "
+        "pooling) or tcn (MS-TCN's multi-stage dilated convolutions, linear in length)",
+        choices=("none", "attention", "transformer", "tcn"),
+    )
     temporal_width: int = setting(64, "int", "temporal head: token width", minimum=2)
     temporal_layers: int = setting(2, "int", "temporal head (transformer): encoder layers", minimum=1)
-    temporal_stages: int = setting(4, "int", "temporal head (tcn): stages, each refining the one before (MS-TCN: 4)",
-                                   minimum=1)
-    temporal_tcn_layers: int = setting(10, "int", "temporal head (tcn): dilated layers per stage; a receptive field "
-                                       "of 2^layers chunks (MS-TCN: 10)", minimum=1)
-    temporal_head_init: str | None = setting(None, "str", "a checkpoint whose temporal head (e.g. one trained on "
-                                             "features, data.features_dir) starts this run's head", nullable=True)
-    temporal_attention_heads: int = setting(4, "int", "temporal head: attention heads (must divide temporal_width)",
-                                            minimum=1)
-    temporal_attention: str = setting("directional", "choice", "temporal head (transformer): directional (half the "
-                                      "heads attend to earlier chunks, half to later ones: order is in the features "
-                                      "from the first step) or bidirectional (every head attends to every chunk)",
-                                      choices=("directional", "bidirectional"))
-    temporal_input_norm: bool = setting(True, "bool", "temporal head (transformer): LayerNorm on each chunk's "
-                                        "features before its projection, so a clip-wide shift or scale of the "
-                                        "features (brightness, contrast) does not move the tokens")
-    temporal_contrast: bool = setting(True, "bool", "temporal head (transformer): each token also sees its chunk's "
-                                      "difference from the clip's mean chunk, so what changes within a clip stands "
-                                      "out of what every chunk shares")
-    temporal_dropout: float = setting(0.1, "float", "temporal head (attention, transformer): dropout in attention, "
-                                      "feed-forward and before its classifier", minimum=0.0, maximum=1.0)
-    temporal_tcn_dropout: float = setting(0.5, "float", "temporal head (tcn): dropout in each dilated layer (MS-TCN: "
-                                          "0.5)", minimum=0.0, maximum=1.0)
+    temporal_stages: int = setting(
+        4, "int", "temporal head (tcn): stages, each refining the one before (MS-TCN: 4)", minimum=1
+    )
+    temporal_tcn_layers: int = setting(
+        10,
+        "int",
+        "temporal head (tcn): dilated layers per stage; a receptive field of 2^layers chunks (MS-TCN: 10)",
+        minimum=1,
+    )
+    temporal_head_init: str | None = setting(
+        None,
+        "str",
+        "a checkpoint whose temporal head (e.g. one trained on features, data.features_dir) starts this run's head",
+        nullable=True,
+    )
+    temporal_attention_heads: int = setting(
+        4, "int", "temporal head: attention heads (must divide temporal_width)", minimum=1
+    )
+    temporal_attention: str = setting(
+        "directional",
+        "choice",
+        "temporal head (transformer): directional (half the "
+        "heads attend to earlier chunks, half to later ones: order is in the features "
+        "from the first step) or bidirectional (every head attends to every chunk)",
+        choices=("directional", "bidirectional"),
+    )
+    temporal_input_norm: bool = setting(
+        True,
+        "bool",
+        "temporal head (transformer): LayerNorm on each chunk's "
+        "features before its projection, so a clip-wide shift or scale of the "
+        "features (brightness, contrast) does not move the tokens",
+    )
+    temporal_contrast: bool = setting(
+        True,
+        "bool",
+        "temporal head (transformer): each token also sees its chunk's "
+        "difference from the clip's mean chunk, so what changes within a clip stands "
+        "out of what every chunk shares",
+    )
+    temporal_dropout: float = setting(
+        0.1,
+        "float",
+        "temporal head (attention, transformer): dropout in attention, feed-forward and before its classifier",
+        minimum=0.0,
+        maximum=1.0,
+    )
+    temporal_tcn_dropout: float = setting(
+        0.5, "float", "temporal head (tcn): dropout in each dilated layer (MS-TCN: 0.5)", minimum=0.0, maximum=1.0
+    )
 
 
 @dataclass
@@ -108,75 +173,167 @@ class DataConfig:
     """data: manifests, decoding, sample windows, clips, geometry and augmentation, and the DataLoader."""
 
     data_dir: str = setting("data/synthetic", "str", "directory the manifests are resolved against")
-    val_fraction: float | None = setting(None, "float", "split this share of the training videos off as validation (by "
-                                         "a hash of each video's path: the same split every run), instead of "
-                                         "data.val_manifest", minimum=0.0, maximum=1.0, nullable=True)
+    val_fraction: float | None = setting(
+        None,
+        "float",
+        "split this share of the training videos off as validation (by "
+        "a hash of each video's path: the same split every run), instead of "
+        "data.val_manifest",
+        minimum=0.0,
+        maximum=1.0,
+        nullable=True,
+    )
     train_manifest: str = setting("train.jsonl", "str", "training manifest (JSONL, CSV or a root/<class>/ folder)")
     val_manifest: str | None = setting("val.jsonl", "str", "validation manifest", nullable=True)
     test_manifest: str | None = setting("test.jsonl", "str", "test manifest", nullable=True)
-    class_names: list | None = setting(None, "list", "class names in label order; null = sorted training labels",
-                                       nullable=True)
-    features_dir: str | None = setting(None, "str", "train the temporal head on the features files infer_chunked.py "
-                                       "--features wrote here (one sample: one whole video; labels and segments from "
-                                       "the manifests), instead of on video clips", nullable=True)
-    background_labels: list = setting([], "list", "labels left out of the segments the timeline scores count (edit, "
-                                      "F1@k), as the field's bg_class; frame accuracy counts every frame")
-    batch_size: int | str = setting(8, "int", "clips per training micro-batch; auto = the largest whose estimated "
-                                    "memory fits trainer.memory_budget_gb (train.py --probe-memory shows the "
-                                    "estimates)", minimum=1, also=("auto",))
+    class_names: list | None = setting(
+        None, "list", "class names in label order; null = sorted training labels", nullable=True
+    )
+    features_dir: str | None = setting(
+        None,
+        "str",
+        "train the temporal head on the features files infer_chunked.py "
+        "--features wrote here (one sample: one whole video; labels and segments from "
+        "the manifests), instead of on video clips",
+        nullable=True,
+    )
+    background_labels: list = setting(
+        [],
+        "list",
+        "labels left out of the segments the timeline scores count (edit, "
+        "F1@k), as the field's bg_class; frame accuracy counts every frame",
+    )
+    batch_size: int | str = setting(
+        8,
+        "int",
+        "clips per training micro-batch; auto = the largest whose estimated "
+        "memory fits trainer.memory_budget_gb (train.py --probe-memory shows the "
+        "estimates)",
+        minimum=1,
+        also=("auto",),
+    )
     num_workers: int = setting(2, "int", "DataLoader worker processes", minimum=0)
-    prefetch_factor: int = setting(2, "int", "batches each DataLoader worker loads ahead (with num_workers > 0); host "
-                                   "memory holds num_workers x prefetch_factor batches (train.py --probe-memory)",
-                                   minimum=1)
-    img_size: list[int] = setting(112, "size", "the model's frame size, after resize and crop: N (square) or [height, "
-                                  "width]")
-    resize: str = setting("short_side", "choice", "short_side: keep the aspect ratio (short side to data.short_side), "
-                          "then crop to img_size; stretch: decode straight to img_size",
-                          choices=("short_side", "stretch"))
-    short_side: int | None = setting(None, "int", "decoded short side (resize: short_side); null = the least that "
-                                     "holds the img_size crop", minimum=1, nullable=True)
-    test_clips: int = setting(1, "int", "temporal clips per sample window at evaluation, evenly spaced (first at the "
-                              "window's start, last at its end; 1: centred), each times data.test_crops; the "
-                              "video-level result averages them all", minimum=1)
-    test_crops: int = setting(1, "int", "spatial crops per clip at evaluation: 1 (centre) or 3 (along the long side)",
-                              minimum=1, maximum=3,
-                              refused=((2, "use 1 (the centre) or 3 (start, centre, end of the long side)"),))
-    augment: bool = setting(False, "bool", "training augmentation: random resized crop, flip, colour jitter (never at "
-                            "evaluation)")
-    crop_scale: list = setting([0.35, 1.0], "list", "augment: area share of the decoded frame a random crop covers "
-                               "[min, max]")
-    crop_ratio: list = setting([0.75, 1.3333], "list", "augment: aspect ratio of a random crop, relative to img_size's "
-                               "[min, max]")
+    prefetch_factor: int = setting(
+        2,
+        "int",
+        "batches each DataLoader worker loads ahead (with num_workers > 0); host "
+        "memory holds num_workers x prefetch_factor batches (train.py --probe-memory)",
+        minimum=1,
+    )
+    img_size: list[int] = setting(
+        112, "size", "the model's frame size, after resize and crop: N (square) or [height, width]"
+    )
+    resize: str = setting(
+        "short_side",
+        "choice",
+        "short_side: keep the aspect ratio (short side to data.short_side), "
+        "then crop to img_size; stretch: decode straight to img_size",
+        choices=("short_side", "stretch"),
+    )
+    short_side: int | None = setting(
+        None,
+        "int",
+        "decoded short side (resize: short_side); null = the least that holds the img_size crop",
+        minimum=1,
+        nullable=True,
+    )
+    test_clips: int = setting(
+        1,
+        "int",
+        "temporal clips per sample window at evaluation, evenly spaced (first at the "
+        "window's start, last at its end; 1: centred), each times data.test_crops; the "
+        "video-level result averages them all",
+        minimum=1,
+    )
+    test_crops: int = setting(
+        1,
+        "int",
+        "spatial crops per clip at evaluation: 1 (centre) or 3 (along the long side)",
+        minimum=1,
+        maximum=3,
+        refused=((2, "use 1 (the centre) or 3 (start, centre, end of the long side)"),),
+    )
+    augment: bool = setting(
+        False, "bool", "training augmentation: random resized crop, flip, colour jitter (never at evaluation)"
+    )
+    crop_scale: list = setting(
+        [0.35, 1.0], "list", "augment: area share of the decoded frame a random crop covers [min, max]"
+    )
+    crop_ratio: list = setting(
+        [0.75, 1.3333], "list", "augment: aspect ratio of a random crop, relative to img_size's [min, max]"
+    )
     flip: bool = setting(True, "bool", "augment: horizontal flip with probability 0.5")
-    color_jitter: float = setting(0.0, "float", "augment: brightness, contrast and saturation factors in [1-s, 1+s]; 0 "
-                                  "= off", minimum=0.0, maximum=1.0)
-    flip_label_pairs: list | None = setting(None, "list", "augment: classes that swap when a clip is flipped, "
-                                            "[[swipe_left, swipe_right], ...]", nullable=True)
-    kpt_coords: str = setting("normalized", "choice", "keypoint x, y: normalized (0..1 of the frame) or pixels (of the "
-                              "stored frame)", choices=("normalized", "pixels"))
-    kpt_flip_pairs: list | None = setting(None, "list", "augment + flip + keypoints: joint indices that swap in a "
-                                          "flip, [[5, 6], ...]; [] if no joint has a side", nullable=True)
-    num_frames: int = setting(16, "int", "frames per clip; -1 = every frame of the sample window",
-                              minimum=1, also=(-1,))
+    color_jitter: float = setting(
+        0.0,
+        "float",
+        "augment: brightness, contrast and saturation factors in [1-s, 1+s]; 0 = off",
+        minimum=0.0,
+        maximum=1.0,
+    )
+    flip_label_pairs: list | None = setting(
+        None,
+        "list",
+        "augment: classes that swap when a clip is flipped, [[swipe_left, swipe_right], ...]",
+        nullable=True,
+    )
+    kpt_coords: str = setting(
+        "normalized",
+        "choice",
+        "keypoint x, y: normalized (0..1 of the frame) or pixels (of the stored frame)",
+        choices=("normalized", "pixels"),
+    )
+    kpt_flip_pairs: list | None = setting(
+        None,
+        "list",
+        "augment + flip + keypoints: joint indices that swap in a flip, [[5, 6], ...]; [] if no joint has a side",
+        nullable=True,
+    )
+    num_frames: int = setting(
+        16, "int", "frames per clip; -1 = every frame of the sample window", minimum=1, also=(-1,)
+    )
     frame_stride: int = setting(1, "int", "distance between the decoded frames of a clip", minimum=1)
     load_rgb: bool = setting(True, "bool", "decode video frames")
     load_kpt: bool = setting(False, "bool", "load per-frame keypoints")
-    max_video_frames: int | None = setting(None, "int", "split videos into sample windows of at most this many frames; "
-                                           "null = whole videos", minimum=1, nullable=True)
+    max_video_frames: int | None = setting(
+        None,
+        "int",
+        "split videos into sample windows of at most this many frames; null = whole videos",
+        minimum=1,
+        nullable=True,
+    )
     sample_window_overlap: int = setting(0, "int", "frames shared by consecutive sample windows", minimum=0)
-    decoder: str = setting("auto", "choice", "video decoder: auto (the faster exact one for each codec and access "
-                           "pattern, measured by bench/loader.py), opencv, or pyav (same frames and pixels; also "
-                           "reads AV1)", choices=("auto", "opencv", "pyav"))
-    autorotate: bool = setting(True, "bool", "frames as a viewer sees them: the container's display rotation or mirror "
-                               "(a phone held upright) applied by every decoder; false = as stored")
-    on_bad_video: str = setting("raise", "choice", "a video that cannot be read: stop, or log it and use another "
-                                "sample", choices=("raise", "skip"))
-    sample_timeout_s: float | None = setting(300.0, "float", "seconds one sample (or a file's header at indexing, or a "
-                                             "group of inference chunks) may take to load before it counts as a bad "
-                                             "video (a stalled mount); null = no deadline",
-                                             minimum=0.001, nullable=True)
-    index_cache: str | None = setting(None, "str", "JSON cache of video metadata; null = "
-                                      "<trainer.output_dir>/.video_index.json", nullable=True)
+    decoder: str = setting(
+        "auto",
+        "choice",
+        "video decoder: auto (the faster exact one for each codec and access "
+        "pattern, measured by bench/loader.py), opencv, or pyav (same frames and pixels; also "
+        "reads AV1)",
+        choices=("auto", "opencv", "pyav"),
+    )
+    autorotate: bool = setting(
+        True,
+        "bool",
+        "frames as a viewer sees them: the container's display rotation or mirror "
+        "(a phone held upright) applied by every decoder; false = as stored",
+    )
+    on_bad_video: str = setting(
+        "raise",
+        "choice",
+        "a video that cannot be read: stop, or log it and use another sample",
+        choices=("raise", "skip"),
+    )
+    sample_timeout_s: float | None = setting(
+        300.0,
+        "float",
+        "seconds one sample (or a file's header at indexing, or a "
+        "group of inference chunks) may take to load before it counts as a bad "
+        "video (a stalled mount); null = no deadline",
+        minimum=0.001,
+        nullable=True,
+    )
+    index_cache: str | None = setting(
+        None, "str", "JSON cache of video metadata; null = <trainer.output_dir>/.video_index.json", nullable=True
+    )
     mean: list = setting([0.45, 0.45, 0.45], "list", "per-channel mean (RGB, 0..1) for normalization on the device")
     std: list = setting([0.225, 0.225, 0.225], "list", "per-channel std (RGB, 0..1)")
     pin_memory: bool = setting(True, "bool", "page-locked host batches for non_blocking copies (CUDA only)")
@@ -186,62 +343,118 @@ class DataConfig:
 class TrainConfig:
     """train: the optimization, the training chunks, and checkpoints."""
 
-    chunk_train_size: int = setting(-1, "int", "frames per chunk of a training clip, each chunk recomputed in backward "
-                                    "(train.recompute) so training memory no longer grows with the clip; -1 = the "
-                                    "whole clip in one forward", minimum=1, also=(-1,))
+    chunk_train_size: int = setting(
+        -1,
+        "int",
+        "frames per chunk of a training clip, each chunk recomputed in backward "
+        "(train.recompute) so training memory no longer grows with the clip; -1 = the "
+        "whole clip in one forward",
+        minimum=1,
+        also=(-1,),
+    )
     chunk_train_overlap: int = setting(0, "int", "frames shared by consecutive training chunks", minimum=0)
-    ddp_sync: str = setting("agreed", "choice", "several processes: agreed averages the gradients after each "
-                            "accumulation group, once every rank agreed on its out-of-memory back-off (an OOM on one "
-                            "rank is survived; communication does not overlap backward); overlap all-reduces during "
-                            "backward (DistributedDataParallel's hooks, overlapped with it; an OOM on one rank stops "
-                            "every rank, last.pt as the last checkpoint left it)", choices=("agreed", "overlap"))
-    recompute: str = setting("auto", "choice", "training chunks: all recomputes every chunk's activations in "
-                             "backward (the memory of one chunk, each forward run twice); auto keeps the activations "
-                             "of as many chunks as trainer.memory_budget_gb holds (decided before the first step) "
-                             "and recomputes only the rest; without a budget auto recomputes every chunk, as all",
-                             choices=("auto", "all"))
-    chunk_train_aggregation: str = setting("mean", "choice", "how the chunk logits of a training clip become its "
-                                           "prediction for the loss (chunk_loss: clip)",
-                                           choices=("mean", "max", "prob"),
-                                           refused=(("last", "'last' means nothing in training (only the last chunk "
-                                                             "would learn); use mean, max or prob. Validation's "
-                                                             "infer.chunk_aggregation may stay last"),))
-    chunk_loss: str = setting("clip", "choice", "clip: one loss per clip on the aggregated chunk logits; dense: one "
-                              "loss per chunk against the label covering most of its frames (segments)",
-                              choices=("clip", "dense"))
+    ddp_sync: str = setting(
+        "agreed",
+        "choice",
+        "several processes: agreed averages the gradients after each "
+        "accumulation group, once every rank agreed on its out-of-memory back-off (an OOM on one "
+        "rank is survived; communication does not overlap backward); overlap all-reduces during "
+        "backward (DistributedDataParallel's hooks, overlapped with it; an OOM on one rank stops "
+        "every rank, last.pt as the last checkpoint left it)",
+        choices=("agreed", "overlap"),
+    )
+    recompute: str = setting(
+        "auto",
+        "choice",
+        "training chunks: all recomputes every chunk's activations in "
+        "backward (the memory of one chunk, each forward run twice); auto keeps the activations "
+        "of as many chunks as trainer.memory_budget_gb holds (decided before the first step) "
+        "and recomputes only the rest; without a budget auto recomputes every chunk, as all",
+        choices=("auto", "all"),
+    )
+    chunk_train_aggregation: str = setting(
+        "mean",
+        "choice",
+        "how the chunk logits of a training clip become its prediction for the loss (chunk_loss: clip)",
+        choices=("mean", "max", "prob"),
+        refused=(
+            (
+                "last",
+                "'last' means nothing in training (only the last chunk "
+                "would learn); use mean, max or prob. Validation's "
+                "infer.chunk_aggregation may stay last",
+            ),
+        ),
+    )
+    chunk_loss: str = setting(
+        "clip",
+        "choice",
+        "clip: one loss per clip on the aggregated chunk logits; dense: one "
+        "loss per chunk against the label covering most of its frames (segments)",
+        choices=("clip", "dense"),
+    )
     accumulate_grad_batches: int = setting(1, "int", "micro-batches per optimizer step", minimum=1)
-    global_batch_size: int | None = setting(None, "int", "clips per optimizer step over all processes, kept by "
-                                            "data.batch_size: auto and --fit-budget through accumulate_grad_batches; "
-                                            "null = batch_size x accumulate_grad_batches x processes as written",
-                                            minimum=1, nullable=True)
+    global_batch_size: int | None = setting(
+        None,
+        "int",
+        "clips per optimizer step over all processes, kept by "
+        "data.batch_size: auto and --fit-budget through accumulate_grad_batches; "
+        "null = batch_size x accumulate_grad_batches x processes as written",
+        minimum=1,
+        nullable=True,
+    )
     optimizer: str = setting("adamw", "choice", "optimizer", choices=("adamw", "sgd"))
     lr: float = setting(0.001, "float", "peak learning rate", minimum=0.0)
     min_lr: float = setting(0.0, "float", "learning rate at the end of the cosine schedule", minimum=0.0)
     weight_decay: float = setting(0.05, "float", "decoupled weight decay (AdamW) or L2 (SGD)", minimum=0.0)
     momentum: float = setting(0.9, "float", "SGD momentum", minimum=0.0, maximum=1.0)
     warmup_epochs: float = setting(0.0, "float", "linear warm-up length in epochs (fractions allowed)", minimum=0.0)
-    grad_clip: float | None = setting(None, "float", "clip the gradient norm to this value (after unscaling); null = "
-                                      "off", minimum=0.0, nullable=True)
-    temporal_lr_scale: float = setting(0.3, "float", "temporal head: its learning rate is train.lr times this (its own "
-                                       "parameter groups, the same schedule); 1 = the backbone's", minimum=0.0)
-    temporal_warmup_epochs: float = setting(2.0, "float", "temporal head on: the linear warm-up lasts at least this "
-                                            "many epochs (train.warmup_epochs when longer)", minimum=0.0)
-    temporal_grad_clip: float | None = setting(1.0, "float", "temporal head on: clip the whole model's gradient norm "
-                                               "to this value unless train.grad_clip is set; null = off",
-                                               minimum=0.0, nullable=True)
+    grad_clip: float | None = setting(
+        None, "float", "clip the gradient norm to this value (after unscaling); null = off", minimum=0.0, nullable=True
+    )
+    temporal_lr_scale: float = setting(
+        0.3,
+        "float",
+        "temporal head: its learning rate is train.lr times this (its own "
+        "parameter groups, the same schedule); 1 = the backbone's",
+        minimum=0.0,
+    )
+    temporal_warmup_epochs: float = setting(
+        2.0,
+        "float",
+        "temporal head on: the linear warm-up lasts at least this many epochs (train.warmup_epochs when longer)",
+        minimum=0.0,
+    )
+    temporal_grad_clip: float | None = setting(
+        1.0,
+        "float",
+        "temporal head on: clip the whole model's gradient norm "
+        "to this value unless train.grad_clip is set; null = off",
+        minimum=0.0,
+        nullable=True,
+    )
     label_smoothing: float = setting(0.0, "float", "cross-entropy label smoothing", minimum=0.0, maximum=1.0)
-    precise_bn_batches: int = setting(0, "int", "before each validation, recompute the BatchNorm running statistics as "
-                                      "the true mean and variance over this many training batches (precise BN); 0 = "
-                                      "off", minimum=0)
+    precise_bn_batches: int = setting(
+        0,
+        "int",
+        "before each validation, recompute the BatchNorm running statistics as "
+        "the true mean and variance over this many training batches (precise BN); 0 = "
+        "off",
+        minimum=0,
+    )
     seed: int = setting(0, "int", "seed for weights, sampling and clip placement", minimum=0)
     log_every: int = setting(20, "int", "log (and record memory) every N optimizer steps", minimum=1)
-    checkpoint_every_steps: int = setting(0, "int", "also write last.pt every N optimizer steps; 0 = epoch ends only",
-                                          minimum=0)
+    checkpoint_every_steps: int = setting(
+        0, "int", "also write last.pt every N optimizer steps; 0 = epoch ends only", minimum=0
+    )
     keep_last_k: int = setting(2, "int", "epoch checkpoints kept besides last.pt and best.pt", minimum=0)
-    monitor: str = setting("val_video_acc", "choice", "metric that picks best.pt (higher is better); the val_seg_* "
-                           "timeline scores need a validation manifest with segments",
-                           choices=("val_video_acc", "val_clip_acc", "val_seg_f1@50", "val_seg_edit",
-                                    "val_seg_frame_acc"))
+    monitor: str = setting(
+        "val_video_acc",
+        "choice",
+        "metric that picks best.pt (higher is better); the val_seg_* "
+        "timeline scores need a validation manifest with segments",
+        choices=("val_video_acc", "val_clip_acc", "val_seg_f1@50", "val_seg_edit", "val_seg_frame_acc"),
+    )
 
 
 @dataclass
@@ -250,41 +463,61 @@ class InferConfig:
     infer_chunked.py. (The seed guides' train.chunk_infer_size, train.chunk_overlap, train.chunk_aggregation and
     train.video_batch_size still work: RENAMED_KEYS.)"""
 
-    chunk_size: int = setting(-1, "int", "frames per inference chunk (one forward pass); -1 = the whole clip at once",
-                              minimum=1, also=(-1,))
+    chunk_size: int = setting(
+        -1, "int", "frames per inference chunk (one forward pass); -1 = the whole clip at once", minimum=1, also=(-1,)
+    )
     chunk_overlap: int = setting(0, "int", "frames shared by consecutive inference chunks", minimum=0)
-    chunk_aggregation: str = setting("mean", "choice", "without a temporal head: how chunk logits become one "
-                                     "prediction", choices=("mean", "max", "last", "prob"))
-    chunks_per_forward: int = setting(1, "int", "inference chunks in one forward call (throughput against memory)",
-                                      minimum=1)
-    head_window: int | str = setting("auto", "int", "temporal head: the most chunks a chunk's output (the timeline) "
-                                     "sees; over a longer video, windows of that many overlapping by half (the "
-                                     "video's label sees every chunk). auto = its longest training clip; -1 = the "
-                                     "whole video", minimum=-1, also=("auto",))
+    chunk_aggregation: str = setting(
+        "mean",
+        "choice",
+        "without a temporal head: how chunk logits become one prediction",
+        choices=("mean", "max", "last", "prob"),
+    )
+    chunks_per_forward: int = setting(
+        1, "int", "inference chunks in one forward call (throughput against memory)", minimum=1
+    )
+    head_window: int | str = setting(
+        "auto",
+        "int",
+        "temporal head: the most chunks a chunk's output (the timeline) "
+        "sees; over a longer video, windows of that many overlapping by half (the "
+        "video's label sees every chunk). auto = its longest training clip; -1 = the "
+        "whole video",
+        minimum=-1,
+        also=("auto",),
+    )
 
 
 @dataclass
 class TrainerConfig:
     """trainer: the device, precision, memory budget, epochs and where runs go."""
 
-    precision: str = setting("32", "precision", "32 | 16 | bf16 (also 16-mixed, bf16-mixed); amp = 16 on CUDA, bf16 on "
-                             "CPU")
+    precision: str = setting(
+        "32", "precision", "32 | 16 | bf16 (also 16-mixed, bf16-mixed); amp = 16 on CUDA, bf16 on CPU"
+    )
     max_epochs: int = setting(10, "int", "training epochs", minimum=1)
     check_val_every_n_epoch: int = setting(1, "int", "validate every N epochs (and after the last)", minimum=1)
     device: str = setting("auto", "str", "auto (cuda if available), cpu, cuda or cuda:N")
     output_dir: str = setting("runs", "str", "where run directories are created")
-    memory_budget_gb: float | None = setting(None, "float", "the device memory this preset is sized for "
-                                             "(--probe-memory uses it)", minimum=0.0, nullable=True)
+    memory_budget_gb: float | None = setting(
+        None, "float", "the device memory this preset is sized for (--probe-memory uses it)", minimum=0.0, nullable=True
+    )
     compile: bool = setting(False, "bool", "torch.compile the model")
     channels_last_3d: bool = setting(False, "bool", "channels_last_3d memory format for 3D CNNs on CUDA")
     allow_tf32: bool = setting(True, "bool", "TF32 matmuls and convolutions on Ampere and newer")
-    process_group_timeout_s: float = setting(600.0, "float", "several processes: a collective that waits longer "
-                                             "than this (a rank that died or stopped) ends every rank with an error "
-                                             "instead of a hang", minimum=1.0)
+    process_group_timeout_s: float = setting(
+        600.0,
+        "float",
+        "several processes: a collective that waits longer "
+        "than this (a rank that died or stopped) ends every rank with an error "
+        "instead of a hang",
+        minimum=1.0,
+    )
     max_nonfinite_steps: int = setting(20, "int", "consecutive non-finite losses that stop the run", minimum=1)
     leak_check_epochs: int = setting(3, "int", "epochs of steady memory growth before the leak warning", minimum=1)
-    leak_tolerance_mb: float = setting(256.0, "float", "total growth (MB) over those epochs that triggers it",
-                                       minimum=0.0)
+    leak_tolerance_mb: float = setting(
+        256.0, "float", "total growth (MB) over those epochs that triggers it", minimum=0.0
+    )
 
 
 @dataclass
@@ -292,8 +525,9 @@ class Config:
     """A whole validated configuration: ``load_config`` (a preset and --set) or ``saved_config`` (a checkpoint's)
     build it; ``to_dict`` gives the YAML's mapping back."""
 
-    experiment: str = setting("default", "str", "run name: results go to <trainer.output_dir>/<experiment>/"
-                              "<timestamp>/")
+    experiment: str = setting(
+        "default", "str", "run name: results go to <trainer.output_dir>/<experiment>/<timestamp>/"
+    )
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -306,12 +540,19 @@ class Config:
     @classmethod
     def from_dict(cls, values: dict) -> Config:
         """From a validated mapping (config.validation.validate's result)."""
-        return cls(experiment=values["experiment"],
-                   **{name: section(**copy.deepcopy(values[name])) for name, section in SECTIONS.items()})
+        return cls(
+            experiment=values["experiment"],
+            **{name: section(**copy.deepcopy(values[name])) for name, section in SECTIONS.items()},
+        )
 
 
-SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "infer": InferConfig,
-            "trainer": TrainerConfig}
+SECTIONS = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "train": TrainConfig,
+    "infer": InferConfig,
+    "trainer": TrainerConfig,
+}
 SCHEMA: dict[str, Any] = {
     "experiment": next(f.metadata["key"] for f in fields(Config) if f.name == "experiment"),
     **{name: {f.name: f.metadata["key"] for f in fields(section)} for name, section in SECTIONS.items()},
@@ -321,13 +562,15 @@ SCHEMA: dict[str, Any] = {
 # checkpoint's saved config silently). "chunk" is the window of one forward pass; a sample window was once called a
 # chunk too; model.temporal_head is a kind of head, model.temporal_attention_heads a count; the inference chunk's
 # keys lived in the train section, where training has keys of its own (train.chunk_train_size, ...).
-RENAMED_KEYS = {"data.video_chunk_overlap": "data.sample_window_overlap",
-                "model.temporal_heads": "model.temporal_attention_heads",
-                "model.temporal_window": "infer.head_window",
-                "train.chunk_infer_size": "infer.chunk_size",
-                "train.chunk_overlap": "infer.chunk_overlap",
-                "train.chunk_aggregation": "infer.chunk_aggregation",
-                "train.video_batch_size": "infer.chunks_per_forward"}
+RENAMED_KEYS = {
+    "data.video_chunk_overlap": "data.sample_window_overlap",
+    "model.temporal_heads": "model.temporal_attention_heads",
+    "model.temporal_window": "infer.head_window",
+    "train.chunk_infer_size": "infer.chunk_size",
+    "train.chunk_overlap": "infer.chunk_overlap",
+    "train.chunk_aggregation": "infer.chunk_aggregation",
+    "train.video_batch_size": "infer.chunks_per_forward",
+}
 
 
 def with_new_names(data: dict, source: str | None = None) -> dict:
@@ -346,8 +589,11 @@ def with_new_names(data: dict, source: str | None = None) -> dict:
         if new_section == old_section:  # in place, so the section keeps its order
             data = {**data, old_section: {(new_key if k == old_key else k): v for k, v in values.items()}}
         else:
-            data = {**data, old_section: {k: v for k, v in values.items() if k != old_key},
-                    new_section: {**target, new_key: values[old_key]}}
+            data = {
+                **data,
+                old_section: {k: v for k, v in values.items() if k != old_key},
+                new_section: {**target, new_key: values[old_key]},
+            }
         if source is not None:
             log.warning("%s: %s is now called %s (the old name still works)", source, old, new)
     return data
@@ -356,6 +602,7 @@ def with_new_names(data: dict, source: str | None = None) -> dict:
 def defaults() -> dict:
     def build(node):
         return {k: build(v) if isinstance(v, dict) else copy.deepcopy(v.default) for k, v in node.items()}
+
     return build(SCHEMA)
 
 

@@ -1,5 +1,6 @@
 """Validation: each value against its key's type and range, then the checks across keys. One error line names
 the file (or ``--set``, or the flag), the key, what is wrong and how to fix it."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -49,8 +50,11 @@ def _check_value(spec: Key, value: Any, where: str) -> Any:
     elif kind == "size":
         if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
             return [value, value]
-        if (isinstance(value, list) and len(value) == 2
-                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)):
+        if (
+            isinstance(value, list)
+            and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+        ):
             return list(value)
         fail("a positive integer or [height, width]")
     elif kind == "precision":
@@ -62,8 +66,7 @@ def _check_value(spec: Key, value: Any, where: str) -> Any:
 
 
 def _in_range(spec: Key, value) -> bool:
-    return ((spec.minimum is None or value >= spec.minimum)
-            and (spec.maximum is None or value <= spec.maximum))
+    return (spec.minimum is None or value >= spec.minimum) and (spec.maximum is None or value <= spec.maximum)
 
 
 def _describe(spec: Key) -> str:
@@ -100,8 +103,7 @@ def validate(cfg: dict, origins: dict | None = None) -> dict:
             spec = schema[key]
             if isinstance(spec, dict):
                 if not isinstance(node[key], dict):
-                    raise ConfigError(f"{origin(dotted)}: {dotted} must be a section (a mapping), "
-                                      f"got {node[key]!r}")
+                    raise ConfigError(f"{origin(dotted)}: {dotted} must be a section (a mapping), got {node[key]!r}")
                 walk(node[key], spec, dotted + ".")
             else:
                 node[key] = _check_value(spec, node[key], f"{origin(dotted)}: {dotted}")
@@ -113,10 +115,15 @@ def validate(cfg: dict, origins: dict | None = None) -> dict:
 
 def _number_pair(data: dict, key: str, origin: Callable[[str], str], low: float, high: float) -> None:
     value = data[key]
-    if not (len(value) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
-            and low < value[0] <= value[1] <= high):
-        raise ConfigError(f"{origin('data.' + key)}: data.{key} must be [min, max] with {low:g} < min <= max <= "
-                          f"{high:g}, got {value!r}")
+    if not (
+        len(value) == 2
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        and low < value[0] <= value[1] <= high
+    ):
+        raise ConfigError(
+            f"{origin('data.' + key)}: data.{key} must be [min, max] with {low:g} < min <= max <= "
+            f"{high:g}, got {value!r}"
+        )
 
 
 def _augmentation_checks(data: dict, origin: Callable[[str], str]) -> None:
@@ -125,101 +132,140 @@ def _augmentation_checks(data: dict, origin: Callable[[str], str]) -> None:
     for key in ("flip_label_pairs", "kpt_flip_pairs"):
         pairs = data[key]
         if pairs is not None and not all(isinstance(p, list) and len(p) == 2 for p in pairs):
-            raise ConfigError(f"{origin('data.' + key)}: data.{key} must be a list of pairs such as [[a, b], [c, d]], "
-                              f"got {pairs!r}")
+            raise ConfigError(
+                f"{origin('data.' + key)}: data.{key} must be a list of pairs such as [[a, b], [c, d]], got {pairs!r}"
+            )
     pairs = data["kpt_flip_pairs"] or []
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for p in pairs for v in p):
-        raise ConfigError(f"{origin('data.kpt_flip_pairs')}: data.kpt_flip_pairs holds joint indices (integers from "
-                          f"0), got {data['kpt_flip_pairs']!r}")
+        raise ConfigError(
+            f"{origin('data.kpt_flip_pairs')}: data.kpt_flip_pairs holds joint indices (integers from "
+            f"0), got {data['kpt_flip_pairs']!r}"
+        )
     names = data["class_names"]
     for pair in data["flip_label_pairs"] or []:
         unknown = [str(v) for v in pair if names is not None and str(v) not in map(str, names)]
         if unknown:
-            raise ConfigError(f"{origin('data.flip_label_pairs')}: data.flip_label_pairs names {', '.join(unknown)}, "
-                              f"not in data.class_names")
+            raise ConfigError(
+                f"{origin('data.flip_label_pairs')}: data.flip_label_pairs names {', '.join(unknown)}, "
+                f"not in data.class_names"
+            )
     if data["augment"] and data["flip"] and data["load_kpt"] and data["kpt_flip_pairs"] is None:
-        raise ConfigError(f"{origin('data.augment')}: a horizontal flip must swap left and right joints of the "
-                          f"keypoints: set data.kpt_flip_pairs (joint index pairs, e.g. [[1, 2], [3, 4]]; [] if no "
-                          f"joint has a side), or data.flip: false")
+        raise ConfigError(
+            f"{origin('data.augment')}: a horizontal flip must swap left and right joints of the "
+            f"keypoints: set data.kpt_flip_pairs (joint index pairs, e.g. [[1, 2], [3, 4]]; [] if no "
+            f"joint has a side), or data.flip: false"
+        )
 
 
 def _temporal_head_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     """A temporal head is the aggregation: the settings that would aggregate otherwise must not contradict it."""
     model, infer = cfg["model"], cfg["infer"]
     if infer["chunk_aggregation"] == "last":
-        raise ConfigError(f"{origin('infer.chunk_aggregation')}: infer.chunk_aggregation: last runs only the last "
-                          f"chunk, but model.temporal_head={model['temporal_head']} needs every chunk's features (the "
-                          f"head is the aggregation); use mean (ignored with a head)")
+        raise ConfigError(
+            f"{origin('infer.chunk_aggregation')}: infer.chunk_aggregation: last runs only the last "
+            f"chunk, but model.temporal_head={model['temporal_head']} needs every chunk's features (the "
+            f"head is the aggregation); use mean (ignored with a head)"
+        )
     if model["view_fusion"] == "late":
-        raise ConfigError(f"{origin('model.view_fusion')}: model.view_fusion: late keeps one feature vector per view, "
-                          f"but model.temporal_head needs one per chunk; use mean or concat")
+        raise ConfigError(
+            f"{origin('model.view_fusion')}: model.view_fusion: late keeps one feature vector per view, "
+            f"but model.temporal_head needs one per chunk; use mean or concat"
+        )
     if infer["head_window"] == 0:
-        raise ConfigError(f"{origin('infer.head_window')}: infer.head_window: 0 chunks cannot hold a chunk; "
-                          f"give a number of chunks, -1 (the whole video) or auto (the head's longest training clip)")
+        raise ConfigError(
+            f"{origin('infer.head_window')}: infer.head_window: 0 chunks cannot hold a chunk; "
+            f"give a number of chunks, -1 (the whole video) or auto (the head's longest training clip)"
+        )
     heads, where = model["temporal_attention_heads"], origin("model.temporal_attention_heads")
     if model["temporal_width"] % heads:
-        raise ConfigError(f"{where}: model.temporal_attention_heads={heads} must divide "
-                          f"model.temporal_width={model['temporal_width']}")
+        raise ConfigError(
+            f"{where}: model.temporal_attention_heads={heads} must divide "
+            f"model.temporal_width={model['temporal_width']}"
+        )
     if model["temporal_head"] == "transformer" and model["temporal_attention"] == "directional" and heads < 2:
-        raise ConfigError(f"{where}: model.temporal_attention: directional gives half the attention heads to earlier "
-                          f"chunks and half to later ones, but model.temporal_attention_heads is 1; "
-                          f"give 2 or more, or set model.temporal_attention: bidirectional")
+        raise ConfigError(
+            f"{where}: model.temporal_attention: directional gives half the attention heads to earlier "
+            f"chunks and half to later ones, but model.temporal_attention_heads is 1; "
+            f"give 2 or more, or set model.temporal_attention: bidirectional"
+        )
 
 
 def _norm_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     """model.norm against the weights it starts from and train.precise_bn_batches."""
     model, norm = cfg["model"], cfg["model"]["norm"]
     if norm == "frozen" and model["pretrained"] is None:
-        raise ConfigError(f"{origin('model.norm')}: model.norm: frozen keeps the BatchNorm statistics of pretrained "
-                          f"weights, but model.pretrained is null (they would stay mean 0, variance 1: no "
-                          f"normalization); set model.pretrained to a weights file or true, or use norm: group to "
-                          f"train from scratch")
+        raise ConfigError(
+            f"{origin('model.norm')}: model.norm: frozen keeps the BatchNorm statistics of pretrained "
+            f"weights, but model.pretrained is null (they would stay mean 0, variance 1: no "
+            f"normalization); set model.pretrained to a weights file or true, or use norm: group to "
+            f"train from scratch"
+        )
     if norm == "frozen" and model["input_type"] != "rgb":
-        raise ConfigError(f"{origin('model.norm')}: model.norm: frozen needs pretrained statistics in every branch, "
-                          f"and the keypoint branch of input_type {model['input_type']} has none (model.pretrained "
-                          f"loads the RGB backbone); use norm: group, sync or batch")
+        raise ConfigError(
+            f"{origin('model.norm')}: model.norm: frozen needs pretrained statistics in every branch, "
+            f"and the keypoint branch of input_type {model['input_type']} has none (model.pretrained "
+            f"loads the RGB backbone); use norm: group, sync or batch"
+        )
     if norm == "group" and model["pretrained"] is True:
-        raise ConfigError(f"{origin('model.norm')}: model.norm: group replaces BatchNorm, whose statistics "
-                          f"torchvision's pretrained weights (model.pretrained: true) hold; use norm: frozen (or "
-                          f"batch) to fine-tune them, or model.pretrained: null to train GroupNorm from scratch")
+        raise ConfigError(
+            f"{origin('model.norm')}: model.norm: group replaces BatchNorm, whose statistics "
+            f"torchvision's pretrained weights (model.pretrained: true) hold; use norm: frozen (or "
+            f"batch) to fine-tune them, or model.pretrained: null to train GroupNorm from scratch"
+        )
     if cfg["train"]["precise_bn_batches"] and norm in ("frozen", "group"):
-        raise ConfigError(f"{origin('train.precise_bn_batches')}: train.precise_bn_batches recomputes BatchNorm "
-                          f"statistics, but model.norm: {norm} "
-                          f"{'keeps them fixed' if norm == 'frozen' else 'has none'}; set precise_bn_batches: 0, or "
-                          f"norm: batch or sync")
+        raise ConfigError(
+            f"{origin('train.precise_bn_batches')}: train.precise_bn_batches recomputes BatchNorm "
+            f"statistics, but model.norm: {norm} "
+            f"{'keeps them fixed' if norm == 'frozen' else 'has none'}; set precise_bn_batches: 0, or "
+            f"norm: batch or sync"
+        )
 
 
 def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     data, train, model = cfg["data"], cfg["train"], cfg["model"]
     chunk, overlap = cfg["infer"]["chunk_size"], cfg["infer"]["chunk_overlap"]
     if chunk != -1 and overlap >= chunk:
-        raise ConfigError(f"{origin('infer.chunk_overlap')}: infer.chunk_overlap={overlap} must be smaller than "
-                          f"infer.chunk_size={chunk} (or set chunk_size: -1 for no chunking)")
+        raise ConfigError(
+            f"{origin('infer.chunk_overlap')}: infer.chunk_overlap={overlap} must be smaller than "
+            f"infer.chunk_size={chunk} (or set chunk_size: -1 for no chunking)"
+        )
     chunk, overlap = train["chunk_train_size"], train["chunk_train_overlap"]
     if chunk != -1 and overlap >= chunk:
-        raise ConfigError(f"{origin('train.chunk_train_overlap')}: train.chunk_train_overlap={overlap} must be smaller "
-                          f"than train.chunk_train_size={chunk} (or set chunk_train_size: -1 for no chunking)")
+        raise ConfigError(
+            f"{origin('train.chunk_train_overlap')}: train.chunk_train_overlap={overlap} must be smaller "
+            f"than train.chunk_train_size={chunk} (or set chunk_train_size: -1 for no chunking)"
+        )
     if model["temporal_head"] != "none":
         _temporal_head_checks(cfg, origin)
     _norm_checks(cfg, origin)
     if data["batch_size"] == "auto" and not cfg["trainer"]["memory_budget_gb"]:
-        raise ConfigError(f"{origin('data.batch_size')}: data.batch_size: auto needs trainer.memory_budget_gb (the "
-                          f"memory to fit, in GiB); set it, or give a number")
+        raise ConfigError(
+            f"{origin('data.batch_size')}: data.batch_size: auto needs trainer.memory_budget_gb (the "
+            f"memory to fit, in GiB); set it, or give a number"
+        )
     window, window_overlap = data["max_video_frames"], data["sample_window_overlap"]
     if window is not None and window_overlap >= window:
-        raise ConfigError(f"{origin('data.sample_window_overlap')}: data.sample_window_overlap={window_overlap} "
-                          f"must be smaller than data.max_video_frames={window}")
+        raise ConfigError(
+            f"{origin('data.sample_window_overlap')}: data.sample_window_overlap={window_overlap} "
+            f"must be smaller than data.max_video_frames={window}"
+        )
     if data["decoder"] == "pyav" and data["load_rgb"] and importlib.util.find_spec("av") is None:
-        raise ConfigError(f"{origin('data.decoder')}: data.decoder: pyav needs PyAV, which is not installed; "
-                          f"pip install av, or set data.decoder: opencv")
+        raise ConfigError(
+            f"{origin('data.decoder')}: data.decoder: pyav needs PyAV, which is not installed; "
+            f"pip install av, or set data.decoder: opencv"
+        )
     needs_rgb = model["input_type"] in ("rgb", "rgb_kpt")
     needs_kpt = model["input_type"] in ("kpt", "rgb_kpt")
     if needs_rgb and not data["load_rgb"]:
-        raise ConfigError(f"{origin('model.input_type')}: model.input_type={model['input_type']} needs frames; "
-                          f"set data.load_rgb: true")
+        raise ConfigError(
+            f"{origin('model.input_type')}: model.input_type={model['input_type']} needs frames; "
+            f"set data.load_rgb: true"
+        )
     if needs_kpt and not data["load_kpt"]:
-        raise ConfigError(f"{origin('model.input_type')}: model.input_type={model['input_type']} needs keypoints; "
-                          f"set data.load_kpt: true")
+        raise ConfigError(
+            f"{origin('model.input_type')}: model.input_type={model['input_type']} needs keypoints; "
+            f"set data.load_kpt: true"
+        )
     _augmentation_checks(data, origin)
     for name in ("mean", "std"):
         values = data[name]
@@ -228,29 +274,38 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     if any(v <= 0 for v in data["std"]):
         raise ConfigError(f"{origin('data.std')}: data.std must be positive, got {data['std']!r}")
     if train["min_lr"] > train["lr"]:
-        raise ConfigError(f"{origin('train.min_lr')}: train.min_lr={train['min_lr']:g} must not exceed "
-                          f"train.lr={train['lr']:g}")
+        raise ConfigError(
+            f"{origin('train.min_lr')}: train.min_lr={train['min_lr']:g} must not exceed train.lr={train['lr']:g}"
+        )
     pretrained = model["pretrained"]
     if not (pretrained is None or pretrained is True or (isinstance(pretrained, str) and pretrained)):
-        raise ConfigError(f"{origin('model.pretrained')}: model.pretrained must be null, true, or a weights file "
-                          f"path, got {pretrained!r}")
+        raise ConfigError(
+            f"{origin('model.pretrained')}: model.pretrained must be null, true, or a weights file "
+            f"path, got {pretrained!r}"
+        )
     names = data["class_names"]
     if names is not None and len(set(map(str, names))) != len(names):
         raise ConfigError(f"{origin('data.class_names')}: data.class_names has duplicates: {names!r}")
     device = cfg["trainer"]["device"]
     if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
-        raise ConfigError(f"{origin('trainer.device')}: trainer.device: {device!r} is not one of auto, cpu, cuda, "
-                          f"cuda:N")
+        raise ConfigError(
+            f"{origin('trainer.device')}: trainer.device: {device!r} is not one of auto, cpu, cuda, cuda:N"
+        )
     if model["backbone"] not in BACKBONES:
-        raise ConfigError(f"{origin('model.backbone')}: model.backbone: unknown model '{model['backbone']}'; "
-                          f"known: {', '.join(sorted(BACKBONES))}")
+        raise ConfigError(
+            f"{origin('model.backbone')}: model.backbone: unknown model '{model['backbone']}'; "
+            f"known: {', '.join(sorted(BACKBONES))}"
+        )
 
 
 def apply_flags(cfg: Config, flags: dict) -> Config:
     """A validated copy of ``cfg`` with command-line flags applied: ``{"infer.chunk_overlap": ("--overlap", 8)}``
     (a value of None leaves the key as it is). Errors name the flag, as --set's name --set."""
-    return _changed(cfg, {dotted: value for dotted, (_, value) in flags.items() if value is not None},
-                    {dotted: flag for dotted, (flag, value) in flags.items() if value is not None})
+    return _changed(
+        cfg,
+        {dotted: value for dotted, (_, value) in flags.items() if value is not None},
+        {dotted: flag for dotted, (flag, value) in flags.items() if value is not None},
+    )
 
 
 def derive(cfg: Config, changes: dict[str, Any], why: str) -> Config:

@@ -3,6 +3,7 @@
 ``config`` knows what a valid config is; this module knows how a command line reaches it and how its errors
 reach the user.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,12 +16,18 @@ from core.files import DiskFullError
 
 def add_config_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument("--config", required=required, help="YAML preset, e.g. configs/rtx5080.yaml")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a key, typed by YAML rules (repeatable): --set data.batch_size=8")
-    parser.add_argument("--use_amp", "--use-amp", action="store_true",
-                        help="mixed precision: fp16 + GradScaler on CUDA, bf16 on CPU")
-    parser.add_argument("--print-config", action="store_true",
-                        help="print the resolved, validated config and exit")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key, typed by YAML rules (repeatable): --set data.batch_size=8",
+    )
+    parser.add_argument(
+        "--use_amp", "--use-amp", action="store_true", help="mixed precision: fp16 + GradScaler on CUDA, bf16 on CPU"
+    )
+    parser.add_argument("--print-config", action="store_true", help="print the resolved, validated config and exit")
 
 
 def exit_on_usage_error(main: Callable[[], int | None], input_errors: tuple = (), disk_advice: str = "") -> None:

@@ -1,4 +1,5 @@
 """The errors a user can fix, and how any error becomes one line of our own text."""
+
 from __future__ import annotations
 
 

@@ -13,6 +13,7 @@ killed (its process is gone) from one being written now, and remove it (``remove
 the mode a plain ``open()`` would give under the user's umask (a temporary file's own mode is 0600, which would
 hide checkpoints and results from colleagues sharing a runs folder).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -27,8 +28,11 @@ import tempfile
 _TEMP_NAME = re.compile(r"^\..+\.(\d+)\.[^.]+\.tmp(\.[^.]+)?$")  # atomic_path keeps the extension after .tmp
 
 
-DISK_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is reached",
-               errno.EIO: "the device failed to write (EIO)"}
+DISK_ERRNOS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is reached",
+    errno.EIO: "the device failed to write (EIO)",
+}
 
 
 class DiskFullError(Exception):
@@ -50,7 +54,7 @@ def free_bytes(path: str) -> int | None:
 def free_space_text(path: str) -> str:
     """e.g. '12.5 MB free', of the filesystem holding ``path``."""
     free = free_bytes(path)
-    return "free space unknown" if free is None else f"{free / 2 ** 20:.1f} MB free"
+    return "free space unknown" if free is None else f"{free / 2**20:.1f} MB free"
 
 
 def is_disk_full(error: BaseException) -> bool:
@@ -64,8 +68,9 @@ def naming_disk_errors(path: str):
         yield
     except OSError as e:
         if is_disk_full(e):
-            raise DiskFullError(f"{path}: cannot write it: {DISK_ERRNOS[e.errno]} ({free_space_text(path)} there)") \
-                from None
+            raise DiskFullError(
+                f"{path}: cannot write it: {DISK_ERRNOS[e.errno]} ({free_space_text(path)} there)"
+            ) from None
         raise
 
 
@@ -204,7 +209,7 @@ def append_whole(path: str, data: bytes) -> None:
             try:
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
             except BaseException:
                 os.ftruncate(fd, size)  # needs no space
                 raise

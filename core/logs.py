@@ -1,4 +1,5 @@
 """The project's one logger: set up once by each script's main(), never at import."""
+
 from __future__ import annotations
 
 import logging
@@ -50,8 +51,11 @@ def attach_log_file(path: str) -> logging.Handler:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(handler)
     if torn:
-        log.warning("%s: its last line was cut short (a run killed or a disk full while writing it): removed %d "
-                    "bytes", os.path.basename(path), torn)
+        log.warning(
+            "%s: its last line was cut short (a run killed or a disk full while writing it): removed %d bytes",
+            os.path.basename(path),
+            torn,
+        )
     return handler
 
 

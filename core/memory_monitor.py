@@ -1,4 +1,5 @@
 """Where memory goes: device allocated/reserved/peak/free and host RSS of the main process and its workers."""
+
 from __future__ import annotations
 
 import ctypes
@@ -9,7 +10,7 @@ import threading
 
 import torch
 
-MB = 1024 ** 2
+MB = 1024**2
 
 
 def _rss_mb(pid: int) -> float:
@@ -61,8 +62,21 @@ def host_rss_mb() -> float:
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def host_heap_in_use_mb() -> float | None:
@@ -88,17 +102,23 @@ def host_peak_rss_mb() -> float:
 def snapshot(device: torch.device) -> dict:
     """Plain floats in MB: host RSS of this process and of its children (DataLoader workers), and device memory."""
     children = _child_pids(os.getpid())
-    result = {"host_rss_mb": host_rss_mb(), "workers_rss_mb": sum(_rss_mb(p) for p in children),
-              "num_workers_alive": len(children)}
+    result = {
+        "host_rss_mb": host_rss_mb(),
+        "workers_rss_mb": sum(_rss_mb(p) for p in children),
+        "num_workers_alive": len(children),
+    }
     heap = host_heap_in_use_mb()
     if heap is not None:
         result["host_heap_mb"] = heap
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        result.update(device_allocated_mb=torch.cuda.memory_allocated(device) / MB,
-                      device_reserved_mb=torch.cuda.memory_reserved(device) / MB,
-                      device_peak_mb=torch.cuda.max_memory_allocated(device) / MB,
-                      device_free_mb=free / MB, device_total_mb=total / MB)
+        result.update(
+            device_allocated_mb=torch.cuda.memory_allocated(device) / MB,
+            device_reserved_mb=torch.cuda.memory_reserved(device) / MB,
+            device_peak_mb=torch.cuda.max_memory_allocated(device) / MB,
+            device_free_mb=free / MB,
+            device_total_mb=total / MB,
+        )
     return result
 
 
@@ -119,10 +139,12 @@ class LeakDetector:
     ``tolerance_mb``, separately for the main process, the DataLoader workers and the device.
     """
 
-    PLACES = (("host_heap_mb", "the main process (allocated host heap)"),
-              ("host_rss_mb", "the main process (host RSS)"),
-              ("workers_rss_mb", "the DataLoader workers (host RSS)"),
-              ("device_allocated_mb", "the device (allocated)"))
+    PLACES = (
+        ("host_heap_mb", "the main process (allocated host heap)"),
+        ("host_rss_mb", "the main process (host RSS)"),
+        ("workers_rss_mb", "the DataLoader workers (host RSS)"),
+        ("device_allocated_mb", "the device (allocated)"),
+    )
 
     def __init__(self, epochs: int = 3, tolerance_mb: float = 256.0):
         self.epochs, self.tolerance_mb = epochs, tolerance_mb
@@ -130,7 +152,7 @@ class LeakDetector:
 
     def observe(self, snap: dict) -> str | None:
         self.history.append(snap)
-        recent = self.history[-(self.epochs + 1):]
+        recent = self.history[-(self.epochs + 1) :]
         if len(recent) <= self.epochs:
             return None
         findings = []
@@ -140,13 +162,17 @@ class LeakDetector:
                 continue
             growth = values[-1] - values[0]
             if all(b > a for a, b in zip(values, values[1:])) and growth > self.tolerance_mb:
-                findings.append(f"{place} grew {growth:.0f} MB over {self.epochs} epochs "
-                                f"({' -> '.join(f'{v:.0f}' for v in values)} MB)")
+                findings.append(
+                    f"{place} grew {growth:.0f} MB over {self.epochs} epochs "
+                    f"({' -> '.join(f'{v:.0f}' for v in values)} MB)"
+                )
         if not findings:
             return None
-        return ("possible memory leak: " + "; ".join(findings) + ". Likely causes: outputs or losses kept across "
-                "steps (keep loss.item() or .detach().cpu(), not the tensor), tensors kept with their graph (code "
-                "outside torch.inference_mode/no_grad), caches that grow in the dataset (workers)")
+        return (
+            "possible memory leak: " + "; ".join(findings) + ". Likely causes: outputs or losses kept across "
+            "steps (keep loss.item() or .detach().cpu(), not the tensor), tensors kept with their graph (code "
+            "outside torch.inference_mode/no_grad), caches that grow in the dataset (workers)"
+        )
 
 
 class PeakRssSampler:
@@ -165,6 +191,7 @@ class PeakRssSampler:
             while not self._stop.is_set():
                 self.peak_mb = max(self.peak_mb, host_rss_mb())
                 self._stop.wait(self.interval_s)
+
         self._thread = threading.Thread(target=sample, daemon=True)
         self._thread.start()
         return self

@@ -3,6 +3,7 @@
 The loop bodies never branch on precision: they enter ``runtime.autocast()`` and call the scaler, which
 is a no-op when disabled (nanoGPT's pattern).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,9 +22,14 @@ log = logging.getLogger("longvideo")
 
 # The one precision table: the names a config or flag may use, and the autocast dtype of each precision.
 PRECISION_ALIASES = {
-    "32": "32", "32-true": "32", "fp32": "32",
-    "16": "16", "16-mixed": "16", "fp16": "16",
-    "bf16": "bf16", "bf16-mixed": "bf16",
+    "32": "32",
+    "32-true": "32",
+    "fp32": "32",
+    "16": "16",
+    "16-mixed": "16",
+    "fp16": "16",
+    "bf16": "bf16",
+    "bf16-mixed": "bf16",
     "amp": "amp",  # resolved per device: fp16 + GradScaler on CUDA, bf16 on the CPU (resolve_precision)
 }
 AUTOCAST_DTYPES = {"32": None, "16": torch.float16, "bf16": torch.bfloat16}  # None: no autocast
@@ -58,8 +64,10 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"trainer.device: {name!r} asked for, but this machine has no CUDA device "
-                          f"(use --device cpu or trainer.device: auto)")
+        raise ConfigError(
+            f"trainer.device: {name!r} asked for, but this machine has no CUDA device "
+            f"(use --device cpu or trainer.device: auto)"
+        )
     return torch.device(name)
 
 
@@ -67,14 +75,18 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if precision == "amp":
         if device.type == "cuda":
             return "16"
-        log.warning("precision amp (--use_amp) without CUDA: bf16 autocast on the CPU (on a GPU it means fp16 with "
-                    "GradScaler)")
+        log.warning(
+            "precision amp (--use_amp) without CUDA: bf16 autocast on the CPU (on a GPU it means fp16 with GradScaler)"
+        )
         precision = "bf16"
     if precision == "bf16" and device.type == "cpu":
         capability = torch.backends.cpu.get_cpu_capability()
         if "AVX512" not in capability and "AMX" not in capability:
-            log.warning("bf16 on this CPU (%s, no AVX512-BF16/AMX) is emulated: bench/train.py measured it 10x "
-                        "slower than fp32 on such a machine; use precision 32 here", capability)
+            log.warning(
+                "bf16 on this CPU (%s, no AVX512-BF16/AMX) is emulated: bench/train.py measured it 10x "
+                "slower than fp32 on such a machine; use precision 32 here",
+                capability,
+            )
     if precision == "16" and device.type == "cpu":
         log.warning("fp16 on the CPU is slow and gains nothing; bf16 (or --use_amp) is the CPU's mixed precision")
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():

@@ -6,6 +6,7 @@ brings): torch's message for that advises ``weights_only=False`` or allow-listin
 torch's warnings while loading (a pickle protocol note, a future default) are caught and classified, so nothing
 of torch's reaches stderr: see ``load_tensors``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,8 +44,10 @@ def load_tensors(path: str, map_location="cpu"):
             if name:
                 detail = f"it names {name.group(1)}, which is not a tensor or a plain value"
             elif protocol:
-                detail = (f"it was written with pickle protocol {protocol}, which the safe loader cannot read in "
-                          f"full; re-save it with torch.save's default protocol")
+                detail = (
+                    f"it was written with pickle protocol {protocol}, which the safe loader cannot read in "
+                    f"full; re-save it with torch.save's default protocol"
+                )
             else:
                 detail = "it holds objects other than tensors and plain values"
             raise UnsafeFile(f"refused: the file needs pickled code to load ({detail})") from None
@@ -54,8 +57,12 @@ def load_tensors(path: str, map_location="cpu"):
             raise UnreadableFile(f"cannot be read ({e.strerror or type(e).__name__})") from None
         finally:
             for warning in caught:
-                log.debug("torch.load(%s): a %s (%s) was raised and dropped", path, warning.category.__name__,
-                          _warning_kind(str(warning.message)))
+                log.debug(
+                    "torch.load(%s): a %s (%s) was raised and dropped",
+                    path,
+                    warning.category.__name__,
+                    _warning_kind(str(warning.message)),
+                )
 
 
 def _unreadable_reason(error: Exception) -> str:

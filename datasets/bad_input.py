@@ -1,5 +1,6 @@
 """Bad input: the errors a file or a manifest line ends in, and the main process's report of the files skipped
 (``data.on_bad_video: skip``) and of the workers' warnings."""
+
 from __future__ import annotations
 
 import logging
@@ -44,8 +45,9 @@ class BadInputReport:
 
     def end_run(self) -> None:
         if self.skipped:
-            log.warning("run: %d file(s) skipped (data.on_bad_video: skip): %s", len(self.skipped),
-                        self._text(self.skipped))
+            log.warning(
+                "run: %d file(s) skipped (data.on_bad_video: skip): %s", len(self.skipped), self._text(self.skipped)
+            )
 
     @staticmethod
     def _text(files: dict) -> str:

@@ -1,5 +1,6 @@
 """Streaming inference's frames: a video's inference chunks decoded on a background thread, a few chunks ahead of
 the model (``ChunkStream``), with the dataset's path from file to frames (``datasets.decode``)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,8 +49,15 @@ class ChunkStream:
     chunks, not a hang; the blocked thread is left behind (a daemon: it cannot be interrupted inside FFmpeg).
     """
 
-    def __init__(self, record: VideoRecord, data_cfg: DataConfig, spec: ChunkSettings, prefetch: int = 2,
-                 window: tuple[int, int] | None = None, crop: int | None = None):
+    def __init__(
+        self,
+        record: VideoRecord,
+        data_cfg: DataConfig,
+        spec: ChunkSettings,
+        prefetch: int = 2,
+        window: tuple[int, int] | None = None,
+        crop: int | None = None,
+    ):
         """data_cfg: the frame size, stride, decoder and what to load (RGB, keypoints) of the config."""
         self.record, self.stride, self.timeout = record, data_cfg.frame_stride, data_cfg.sample_timeout_s
         self.first, self.last = window if window is not None else (0, None)
@@ -81,12 +89,21 @@ class ChunkStream:
         crops = 1 if self.crop is None else data_cfg.test_crops
         self.transform = ClipTransform(dataclasses.replace(data_cfg, test_crops=crops), training=False)
         infos = {name: probe(path, data_cfg.decoder) for name, path in record.views.items()}
-        self.plans = self.transform.plan([info.frame_size(data_cfg.autorotate) for info in infos.values()], None,
-                                         self.crop or 0)
-        self.readers = {name: open_reader(path, plan.decoded, threads=spec.decode_threads, info=infos[name],
-                                          decoder=data_cfg.decoder, access="sequential",
-                                          autorotate=data_cfg.autorotate)
-                        for plan, (name, path) in zip(self.plans, record.views.items())}
+        self.plans = self.transform.plan(
+            [info.frame_size(data_cfg.autorotate) for info in infos.values()], None, self.crop or 0
+        )
+        self.readers = {
+            name: open_reader(
+                path,
+                plan.decoded,
+                threads=spec.decode_threads,
+                info=infos[name],
+                decoder=data_cfg.decoder,
+                access="sequential",
+                autorotate=data_cfg.autorotate,
+            )
+            for plan, (name, path) in zip(self.plans, record.views.items())
+        }
         first = next(iter(self.readers.values()))
         for reader in self.readers.values():
             for note in filter(None, (several_streams_note(reader.info), reader.info.header_note())):
@@ -99,16 +116,20 @@ class ChunkStream:
         if self.last is not None:
             end = min(end, self.last)
         if end <= self.first:
-            raise VideoReadError(f"{record.first_path}: the video ends at frame {end}, before its sample window "
-                                 f"[{self.first}, {self.last})")
+            raise VideoReadError(
+                f"{record.first_path}: the video ends at frame {end}, before its sample window "
+                f"[{self.first}, {self.last})"
+            )
         self.num_frames = end - self.first  # the video frames streamed, from self.first
         self.fps = first.info.fps
         clip_length = len(range(0, self.num_frames, self.stride))
         self.windows = inference_windows(clip_length, spec.chunk, spec.overlap, spec.aggregation)
         self.batch, self.load_rgb, self.load_kpt = spec.batch, data_cfg.load_rgb, data_cfg.load_kpt
         if self.load_kpt and record.keypoints is None:
-            raise KeypointError(f"{record.where}: the model needs keypoints but the input has none "
-                                f"(give a manifest line with 'keypoints')")
+            raise KeypointError(
+                f"{record.where}: the model needs keypoints but the input has none "
+                f"(give a manifest line with 'keypoints')"
+            )
 
     def _produce(self) -> None:
         try:
@@ -116,22 +137,26 @@ class ChunkStream:
             for first in range(0, len(self.windows), self.batch):
                 if self.stopping.is_set():
                     return
-                group = self.windows[first:first + self.batch]
-                self.waiting_for = (f"inference chunks {group[0][0]}..{group[-1][1]} (clip frames; video frames "
-                                    f"{self.video_frame(group[0][0])}..{self.video_frame(group[-1][1] - 1) + 1})")
+                group = self.windows[first : first + self.batch]
+                self.waiting_for = (
+                    f"inference chunks {group[0][0]}..{group[-1][1]} (clip frames; video frames "
+                    f"{self.video_frame(group[0][0])}..{self.video_frame(group[-1][1] - 1) + 1})"
+                )
                 tick = time.perf_counter()
                 new = sorted({i for s, e in group for i in range(s, e)} - cache.keys())
                 if self.load_rgb and new:  # datasets.decode.read_clip: the dataset's path from file to frames
-                    views = read_clip(list(self.readers.values()), [self.video_frame(i) for i in new], self.plans,
-                                      self.transform)
+                    views = read_clip(
+                        list(self.readers.values()), [self.video_frame(i) for i in new], self.plans, self.transform
+                    )
                     for t, i in enumerate(new):
                         cache[i] = [view[:, t] for view in views]  # each [C, H, W]
                 tensors = {}
                 if self.load_rgb:
                     channels, height, width = cache[group[0][0]][0].shape
                     length = group[0][1] - group[0][0]
-                    video = torch.empty((len(group), len(self.readers), channels, length, height, width),
-                                        dtype=torch.uint8)
+                    video = torch.empty(
+                        (len(group), len(self.readers), channels, length, height, width), dtype=torch.uint8
+                    )
                     for k, (s, e) in enumerate(group):  # one copy from the cache into the batch
                         for t, i in enumerate(range(s, e)):
                             for v, frame in enumerate(cache[i]):
@@ -170,9 +195,11 @@ class ChunkStream:
         try:
             return self.queue.get(timeout=self.timeout)
         except queue.Empty:
-            return StalledFile(f"{self.record.first_path}: no answer within {self.timeout:g} s while reading "
-                               f"{self.waiting_for} (data.sample_timeout_s): a stalled mount or a decoder that "
-                               f"does not return")
+            return StalledFile(
+                f"{self.record.first_path}: no answer within {self.timeout:g} s while reading "
+                f"{self.waiting_for} (data.sample_timeout_s): a stalled mount or a decoder that "
+                f"does not return"
+            )
 
     def __iter__(self):
         while True:

@@ -26,6 +26,7 @@ or ``pixels`` (pixel indices of the stored frame, pixel (i, j)'s centre at (i, j
 The output keypoints use the same convention, in the output clip's frame. Points the crop leaves out fall outside
 [0, 1] (or the frame's pixels); NaN stays NaN.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,6 +44,7 @@ RANDOM_CROP_ATTEMPTS = 10  # torchvision's RandomResizedCrop: then the largest c
 @dataclass(frozen=True)
 class Box:
     """A crop of a decoded frame, in its pixels."""
+
     top: int
     left: int
     height: int
@@ -53,6 +55,7 @@ class Box:
 class ViewGeometry:
     """What happened to one view's frames: decoded at ``decoded`` (h, w) from ``source`` (h, w), cropped to
     ``box``, resized to ``out`` (h, w), mirrored if ``flipped``."""
+
     source: tuple
     decoded: tuple
     box: Box
@@ -152,16 +155,14 @@ class ClipTransform:
         if (box.height, box.width) == geometry.out:
             video = F.crop(video, box.top, box.left, box.height, box.width)
         else:
-            video = F.resized_crop(video, box.top, box.left, box.height, box.width, list(geometry.out),
-                                   antialias=True)
+            video = F.resized_crop(video, box.top, box.left, box.height, box.width, list(geometry.out), antialias=True)
         if geometry.flipped:
             video = F.horizontal_flip(video)
         if colour is not None:
             brightness, contrast, saturation = colour
             # one float pass, rounded once: on uint8 each of the three converts to float and back (1.4x slower)
             video = video.float().div_(255)
-            video = F.adjust_saturation(F.adjust_contrast(F.adjust_brightness(video, brightness), contrast),
-                                        saturation)
+            video = F.adjust_saturation(F.adjust_contrast(F.adjust_brightness(video, brightness), contrast), saturation)
             video = video.mul_(255).round_().to(torch.uint8)
         return video
 
@@ -193,4 +194,3 @@ def transform_keypoints(kpt: np.ndarray, geometry: ViewGeometry, coords: str, jo
         for a, b in joint_swap:
             kpt[:, [a, b]] = kpt[:, [b, a]]
     return kpt
-

@@ -14,6 +14,7 @@ parse. Anything unmapped stops the import (exit 2, nothing written) with one sum
 lines that did map and still prints the summary. The manifest is written atomically (never half a file), with
 video paths relative to it, so the data folder can move with its manifests.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,6 +69,7 @@ def _video(videos: str, relative: str, result: Imported, where: str) -> str | No
 
 # ------------------------------------------------------------------------------------------- UCF101 / HMDB51
 
+
 def _ucf101(src: str, videos: str, split: int, subset: str, classes: str | None) -> Imported:
     """classInd.txt ("1 ApplyEyeMakeup"), trainlist0N.txt ("Class/v_x.avi 1"), testlist0N.txt ("Class/v_x.avi")."""
     if not os.path.isdir(src):
@@ -102,7 +104,7 @@ def _hmdb51(src: str, videos: str, split: int, subset: str, classes: str | None)
     wanted = {"train": "1", "test": "2"}[subset]
     result = Imported()
     for listing in files:
-        label = os.path.basename(listing)[:-len(f"_test_split{split}.txt")]
+        label = os.path.basename(listing)[: -len(f"_test_split{split}.txt")]
         for number, line in _text_lines(listing):
             parts = line.split()
             if len(parts) != 2 or parts[1] not in "012":
@@ -120,6 +122,7 @@ def _hmdb51(src: str, videos: str, split: int, subset: str, classes: str | None)
 
 # ------------------------------------------------------------------------------------------------ Kinetics
 
+
 def _kinetics(src: str, videos: str, split: int, subset: str | None, classes: str | None) -> Imported:
     """label,youtube_id,time_start,time_end,split; clips named <youtube_id>_<start:06d>_<end:06d>.<ext> (the
     downloaders' naming) or <youtube_id>.<ext>, in <videos>/<label>/ or <videos>/."""
@@ -130,8 +133,10 @@ def _kinetics(src: str, videos: str, split: int, subset: str | None, classes: st
         reader = csv.DictReader(f)
         missing = {"label", "youtube_id", "time_start", "time_end"} - set(reader.fieldnames or [])
         if missing:
-            raise ConvertError(f"{src}: a Kinetics CSV needs the columns label,youtube_id,time_start,time_end[,split]; "
-                               f"missing {', '.join(sorted(missing))}")
+            raise ConvertError(
+                f"{src}: a Kinetics CSV needs the columns label,youtube_id,time_start,time_end[,split]; "
+                f"missing {', '.join(sorted(missing))}"
+            )
         for number, row in enumerate(reader, start=2):
             if subset and row.get("split") and row["split"] != subset:
                 continue
@@ -140,22 +145,30 @@ def _kinetics(src: str, videos: str, split: int, subset: str | None, classes: st
             try:
                 stem = f"{row['youtube_id']}_{int(float(row['time_start'])):06d}_{int(float(row['time_end'])):06d}"
             except ValueError:
-                result.problem("unparsed lines", f"{where}: time_start/time_end {row['time_start']!r}, "
-                                                 f"{row['time_end']!r}")
+                result.problem(
+                    "unparsed lines", f"{where}: time_start/time_end {row['time_start']!r}, {row['time_end']!r}"
+                )
                 continue
             label = row["label"]
-            candidates = [os.path.join(folder, name + ext) for folder in (os.path.join(videos, label), videos)
-                          for name in (stem, row["youtube_id"]) for ext in VIDEO_EXTENSIONS]
+            candidates = [
+                os.path.join(folder, name + ext)
+                for folder in (os.path.join(videos, label), videos)
+                for name in (stem, row["youtube_id"])
+                for ext in VIDEO_EXTENSIONS
+            ]
             path = next((c for c in candidates if os.path.isfile(c)), None)
             if path is None:
-                result.problem("missing video files", f"{where}: {os.path.join(videos, label, stem)}.mp4 (or .webm, "
-                                                      f"..., or in {videos}/)")
+                result.problem(
+                    "missing video files",
+                    f"{where}: {os.path.join(videos, label, stem)}.mp4 (or .webm, ..., or in {videos}/)",
+                )
                 continue
             result.lines.append({"video": os.path.normpath(path), "label": label})
     return result
 
 
 # ------------------------------------------------------------------------------------ ActivityNet / THUMOS
+
 
 def _untrimmed(src: str, videos: str, split: int, subset: str | None, classes: str | None) -> Imported:
     """{"database": {"<id>": {"subset": "validation", "annotations": [{"segment": [s, e], "label": "x"}]}}}, the
@@ -168,7 +181,7 @@ def _untrimmed(src: str, videos: str, split: int, subset: str | None, classes: s
     except (ValueError, AttributeError) as e:
         raise ConvertError(f"{src}: not an ActivityNet/THUMOS JSON ({e})")
     if not isinstance(database, dict):
-        raise ConvertError(f"{src}: no \"database\" object of videos (the ActivityNet/THUMOS JSON layout)")
+        raise ConvertError(f'{src}: no "database" object of videos (the ActivityNet/THUMOS JSON layout)')
     result = Imported()
     for video_id, entry in database.items():
         if subset and str(entry.get("subset", "")).lower() != subset.lower():
@@ -185,22 +198,27 @@ def _untrimmed(src: str, videos: str, split: int, subset: str | None, classes: s
         if not segments:
             result.problem("videos without segments", where)
             continue
-        candidates = [os.path.join(videos, prefix + video_id + ext) for prefix in ("", "v_")
-                      for ext in VIDEO_EXTENSIONS]
+        candidates = [
+            os.path.join(videos, prefix + video_id + ext) for prefix in ("", "v_") for ext in VIDEO_EXTENSIONS
+        ]
         path = next((c for c in candidates if os.path.isfile(c)), None)
         if path is None:
-            result.problem("missing video files", f"{where}: {os.path.join(videos, video_id)}.mp4 (or v_{video_id}, "
-                                                  f".mkv, .webm, ...)")
+            result.problem(
+                "missing video files",
+                f"{where}: {os.path.join(videos, video_id)}.mp4 (or v_{video_id}, .mkv, .webm, ...)",
+            )
             continue
-        result.lines.append({"video": os.path.normpath(path), "segments": sorted(segments,
-                                                                                  key=lambda s: s["start_sec"])})
+        result.lines.append(
+            {"video": os.path.normpath(path), "segments": sorted(segments, key=lambda s: s["start_sec"])}
+        )
     return result
 
 
 # ------------------------------------------------------------------------------------------------ MMAction2
 
+
 def _mmaction(src: str, videos: str, split: int, subset: str | None, classes: str | None) -> Imported:
-    """"path label" or "path num_frames label" a line (MMAction2's video and rawframe lists); labels are class
+    """ "path label" or "path num_frames label" a line (MMAction2's video and rawframe lists); labels are class
     indices, named by --classes (one name a line) or kept as numbers."""
     names = [line for _, line in _text_lines(classes)] if classes else None
     result = Imported()
@@ -224,12 +242,19 @@ def _mmaction(src: str, videos: str, split: int, subset: str | None, classes: st
     return result
 
 
-IMPORTERS = {"ucf101": _ucf101, "hmdb51": _hmdb51, "kinetics": _kinetics, "activitynet": _untrimmed,
-             "thumos": _untrimmed, "mmaction": _mmaction}
+IMPORTERS = {
+    "ucf101": _ucf101,
+    "hmdb51": _hmdb51,
+    "kinetics": _kinetics,
+    "activitynet": _untrimmed,
+    "thumos": _untrimmed,
+    "mmaction": _mmaction,
+}
 
 
-def convert(fmt: str, src: str, videos: str | None = None, split: int = 1, subset: str | None = None,
-            classes: str | None = None) -> Imported:
+def convert(
+    fmt: str, src: str, videos: str | None = None, split: int = 1, subset: str | None = None, classes: str | None = None
+) -> Imported:
     """The manifest lines of ``src`` (video paths absolute) and what could not be mapped."""
     if fmt not in IMPORTERS:
         raise ConvertError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -251,18 +276,25 @@ def write_manifest(result: Imported, out: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m datasets.convert", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m datasets.convert", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("format", choices=FORMATS)
     parser.add_argument("src", help="the annotation file (or split folder for ucf101 / hmdb51)")
     parser.add_argument("--out", required=True, help="the manifest to write (JSONL)")
     parser.add_argument("--videos", help="the folder the video paths are relative to (default: the one holding src)")
     parser.add_argument("--split", type=int, default=1, choices=(1, 2, 3), help="ucf101 / hmdb51 split number")
-    parser.add_argument("--subset", help="train | test (ucf101, hmdb51); the split column's value (kinetics: train, "
-                                         "val, test); the subset (activitynet / thumos: training, validation, ...)")
+    parser.add_argument(
+        "--subset",
+        help="train | test (ucf101, hmdb51); the split column's value (kinetics: train, "
+        "val, test); the subset (activitynet / thumos: training, validation, ...)",
+    )
     parser.add_argument("--classes", help="mmaction: class names, one a line, in label-index order")
-    parser.add_argument("--skip-missing", action="store_true",
-                        help="write the lines that map even if some do not (the summary still lists them)")
+    parser.add_argument(
+        "--skip-missing",
+        action="store_true",
+        help="write the lines that map even if some do not (the summary still lists them)",
+    )
     args = parser.parse_args(argv)
     try:
         result = convert(args.format, args.src, args.videos, args.split, args.subset, args.classes)
@@ -270,8 +302,11 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if result.problems and not args.skip_missing:
-        print(f"error: {result.summary()}; nothing written (fix them, or --skip-missing to write the "
-              f"{len(result.lines)} that map)", file=sys.stderr)
+        print(
+            f"error: {result.summary()}; nothing written (fix them, or --skip-missing to write the "
+            f"{len(result.lines)} that map)",
+            file=sys.stderr,
+        )
         return 2
     if not result.lines:
         print(f"error: {args.src}: no entries to write (check --subset / --split)", file=sys.stderr)

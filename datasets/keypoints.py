@@ -1,4 +1,5 @@
 """Per-frame keypoints: a directory of ``NNNNNN_<name>.npz`` files or one [T, J, C] array; only asked frames load."""
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,10 @@ def read_keypoints(path: str, indices) -> np.ndarray:
         files = _frame_files(path)
         missing = [int(i) for i in indices if int(i) not in files]
         if missing:
-            raise KeypointError(f"{path}: keypoint files missing for frames {missing[:5]}"
-                                f"{' ...' if len(missing) > 5 else ''} (expected NNNNNN_<name>.npz per frame)")
+            raise KeypointError(
+                f"{path}: keypoint files missing for frames {missing[:5]}"
+                f"{' ...' if len(missing) > 5 else ''} (expected NNNNNN_<name>.npz per frame)"
+            )
         frames = [_first_array(os.path.join(path, files[int(i)])) for i in indices]
         shapes = {f.shape for f in frames}
         if len(shapes) != 1:

@@ -15,6 +15,7 @@ The order of two events (``generate_long_range``, ``python -m datasets.synthetic
 
 Three more families (``generate_task``, ``TASKS``), each at chance for order-blind pooling by the same construction.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,8 +26,9 @@ ORDER_CLASSES = ("A_then_B", "B_then_A")
 EVENT_COLOURS = {"A": (0, 0, 255), "B": (0, 255, 0), "C": (255, 0, 0)}  # BGR: A red, B green, C blue
 
 
-def order_video(rng: np.random.Generator, label: str, frames: int, size: int, event_frames: int,
-                min_gap: int) -> tuple[list[np.ndarray], dict]:
+def order_video(
+    rng: np.random.Generator, label: str, frames: int, size: int, event_frames: int, min_gap: int
+) -> tuple[list[np.ndarray], dict]:
     """The frames (BGR) of one long-range order video and where its events are: the two event times are drawn
     the same way for both labels (first < second); ``label`` only decides which event is first."""
     first = int(rng.integers(0, frames - 2 * event_frames - min_gap + 1))
@@ -46,8 +48,9 @@ def event_times(rng: np.random.Generator, count: int, frames: int, event_frames:
     return [int(cuts[i]) + i * (event_frames + min_gap) for i in range(count)]
 
 
-def events_video(rng: np.random.Generator, events: list[tuple[str, int]], frames: int, size: int,
-                 event_frames: int) -> list[np.ndarray]:
+def events_video(
+    rng: np.random.Generator, events: list[tuple[str, int]], frames: int, size: int, event_frames: int
+) -> list[np.ndarray]:
     """Grey frames with fresh noise (no frame tells its time) and each (colour, start) event tinting
     ``event_frames`` frames."""
     video = []
@@ -94,14 +97,30 @@ def task_events(rng: np.random.Generator, task: str, label: str) -> list[str]:
     return colours
 
 
-def generate_task(out: str, task: str, seed: int = 0, size: int = 32, fps: float = 25.0, num_train: int = 96,
-                  num_val: int = 48, quiet: bool = False, **shape) -> str:
+def generate_task(
+    out: str,
+    task: str,
+    seed: int = 0,
+    size: int = 32,
+    fps: float = 25.0,
+    num_train: int = 96,
+    num_val: int = 48,
+    quiet: bool = False,
+    **shape,
+) -> str:
     """Write a long-range task family (``TASKS``) to ``out``: ``videos/``, ``{task}_train.jsonl``,
     ``{task}_val.jsonl`` (each line with its events), ``classes.txt``; skipped when complete with the same
     arguments. ``shape``: frames, event_frames or min_gap other than the family's (small tests)."""
     spec = {**TASKS[task], **shape}
-    args = dict(kind=f"task_{task}", seed=seed, size=size, fps=fps, num_train=num_train, num_val=num_val,
-                **{**spec, "classes": list(spec["classes"])})  # as the marker's JSON gives it back
+    args = dict(
+        kind=f"task_{task}",
+        seed=seed,
+        size=size,
+        fps=fps,
+        num_train=num_train,
+        num_val=num_val,
+        **{**spec, "classes": list(spec["classes"])},
+    )  # as the marker's JSON gives it back
 
     def sample(rng, split: str, i: int) -> tuple:
         label = spec["classes"][i % len(spec["classes"])]
@@ -111,23 +130,51 @@ def generate_task(out: str, task: str, seed: int = 0, size: int = 32, fps: float
         return events_video(rng, events, spec["frames"], size, spec["event_frames"]), {"label": label, "events": events}
 
     def write(root: str) -> None:
-        write_task_splits(root, task, spec["classes"], {"train": num_train, "val": num_val}, sample, size, fps, seed,
-                          None if quiet else lambda split, count: f"  {task} {split}: {count} videos of "
-                                                                  f"{spec['frames']} frames")
+        write_task_splits(
+            root,
+            task,
+            spec["classes"],
+            {"train": num_train, "val": num_val},
+            sample,
+            size,
+            fps,
+            seed,
+            None if quiet else lambda split, count: f"  {task} {split}: {count} videos of {spec['frames']} frames",
+        )
 
     return build_once(out, args, write, quiet)
 
 
-def generate_long_range(out: str, seed: int = 0, size: int = 32, fps: float = 25.0, num_train: int = 96,
-                        num_val: int = 48, frames: int = 1024, event_frames: int = 12, min_gap: int = 320,
-                        quiet: bool = False) -> str:
+def generate_long_range(
+    out: str,
+    seed: int = 0,
+    size: int = 32,
+    fps: float = 25.0,
+    num_train: int = 96,
+    num_val: int = 48,
+    frames: int = 1024,
+    event_frames: int = 12,
+    min_gap: int = 320,
+    quiet: bool = False,
+) -> str:
     """Write the long-range order task (module docstring) to ``out``; skipped when a complete one with the same
     arguments is there."""
     if frames < 2 * event_frames + min_gap:
-        raise SystemExit(f"error: --long-frames {frames} cannot hold two events of {event_frames} frames "
-                         f"{min_gap} apart; give at least {2 * event_frames + min_gap}")
-    args = dict(kind="long_range", seed=seed, size=size, fps=fps, num_train=num_train, num_val=num_val,
-                frames=frames, event_frames=event_frames, min_gap=min_gap)
+        raise SystemExit(
+            f"error: --long-frames {frames} cannot hold two events of {event_frames} frames "
+            f"{min_gap} apart; give at least {2 * event_frames + min_gap}"
+        )
+    args = dict(
+        kind="long_range",
+        seed=seed,
+        size=size,
+        fps=fps,
+        num_train=num_train,
+        num_val=num_val,
+        frames=frames,
+        event_frames=event_frames,
+        min_gap=min_gap,
+    )
 
     def sample(rng, split: str, i: int) -> tuple:
         label = ORDER_CLASSES[i % 2]
@@ -135,9 +182,22 @@ def generate_long_range(out: str, seed: int = 0, size: int = 32, fps: float = 25
         return video, {"label": label, "events": events}
 
     def write(root: str) -> None:
-        write_task_splits(root, "order", ORDER_CLASSES, {"train": num_train, "val": num_val}, sample, size, fps, seed,
-                          None if quiet else lambda split, count: f"  {split}: {count} videos of {frames} frames, "
-                                                                  f"events of {event_frames} frames at least "
-                                                                  f"{min_gap} apart")
+        write_task_splits(
+            root,
+            "order",
+            ORDER_CLASSES,
+            {"train": num_train, "val": num_val},
+            sample,
+            size,
+            fps,
+            seed,
+            None
+            if quiet
+            else lambda split, count: (
+                f"  {split}: {count} videos of {frames} frames, "
+                f"events of {event_frames} frames at least "
+                f"{min_gap} apart"
+            ),
+        )
 
     return build_once(out, args, write, quiet)

@@ -11,6 +11,7 @@ per-frame files ``NNNNNN_<name>.npz`` (NNNNNN = the global frame index) or one `
 [T, J, C]. A CSV has a header with ``video`` and ``label`` (and optionally ``keypoints``). Paths are
 relative to the manifest's directory; they are never passed to a shell.
 """
+
 from __future__ import annotations
 
 import csv
@@ -101,13 +102,12 @@ def _record(entry: dict, base: str, where: str) -> VideoRecord:
         views = {"video": _resolve(base, entry["video"], where, "video")}
     else:
         if not isinstance(entry["views"], dict) or not entry["views"]:
-            raise ManifestError(f"{where}: 'views' must map view names to files, e.g. {{\"front\": \"f.mp4\"}}")
+            raise ManifestError(f'{where}: \'views\' must map view names to files, e.g. {{"front": "f.mp4"}}')
         views = {str(name): _resolve(base, p, where, f"views.{name}") for name, p in entry["views"].items()}
     label, segments = entry.get("label"), None
     if "segments" in entry:
         if label is not None:
-            raise ManifestError(f"{where}: give 'label' (one label for the video) or 'segments' (a timeline), "
-                                f"not both")
+            raise ManifestError(f"{where}: give 'label' (one label for the video) or 'segments' (a timeline), not both")
         segments = _segments(entry["segments"], where)
     elif label is None:
         raise ManifestError(f"{where}: missing 'label' (or 'segments')")
@@ -125,8 +125,7 @@ def _segments(value, where: str) -> list[Segment]:
     for i, seg in enumerate(value):
         here = f"{where}: segments[{i}]"
         if not isinstance(seg, dict) or "label" not in seg:
-            raise ManifestError(f"{here} must be an object with start, end (frames) or start_sec, end_sec, "
-                                f"and label")
+            raise ManifestError(f"{here} must be an object with start, end (frames) or start_sec, end_sec, and label")
         frames = "start" in seg and "end" in seg
         seconds = "start_sec" in seg and "end_sec" in seg
         if not (frames or seconds):
@@ -136,8 +135,9 @@ def _segments(value, where: str) -> list[Segment]:
         number = int if frames else (int, float)
         if not all(isinstance(v, number) and not isinstance(v, bool) for v in (a, b)) or a < 0 or b <= a:
             raise ManifestError(f"{here}: needs 0 <= {keys[0]} < {keys[1]}, got {a!r}, {b!r}")
-        segments.append(Segment(a, b, str(seg["label"])) if frames else
-                        Segment(None, None, str(seg["label"]), float(a), float(b)))
+        segments.append(
+            Segment(a, b, str(seg["label"])) if frames else Segment(None, None, str(seg["label"]), float(a), float(b))
+        )
     return segments
 
 
@@ -148,8 +148,9 @@ def _read_csv(path: str) -> list[VideoRecord]:
         reader = csv.DictReader(f)
         missing = {"video", "label"} - set(reader.fieldnames or [])
         if missing:
-            raise ManifestError(f"{path}:1: the CSV header needs the columns video and label "
-                                f"(missing: {', '.join(sorted(missing))})")
+            raise ManifestError(
+                f"{path}:1: the CSV header needs the columns video and label (missing: {', '.join(sorted(missing))})"
+            )
         for number, row in enumerate(reader, start=2):
             entry = {k: v for k, v in row.items() if k in ("video", "label", "keypoints") and v}
             records.append(_record(entry, base, f"{path}:{number}"))
@@ -169,6 +170,7 @@ def _read_folder(root: str) -> list[VideoRecord]:
             if name.lower().endswith(VIDEO_EXTENSIONS):
                 records.append(VideoRecord({"video": os.path.join(class_dir, name)}, label, where=class_dir))
     if not records:
-        raise ManifestError(f"{root}: no videos found in the root/<class>/<video> layout "
-                            f"(extensions: {', '.join(VIDEO_EXTENSIONS)})")
+        raise ManifestError(
+            f"{root}: no videos found in the root/<class>/<video> layout (extensions: {', '.join(VIDEO_EXTENSIONS)})"
+        )
     return records

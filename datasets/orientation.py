@@ -12,6 +12,7 @@ orientations a matrix of right angles can give, is a transpose (a = d = 0) and a
 that is all an ``Orientation`` holds. A matrix of another angle (rare) is kept as stored, said by
 ``Orientation.of_matrix`` returning None.
 """
+
 from __future__ import annotations
 
 import struct
@@ -47,8 +48,9 @@ class Orientation:
     @classmethod
     def of_rotation(cls, clockwise_degrees: float) -> "Orientation":
         """A rotation alone (OpenCV's CAP_PROP_ORIENTATION_META: clockwise degrees): the fallback without PyAV."""
-        return {90: cls(True, True, False), 180: cls(False, True, True),
-                270: cls(True, False, True)}.get(int(round(clockwise_degrees)) % 360, cls())
+        return {90: cls(True, True, False), 180: cls(False, True, True), 270: cls(True, False, True)}.get(
+            int(round(clockwise_degrees)) % 360, cls()
+        )
 
     @classmethod
     def named(cls, name: str) -> "Orientation":
@@ -79,8 +81,14 @@ class Orientation:
 
 
 NONE = Orientation()
-_NAMES = {Orientation(False, False, False): "none", Orientation(True, True, False): "rotate90",
-          Orientation(False, True, True): "rotate180", Orientation(True, False, True): "rotate270",
-          Orientation(False, True, False): "mirror", Orientation(True, False, False): "rotate90+mirror",
-          Orientation(False, False, True): "rotate180+mirror", Orientation(True, True, True): "rotate270+mirror"}
+_NAMES = {
+    Orientation(False, False, False): "none",
+    Orientation(True, True, False): "rotate90",
+    Orientation(False, True, True): "rotate180",
+    Orientation(True, False, True): "rotate270",
+    Orientation(False, True, False): "mirror",
+    Orientation(True, False, False): "rotate90+mirror",
+    Orientation(False, False, True): "rotate180+mirror",
+    Orientation(True, True, True): "rotate270+mirror",
+}
 _BY_NAME = {name: orientation for orientation, name in _NAMES.items()}

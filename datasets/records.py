@@ -1,5 +1,6 @@
 """A run's manifests: which file each split reads, the training/validation split, the class names, and the checks of
 a line's labels and segments shared by training, evaluation and streaming inference."""
+
 from __future__ import annotations
 
 import hashlib
@@ -33,8 +34,9 @@ def segment_frames(record: VideoRecord, length: int, fps: float, class_names: li
     for seg in record.segments:
         start, end = seg.in_frames(fps)
         if start >= length:
-            raise ManifestError(f"{record.where}: segment [{start}, {end}) '{seg.label}' starts after "
-                                f"the video's {length} frames")
+            raise ManifestError(
+                f"{record.where}: segment [{start}, {end}) '{seg.label}' starts after the video's {length} frames"
+            )
         timeline.append((start, min(end, length), class_names.index(seg.label)))
     return timeline
 
@@ -73,8 +75,10 @@ def resolve_class_names(data_cfg: DataConfig, train_records) -> list[str]:
     return sorted({label for r in train_records for label in r.labels()})
 
 
-DATA_LAYOUTS = ('a JSONL manifest ({"video": "videos/a.mp4", "label": "left"} a line), a CSV with video,label '
-                'columns, or a folder root/<class>/<video>')
+DATA_LAYOUTS = (
+    'a JSONL manifest ({"video": "videos/a.mp4", "label": "left"} a line), a CSV with video,label '
+    "columns, or a folder root/<class>/<video>"
+)
 
 
 def read_split(data_cfg: DataConfig, split: str) -> list[VideoRecord]:
@@ -83,8 +87,10 @@ def read_split(data_cfg: DataConfig, split: str) -> list[VideoRecord]:
     if path is None:
         raise ManifestError(f"data.{split}_manifest is null; set it to {DATA_LAYOUTS}")
     if not os.path.exists(path):
-        raise ManifestError(f"{path}: not found (data.{split}_manifest, resolved against data.data_dir="
-                            f"{data_cfg.data_dir}); give {DATA_LAYOUTS}")
+        raise ManifestError(
+            f"{path}: not found (data.{split}_manifest, resolved against data.data_dir="
+            f"{data_cfg.data_dir}); give {DATA_LAYOUTS}"
+        )
     return read_manifest(path)
 
 
@@ -97,18 +103,26 @@ def training_records(data_cfg: DataConfig) -> tuple[list[VideoRecord], list[Vide
         train = [r for r, v in zip(records, chosen) if not v]
         val = [r for r, v in zip(records, chosen) if v]
         if not train or not val:
-            raise ManifestError(f"data.val_fraction={fraction:g} leaves {len(train)} training and {len(val)} "
-                                f"validation videos of {len(records)}; choose a fraction that leaves both")
-        log.info("data.val_fraction=%g: %d videos for training, %d for validation (split by path, the same every "
-                 "run)", fraction, len(train), len(val))
+            raise ManifestError(
+                f"data.val_fraction={fraction:g} leaves {len(train)} training and {len(val)} "
+                f"validation videos of {len(records)}; choose a fraction that leaves both"
+            )
+        log.info(
+            "data.val_fraction=%g: %d videos for training, %d for validation (split by path, the same every run)",
+            fraction,
+            len(train),
+            len(val),
+        )
         return train, val
     if data_cfg.val_manifest is None:
         return records, None
     train_path, val_path = manifest_path(data_cfg, "train"), manifest_path(data_cfg, "val")
     if os.path.realpath(train_path) == os.path.realpath(val_path):
-        log.warning("data.val_manifest and data.train_manifest are the same data (%s): validation measures the "
-                    "training set; set data.val_fraction: 0.1 (a split by video) or give a separate manifest",
-                    train_path)
+        log.warning(
+            "data.val_manifest and data.train_manifest are the same data (%s): validation measures the "
+            "training set; set data.val_fraction: 0.1 (a split by video) or give a separate manifest",
+            train_path,
+        )
     return records, read_split(data_cfg, "val")
 
 
@@ -116,7 +130,7 @@ def _in_validation(record: VideoRecord, data_dir: str, fraction: float) -> bool:
     """Whether a video goes to validation: a hash of its path relative to data.data_dir, so the split is the
     same on every run and machine, and a video's windows never land on both sides."""
     relative = os.path.relpath(record.first_path, data_dir)
-    return int(hashlib.sha1(relative.encode()).hexdigest()[:8], 16) / 2 ** 32 < fraction
+    return int(hashlib.sha1(relative.encode()).hexdigest()[:8], 16) / 2**32 < fraction
 
 
 def resolve_inputs(input_arg: str | None, data_cfg: DataConfig) -> tuple[str, list[VideoRecord]]:
@@ -134,8 +148,10 @@ def resolve_inputs(input_arg: str | None, data_cfg: DataConfig) -> tuple[str, li
             return input_arg, [VideoRecord({"video": os.path.join(input_arg, f)}, where=input_arg) for f in files]
         if any(os.path.isdir(os.path.join(input_arg, d)) for d in os.listdir(input_arg)):
             return input_arg, read_manifest(input_arg)  # root/<class>/<video>, as training reads it: labelled
-        raise UsageError(f"--input {input_arg}: no videos in this directory nor in class folders under it "
-                          f"({', '.join(VIDEO_EXTENSIONS)})")
+        raise UsageError(
+            f"--input {input_arg}: no videos in this directory nor in class folders under it "
+            f"({', '.join(VIDEO_EXTENSIONS)})"
+        )
     if input_arg.endswith((".jsonl", ".json", ".csv")):
         return input_arg, read_manifest(input_arg)
     if not os.path.exists(input_arg):

@@ -1,4 +1,5 @@
 """The training sampler: a permutation fixed by (seed, epoch), sharded by rank, that can start mid-epoch."""
+
 from __future__ import annotations
 
 import math
@@ -30,13 +31,14 @@ class EpochSampler(Sampler):
             order = torch.arange(self.size)
         if self.pad:
             per_rank = math.ceil(self.size / self.world_size)
-            order = torch.cat([order, order[:per_rank * self.world_size - self.size]])  # equal shards
-        return order[self.rank::self.world_size].tolist()
+            order = torch.cat([order, order[: per_rank * self.world_size - self.size]])  # equal shards
+        return order[self.rank :: self.world_size].tolist()
 
     def __iter__(self):
-        return iter(self._indices()[self.start:])
+        return iter(self._indices()[self.start :])
 
     def __len__(self) -> int:
-        per_rank = math.ceil(self.size / self.world_size) if self.pad else len(range(self.rank, self.size,
-                                                                                      self.world_size))
+        per_rank = (
+            math.ceil(self.size / self.world_size) if self.pad else len(range(self.rank, self.size, self.world_size))
+        )
         return max(per_rank - self.start, 0)  # 0: a run stopped after the epoch's last batch, before its end

@@ -11,6 +11,7 @@ before, and both looks that may precede are equally likely; so any model of one 
 and is at chance between the two labels every later segment may have (and the first segment's label, rarer, it
 can only guess). A model over the video's chunks (the temporal head: transformer or tcn) sees the segment before.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,13 +19,23 @@ import numpy as np
 from datasets.long_range_tasks import EVENT_COLOURS
 from datasets.video_files import build_once, write_task_splits
 
-SEGMENT_CLASSES = ("red", "green", "blue", "red_after_green", "red_after_blue", "green_after_red", "green_after_blue",
-                   "blue_after_red", "blue_after_green")
+SEGMENT_CLASSES = (
+    "red",
+    "green",
+    "blue",
+    "red_after_green",
+    "red_after_blue",
+    "green_after_red",
+    "green_after_blue",
+    "blue_after_red",
+    "blue_after_green",
+)
 LOOKS = {"red": "A", "green": "B", "blue": "C"}  # the look's tint (long_range_tasks.EVENT_COLOURS: A red ...)
 
 
-def segment_video(rng: np.random.Generator, frames: int, size: int, shortest: int,
-                  longest: int) -> tuple[list[np.ndarray], list[dict]]:
+def segment_video(
+    rng: np.random.Generator, frames: int, size: int, shortest: int, longest: int
+) -> tuple[list[np.ndarray], list[dict]]:
     """The frames (BGR) of one video and its segments [{"start", "end", "label"}] covering every frame."""
     segments, start, previous = [], 0, None
     while start < frames:
@@ -42,21 +53,47 @@ def segment_video(rng: np.random.Generator, frames: int, size: int, shortest: in
     return video, [{k: s[k] for k in ("start", "end", "label")} for s in segments]
 
 
-def generate_segmentation(out: str, seed: int = 0, size: int = 32, fps: float = 25.0, num_train: int = 48,
-                          num_val: int = 16, frames: int = 600, shortest: int = 40, longest: int = 120,
-                          quiet: bool = False) -> str:
+def generate_segmentation(
+    out: str,
+    seed: int = 0,
+    size: int = 32,
+    fps: float = 25.0,
+    num_train: int = 48,
+    num_val: int = 16,
+    frames: int = 600,
+    shortest: int = 40,
+    longest: int = 120,
+    quiet: bool = False,
+) -> str:
     """Write the task to ``out``: ``videos/``, ``seg_train.jsonl``, ``seg_val.jsonl`` (each line with its
     segments), ``classes.txt``; skipped when complete with the same arguments."""
-    args = dict(kind="segmentation", seed=seed, size=size, fps=fps, num_train=num_train, num_val=num_val,
-                frames=frames, shortest=shortest, longest=longest)
+    args = dict(
+        kind="segmentation",
+        seed=seed,
+        size=size,
+        fps=fps,
+        num_train=num_train,
+        num_val=num_val,
+        frames=frames,
+        shortest=shortest,
+        longest=longest,
+    )
 
     def sample(rng, split: str, i: int) -> tuple:
         video, segments = segment_video(rng, frames, size, shortest, longest)
         return video, {"segments": segments}
 
     def write(root: str) -> None:
-        write_task_splits(root, "seg", SEGMENT_CLASSES, {"train": num_train, "val": num_val}, sample, size, fps, seed,
-                          None if quiet else lambda split, count: f"  segmentation {split}: {count} videos of "
-                                                                  f"{frames} frames")
+        write_task_splits(
+            root,
+            "seg",
+            SEGMENT_CLASSES,
+            {"train": num_train, "val": num_val},
+            sample,
+            size,
+            fps,
+            seed,
+            None if quiet else lambda split, count: f"  segmentation {split}: {count} videos of {frames} frames",
+        )
 
     return build_once(out, args, write, quiet)

@@ -1,6 +1,7 @@
 """The data's shape: what a model and the memory planner need to know of the data (classes, camera views,
 keypoints), in one value that training reads from its dataset, the planner from the manifest, and evaluation and
 inference from a checkpoint."""
+
 from __future__ import annotations
 
 import logging
@@ -33,27 +34,34 @@ class DataShape:
         defaults, with a warning, where the manifest cannot be read."""
         try:
             records = read_split(cfg.data, "train")
-            kpt = (tuple(read_keypoints(records[0].keypoints, [0]).shape[1:]) if cfg.data.load_kpt
-                   and records[0].keypoints else None)
-            return cls(len(resolve_class_names(cfg.data, records)), len(records[0].views),
-                       tuple(records[0].views), kpt)
+            kpt = (
+                tuple(read_keypoints(records[0].keypoints, [0]).shape[1:])
+                if cfg.data.load_kpt and records[0].keypoints
+                else None
+            )
+            return cls(len(resolve_class_names(cfg.data, records)), len(records[0].views), tuple(records[0].views), kpt)
         except BAD_INPUT_ERRORS + (OSError, IndexError) as e:
             views = 1 if cfg.model.view_fusion == "none" else 3
-            log.warning("the training manifest cannot be read (%s): estimating for %d view(s), keypoints [17, 3], "
-                        "10 classes", str(e).splitlines()[0], views)
-            return cls(10, views, tuple(f"view{i}" for i in range(views)),
-                       (17, 3) if cfg.data.load_kpt else None)
+            log.warning(
+                "the training manifest cannot be read (%s): estimating for %d view(s), keypoints [17, 3], 10 classes",
+                str(e).splitlines()[0],
+                views,
+            )
+            return cls(10, views, tuple(f"view{i}" for i in range(views)), (17, 3) if cfg.data.load_kpt else None)
 
     @classmethod
     def of_checkpoint(cls, ckpt: dict) -> "DataShape":
         """A checkpoint holds ``checkpoint_fields()`` beside its class names (older ones may lack view_names)."""
         views = ckpt.get("num_views", 1)
-        return cls(len(ckpt["class_names"]), views, tuple(ckpt.get("view_names") or ("video",) * views),
-                   tuple(ckpt["kpt_shape"]) if ckpt.get("kpt_shape") else None)
+        return cls(
+            len(ckpt["class_names"]),
+            views,
+            tuple(ckpt.get("view_names") or ("video",) * views),
+            tuple(ckpt["kpt_shape"]) if ckpt.get("kpt_shape") else None,
+        )
 
     def checkpoint_fields(self) -> dict:
-        return {"num_views": self.num_views, "view_names": list(self.view_names),
-                "kpt_shape": self.kpt_shape}
+        return {"num_views": self.num_views, "view_names": list(self.view_names), "kpt_shape": self.kpt_shape}
 
     def model_args(self) -> dict:
         """The keyword arguments of ``models.build_model`` and of the planner's estimates."""

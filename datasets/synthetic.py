@@ -21,6 +21,7 @@ With ``--long-range`` it writes instead the long-range order task (``datasets/lo
 The output directory is built under a temporary name and renamed when complete, so an interrupted run
 never leaves a half-written dataset; a complete one with the same arguments is left as it is.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -88,7 +89,7 @@ def draw(scene: Scene, t: int, view: str = "front") -> tuple[np.ndarray, np.ndar
         inner = cv2.resize(frame, (size * 3 // 4, size * 3 // 4), interpolation=cv2.INTER_AREA)
         frame = np.full_like(frame, 128)
         offset = size // 8
-        frame[offset:offset + inner.shape[0], offset:offset + inner.shape[1]] = inner
+        frame[offset : offset + inner.shape[0], offset : offset + inner.shape[1]] = inner
     corners = np.array([[-1, -1], [1, -1], [1, 1], [-1, 1], [0, 0]], np.float32) * half + centre
     keypoints = np.concatenate([corners / size, np.ones((NUM_JOINTS, 1), np.float32)], axis=1)
     return frame, keypoints.astype(np.float32)
@@ -98,8 +99,7 @@ def _draw_shape(frame, shape, cx, cy, half, colour):
     shift = 4  # sub-pixel positions (cv2 fixed point), so slow motion is not quantised to whole pixels
     scale = 1 << shift
     if shape == "square":
-        pts = np.array([[cx - half, cy - half], [cx + half, cy - half], [cx + half, cy + half],
-                        [cx - half, cy + half]])
+        pts = np.array([[cx - half, cy - half], [cx + half, cy - half], [cx + half, cy + half], [cx - half, cy + half]])
         cv2.fillPoly(frame, [np.round(pts * scale).astype(np.int32)], colour, cv2.LINE_AA, shift)
     elif shape == "disc":
         cv2.circle(frame, (round(cx * scale), round(cy * scale)), round(half * scale), colour, -1, cv2.LINE_AA, shift)
@@ -108,23 +108,54 @@ def _draw_shape(frame, shape, cx, cy, half, colour):
         cv2.fillPoly(frame, [np.round(pts * scale).astype(np.int32)], colour, cv2.LINE_AA, shift)
 
 
-def generate(out: str, seed: int = 0, size: int = 64, fps: float = 25.0, num_train: int = 192, num_val: int = 48,
-             num_test: int = 48, short_frames: int = 40, num_long: int = 2, long_frames: int = 3000,
-             num_multiview: int = 48, quiet: bool = False) -> str:
+def generate(
+    out: str,
+    seed: int = 0,
+    size: int = 64,
+    fps: float = 25.0,
+    num_train: int = 192,
+    num_val: int = 48,
+    num_test: int = 48,
+    short_frames: int = 40,
+    num_long: int = 2,
+    long_frames: int = 3000,
+    num_multiview: int = 48,
+    quiet: bool = False,
+) -> str:
     """Write the dataset to ``out`` (skipped when a complete one with the same arguments is there)."""
-    args = dict(seed=seed, size=size, fps=fps, num_train=num_train, num_val=num_val, num_test=num_test,
-                short_frames=short_frames, num_long=num_long, long_frames=long_frames, num_multiview=num_multiview)
+    args = dict(
+        seed=seed,
+        size=size,
+        fps=fps,
+        num_train=num_train,
+        num_val=num_val,
+        num_test=num_test,
+        short_frames=short_frames,
+        num_long=num_long,
+        long_frames=long_frames,
+        num_multiview=num_multiview,
+    )
 
     def write(root: str) -> None:
-        _generate_into(root, np.random.default_rng(seed), quiet=quiet,
-                       **{k: v for k, v in args.items() if k != "seed"})
+        _generate_into(root, np.random.default_rng(seed), quiet=quiet, **{k: v for k, v in args.items() if k != "seed"})
 
     return build_once(out, args, write, quiet)
 
 
-def _generate_into(root: str, rng: np.random.Generator, size: int, fps: float, num_train: int, num_val: int,
-                   num_test: int, short_frames: int, num_long: int, long_frames: int, num_multiview: int,
-                   quiet: bool) -> None:
+def _generate_into(
+    root: str,
+    rng: np.random.Generator,
+    size: int,
+    fps: float,
+    num_train: int,
+    num_val: int,
+    num_test: int,
+    short_frames: int,
+    num_long: int,
+    long_frames: int,
+    num_multiview: int,
+    quiet: bool,
+) -> None:
     os.makedirs(os.path.join(root, "videos"))
     os.makedirs(os.path.join(root, "keypoints"))
     with open(os.path.join(root, "classes.txt"), "w") as f:
@@ -183,8 +214,7 @@ def _generate_into(root: str, rng: np.random.Generator, size: int, fps: float, n
             views = {}
             for view in VIEWS:
                 path = f"videos/mv_{split}_{i:04d}_{view}.mp4"
-                write_video(os.path.join(root, path), (draw(scene, t, view)[0] for t in range(short_frames)),
-                            size, fps)
+                write_video(os.path.join(root, path), (draw(scene, t, view)[0] for t in range(short_frames)), size, fps)
                 views[view] = path
             lines.append({"views": views, "label": label})
         write_jsonl(os.path.join(root, f"multiview_{split}.jsonl"), lines)
@@ -193,8 +223,9 @@ def _generate_into(root: str, rng: np.random.Generator, size: int, fps: float, n
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m datasets.synthetic", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m datasets.synthetic", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", required=True, help="output directory (created)")
     parser.add_argument("--seed", type=int, default=0, help="random seed: the same seed writes the same dataset")
     parser.add_argument("--size", type=int, help="frame width and height in pixels (default 64)")
@@ -207,13 +238,19 @@ def main(argv=None) -> int:
     parser.add_argument("--long-frames", type=int, help="frames per long video (default 3000)")
     parser.add_argument("--num-multiview", type=int, default=48, help="multi-view training scenes (val: half)")
     parser.add_argument("--quiet", action="store_true", help="print nothing")
-    parser.add_argument("--long-range", action="store_true",
-                        help="write the long-range order task instead (order_train/val.jsonl; see above): "
-                             "--long-frames (default 1024), --num-train (96), --num-val (48), --size (32)")
-    parser.add_argument("--segmentation", action="store_true",
-                        help="write the segmentation task instead (seg_train/val.jsonl; "
-                             "datasets/segmentation_task.py): --long-frames (default 600), --num-train (48), "
-                             "--num-val (16), --size (32)")
+    parser.add_argument(
+        "--long-range",
+        action="store_true",
+        help="write the long-range order task instead (order_train/val.jsonl; see above): "
+        "--long-frames (default 1024), --num-train (96), --num-val (48), --size (32)",
+    )
+    parser.add_argument(
+        "--segmentation",
+        action="store_true",
+        help="write the segmentation task instead (seg_train/val.jsonl; "
+        "datasets/segmentation_task.py): --long-frames (default 600), --num-train (48), "
+        "--num-val (16), --size (32)",
+    )
     parser.add_argument("--event-frames", type=int, default=12, help="--long-range: frames per event")
     parser.add_argument("--min-gap", type=int, default=320, help="--long-range: frames between the two events")
     args = parser.parse_args(argv)
@@ -221,16 +258,45 @@ def main(argv=None) -> int:
         if getattr(args, name) is not None and getattr(args, name) < 8:
             parser.error(f"--{name.replace('_', '-')} must be at least 8")
     if args.segmentation:
-        generate_segmentation(args.out, args.seed, args.size or 32, args.fps, args.num_train or 48,
-                              args.num_val or 16, args.long_frames or 600, quiet=args.quiet)
+        generate_segmentation(
+            args.out,
+            args.seed,
+            args.size or 32,
+            args.fps,
+            args.num_train or 48,
+            args.num_val or 16,
+            args.long_frames or 600,
+            quiet=args.quiet,
+        )
         return 0
     if args.long_range:
-        generate_long_range(args.out, args.seed, args.size or 32, args.fps, args.num_train or 96, args.num_val or 48,
-                            args.long_frames or 1024, args.event_frames, args.min_gap, args.quiet)
+        generate_long_range(
+            args.out,
+            args.seed,
+            args.size or 32,
+            args.fps,
+            args.num_train or 96,
+            args.num_val or 48,
+            args.long_frames or 1024,
+            args.event_frames,
+            args.min_gap,
+            args.quiet,
+        )
         return 0
-    generate(args.out, args.seed, args.size or 64, args.fps, args.num_train or 192, args.num_val or 48,
-             args.num_test, args.short_frames, args.num_long, args.long_frames or 3000, args.num_multiview,
-             args.quiet)
+    generate(
+        args.out,
+        args.seed,
+        args.size or 64,
+        args.fps,
+        args.num_train or 192,
+        args.num_val or 48,
+        args.num_test,
+        args.short_frames,
+        args.num_long,
+        args.long_frames or 3000,
+        args.num_multiview,
+        args.quiet,
+    )
     return 0
 
 

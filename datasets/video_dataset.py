@@ -17,6 +17,7 @@ A sample (``VideoWindowDataset[i]``), T = the clip's frames (``data.num_frames``
 
 ``collate_samples`` stacks them into a batch with a leading B axis.
 """
+
 from __future__ import annotations
 
 import logging
@@ -69,8 +70,15 @@ class SampleWindow:
 
 
 class VideoWindowDataset(Dataset):
-    def __init__(self, records: list[VideoRecord], class_names: list[str], data_cfg: DataConfig, training: bool,
-                 seed: int = 0, index_cache: VideoIndexCache | None = None):
+    def __init__(
+        self,
+        records: list[VideoRecord],
+        class_names: list[str],
+        data_cfg: DataConfig,
+        training: bool,
+        seed: int = 0,
+        index_cache: VideoIndexCache | None = None,
+    ):
         self.records, self.class_names = records, list(class_names)
         self.class_index = {name: i for i, name in enumerate(self.class_names)}
         self.cfg, self.training, self.seed, self.epoch = data_cfg, training, seed, 0
@@ -100,8 +108,7 @@ class VideoWindowDataset(Dataset):
         window = data_cfg.max_video_frames
         if window is not None:
             usable = sum(1 for n in self.lengths if n > 0)
-            log.info("sample windows: %d videos -> %d windows of at most %d frames", usable, len(self.windows),
-                     window)
+            log.info("sample windows: %d videos -> %d windows of at most %d frames", usable, len(self.windows), window)
 
     # ------------------------------------------------------------------------------------------ the index
     def _record_length(self, record: VideoRecord, cache: VideoIndexCache, prober=None) -> int:
@@ -135,8 +142,10 @@ class VideoWindowDataset(Dataset):
         for pair in self.cfg.flip_label_pairs or []:
             unknown = [str(name) for name in pair if str(name) not in self.class_index]
             if unknown:
-                raise ManifestError(f"data.flip_label_pairs names {', '.join(unknown)}, not a class of the data "
-                                    f"({', '.join(self.class_names)})")
+                raise ManifestError(
+                    f"data.flip_label_pairs names {', '.join(unknown)}, not a class of the data "
+                    f"({', '.join(self.class_names)})"
+                )
             a, b = (self.class_index[str(name)] for name in pair)
             mirror[a], mirror[b] = b, a
         return mirror
@@ -146,14 +155,18 @@ class VideoWindowDataset(Dataset):
         joints = max((j for pair in self.cfg.kpt_flip_pairs or [] for j in pair), default=-1)
         shape = self.keypoint_shape() if joints >= 0 else None
         if shape is not None and joints >= shape[0]:
-            raise ManifestError(f"data.kpt_flip_pairs names joint {joints}, but the keypoints have {shape[0]} "
-                                f"joints (0 to {shape[0] - 1})")
+            raise ManifestError(
+                f"data.kpt_flip_pairs names joint {joints}, but the keypoints have {shape[0]} "
+                f"joints (0 to {shape[0] - 1})"
+            )
 
     def _check_views(self) -> list[str]:
         names = {tuple(r.views) for r, n in zip(self.records, self.lengths) if n > 0}
         if len(names) > 1:
-            raise ManifestError(f"{self.records[0].where.rsplit(':', 1)[0]}: samples have different camera "
-                                f"views {sorted(names)}; every sample needs the same views")
+            raise ManifestError(
+                f"{self.records[0].where.rsplit(':', 1)[0]}: samples have different camera "
+                f"views {sorted(names)}; every sample needs the same views"
+            )
         return list(next(iter(names), ("video",)))
 
     def _windows_of(self, record_index: int, record: VideoRecord) -> list[SampleWindow]:
@@ -204,8 +217,10 @@ class VideoWindowDataset(Dataset):
                 if self.watch is not None:
                     self.watch.loading = None
         else:
-            raise VideoReadError(f"{len(skipped)} consecutive samples failed to load (data.on_bad_video: skip), the "
-                                 f"last: {list(skipped.values())[-1]}; check the data")
+            raise VideoReadError(
+                f"{len(skipped)} consecutive samples failed to load (data.on_bad_video: skip), the "
+                f"last: {list(skipped.values())[-1]}; check the data"
+            )
         # reported by the main process (BadInputReport): once per run, whichever worker met it
         sample["skipped"], sample["notes"] = skipped, list(WORKER_NOTES)
         WORKER_NOTES.clear()
@@ -232,8 +247,7 @@ class VideoWindowDataset(Dataset):
 
         def place_clip(end: int) -> np.ndarray:
             rng = np.random.default_rng([self.seed, self.epoch, index]) if self.training else None
-            return clip_indices(window.start, end, self.cfg.num_frames, self.cfg.frame_stride, rng, clip,
-                                self.clips)
+            return clip_indices(window.start, end, self.cfg.num_frames, self.cfg.frame_stride, rng, clip, self.clips)
 
         # augmentation draws its own stream: the clip's placement stays what it was without augmentation
         rng = np.random.default_rng([self.seed, self.epoch, index, 1]) if self.training else None
@@ -262,17 +276,21 @@ class VideoWindowDataset(Dataset):
         """Each view's (height, width) as read: displayed, or stored with data.autorotate false."""
         return [self.video_info[path].frame_size(self.cfg.autorotate) for path in record.views.values()]
 
-    def _read_frames(self, record: VideoRecord, window: SampleWindow, place_clip, plans: list,
-                     colour: tuple | None) -> tuple[np.ndarray, list]:
+    def _read_frames(
+        self, record: VideoRecord, window: SampleWindow, place_clip, plans: list, colour: tuple | None
+    ) -> tuple[np.ndarray, list]:
         """(frame indices, each view's uint8 [C, T, H, W] clip: ``datasets.decode.read_clip``)."""
-        readers = [_READERS.get(path, plan.decoded, self.video_info.get(path), self.cfg.decoder,
-                                self.cfg.autorotate)
-                   for path, plan in zip(record.views.values(), plans)]
+        readers = [
+            _READERS.get(path, plan.decoded, self.video_info.get(path), self.cfg.decoder, self.cfg.autorotate)
+            for path, plan in zip(record.views.values(), plans)
+        ]
         end = min([window.end] + [r.num_frames for r in readers])
         while True:  # at most twice: a read can find the video shorter than its container says
             if end <= window.start:
-                raise VideoReadError(f"{record.first_path}: the video ends at frame {end}, before this "
-                                     f"sample window [{window.start}, {window.end})")
+                raise VideoReadError(
+                    f"{record.first_path}: the video ends at frame {end}, before this "
+                    f"sample window [{window.start}, {window.end})"
+                )
             indices = place_clip(end)
             views = read_clip(readers, indices, plans, self.transform, colour)
             real_end = min(r.num_frames for r in readers)
@@ -294,10 +312,17 @@ def index_cache_for(cfg: Config) -> VideoIndexCache:
     return VideoIndexCache(path)
 
 
-def build_dataset(cfg: Config, split: str, class_names: list[str], training: bool, manifest: str | None = None,
-                  index_cache: VideoIndexCache | None = None,
-                  records: list[VideoRecord] | None = None) -> VideoWindowDataset:
+def build_dataset(
+    cfg: Config,
+    split: str,
+    class_names: list[str],
+    training: bool,
+    manifest: str | None = None,
+    index_cache: VideoIndexCache | None = None,
+    records: list[VideoRecord] | None = None,
+) -> VideoWindowDataset:
     if records is None:
         records = read_manifest(manifest) if manifest else read_split(cfg.data, split)
-    return VideoWindowDataset(records, class_names, cfg.data, training=training, seed=cfg.train.seed,
-                              index_cache=index_cache)
+    return VideoWindowDataset(
+        records, class_names, cfg.data, training=training, seed=cfg.train.seed, index_cache=index_cache
+    )

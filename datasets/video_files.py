@@ -1,5 +1,6 @@
 """Writing the project's own videos and datasets: MPEG-4 clips with OpenCV, camera-like H.264/H.265/MPEG-4/VP9 with
 PyAV for the benchmarks, JSONL manifests, and a dataset directory that appears only when complete."""
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,9 @@ def build_once(out: str, args: dict, write, quiet: bool) -> str:
                 if not quiet:
                     print(f"synthetic dataset already in {out}; skipping generation")
                 return out
-        raise SystemExit(f"error: {out} holds a synthetic dataset made with other arguments; "
-                         f"remove it or choose another --out")
+        raise SystemExit(
+            f"error: {out} holds a synthetic dataset made with other arguments; remove it or choose another --out"
+        )
     if os.path.exists(out) and os.listdir(out):
         raise SystemExit(f"error: {out} exists and is not a synthetic dataset; choose another --out")
 
@@ -59,8 +61,9 @@ def build_once(out: str, args: dict, write, quiet: bool) -> str:
     return out
 
 
-def write_task_splits(root: str, name: str, classes, counts: dict, sample, size: int, fps: float, seed: int,
-                      describe=None) -> None:
+def write_task_splits(
+    root: str, name: str, classes, counts: dict, sample, size: int, fps: float, seed: int, describe=None
+) -> None:
     """A task's ``videos/{name}_{split}_NNNN.mp4``, ``{name}_{split}.jsonl`` and ``classes.txt`` under ``root``:
     ``sample(rng, split, i)`` gives each video's frames and its manifest line (without "video"), drawing from one
     generator seeded with ``seed`` in split and index order; ``describe(split, count)``: a line printed per split."""
@@ -89,8 +92,10 @@ def write_jsonl(path: str, lines: list[dict]) -> None:
 # the benchmarks' codecs: (PyAV encoder, options). GOPs as cameras and downloads have them: H.264 and VP9 long
 # (250 frames) with B-frames / alt-ref frames, MPEG-4 Part 2 in AVI short (12), as older tools write it
 CAMERA_CODECS = {
-    "h264": ("libx264", {"g": "250", "keyint_min": "250", "bf": "3", "sc_threshold": "0", "preset": "veryfast",
-                         "crf": "23"}),
+    "h264": (
+        "libx264",
+        {"g": "250", "keyint_min": "250", "bf": "3", "sc_threshold": "0", "preset": "veryfast", "crf": "23"},
+    ),
     "hevc": ("libx265", {"g": "250", "bf": "3", "preset": "veryfast", "crf": "28", "x265-params": "log-level=error"}),
     "mpeg4": ("mpeg4", {"g": "12", "bf": "2", "qscale": "4"}),
     "vp9": ("libvpx-vp9", {"g": "250", "deadline": "realtime", "cpu-used": "8", "crf": "32", "b": "0"}),
@@ -103,6 +108,7 @@ def write_h264(path: str, frames: int, width: int, height: int, fps: int = 25, c
     if os.path.exists(path):
         return path
     import av  # lazy: PyAV is optional at run time; only the benchmarks' camera-like videos need it here
+
     rng = np.random.default_rng(0)
     texture = cv2.resize(rng.integers(0, 255, (height // 8, width // 8, 3), dtype=np.uint8), (width, height))
     encoder, options = CAMERA_CODECS[codec]

@@ -1,4 +1,5 @@
 """Window arithmetic: sample windows, clip placement, inference chunks. A window is a frame range [start, end)."""
+
 from __future__ import annotations
 
 import math
@@ -6,8 +7,9 @@ import math
 import numpy as np
 
 
-def split_into_windows(length: int, size: int | None, overlap: int = 0, align_last_to_end: bool = False
-                       ) -> list[tuple[int, int]]:
+def split_into_windows(
+    length: int, size: int | None, overlap: int = 0, align_last_to_end: bool = False
+) -> list[tuple[int, int]]:
     """Windows of ``size`` frames, consecutive ones sharing ``overlap`` frames, covering [0, length).
 
     The last window either ends at ``length`` with its own start (align_last_to_end=True: every window is
@@ -40,8 +42,15 @@ def inference_windows(length: int, chunk_size: int, overlap: int, aggregation: s
     return windows[-1:] if aggregation == "last" else windows
 
 
-def clip_indices(start: int, end: int, num_frames: int, stride: int, rng: np.random.Generator | None,
-                 test_clip: int = 0, test_clips: int = 1) -> np.ndarray:
+def clip_indices(
+    start: int,
+    end: int,
+    num_frames: int,
+    stride: int,
+    rng: np.random.Generator | None,
+    test_clip: int = 0,
+    test_clips: int = 1,
+) -> np.ndarray:
     """Frame indices of one clip inside the window [start, end).
 
     ``num_frames`` frames ``stride`` apart, at a random place (rng given: training) or, at evaluation (rng

@@ -1,5 +1,6 @@
 """DataLoader workers: their warnings handed to the main process with a sample, the deadline of a sample
 (``StallWatch``) and its report, one OpenCV thread per worker."""
+
 from __future__ import annotations
 
 import json
@@ -53,9 +54,12 @@ class StallWatch:
             time.sleep(min(1.0, self.timeout / 4))
             loading = self.loading
             if loading is not None and time.monotonic() - loading[0] > self.timeout:
-                report = {"index": loading[1], "message": f"{self.describe(loading[1])} still loading after "
-                          f"{self.timeout:g} s (data.sample_timeout_s) in DataLoader worker {self.worker_id} "
-                          f"(pid {os.getpid()}): a stalled mount or a decoder that does not return"}
+                report = {
+                    "index": loading[1],
+                    "message": f"{self.describe(loading[1])} still loading after "
+                    f"{self.timeout:g} s (data.sample_timeout_s) in DataLoader worker {self.worker_id} "
+                    f"(pid {os.getpid()}): a stalled mount or a decoder that does not return",
+                }
                 atomic_write_bytes(os.path.join(self.folder, f"{os.getpid()}.json"), json.dumps(report).encode())
                 os._exit(3)  # the only way out of a call blocked in C; the main process takes it from here
 

@@ -1,5 +1,6 @@
 """A training run wired from its config: data, model, optimizer, schedule, run directory (or the resumed ones), in
 a ``Trainer``."""
+
 from __future__ import annotations
 
 import logging
@@ -32,9 +33,14 @@ from models.norms import convert_norms
 log = logging.getLogger("longvideo")
 
 
-def build_trainer(cfg: Config, runtime: Runtime, resume_path: str | None = None,
-                  stop_after_steps: int | None = None, kept_chunks: int = 0,
-                  features_index: tuple | None = None) -> tuple[Trainer, DataLoader, DataLoader | None]:
+def build_trainer(
+    cfg: Config,
+    runtime: Runtime,
+    resume_path: str | None = None,
+    stop_after_steps: int | None = None,
+    kept_chunks: int = 0,
+    features_index: tuple | None = None,
+) -> tuple[Trainer, DataLoader, DataLoader | None]:
     """Data, model, optimizer, schedule and run directory (or the resumed ones), wired into a Trainer.
     ``cfg`` has a number for data.batch_size (the planner resolves ``auto`` before); ``kept_chunks``: the
     training chunks the planner keeps unrecomputed (train.recompute: auto), unless a resumed checkpoint holds
@@ -48,29 +54,41 @@ def build_trainer(cfg: Config, runtime: Runtime, resume_path: str | None = None,
         shape = DataShape(len(class_names))
         model, channels_last = _feature_head_on_device(cfg, runtime, source["feature_dim"], len(class_names)), False
         train_loader = feature_loader(train_set, seed, runtime, cfg.data.batch_size, shuffle=True, pad=True)
-        val_loader = (feature_loader(val_set, seed, runtime, 1, shuffle=False, pad=False)
-                      if val_set is not None else None)
+        val_loader = (
+            feature_loader(val_set, seed, runtime, 1, shuffle=False, pad=False) if val_set is not None else None
+        )
     else:
         train_set, val_set, class_names, shape = build_data(cfg)
         model, channels_last = _model_on_device(cfg, runtime, shape)
         cfg = cap_workers(cfg)
         train_loader = make_loader(train_set, cfg.data, seed, runtime, cfg.data.batch_size, shuffle=True, pad=True)
-        val_loader = (make_loader(val_set, cfg.data, seed, runtime, 1, shuffle=False, pad=False)  # clips vary
-                      if val_set is not None else None)                                          # in length
+        val_loader = (
+            make_loader(val_set, cfg.data, seed, runtime, 1, shuffle=False, pad=False)  # clips vary
+            if val_set is not None
+            else None
+        )  # in length
     optimizer = build_optimizer(model, cfg.train)
     if runtime.is_main and temporal_head_of(model) is not None:
         _log_temporal_head_settings(optimizer, cfg.train)
     steps_per_epoch = math.ceil(len(train_loader) / cfg.train.accumulate_grad_batches)
-    scheduler = build_scheduler(optimizer, cfg.train, steps_per_epoch, cfg.trainer.max_epochs,
-                                has_temporal_head=temporal_head_of(model) is not None)
+    scheduler = build_scheduler(
+        optimizer,
+        cfg.train,
+        steps_per_epoch,
+        cfg.trainer.max_epochs,
+        has_temporal_head=temporal_head_of(model) is not None,
+    )
     scaler = runtime.grad_scaler()
     state, pending_rng, run = TrainState(), None, None
     if resume_path:
         state, pending_rng = restore_training(resume_path, model, optimizer, scheduler, scaler, cfg)
         run = RunDirectory.of_checkpoint(resume_path)
         if run is None:  # a checkpoint from elsewhere: nothing is written beside the user's file
-            log.info("%s is not inside a run directory of this project (<run>/checkpoints/, with config.yaml): "
-                     "continuing in a new run directory", resume_path)
+            log.info(
+                "%s is not inside a run directory of this project (<run>/checkpoints/, with config.yaml): "
+                "continuing in a new run directory",
+                resume_path,
+            )
     if state.kept_chunks is None:
         state.kept_chunks = kept_chunks
     if run is None and runtime.is_main:
@@ -78,11 +96,24 @@ def build_trainer(cfg: Config, runtime: Runtime, resume_path: str | None = None,
     prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std, channels_last)
     wrapped = wrap_for_training(model, prepare, cfg, runtime)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing)
-    trainer = Trainer(model=wrapped, optimizer=optimizer, scheduler=scheduler, scaler=scaler, prepare=prepare,
-                      runtime=runtime, cfg=cfg, run=run, class_names=class_names, shape=shape,
-                      criterion=criterion, state=state, pending_rng=pending_rng, stop_after_steps=stop_after_steps,
-                      report=RunReport(bad_inputs=None if source else BadInputReport(train_set, val_set)),
-                      features_source=source)
+    trainer = Trainer(
+        model=wrapped,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=scaler,
+        prepare=prepare,
+        runtime=runtime,
+        cfg=cfg,
+        run=run,
+        class_names=class_names,
+        shape=shape,
+        criterion=criterion,
+        state=state,
+        pending_rng=pending_rng,
+        stop_after_steps=stop_after_steps,
+        report=RunReport(bad_inputs=None if source else BadInputReport(train_set, val_set)),
+        features_source=source,
+    )
     if runtime.is_main:
         _start_run_files(trainer, len(train_set))
     return trainer, train_loader, val_loader
@@ -93,9 +124,24 @@ def _log_temporal_head_settings(optimizer: torch.optim.Optimizer, train_cfg: Tra
     rates = {group.get("name", "model"): group["lr"] for group in optimizer.param_groups}
     head_lr = rates.get("temporal head", train_cfg.lr)
     max_norm = max_grad_norm(train_cfg, True)
-    log.info("learning rates: backbone %.2e, temporal head %.2e (train.temporal_lr_scale %g); gradient norm clip %s; "
-             "warm-up %g epochs", rates["model"], head_lr, train_cfg.temporal_lr_scale,
-             "off" if max_norm is None else f"{max_norm:g}", warmup_epochs(train_cfg, True))
+    log.info(
+        "learning rates: backbone %.2e, temporal head %.2e (train.temporal_lr_scale %g); gradient norm clip %s; "
+        "warm-up %g epochs",
+        rates["model"],
+        head_lr,
+        train_cfg.temporal_lr_scale,
+        "off" if max_norm is None else f"{max_norm:g}",
+        warmup_epochs(train_cfg, True),
+    )
+
+
+# train.ddp_sync in the run's first lines, under torchrun
+DDP_SYNC_WORDS = {
+    "overlap": "the gradients all-reduced during backward (DistributedDataParallel); an out-of-memory error on one "
+    "rank stops every rank",
+    "agreed": "the gradients averaged after each accumulation group, once every rank agreed on its out-of-memory "
+    "back-off",
+}
 
 
 def wrap_for_training(model: torch.nn.Module, prepare: InputPreparer, cfg: Config, runtime: Runtime) -> torch.nn.Module:
@@ -111,17 +157,23 @@ def wrap_for_training(model: torch.nn.Module, prepare: InputPreparer, cfg: Confi
     if cfg.data.features_dir is not None:
         wrapped = FeatureHeadForward(model)
     else:
-        wrapped = ChunkedTrainingForward(torch.compile(model) if cfg.trainer.compile else model, prepare.normalize,
-                                         cfg.data.frame_stride)
+        wrapped = ChunkedTrainingForward(
+            torch.compile(model) if cfg.trainer.compile else model, prepare.normalize, cfg.data.frame_stride
+        )
     if runtime.distributed:
-        log.info("%d processes, train.ddp_sync: %s: %s", runtime.world_size, cfg.train.ddp_sync, {
-            "overlap": "the gradients all-reduced during backward (DistributedDataParallel); an out-of-memory error "
-                       "on one rank stops every rank",
-            "agreed": "the gradients averaged after each accumulation group, once every rank agreed on its "
-                      "out-of-memory back-off"}[cfg.train.ddp_sync])
+        log.info(
+            "%d processes, train.ddp_sync: %s: %s",
+            runtime.world_size,
+            cfg.train.ddp_sync,
+            DDP_SYNC_WORDS[cfg.train.ddp_sync],
+        )
     if runtime.distributed and cfg.train.ddp_sync == "overlap":
-        return DistributedDataParallel(wrapped, broadcast_buffers=False, gradient_as_bucket_view=True,
-                                       device_ids=[runtime.device.index] if runtime.device.type == "cuda" else None)
+        return DistributedDataParallel(
+            wrapped,
+            broadcast_buffers=False,
+            gradient_as_bucket_view=True,
+            device_ids=[runtime.device.index] if runtime.device.type == "cuda" else None,
+        )
     if runtime.distributed:
         for tensor in [*model.parameters(), *model.buffers()]:  # what DDP does at its construction
             torch.distributed.broadcast(tensor.data, src=0)
@@ -147,16 +199,20 @@ def init_temporal_head(model: torch.nn.Module, path: str | None) -> None:
         weights = load_checkpoint(path)["model"]
     except CheckpointError as e:
         raise ConfigError(f"model.temporal_head_init: {e}")
-    head = {k[len("temporal."):]: v for k, v in weights.items() if k.startswith("temporal.")}
+    head = {k[len("temporal.") :]: v for k, v in weights.items() if k.startswith("temporal.")}
     if not head:
-        raise ConfigError(f"model.temporal_head_init: {path} holds no temporal head (its model.temporal_head was "
-                          f"none); give a checkpoint trained with one")
+        raise ConfigError(
+            f"model.temporal_head_init: {path} holds no temporal head (its model.temporal_head was "
+            f"none); give a checkpoint trained with one"
+        )
     try:
         model.temporal.load_state_dict(head)
     except RuntimeError as e:
-        raise ConfigError(f"model.temporal_head_init: {path}: its temporal head does not fit this one (set "
-                          f"model.temporal_head, temporal_width, temporal_layers, temporal_input_norm, "
-                          f"temporal_contrast... as it was trained, and the same classes): {str(e).splitlines()[0]}")
+        raise ConfigError(
+            f"model.temporal_head_init: {path}: its temporal head does not fit this one (set "
+            f"model.temporal_head, temporal_width, temporal_layers, temporal_input_norm, "
+            f"temporal_contrast... as it was trained, and the same classes): {str(e).splitlines()[0]}"
+        )
     log.info("model.temporal_head_init: the temporal head starts from %s", path)
 
 
@@ -185,12 +241,18 @@ def _synchronize_norms(model: torch.nn.Module, cfg: Config, runtime: Runtime) ->
         log.info("model.norm: sync on one process: BatchNorm (statistics of this process's micro-batch)")
         return
     if cfg.data.num_frames == -1 and cfg.train.chunk_train_size != -1:
-        raise ConfigError("model.norm: sync synchronizes each training chunk's forward across processes, so every "
-                          "process must run as many chunks, but data.num_frames: -1 gives clips of any length; set "
-                          "data.num_frames to a number, train.chunk_train_size: -1, or model.norm: batch")
+        raise ConfigError(
+            "model.norm: sync synchronizes each training chunk's forward across processes, so every "
+            "process must run as many chunks, but data.num_frames: -1 gives clips of any length; set "
+            "data.num_frames to a number, train.chunk_train_size: -1, or model.norm: batch"
+        )
     count = convert_norms(model, "sync")
-    log.info("model.norm: sync: %d BatchNorm layers synchronized over %d processes (the out-of-memory back-off "
-             "is off: one process cannot retry a synchronized forward alone)", count, runtime.world_size)
+    log.info(
+        "model.norm: sync: %d BatchNorm layers synchronized over %d processes (the out-of-memory back-off "
+        "is off: one process cannot retry a synchronized forward alone)",
+        count,
+        runtime.world_size,
+    )
 
 
 def _start_run_files(trainer: Trainer, num_samples: int) -> None:
@@ -207,14 +269,25 @@ def _write_first_files(trainer: Trainer, num_samples: int) -> None:
     run, cfg, runtime = trainer.run, trainer.cfg, trainer.runtime
     removed = remove_stale_temp_files(run.path, recursive=True)
     if removed:
-        log.warning("removed %d temporary file(s) left by writers that were killed: %s", len(removed),
-                    ", ".join(removed))
+        log.warning(
+            "removed %d temporary file(s) left by writers that were killed: %s", len(removed), ", ".join(removed)
+        )
     # as run: the precision resolved for this device (the capped workers and a fitted batch are in cfg already)
     as_run = derive(cfg, {"trainer.precision": runtime.precision}, "the precision this device runs")
     atomic_write_bytes(run.config_yaml, dump(as_run).encode())
     trainer.report.memory_log = CsvLog(run.memory_csv)
     global_batch = cfg.data.batch_size * cfg.train.accumulate_grad_batches * runtime.world_size
-    log.info("run %s | %s on %s, precision %s | %d training samples, %d classes | global batch %d = %d x %d "
-             "accumulated x %d processes", run, cfg.model.backbone, runtime.device, runtime.precision,
-             num_samples, len(trainer.class_names), global_batch, cfg.data.batch_size,
-             cfg.train.accumulate_grad_batches, runtime.world_size)
+    log.info(
+        "run %s | %s on %s, precision %s | %d training samples, %d classes | global batch %d = %d x %d "
+        "accumulated x %d processes",
+        run,
+        cfg.model.backbone,
+        runtime.device,
+        runtime.precision,
+        num_samples,
+        len(trainer.class_names),
+        global_batch,
+        cfg.data.batch_size,
+        cfg.train.accumulate_grad_batches,
+        runtime.world_size,
+    )

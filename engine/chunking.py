@@ -8,6 +8,7 @@ logits are aggregated: mean, max, last (only the last chunk is computed; evaluat
 softmax probabilities, returned as log-probabilities so argmax, softmax and the cross-entropy still apply).
 ``chunk_size`` -1, or >= T, is exactly the plain forward.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -85,8 +86,9 @@ class LogitAggregator:
 def chunk_positions(windows: list[tuple[int, int]], frame_stride: int = 1) -> torch.Tensor:
     """[n, 2] each chunk's [start, end) in video frames from the clip's first frame (clip frame i is video frame
     i * frame_stride): the positions the temporal head encodes."""
-    return torch.tensor([[start * frame_stride, (end - 1) * frame_stride + 1] for start, end in windows],
-                        dtype=torch.float32)
+    return torch.tensor(
+        [[start * frame_stride, (end - 1) * frame_stride + 1] for start, end in windows], dtype=torch.float32
+    )
 
 
 @dataclass
@@ -102,8 +104,15 @@ class ChunkedOutput:
     windows: list
 
 
-def run_chunks(model, groups: Iterable[tuple[list, dict]], windows: list[tuple[int, int]], aggregation: str = "mean",
-               frame_stride: int = 1, keep_features: bool = False, features_on_host: bool = False) -> ChunkedOutput:
+def run_chunks(
+    model,
+    groups: Iterable[tuple[list, dict]],
+    windows: list[tuple[int, int]],
+    aggregation: str = "mean",
+    frame_stride: int = 1,
+    keep_features: bool = False,
+    features_on_host: bool = False,
+) -> ChunkedOutput:
     """The one chunked forward of evaluation: training's validation, eval.py (``forward_chunked``: the chunks are
     slices of a clip in memory) and infer_chunked.py (the chunks come from a decoding thread, ``ChunkStream``).
 
@@ -132,8 +141,15 @@ def run_chunks(model, groups: Iterable[tuple[list, dict]], windows: list[tuple[i
     return ChunkedOutput(out.clip, out.chunks.detach().float().cpu().transpose(0, 1), all_features, windows)
 
 
-def forward_chunked(model, inputs: dict, chunk_size: int, overlap: int = 0, aggregation: str = "mean",
-                    chunks_per_forward: int = 1, frame_stride: int = 1) -> ChunkedOutput:
+def forward_chunked(
+    model,
+    inputs: dict,
+    chunk_size: int,
+    overlap: int = 0,
+    aggregation: str = "mean",
+    chunks_per_forward: int = 1,
+    frame_stride: int = 1,
+) -> ChunkedOutput:
     """Clips in memory, longer than the model's memory allows in one pass, through ``run_chunks``: their logits
     [B, K] and each inference chunk's.
 
@@ -149,12 +165,15 @@ def forward_chunked(model, inputs: dict, chunk_size: int, overlap: int = 0, aggr
     if not has_head and (chunk_size == -1 or chunk_size >= length):  # exactly the plain forward
         logits = model(slice_time(inputs, 0, length, min_frames))
         return ChunkedOutput(logits, logits.detach().float().cpu()[None], None, [(0, length)])
-    windows = (chunk_windows(length, chunk_size, overlap) if has_head
-               else inference_windows(length, chunk_size, overlap, aggregation))
+    windows = (
+        chunk_windows(length, chunk_size, overlap)
+        if has_head
+        else inference_windows(length, chunk_size, overlap, aggregation)
+    )
 
     def groups():
         for first in range(0, len(windows), chunks_per_forward):
-            group = windows[first:first + chunks_per_forward]
+            group = windows[first : first + chunks_per_forward]
             parts = [slice_time(inputs, s, e, min_frames) for s, e in group]
             yield group, {key: torch.cat([p[key] for p in parts]) for key in inputs}  # [n * B, ...]
 
@@ -173,12 +192,14 @@ def forward_features(model, inputs: dict) -> ChunkedOutput:
 
 # ---------------------------------------------------------------------------------------------- training
 
+
 @dataclass(frozen=True)
 class ChunkSpec:
     """How a training clip goes through the model: ``size`` frames per chunk (-1: the whole clip in one
     forward), ``overlap`` frames shared by neighbours, and which chunks' activations are recomputed in backward:
     all but the last ``kept`` (train.recompute: auto, the planner's count), none with ``recompute`` False (to
     compare gradients in the tests)."""
+
     size: int = -1
     overlap: int = 0
     recompute: bool = True

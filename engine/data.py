@@ -1,4 +1,5 @@
 """The data of a run: datasets from the config's manifests, and their DataLoaders."""
+
 from __future__ import annotations
 
 import logging
@@ -24,22 +25,31 @@ log = logging.getLogger("longvideo")
 STALL_FOLDER_PREFIX = "longvideo-stalls-"  # + the pid of the run that made it (removed when it ends)
 
 
-def make_loader(dataset, data: DataConfig, seed: int, runtime: Runtime, batch_size: int, shuffle: bool,
-                pad: bool) -> DataLoader:
+def make_loader(
+    dataset, data: DataConfig, seed: int, runtime: Runtime, batch_size: int, shuffle: bool, pad: bool
+) -> DataLoader:
     """shuffle: a new permutation every epoch (training); pad: equal shards for every rank (training, where DDP
     needs equal step counts; evaluation shards are not padded, so no sample counts twice). Iterate it through
     ``GuardedBatches`` (the sample deadline)."""
     if data.sample_timeout_s is not None and dataset.stall_folder is None:
         dataset.stall_folder = process_temp_dir(STALL_FOLDER_PREFIX)  # workers' reports (StallWatch)
         weakref.finalize(dataset, remove_own_temp_dir, dataset.stall_folder)  # or at exit
-    sampler = EpochSampler(len(dataset), shuffle=shuffle, seed=seed, rank=runtime.rank,
-                           world_size=runtime.world_size, pad=pad)
+    sampler = EpochSampler(
+        len(dataset), shuffle=shuffle, seed=seed, rank=runtime.rank, world_size=runtime.world_size, pad=pad
+    )
     before_workers_fork(data.num_workers)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler,
-                      num_workers=data.num_workers, worker_init_fn=worker_init, collate_fn=collate_samples,
-                      prefetch_factor=data.prefetch_factor if data.num_workers > 0 else None,
-                      pin_memory=data.pin_memory and runtime.device.type == "cuda",
-                      drop_last=False, persistent_workers=False)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=data.num_workers,
+        worker_init_fn=worker_init,
+        collate_fn=collate_samples,
+        prefetch_factor=data.prefetch_factor if data.num_workers > 0 else None,
+        pin_memory=data.pin_memory and runtime.device.type == "cuda",
+        drop_last=False,
+        persistent_workers=False,
+    )
 
 
 def cap_workers(cfg: Config) -> Config:
@@ -49,13 +59,14 @@ def cap_workers(cfg: Config) -> Config:
     is not changed), so the run's config.yaml records what ran."""
     cores, wanted = available_cores(), cfg.data.num_workers
     if wanted == 0 and cfg.data.sample_timeout_s is not None:
-        log.info("data.num_workers=0 with data.sample_timeout_s: samples load in 1 DataLoader worker, a process "
-                 "that can be stopped when a sample stalls (data.sample_timeout_s: null loads them in this process)")
+        log.info(
+            "data.num_workers=0 with data.sample_timeout_s: samples load in 1 DataLoader worker, a process "
+            "that can be stopped when a sample stalls (data.sample_timeout_s: null loads them in this process)"
+        )
         return apply_flags(cfg, {"data.num_workers": ("data.num_workers (1 for data.sample_timeout_s)", 1)})
     if wanted <= cores:
         return cfg
-    log.info("data.num_workers=%d but this machine has %d CPU cores: using %d DataLoader workers", wanted, cores,
-             cores)
+    log.info("data.num_workers=%d but this machine has %d CPU cores: using %d DataLoader workers", wanted, cores, cores)
     return apply_flags(cfg, {"data.num_workers": (f"data.num_workers (capped to the {cores} cores)", cores)})
 
 
@@ -112,6 +123,7 @@ class GuardedBatches:
 
 class TrainingData(NamedTuple):
     """What a run trains and validates on (unpacks as the 4-tuple it was)."""
+
     train_set: Dataset
     val_set: Dataset | None
     class_names: list
@@ -123,11 +135,15 @@ def build_data(cfg: Config) -> TrainingData:
     index_cache = index_cache_for(cfg)
     train_records, val_records = training_records(cfg.data)
     class_names = resolve_class_names(cfg.data, train_records)
-    train_set = build_dataset(cfg, "train", class_names, training=True, index_cache=index_cache,
-                              records=train_records)
-    val_set = build_dataset(cfg, "val", class_names, training=False, index_cache=index_cache,
-                            records=val_records) if val_records is not None else None
+    train_set = build_dataset(cfg, "train", class_names, training=True, index_cache=index_cache, records=train_records)
+    val_set = (
+        build_dataset(cfg, "val", class_names, training=False, index_cache=index_cache, records=val_records)
+        if val_records is not None
+        else None
+    )
     if cfg.model.model_class_num not in (None, len(class_names)):
-        raise ConfigError(f"model.model_class_num={cfg.model.model_class_num} but the data has "
-                          f"{len(class_names)} classes ({', '.join(class_names)}); set it to null or fix the data")
+        raise ConfigError(
+            f"model.model_class_num={cfg.model.model_class_num} but the data has "
+            f"{len(class_names)} classes ({', '.join(class_names)}); set it to null or fix the data"
+        )
     return TrainingData(train_set, val_set, class_names, DataShape.of_dataset(train_set, class_names))

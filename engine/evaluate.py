@@ -1,5 +1,6 @@
 """The one evaluation loop (``evaluate``: training's validation, eval.py and ``eval.py --watch``), and what
 eval.py makes of a checkpoint with it: metrics, per-clip and per-video rows, the printed report, the files."""
+
 from __future__ import annotations
 
 import csv
@@ -34,10 +35,19 @@ log = logging.getLogger("longvideo")
 
 
 @torch.inference_mode()
-def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer, runtime: Runtime,
-             infer_cfg: InferConfig, num_classes: int, bad_inputs: BadInputReport | None = None,
-             meter: ClassificationMeter | None = None, on_clips=None, frame_stride: int = 1,
-             background: tuple = ()) -> dict:
+def evaluate(
+    model: torch.nn.Module,
+    loader: DataLoader,
+    prepare: InputPreparer,
+    runtime: Runtime,
+    infer_cfg: InferConfig,
+    num_classes: int,
+    bad_inputs: BadInputReport | None = None,
+    meter: ClassificationMeter | None = None,
+    on_clips=None,
+    frame_stride: int = 1,
+    background: tuple = (),
+) -> dict:
     """Clip- and video-level metrics with the shared chunked forward; predictions move to the CPU at once.
     The one evaluation loop: training's validation and eval.py (which passes its own ``meter``, for the
     per-video rows, and ``on_clips(batch, logits)`` for the per-clip ones).
@@ -53,8 +63,9 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer,
     model.eval()
     meter = meter if meter is not None else ClassificationMeter(num_classes)
     timelines = SegmentationScores(background)
-    for batch, logits, chunked in clip_predictions(model, loader, prepare, runtime, infer_cfg, bad_inputs,
-                                                   frame_stride):
+    for batch, logits, chunked in clip_predictions(
+        model, loader, prepare, runtime, infer_cfg, bad_inputs, frame_stride
+    ):
         meter.update(logits, batch["label"], batch["video_index"])
         if chunked is not None:
             score_clip_timelines(timelines, chunked, batch["frame_labels"])
@@ -71,8 +82,15 @@ def evaluate(model: torch.nn.Module, loader: DataLoader, prepare: InputPreparer,
     return metrics
 
 
-def clip_predictions(model, loader: DataLoader, prepare: InputPreparer, runtime: Runtime, infer_cfg: InferConfig,
-                     bad_inputs: BadInputReport | None, frame_stride: int):
+def clip_predictions(
+    model,
+    loader: DataLoader,
+    prepare: InputPreparer,
+    runtime: Runtime,
+    infer_cfg: InferConfig,
+    bad_inputs: BadInputReport | None,
+    frame_stride: int,
+):
     """(batch, clip logits [B, K] on the CPU, the ChunkedOutput where the batch has annotated frames, else None)
     for the loader's samples in order: clips decoded by the loader and put
     through ``forward_chunked``; or, where each clip is a whole sample window (data.num_frames -1: a head on
@@ -86,19 +104,36 @@ def clip_predictions(model, loader: DataLoader, prepare: InputPreparer, runtime:
             bad_inputs.take(batch)
         annotated_frames = "frame_labels" in batch and bool((batch["frame_labels"] >= 0).any())
         with runtime.autocast():
-            out = forward_chunked(model, prepare(batch), infer_cfg.chunk_size, infer_cfg.chunk_overlap,
-                                  infer_cfg.chunk_aggregation, infer_cfg.chunks_per_forward, frame_stride)
+            out = forward_chunked(
+                model,
+                prepare(batch),
+                infer_cfg.chunk_size,
+                infer_cfg.chunk_overlap,
+                infer_cfg.chunk_aggregation,
+                infer_cfg.chunks_per_forward,
+                frame_stride,
+            )
         yield batch, out.logits.float().cpu(), out if annotated_frames else None
 
 
 def streams_whole_windows(dataset) -> bool:
     """Are the dataset's evaluation clips whole sample windows of decoded frames (streamed, not loaded)?"""
-    return (isinstance(dataset, VideoWindowDataset) and not dataset.training and dataset.cfg.num_frames == -1
-            and dataset.cfg.load_rgb)
+    return (
+        isinstance(dataset, VideoWindowDataset)
+        and not dataset.training
+        and dataset.cfg.num_frames == -1
+        and dataset.cfg.load_rgb
+    )
 
 
-def streamed_predictions(model, loader: DataLoader, prepare: InputPreparer, runtime: Runtime,
-                         infer_cfg: InferConfig, bad_inputs: BadInputReport | None):
+def streamed_predictions(
+    model,
+    loader: DataLoader,
+    prepare: InputPreparer,
+    runtime: Runtime,
+    infer_cfg: InferConfig,
+    bad_inputs: BadInputReport | None,
+):
     """``clip_predictions`` of whole sample windows, one sample at a time: its window's inference chunks decoded
     a few ahead of the model (``ChunkStream``), through ``run_stream`` as infer_chunked.py runs them (chunk
     features or logits on the host, a temporal head once at the end). The same samples, labels and chunks as
@@ -109,8 +144,9 @@ def streamed_predictions(model, loader: DataLoader, prepare: InputPreparer, runt
         window = dataset.windows[index // dataset.samples_per_window]
         record = dataset.records[window.record]
         try:
-            stream = ChunkStream(record, dataset.cfg, spec, window=(window.start, window.end),
-                                 crop=index % dataset.crops)
+            stream = ChunkStream(
+                record, dataset.cfg, spec, window=(window.start, window.end), crop=index % dataset.crops
+            )
             try:
                 out, _ = run_stream(model, stream, prepare, runtime, spec.aggregation)
             finally:
@@ -126,8 +162,12 @@ def streamed_predictions(model, loader: DataLoader, prepare: InputPreparer, runt
             continue
         indices = stream.video_frame(np.arange(len(range(0, stream.num_frames, stream.stride))))
         labels = torch.from_numpy(frame_labels(window.segments, indices, window.label))[None]
-        batch = {"label": torch.tensor([window.label]), "video_index": torch.tensor([window.record]),
-                 "window": torch.tensor([[window.start, window.end]]), "frame_labels": labels}
+        batch = {
+            "label": torch.tensor([window.label]),
+            "video_index": torch.tensor([window.record]),
+            "window": torch.tensor([[window.start, window.end]]),
+            "frame_labels": labels,
+        }
         yield batch, out.logits.float().cpu(), out if bool((labels >= 0).any()) else None
 
 
@@ -147,25 +187,51 @@ def evaluate_dataset(model, dataset, cfg: Config, runtime, class_names: list[str
     The test clips x crops of one sample window (data.test_clips x data.test_crops, all of one length) go through
     the model together, ``infer.chunks_per_forward`` chunks a forward call; predictions go to the CPU as they are
     made."""
-    loader = make_loader(dataset, cfg.data, cfg.train.seed, runtime, dataset.samples_per_window, shuffle=False,
-                         pad=False)
+    loader = make_loader(
+        dataset, cfg.data, cfg.train.seed, runtime, dataset.samples_per_window, shuffle=False, pad=False
+    )
     prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
     meter, clip_rows, bad_inputs = ClassificationMeter(len(class_names)), [], BadInputReport(dataset)
 
     def add_clip_rows(batch, logits):
-        for p, label, video, window in zip(logits.softmax(dim=1), batch["label"], batch["video_index"],
-                                           batch["window"]):
-            clip_rows.append({"video": _video_name(dataset, int(video)), "window_start": int(window[0]),
-                              "window_end": int(window[1]), "label": class_names[int(label)],
-                              "predicted": class_names[int(p.argmax())], "probability": round(float(p.max()), 6)})
+        for p, label, video, window in zip(
+            logits.softmax(dim=1), batch["label"], batch["video_index"], batch["window"]
+        ):
+            clip_rows.append(
+                {
+                    "video": _video_name(dataset, int(video)),
+                    "window_start": int(window[0]),
+                    "window_end": int(window[1]),
+                    "label": class_names[int(label)],
+                    "predicted": class_names[int(p.argmax())],
+                    "probability": round(float(p.max()), 6),
+                }
+            )
 
-    metrics = evaluate(model, loader, prepare, runtime, cfg.infer, len(class_names), bad_inputs, meter,
-                       add_clip_rows, frame_stride=cfg.data.frame_stride,
-                       background=background_indices(cfg.data.background_labels, class_names))
+    metrics = evaluate(
+        model,
+        loader,
+        prepare,
+        runtime,
+        cfg.infer,
+        len(class_names),
+        bad_inputs,
+        meter,
+        add_clip_rows,
+        frame_stride=cfg.data.frame_stride,
+        background=background_indices(cfg.data.background_labels, class_names),
+    )
     bad_inputs.end_run()
-    video_rows = [{"video": _video_name(dataset, v["video_index"]), "label": class_names[v["label"]],
-                   "predicted": class_names[v["predicted"]], "probability": round(v["probability"], 6),
-                   "clips": v["clips"]} for v in meter.video_predictions()]
+    video_rows = [
+        {
+            "video": _video_name(dataset, v["video_index"]),
+            "label": class_names[v["label"]],
+            "predicted": class_names[v["predicted"]],
+            "probability": round(v["probability"], 6),
+            "clips": v["clips"],
+        }
+        for v in meter.video_predictions()
+    ]
     return metrics, clip_rows, video_rows
 
 
@@ -175,10 +241,12 @@ def _video_name(dataset, video_index: int) -> str:
 
 def format_report(metrics: dict, class_names: list[str]) -> str:
     top5 = f"top-5 {metrics['top5']:.4f}" if len(class_names) > 5 else "top-5 n/a (5 classes or fewer)"
-    lines = [f"top-1 clip acc {metrics['clip_acc']:.4f}  {top5}  "
-             f"video-level acc {metrics.get('video_acc', float('nan')):.4f}  mean class acc "
-             f"{metrics['mean_class_acc']:.4f}  ({metrics['num_clips']} clips, {metrics.get('num_videos', 0)} videos)",
-             f"{'class':>16s} {'precision':>9s} {'recall':>9s} {'f1':>9s}"]
+    lines = [
+        f"top-1 clip acc {metrics['clip_acc']:.4f}  {top5}  "
+        f"video-level acc {metrics.get('video_acc', float('nan')):.4f}  mean class acc "
+        f"{metrics['mean_class_acc']:.4f}  ({metrics['num_clips']} clips, {metrics.get('num_videos', 0)} videos)",
+        f"{'class':>16s} {'precision':>9s} {'recall':>9s} {'f1':>9s}",
+    ]
     for i, name in enumerate(class_names):
         lines.append(f"{name:>16s} {metrics['precision'][i]:9.4f} {metrics['recall'][i]:9.4f} {metrics['f1'][i]:9.4f}")
     if "seg_edit" in metrics:
@@ -205,6 +273,7 @@ def write_outputs(prefix: str, metrics: dict, clip_rows: list[dict], video_rows:
 @dataclass
 class EvaluationResult:
     """One checkpoint evaluated: its metrics, the config used, its class names and summary, the rows."""
+
     metrics: dict
     cfg: Config
     class_names: list
@@ -218,6 +287,7 @@ class EvaluationResult:
 class EvaluationSpec:
     """What eval.py evaluates a checkpoint on, and how: ``overrides`` of the checkpoint config's keys, each with
     the flag that set it, for the errors ({"infer.chunk_size": ("--chunk", 32)}: config.inference_overrides)."""
+
     split: str = "val"
     data: str | None = None  # a manifest instead of the config's split
     device: str | None = None
@@ -238,8 +308,9 @@ def evaluate_checkpoint(path: str, spec: EvaluationSpec) -> EvaluationResult:
     if spec.fit_batch is not None:
         batch = spec.fit_batch(cfg, checkpoint.shape, runtime)
         cfg = apply_inference_flags(cfg, {"infer.chunks_per_forward": ("--batch auto", batch)})
-    dataset = build_dataset(cfg, spec.split, class_names, training=False, manifest=spec.data,
-                            index_cache=index_cache_for(cfg))
+    dataset = build_dataset(
+        cfg, spec.split, class_names, training=False, manifest=spec.data, index_cache=index_cache_for(cfg)
+    )
     metrics, clip_rows, video_rows = evaluate_dataset(model, dataset, cfg, runtime, class_names)
     del model
     if runtime.device.type == "cuda":

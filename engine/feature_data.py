@@ -15,6 +15,7 @@ Batches pad every sample to the longest with a ``mask`` [B, n] (True for real ch
 Every file must come from the same backbone checkpoint and chunking (a head trained on a mixture would learn two
 feature spaces at once): the one the head's checkpoint records, so eval.py and infer_chunked.py can pair them.
 """
+
 from __future__ import annotations
 
 import glob
@@ -44,15 +45,16 @@ def _views_key(views: dict) -> tuple:
 
 
 class FeaturesDataset(Dataset):
-    def __init__(self, records: list[VideoRecord], files: dict, class_names: list[str], split: str,
-                 features_dir: str):
+    def __init__(self, records: list[VideoRecord], files: dict, class_names: list[str], split: str, features_dir: str):
         self.records, self.class_names = records, class_names
         missing = [r for r in records if _views_key(r.views) not in files]
         if missing:
-            raise ConfigError(f"data.features_dir={features_dir}: no features file for {len(missing)} of the "
-                              f"{len(records)} {split} videos (first: {missing[0].first_path}, {missing[0].where}); "
-                              f"write them with: python infer_chunked.py --checkpoint BACKBONE.pt --input "
-                              f"<the {split} manifest> --features {features_dir}")
+            raise ConfigError(
+                f"data.features_dir={features_dir}: no features file for {len(missing)} of the "
+                f"{len(records)} {split} videos (first: {missing[0].first_path}, {missing[0].where}); "
+                f"write them with: python infer_chunked.py --checkpoint BACKBONE.pt --input "
+                f"<the {split} manifest> --features {features_dir}"
+            )
         self.files = [files[_views_key(r.views)] for r in records]
         self.stall_folder = None  # no decoding: no sample deadline
 
@@ -67,17 +69,26 @@ class FeaturesDataset(Dataset):
         record = self.records[index]
         features, windows = read_arrays(path)
         num_frames = int(header["num_frames"])
-        segments = (segment_frames(record, num_frames, float(header["fps"]), self.class_names)
-                    if record.segments is not None else None)
+        segments = (
+            segment_frames(record, num_frames, float(header["fps"]), self.class_names)
+            if record.segments is not None
+            else None
+        )
         label = self.class_names.index(record.label) if record.label is not None else -1
         frames = frame_labels(segments, np.arange(num_frames), label)
         per_chunk = chunk_labels(torch.from_numpy(frames)[None], [tuple(w) for w in windows.tolist()])[:, 0]
         annotated = frames[frames >= 0]
         if record.label is None:  # the label covering most annotated frames
             label = int(np.bincount(annotated).argmax()) if len(annotated) else 0
-        return {"features": torch.from_numpy(features), "windows": torch.from_numpy(windows).float(),
-                "chunk_labels": per_chunk, "frame_labels": torch.from_numpy(frames), "label": label,
-                "video_index": index, "has_segments": record.segments is not None}
+        return {
+            "features": torch.from_numpy(features),
+            "windows": torch.from_numpy(windows).float(),
+            "chunk_labels": per_chunk,
+            "frame_labels": torch.from_numpy(frames),
+            "label": label,
+            "video_index": index,
+            "has_segments": record.segments is not None,
+        }
 
 
 def collate_features(samples: list[dict]) -> dict:
@@ -85,17 +96,19 @@ def collate_features(samples: list[dict]) -> dict:
     mask [B, n]; frame_labels [B, frames] padded with -1."""
     longest = max(len(s["features"]) for s in samples)
     frames = max(len(s["frame_labels"]) for s in samples)
-    batch = {"features": torch.zeros(len(samples), longest, samples[0]["features"].shape[1]),
-             "windows": torch.zeros(len(samples), longest, 2),
-             "chunk_labels": torch.full((len(samples), longest), -1, dtype=torch.long),
-             "mask": torch.zeros(len(samples), longest, dtype=torch.bool),
-             "frame_labels": torch.full((len(samples), frames), -1, dtype=torch.long)}
+    batch = {
+        "features": torch.zeros(len(samples), longest, samples[0]["features"].shape[1]),
+        "windows": torch.zeros(len(samples), longest, 2),
+        "chunk_labels": torch.full((len(samples), longest), -1, dtype=torch.long),
+        "mask": torch.zeros(len(samples), longest, dtype=torch.bool),
+        "frame_labels": torch.full((len(samples), frames), -1, dtype=torch.long),
+    }
     for i, s in enumerate(samples):
         n = len(s["features"])
         batch["features"][i, :n], batch["windows"][i, :n] = s["features"], s["windows"]
         batch["chunk_labels"][i, :n], batch["mask"][i, :n] = s["chunk_labels"], True
         if s["has_segments"]:  # scored as a timeline only where the manifest gives segments
-            batch["frame_labels"][i, :len(s["frame_labels"])] = s["frame_labels"]
+            batch["frame_labels"][i, : len(s["frame_labels"])] = s["frame_labels"]
     batch["label"] = torch.tensor([s["label"] for s in samples])
     batch["video_index"] = torch.tensor([s["video_index"] for s in samples])
     return batch
@@ -106,9 +119,11 @@ def index_features(features_dir: str) -> tuple[dict, dict]:
     chunking). Files from two sources are refused, naming one of each."""
     paths = sorted(glob.glob(os.path.join(features_dir, "*.npz")))
     if not paths:
-        raise ConfigError(f"data.features_dir={features_dir}: no .npz features files there; write them with "
-                          f"python infer_chunked.py --checkpoint BACKBONE.pt --input MANIFEST "
-                          f"--features {features_dir}")
+        raise ConfigError(
+            f"data.features_dir={features_dir}: no .npz features files there; write them with "
+            f"python infer_chunked.py --checkpoint BACKBONE.pt --input MANIFEST "
+            f"--features {features_dir}"
+        )
     files, source, first = {}, None, None
     for path in paths:
         header = read_header(path)
@@ -117,15 +132,18 @@ def index_features(features_dir: str) -> tuple[dict, dict]:
             source, first = {**this, "checkpoint": header["checkpoint"]}, path
         elif any(source[key] != this[key] for key in SOURCE_KEYS):
             differ = ", ".join(f"{k} {source[k]} vs {this[k]}" for k in SOURCE_KEYS if source[k] != this[k])
-            raise ConfigError(f"data.features_dir={features_dir}: {first} and {path} come from different backbones "
-                              f"or chunking ({differ}); a head trains on the features of one: write them all with "
-                              f"one checkpoint and --chunk/--overlap, in separate directories per backbone")
+            raise ConfigError(
+                f"data.features_dir={features_dir}: {first} and {path} come from different backbones "
+                f"or chunking ({differ}); a head trains on the features of one: write them all with "
+                f"one checkpoint and --chunk/--overlap, in separate directories per backbone"
+            )
         files[_views_key(header["views"])] = (path, header)
     return files, source
 
 
 class FeatureData(NamedTuple):
     """What a head trained on features trains and validates on (unpacks as the 4-tuple it was)."""
+
     train_set: FeaturesDataset
     val_set: FeaturesDataset | None
     class_names: list
@@ -139,18 +157,31 @@ def build_feature_data(cfg: Config, index: tuple | None = None) -> FeatureData:
     train_records, val_records = training_records(cfg.data)
     class_names = resolve_class_names(cfg.data, train_records)
     train_set = FeaturesDataset(train_records, files, class_names, "train", cfg.data.features_dir)
-    val_set = (FeaturesDataset(val_records, files, class_names, "val", cfg.data.features_dir)
-               if val_records is not None else None)
-    log.info("training on features: %s (%d files, %d-dim, chunk %d overlap %d at stride %d, from the backbone "
-             "checkpoint %s, sha256 %s...)", cfg.data.features_dir, len(files), source["feature_dim"], source["chunk"],
-             source["overlap"], source["frame_stride"], source["checkpoint"] or "(not recorded)",
-             source["checkpoint_sha256"][:12])
+    val_set = (
+        FeaturesDataset(val_records, files, class_names, "val", cfg.data.features_dir)
+        if val_records is not None
+        else None
+    )
+    log.info(
+        "training on features: %s (%d files, %d-dim, chunk %d overlap %d at stride %d, from the backbone "
+        "checkpoint %s, sha256 %s...)",
+        cfg.data.features_dir,
+        len(files),
+        source["feature_dim"],
+        source["chunk"],
+        source["overlap"],
+        source["frame_stride"],
+        source["checkpoint"] or "(not recorded)",
+        source["checkpoint_sha256"][:12],
+    )
     return FeatureData(train_set, val_set, class_names, source)
 
 
-def feature_loader(dataset: FeaturesDataset, seed: int, runtime: Runtime, batch_size: int, shuffle: bool,
-                   pad: bool) -> DataLoader:
+def feature_loader(
+    dataset: FeaturesDataset, seed: int, runtime: Runtime, batch_size: int, shuffle: bool, pad: bool
+) -> DataLoader:
     """The features read in this process: a file is a few MB, no decoding to hide."""
-    sampler = EpochSampler(len(dataset), shuffle=shuffle, seed=seed, rank=runtime.rank,
-                           world_size=runtime.world_size, pad=pad)
+    sampler = EpochSampler(
+        len(dataset), shuffle=shuffle, seed=seed, rank=runtime.rank, world_size=runtime.world_size, pad=pad
+    )
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=0, collate_fn=collate_features)

@@ -18,6 +18,7 @@ video's absolute path, decided over the whole input list so every shard names a 
 Files are written atomically. A video whose file exists with the same settings (checkpoint content, chunking,
 stride, geometry, dtype) is skipped with one line; a file from other settings is recomputed, never mixed.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -42,6 +43,7 @@ FEATURE_DTYPES = ("float16", "float32")
 class FeatureOutput:
     """--features DIR: where each video's file goes, what decides its content (``settings_of``: a file written
     with other settings is recomputed) and the checkpoint that writes it."""
+
     directory: str
     settings: dict
     checkpoint: str
@@ -70,8 +72,12 @@ def feature_names(records: list[VideoRecord]) -> list[str]:
     """The file name of each record's features, collision-safe over the whole input list."""
     stems = [os.path.splitext(os.path.basename(r.first_path))[0] for r in records]
     counts = Counter(stems)
-    return [f"{stem}-{hashlib.sha1(os.path.abspath(r.first_path).encode()).hexdigest()[:8]}.npz"
-            if counts[stem] > 1 else f"{stem}.npz" for stem, r in zip(stems, records)]
+    return [
+        f"{stem}-{hashlib.sha1(os.path.abspath(r.first_path).encode()).hexdigest()[:8]}.npz"
+        if counts[stem] > 1
+        else f"{stem}.npz"
+        for stem, r in zip(stems, records)
+    ]
 
 
 def prepare_directory(directory: str) -> None:
@@ -83,10 +89,19 @@ def prepare_directory(directory: str) -> None:
 def settings_of(cfg: Config, chunk: int, overlap: int, dtype: str, checkpoint_sha256: str) -> dict:
     """What decides a video's features: a file with other settings is recomputed."""
     data, model = cfg.data, cfg.model
-    return {"checkpoint_sha256": checkpoint_sha256, "chunk": chunk, "overlap": overlap, "dtype": dtype,
-            "frame_stride": data.frame_stride, "img_size": data.img_size, "resize": data.resize,
-            "short_side": data.short_side, "decoder": data.decoder, "view_fusion": model.view_fusion,
-            "temporal_head": model.temporal_head}
+    return {
+        "checkpoint_sha256": checkpoint_sha256,
+        "chunk": chunk,
+        "overlap": overlap,
+        "dtype": dtype,
+        "frame_stride": data.frame_stride,
+        "img_size": data.img_size,
+        "resize": data.resize,
+        "short_side": data.short_side,
+        "decoder": data.decoder,
+        "view_fusion": model.view_fusion,
+        "temporal_head": model.temporal_head,
+    }
 
 
 def done_before(path: str, settings: dict) -> str | None:
@@ -104,8 +119,15 @@ def done_before(path: str, settings: dict) -> str | None:
     return f"written with other settings ({', '.join(changed)})"
 
 
-def write_features(path: str, result: VideoResult, record: VideoRecord, cfg: Config, settings: dict,
-                   class_names: list[str], checkpoint: str = "") -> None:
+def write_features(
+    path: str,
+    result: VideoResult,
+    record: VideoRecord,
+    cfg: Config,
+    settings: dict,
+    class_names: list[str],
+    checkpoint: str = "",
+) -> None:
     """``result``'s chunk features (classify_video with keep_features) as ``path``, atomically."""
     chunks = result.features
     frames = np.asarray(chunks.frame_windows, dtype=np.int64).reshape(-1, 2)
@@ -114,12 +136,17 @@ def write_features(path: str, result: VideoResult, record: VideoRecord, cfg: Con
         "logits": chunks.chunk_logits.astype(np.float32),
         "windows_frames": frames,
         "windows_seconds": frames / result.fps,
-        "fps": np.float64(result.fps), "frame_stride": np.int64(chunks.stride),
-        "chunk": np.int64(settings["chunk"]), "overlap": np.int64(settings["overlap"]),
+        "fps": np.float64(result.fps),
+        "frame_stride": np.int64(chunks.stride),
+        "chunk": np.int64(settings["chunk"]),
+        "overlap": np.int64(settings["overlap"]),
         "num_frames": np.int64(result.num_frames),
-        "view_fusion": np.str_(settings["view_fusion"]), "temporal_head": np.str_(settings["temporal_head"]),
-        "video": np.str_(json.dumps(record.views)), "class_names": np.array(class_names, dtype=np.str_),
-        "checkpoint_sha256": np.str_(settings["checkpoint_sha256"]), "config": np.str_(dump(cfg)),
+        "view_fusion": np.str_(settings["view_fusion"]),
+        "temporal_head": np.str_(settings["temporal_head"]),
+        "video": np.str_(json.dumps(record.views)),
+        "class_names": np.array(class_names, dtype=np.str_),
+        "checkpoint_sha256": np.str_(settings["checkpoint_sha256"]),
+        "config": np.str_(dump(cfg)),
         "checkpoint": np.str_(os.path.abspath(checkpoint) if checkpoint else ""),
         "settings": np.str_(json.dumps(settings, sort_keys=True)),
     }

@@ -2,6 +2,7 @@
 model, and classified chunk by chunk, so memory does not depend on the video's length. infer_chunked.py is its
 command line.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -33,6 +34,7 @@ TRIM_EVERY = 32  # chunk groups between two malloc_trim calls (core.memory_monit
 class InferenceSpec:
     """How a video goes through the model: its inference chunks, their aggregation, chunks per forward call,
     and what is reported."""
+
     chunk: int = 32  # clip frames per chunk; -1 = the whole video
     overlap: int = 8
     aggregation: str = "mean"
@@ -42,12 +44,20 @@ class InferenceSpec:
     decode_threads: int | None = None  # None: FFmpeg's choice
 
     @classmethod
-    def of_config(cls, infer_cfg: InferConfig, topk: int = 3, timeline: bool = False,
-                  decode_threads: int | None = None) -> InferenceSpec:
+    def of_config(
+        cls, infer_cfg: InferConfig, topk: int = 3, timeline: bool = False, decode_threads: int | None = None
+    ) -> InferenceSpec:
         """The inference chunks of a config's infer section: one representation, so what runs is what the config
         says."""
-        return cls(infer_cfg.chunk_size, infer_cfg.chunk_overlap, infer_cfg.chunk_aggregation,
-                   infer_cfg.chunks_per_forward, topk, timeline, decode_threads)
+        return cls(
+            infer_cfg.chunk_size,
+            infer_cfg.chunk_overlap,
+            infer_cfg.chunk_aggregation,
+            infer_cfg.chunks_per_forward,
+            topk,
+            timeline,
+            decode_threads,
+        )
 
 
 def how_it_runs(cfg: Config, head_reach: str) -> str:
@@ -59,9 +69,17 @@ def how_it_runs(cfg: Config, head_reach: str) -> str:
 
 
 @torch.inference_mode()
-def classify_video(model, record: VideoRecord, data_cfg: DataConfig, spec: InferenceSpec, runtime, prepare,
-                   class_names, keep_features: bool = False, scores: SegmentationScores | None = None
-                   ) -> VideoResult:
+def classify_video(
+    model,
+    record: VideoRecord,
+    data_cfg: DataConfig,
+    spec: InferenceSpec,
+    runtime,
+    prepare,
+    class_names,
+    keep_features: bool = False,
+    scores: SegmentationScores | None = None,
+) -> VideoResult:
     """One video's result: top-k labels; with ``spec.timeline`` every chunk's result, the per-frame timeline and
     its segments (engine.timeline: the chunks' probabilities blended per frame). A video with annotated segments is
     scored as a timeline (its ``scores``, added to ``scores``: the split's).
@@ -75,22 +93,30 @@ def classify_video(model, record: VideoRecord, data_cfg: DataConfig, spec: Infer
     truth = None
     try:
         if record.segments is not None:
-            truth = frame_labels(segment_frames(record, stream.num_frames, stream.fps, class_names),
-                                 np.arange(stream.num_frames))
+            truth = frame_labels(
+                segment_frames(record, stream.num_frames, stream.fps, class_names), np.arange(stream.num_frames)
+            )
         out, compute_seconds = run_stream(model, stream, prepare, runtime, spec.aggregation, keep_features)
     finally:
         stream.close()
     chunk_logits = out.chunk_logits[:, 0]  # [n, K]: one video
     chunk_probs = chunk_logits.softmax(dim=1)
-    frame_windows = np.array([[s * stream.stride, min((e - 1) * stream.stride + 1, stream.num_frames)]
-                              for s, e in stream.windows], dtype=np.int64).reshape(-1, 2)
+    frame_windows = np.array(
+        [[s * stream.stride, min((e - 1) * stream.stride + 1, stream.num_frames)] for s, e in stream.windows],
+        dtype=np.int64,
+    ).reshape(-1, 2)
     probs = out.logits[0].float().softmax(dim=0)
     top = probs.topk(min(spec.topk, len(class_names)))
-    result = VideoResult(record.first_path if len(record.views) == 1 else record.views, stream.num_frames,
-                         stream.fps, len(frame_windows),
-                         [{"label": class_names[int(i)], "prob": round(float(v), 4)} for v, i in zip(top.values,
-                                                                                                 top.indices)],
-                         round(stream.decode_seconds, 3), round(compute_seconds, 3), record.label)
+    result = VideoResult(
+        record.first_path if len(record.views) == 1 else record.views,
+        stream.num_frames,
+        stream.fps,
+        len(frame_windows),
+        [{"label": class_names[int(i)], "prob": round(float(v), 4)} for v, i in zip(top.values, top.indices)],
+        round(stream.decode_seconds, 3),
+        round(compute_seconds, 3),
+        record.label,
+    )
     if spec.timeline or truth is not None:
         add_timeline(result, chunk_probs.numpy(), frame_windows, class_names, truth, scores, spec.timeline)
     if keep_features:
@@ -98,8 +124,9 @@ def classify_video(model, record: VideoRecord, data_cfg: DataConfig, spec: Infer
     return result
 
 
-def run_stream(model, stream: ChunkStream, prepare, runtime, aggregation: str, keep_features: bool = False
-               ) -> tuple[ChunkedOutput, float]:
+def run_stream(
+    model, stream: ChunkStream, prepare, runtime, aggregation: str, keep_features: bool = False
+) -> tuple[ChunkedOutput, float]:
     """(``run_chunks`` over a stream's chunks as they are decoded, the seconds of compute: not waiting for the
     decoder). Streaming inference's and the evaluation of whole sample windows' one forward: chunk features or
     logits go to the host, and a temporal head runs once at the end, so memory is flat in the video's length."""
@@ -107,8 +134,15 @@ def run_stream(model, stream: ChunkStream, prepare, runtime, aggregation: str, k
 
     def groups():  # the decoded chunk groups, on the device: the frames run_chunks runs
         nonlocal waited
-        decoded = iter(tqdm(stream, total=-(-len(stream.windows) // stream.batch), leave=False,
-                            desc=os.path.basename(stream.record.first_path), disable=not sys.stderr.isatty()))
+        decoded = iter(
+            tqdm(
+                stream,
+                total=-(-len(stream.windows) // stream.batch),
+                leave=False,
+                desc=os.path.basename(stream.record.first_path),
+                disable=not sys.stderr.isatty(),
+            )
+        )
         for count in itertools.count(1):
             tick = time.perf_counter()
             item = next(decoded, None)
@@ -124,13 +158,21 @@ def run_stream(model, stream: ChunkStream, prepare, runtime, aggregation: str, k
 
     started = time.perf_counter()
     with runtime.autocast():
-        out = run_chunks(model, groups(), stream.windows, aggregation, stream.stride, keep_features,
-                         features_on_host=True)
+        out = run_chunks(
+            model, groups(), stream.windows, aggregation, stream.stride, keep_features, features_on_host=True
+        )
     return out, time.perf_counter() - started - waited
 
 
-def add_timeline(result: VideoResult, chunk_probs: np.ndarray, frame_windows: np.ndarray, class_names: list[str],
-                 truth: np.ndarray | None, scores: SegmentationScores | None, full: bool) -> None:
+def add_timeline(
+    result: VideoResult,
+    chunk_probs: np.ndarray,
+    frame_windows: np.ndarray,
+    class_names: list[str],
+    truth: np.ndarray | None,
+    scores: SegmentationScores | None,
+    full: bool,
+) -> None:
     """A video's per-frame timeline (its chunks' probabilities blended, engine.timeline) into ``result``: its
     scores against the annotated ``truth`` (added to the split's ``scores``); with ``full``, every chunk's result,
     the segments, and the per-frame labels (for --output's CSV and --plot)."""
@@ -140,9 +182,16 @@ def add_timeline(result: VideoResult, chunk_probs: np.ndarray, frame_windows: np
     if truth is not None and scores is not None:
         result.scores = scores.add(*annotated(labels, truth))
     if full:
-        result.chunk_results = [{"start": int(start), "end": int(end), "start_sec": round(start / fps, 3),
-                                 "end_sec": round(end / fps, 3), "label": class_names[int(p.argmax())],
-                                 "prob": round(float(p.max()), 4)}
-                                for (start, end), p in zip(frame_windows, chunk_probs)]
+        result.chunk_results = [
+            {
+                "start": int(start),
+                "end": int(end),
+                "start_sec": round(start / fps, 3),
+                "end_sec": round(end / fps, 3),
+                "label": class_names[int(p.argmax())],
+                "prob": round(float(p.max()), 4),
+            }
+            for (start, end), p in zip(frame_windows, chunk_probs)
+        ]
         result.segments = segments_of_frames(labels, fps, class_names)
         result.frames = FrameTimeline(labels, per_frame[np.arange(len(labels)), labels], truth)

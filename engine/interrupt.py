@@ -1,5 +1,6 @@
 """Ctrl-C during training: the first one asks the loop to stop after the current batch, a second one stops at once.
 ``engine.loop.saved_on_stop`` saves last.pt and says how to continue."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,6 +20,7 @@ def stop_on_ctrl_c():
     batches and epochs, where raising cannot be lost: a KeyboardInterrupt raised inside a finalizer, such as the
     previous epoch's DataLoader iterator shutting its workers down, is printed and dropped by Python), a second
     one stops at once."""
+
     def request_stop(signum, frame):
         if STOP_REQUESTED.is_set():
             raise KeyboardInterrupt

@@ -3,6 +3,7 @@ dict of plain floats. ``engine.build.build_trainer`` wires data, model, optimize
 the step itself (forward, backward, accumulation) is ``engine.step``'s, the OOM back-off ``engine.oom``'s, Ctrl-C
 ``engine.interrupt``'s.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,8 +42,13 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
     iterator = _iterate_resumed(trainer, loader)
     totals = {"clips": 0, "data_time": 0.0}  # of this call (speed); the epoch's loss is kept in the state
     start = time.perf_counter()
-    progress = tqdm(total=num_batches, initial=state.batches_done, desc=f"epoch {state.epoch + 1}",
-                    disable=not (runtime.is_main and sys.stderr.isatty()), leave=False)
+    progress = tqdm(
+        total=num_batches,
+        initial=state.batches_done,
+        desc=f"epoch {state.epoch + 1}",
+        disable=not (runtime.is_main and sys.stderr.isatty()),
+        leave=False,
+    )
     trainer.optimizer.zero_grad(set_to_none=True)
     group_start = state.batches_done - state.batches_done % accumulate
     group: list[dict] = []  # the loader batches of this accumulation group, kept to replay it after an OOM
@@ -74,11 +80,16 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
     elapsed = time.perf_counter() - start
     if trainer.report.bad_inputs is not None:
         trainer.report.bad_inputs.end_epoch(state.epoch + 1)
-    return {"train_loss": state.epoch_loss_sum / max(state.epoch_clips, 1),
-            "train_clips_per_s": totals["clips"] / elapsed,
-            "data_time_share": totals["data_time"] / elapsed, "lr": trainer.scheduler.get_last_lr()[0],
-            "skipped_steps": state.skipped_steps, "clips_per_forward": clips_per_forward(trainer),
-            "chunk_train_size": trainer.chunk_spec().size, "memory": mid_epoch_memory}
+    return {
+        "train_loss": state.epoch_loss_sum / max(state.epoch_clips, 1),
+        "train_clips_per_s": totals["clips"] / elapsed,
+        "data_time_share": totals["data_time"] / elapsed,
+        "lr": trainer.scheduler.get_last_lr()[0],
+        "skipped_steps": state.skipped_steps,
+        "clips_per_forward": clips_per_forward(trainer),
+        "chunk_train_size": trainer.chunk_spec().size,
+        "memory": mid_epoch_memory,
+    }
 
 
 def _iterate_resumed(trainer: Trainer, loader: DataLoader):
@@ -113,7 +124,8 @@ def _stop_after_nonfinite_losses(trainer: Trainer) -> None:
     if state.nonfinite_streak >= trainer.cfg.trainer.max_nonfinite_steps:
         raise NonFiniteLossError(
             f"{state.nonfinite_streak} consecutive non-finite losses at step {state.global_step}",
-            "Lower train.lr, use trainer.precision: bf16 or 32 instead of 16, or set train.grad_clip")
+            "Lower train.lr, use trainer.precision: bf16 or 32 instead of 16, or set train.grad_clip",
+        )
 
 
 def _after_step(trainer: Trainer, totals: dict, start: float, progress) -> None:
@@ -121,18 +133,29 @@ def _after_step(trainer: Trainer, totals: dict, start: float, progress) -> None:
     every = train_cfg.checkpoint_every_steps
     if every and state.global_step % every == 0:
         trainer.save("last.pt")
-    due = (state.global_step % train_cfg.log_every == 0
-           # a line a minute at least, for nohup and cron logs
-           or time.time() - trainer.report.last_progress >= PROGRESS_EVERY_S)
+    due = (
+        state.global_step % train_cfg.log_every == 0
+        # a line a minute at least, for nohup and cron logs
+        or time.time() - trainer.report.last_progress >= PROGRESS_EVERY_S
+    )
     if due and runtime.is_main:
         trainer.report.last_progress = time.time()
         snap = memory_monitor.snapshot(runtime.device)
         elapsed = time.perf_counter() - start
         loss = state.epoch_loss_sum / max(state.epoch_clips, 1)
         progress.set_postfix_str(f"loss {loss:.3f} {memory_monitor.compact(snap)}")
-        log.info("epoch %d step %d (%d/%d) loss %.4f lr %.2e clips/s %.1f data %.0f%% %s", state.epoch + 1,
-                 state.global_step, state.batches_done, progress.total, loss, trainer.scheduler.get_last_lr()[0],
-                 totals["clips"] / elapsed, 100 * totals["data_time"] / elapsed, memory_monitor.compact(snap))
+        log.info(
+            "epoch %d step %d (%d/%d) loss %.4f lr %.2e clips/s %.1f data %.0f%% %s",
+            state.epoch + 1,
+            state.global_step,
+            state.batches_done,
+            progress.total,
+            loss,
+            trainer.scheduler.get_last_lr()[0],
+            totals["clips"] / elapsed,
+            100 * totals["data_time"] / elapsed,
+            memory_monitor.compact(snap),
+        )
         if trainer.report.memory_log is not None:
             trainer.report.memory_log.write({"epoch": state.epoch + 1, "step": state.global_step, **snap})
 
@@ -152,8 +175,13 @@ def saved_on_stop(trainer: Trainer, resume_command: str = "--resume auto"):
         state = trainer.state
         state.batches_done -= state.batches_done % trainer.cfg.train.accumulate_grad_batches
         path = trainer.save("last.pt")
-        log.warning("interrupted at epoch %d, step %d: saved %s; continue with: %s", state.epoch + 1,
-                    state.global_step, path, resume_command)
+        log.warning(
+            "interrupted at epoch %d, step %d: saved %s; continue with: %s",
+            state.epoch + 1,
+            state.global_step,
+            path,
+            resume_command,
+        )
         raise
 
 
@@ -165,8 +193,9 @@ def sync_buffers(trainer: Trainer) -> None:
             torch.distributed.broadcast(buffer, 0)
 
 
-def fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | None,
-        resume_command: str = "--resume auto") -> None:
+def fit(
+    trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | None, resume_command: str = "--resume auto"
+) -> None:
     """Epochs of training and validation to trainer.max_epochs; an abnormal end saves last.pt (saved_on_stop)
     and raises; ``resume_command`` is what the Ctrl-C message says to run to continue."""
     with saved_on_stop(trainer, resume_command):
@@ -179,8 +208,12 @@ def _fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | No
     metrics_log = CsvLog(trainer.run.metrics_csv) if runtime.is_main else None
     changed = metrics_log.keep_rows_of(state.history) if metrics_log is not None else 0
     if changed:  # e.g. a run stopped by a full disk between its checkpoint and its row
-        log.warning("%s: %d row(s) written or removed to match the %d epochs of the checkpoint resumed from",
-                    trainer.run.metrics_csv, changed, len(state.history))
+        log.warning(
+            "%s: %d row(s) written or removed to match the %d epochs of the checkpoint resumed from",
+            trainer.run.metrics_csv,
+            changed,
+            len(state.history),
+        )
     leaks = memory_monitor.LeakDetector(cfg.trainer.leak_check_epochs, cfg.trainer.leak_tolerance_mb)
     confusion = None  # of the last validation, for the plot at the end
     while state.epoch < max_epochs:
@@ -189,8 +222,9 @@ def _fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | No
         row = {"epoch": state.epoch + 1, **train_one_epoch(trainer, train_loader)}
         mid_epoch_memory = row.pop("memory")
         if trainer.report.memory_log is not None:  # at least one memory row per epoch, whatever train.log_every is
-            trainer.report.memory_log.write({"epoch": state.epoch + 1, "step": state.global_step,
-                                      **memory_monitor.snapshot(runtime.device)})
+            trainer.report.memory_log.write(
+                {"epoch": state.epoch + 1, "step": state.global_step, **memory_monitor.snapshot(runtime.device)}
+            )
         if trainer.stop_after_steps and state.global_step >= trainer.stop_after_steps:
             trainer.save("last.pt")
             log.info("stopped after %d steps (--stop-after-steps); last.pt saved", state.global_step)
@@ -199,10 +233,17 @@ def _fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | No
         if val_loader is not None and _validation_due(cfg.trainer, state.epoch):
             precise_bn_before_validation(trainer, train_loader.dataset)
             sync_buffers(trainer)
-            metrics = evaluate(trainer.model, val_loader, trainer.prepare, runtime, cfg.infer,
-                               len(trainer.class_names), trainer.report.bad_inputs,
-                               frame_stride=cfg.data.frame_stride,
-                               background=background_indices(cfg.data.background_labels, trainer.class_names))
+            metrics = evaluate(
+                trainer.model,
+                val_loader,
+                trainer.prepare,
+                runtime,
+                cfg.infer,
+                len(trainer.class_names),
+                trainer.report.bad_inputs,
+                frame_stride=cfg.data.frame_stride,
+                background=background_indices(cfg.data.background_labels, trainer.class_names),
+            )
             row.update({f"val_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
             confusion = metrics["confusion"]
         if mid_epoch_memory is not None:
@@ -238,8 +279,10 @@ def _warn_if_head_at_chance(trainer: Trainer) -> None:
     if max(row["val_clip_acc"] for row in rows) > chance + margin:
         return
     train_cfg, said = trainer.cfg.train, trainer.report.head_at_chance_said
-    at_chance = (f"epoch {trainer.state.epoch}: validation accuracy has stayed at chance ({chance:.3f}) for "
-                 f"{len(rows)} validations with the temporal head on")
+    at_chance = (
+        f"epoch {trainer.state.epoch}: validation accuracy has stayed at chance ({chance:.3f}) for "
+        f"{len(rows)} validations with the temporal head on"
+    )
     train_loss, chance_loss = rows[-1].get("train_loss"), math.log(len(trainer.class_names))
     kind = "fitting" if train_loss is not None and train_loss < 0.5 * chance_loss else "not learning"
     if kind in said:
@@ -249,28 +292,52 @@ def _warn_if_head_at_chance(trainer: Trainer) -> None:
     # a bidirectional encoder starts nearly blind to order, and tokens without their contrast differ little where
     # most chunks look alike: the first switches (docs/long-videos.md has the measurements)
     transformer = model_cfg.temporal_head == "transformer"
-    first = [switch for switch, wanted in (
-        ("model.temporal_attention: directional (now bidirectional)",
-         transformer and model_cfg.temporal_attention == "bidirectional"),
-        ("model.temporal_contrast: true (now false)", transformer and not model_cfg.temporal_contrast)) if wanted]
-    first_switches = (f"first set {' and '.join(first)} (docs/long-videos.md, Temporal context across chunks); "
-                      if first else "")
+    first = [
+        switch
+        for switch, wanted in (
+            (
+                "model.temporal_attention: directional (now bidirectional)",
+                transformer and model_cfg.temporal_attention == "bidirectional",
+            ),
+            ("model.temporal_contrast: true (now false)", transformer and not model_cfg.temporal_contrast),
+        )
+        if wanted
+    ]
+    first_switches = (
+        f"first set {' and '.join(first)} (docs/long-videos.md, Temporal context across chunks); " if first else ""
+    )
     if kind == "fitting":
         # a head on features (data.features_dir) has the chunks infer_chunked.py --features wrote them with
-        chunking = ("infer_chunked.py --features --chunk" if trainer.cfg.data.features_dir is not None
-                    else f"train.chunk_train_size, now {train_cfg.chunk_train_size}")
-        log.warning("%s while its training loss fell to %.3f (chance: %.3f): it fits the training clips, not the "
-                    "task; %sgive it more training videos, or fewer, longer chunks (%s); model.temporal_head: none "
-                    "shows what the chunks alone give", at_chance, train_loss, chance_loss, first_switches, chunking)
+        chunking = (
+            "infer_chunked.py --features --chunk"
+            if trainer.cfg.data.features_dir is not None
+            else f"train.chunk_train_size, now {train_cfg.chunk_train_size}"
+        )
+        log.warning(
+            "%s while its training loss fell to %.3f (chance: %.3f): it fits the training clips, not the "
+            "task; %sgive it more training videos, or fewer, longer chunks (%s); model.temporal_head: none "
+            "shows what the chunks alone give",
+            at_chance,
+            train_loss,
+            chance_loss,
+            first_switches,
+            chunking,
+        )
         return
     max_norm = max_grad_norm(train_cfg, True)
-    log.warning("%s; %sa head that does not learn usually trains too fast: lower train.temporal_lr_scale (now %g) "
-                "or train.lr (now %g), lengthen train.temporal_warmup_epochs (now %g), set train.temporal_grad_clip "
-                "(now %s), or narrow model.temporal_width (now %d); "
-                "model.temporal_head: none shows what the chunks alone give",
-                at_chance, first_switches, train_cfg.temporal_lr_scale, train_cfg.lr,
-                warmup_epochs(train_cfg, True), "off" if max_norm is None else f"{max_norm:g}",
-                model_cfg.temporal_width)
+    log.warning(
+        "%s; %sa head that does not learn usually trains too fast: lower train.temporal_lr_scale (now %g) "
+        "or train.lr (now %g), lengthen train.temporal_warmup_epochs (now %g), set train.temporal_grad_clip "
+        "(now %s), or narrow model.temporal_width (now %d); "
+        "model.temporal_head: none shows what the chunks alone give",
+        at_chance,
+        first_switches,
+        train_cfg.temporal_lr_scale,
+        train_cfg.lr,
+        warmup_epochs(train_cfg, True),
+        "off" if max_norm is None else f"{max_norm:g}",
+        model_cfg.temporal_width,
+    )
 
 
 def _validation_due(trainer_cfg: TrainerConfig, epoch: int) -> bool:
@@ -294,8 +361,12 @@ def _end_epoch(trainer: Trainer, row: dict, metrics_log) -> None:
         shown = ("train_loss", "train_clips_per_s", "data_time_share", "val_clip_acc", "val_video_acc")
         # top-5 of 5 classes or fewer is always 1: not worth a column then
         shown += ("val_top5",) if len(trainer.class_names) > 5 else ()
-        log.info("epoch %d/%d: %s", state.epoch, cfg.trainer.max_epochs, "  ".join(
-            f"{k} {row[k]:.4f}" for k in shown if k in row))
+        log.info(
+            "epoch %d/%d: %s",
+            state.epoch,
+            cfg.trainer.max_epochs,
+            "  ".join(f"{k} {row[k]:.4f}" for k in shown if k in row),
+        )
 
 
 def _end_run(trainer: Trainer, confusion: list | None) -> None:
@@ -304,10 +375,10 @@ def _end_run(trainer: Trainer, confusion: list | None) -> None:
         trainer.report.bad_inputs.end_run()
     if trainer.runtime.is_main and state.history:
         validated = [row["epoch"] for row in state.history if "val_clip_acc" in row]
-        training_plots(trainer.run, trainer.class_names, confusion, cfg.train.monitor,
-                             validated[-1] if validated else None)
-        log.info("done: best %s %.4f; checkpoints in %s", cfg.train.monitor, state.best_metric,
-                 trainer.run.checkpoints)
+        training_plots(
+            trainer.run, trainer.class_names, confusion, cfg.train.monitor, validated[-1] if validated else None
+        )
+        log.info("done: best %s %.4f; checkpoints in %s", cfg.train.monitor, state.best_metric, trainer.run.checkpoints)
 
 
 def _save_epoch(trainer: Trainer, improved: bool) -> None:

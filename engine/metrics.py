@@ -3,6 +3,7 @@
 Clip-level metrics score every sample (a window's clip); video-level metrics sum the softmax of all clips
 of a video (``video_index``) before the argmax, as torchvision's video references do.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,8 +21,9 @@ class ClassificationMeter:
     def update(self, logits: torch.Tensor, labels: torch.Tensor, video_index: torch.Tensor | None = None) -> None:
         logits, labels = logits.detach().float().cpu(), labels.detach().cpu().long()
         predicted = logits.argmax(dim=1)
-        self.confusion += torch.bincount(labels * self.num_classes + predicted,
-                                         minlength=self.num_classes ** 2).view(self.num_classes, self.num_classes)
+        self.confusion += torch.bincount(labels * self.num_classes + predicted, minlength=self.num_classes**2).view(
+            self.num_classes, self.num_classes
+        )
         k = min(5, self.num_classes)
         self.top5_hits += int((logits.topk(k, dim=1).indices == labels[:, None]).any(dim=1).sum())
         self.count += len(labels)
@@ -52,8 +54,11 @@ class ClassificationMeter:
         correct = confusion.diag()
         recall = torch.where(support > 0, correct / support.clamp_min(1), torch.zeros_like(correct))
         precision = torch.where(predicted_count > 0, correct / predicted_count.clamp_min(1), torch.zeros_like(correct))
-        f1 = torch.where(precision + recall > 0, 2 * precision * recall / (precision + recall).clamp_min(1e-12),
-                         torch.zeros_like(correct))
+        f1 = torch.where(
+            precision + recall > 0,
+            2 * precision * recall / (precision + recall).clamp_min(1e-12),
+            torch.zeros_like(correct),
+        )
         present = support > 0
         result = {
             "clip_acc": float(correct.sum() / max(self.count, 1)),
@@ -78,6 +83,13 @@ class ClassificationMeter:
         for video, probs in self.video_probs.items():
             labels = self.video_clips[video]
             predicted = int(probs.argmax())
-            rows.append({"video_index": video, "label": max(set(labels), key=labels.count), "predicted": predicted,
-                         "probability": float(probs[predicted]) / len(labels), "clips": len(labels)})
+            rows.append(
+                {
+                    "video_index": video,
+                    "label": max(set(labels), key=labels.count),
+                    "predicted": predicted,
+                    "probability": float(probs[predicted]) / len(labels),
+                    "clips": len(labels),
+                }
+            )
         return rows

@@ -2,6 +2,7 @@
 unrecomputed (train.recompute: auto), then half the micro-batch, then half the training chunk; only when one chunk
 of the model's shortest length does not fit does the run stop, with advice.
 Under DDP every rank agrees on the back-off at the end of each accumulation group (``agree_and_reduce``)."""
+
 from __future__ import annotations
 
 import logging
@@ -25,6 +26,7 @@ class SyncedOutOfMemory(OutOfMemoryAdvice):
     """An OOM under SyncBatchNorm: the other ranks wait inside a collective of the forward that this rank
     abandoned, so no agreement can be reached; this rank stops (torchrun then stops the others), saving nothing:
     its step is half done and the advice says to resume from the last checkpoint."""
+
     saves_checkpoint = False
 
 
@@ -39,9 +41,13 @@ def back_off_after_oom(trainer: Trainer, batch_size: int, length: int) -> None:
     kept = trainer.chunk_spec().kept
     if kept:
         state.kept_chunks = kept // 2
-        log.warning("out of memory with the activations of %d training chunks kept: now %d kept, the others "
-                    "recomputed in backward (train.recompute: auto; kept for the rest of the run and saved in the "
-                    "checkpoint); the step is retried", kept, state.kept_chunks)
+        log.warning(
+            "out of memory with the activations of %d training chunks kept: now %d kept, the others "
+            "recomputed in backward (train.recompute: auto; kept for the rest of the run and saved in the "
+            "checkpoint); the step is retried",
+            kept,
+            state.kept_chunks,
+        )
         return
     per_forward = math.ceil(batch_size / state.micro_splits)
     if per_forward <= 1:
@@ -55,12 +61,18 @@ def back_off_after_oom(trainer: Trainer, batch_size: int, length: int) -> None:
             f"1) smaller frames (data.img_size={data.img_size}), "
             f"2) model.grad_checkpointing: true (now {str(model.grad_checkpointing).lower()}), "
             f"3) trainer.precision 16/bf16 (now {trainer.runtime.precision}), "
-            f"4) a smaller model or preset (configs/gtx1650.yaml)")
+            f"4) a smaller model or preset (configs/gtx1650.yaml)",
+        )
     state.micro_splits *= 2
-    log.warning("out of memory at %d clips per forward: now %d per forward, %d forwards per batch of %d and %d "
-                "batches per step (the effective batch is unchanged); the step is retried", per_forward,
-                math.ceil(batch_size / state.micro_splits), state.micro_splits, batch_size,
-                cfg.train.accumulate_grad_batches)
+    log.warning(
+        "out of memory at %d clips per forward: now %d per forward, %d forwards per batch of %d and %d "
+        "batches per step (the effective batch is unchanged); the step is retried",
+        per_forward,
+        math.ceil(batch_size / state.micro_splits),
+        state.micro_splits,
+        batch_size,
+        cfg.train.accumulate_grad_batches,
+    )
 
 
 def _shorten_chunks(trainer: Trainer, length: int) -> bool:
@@ -73,9 +85,14 @@ def _shorten_chunks(trainer: Trainer, length: int) -> bool:
     if shorter >= current:
         return False
     trainer.state.chunk_train_size = shorter
-    log.warning("out of memory at 1 clip per forward in chunks of %s: now chunks of %s (overlap %d), each "
-                "recomputed in backward; kept for the rest of the run and saved in the checkpoint; the step is "
-                "retried", _frames(current), _frames(shorter), trainer.chunk_spec().overlap)
+    log.warning(
+        "out of memory at 1 clip per forward in chunks of %s: now chunks of %s (overlap %d), each "
+        "recomputed in backward; kept for the rest of the run and saved in the checkpoint; the step is "
+        "retried",
+        _frames(current),
+        _frames(shorter),
+        trainer.chunk_spec().overlap,
+    )
     return True
 
 
@@ -98,30 +115,40 @@ def agree_and_reduce(trainer: Trainer) -> None:
     the backward. The agreement takes the most cautious of each: the most splits, the shortest chunks, the fewest
     chunks kept unrecomputed."""
     state, runtime = trainer.state, trainer.runtime
-    no_chunk = 2 ** 30  # "no training chunk" in the minimum
+    no_chunk = 2**30  # "no training chunk" in the minimum
     chunk = no_chunk if state.chunk_train_size is None else state.chunk_train_size
     kept = state.kept_chunks or 0
     mine = (state.micro_splits, chunk, kept, trainer.pending_advice is not None)
-    flags = torch.tensor([state.micro_splits, -chunk, -kept, float(mine[3])], dtype=torch.float64,
-                         device=runtime.device)
+    flags = torch.tensor(
+        [state.micro_splits, -chunk, -kept, float(mine[3])], dtype=torch.float64, device=runtime.device
+    )
     torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
     splits, agreed_chunk, agreed_kept, gave_up = int(flags[0]), int(-flags[1]), int(-flags[2]), bool(flags[3])
     if (splits, agreed_chunk, agreed_kept) != mine[:3]:
-        log.warning("rank %d: another rank ran out of memory: now %d forwards per batch and %s%s, as every rank "
-                    "(kept for the rest of the run)", runtime.rank, splits,
-                    "whole clips" if agreed_chunk == no_chunk else f"training chunks of {agreed_chunk} frames",
-                    f" ({agreed_kept} of them kept unrecomputed)" if kept else "")
+        log.warning(
+            "rank %d: another rank ran out of memory: now %d forwards per batch and %s%s, as every rank "
+            "(kept for the rest of the run)",
+            runtime.rank,
+            splits,
+            "whole clips" if agreed_chunk == no_chunk else f"training chunks of {agreed_chunk} frames",
+            f" ({agreed_kept} of them kept unrecomputed)" if kept else "",
+        )
     state.micro_splits, state.chunk_train_size = splits, None if agreed_chunk == no_chunk else agreed_chunk
     state.kept_chunks = agreed_kept if state.kept_chunks is not None else None
     if gave_up:
         advice = trainer.pending_advice  # every rank stops here; rank 0 saves (saved_on_stop), whichever gave up
-        raise advice if advice is not None else OutOfMemoryAdvice(
-            "another rank ran out of memory with 1 clip per forward pass in chunks of the model's shortest length",
-            "See that rank's advice")
+        raise (
+            advice
+            if advice is not None
+            else OutOfMemoryAdvice(
+                "another rank ran out of memory with 1 clip per forward pass in chunks of the model's shortest length",
+                "See that rank's advice",
+            )
+        )
     average_gradients([p.grad for p in trainer.model.parameters() if p.grad is not None], runtime.world_size)
 
 
-GRADIENT_BUCKET_BYTES = 25 * 2 ** 20  # DDP's default bucket size: the most extra memory the averaging holds
+GRADIENT_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket size: the most extra memory the averaging holds
 
 
 def average_gradients(grads: list, world_size: int, bucket_bytes: int = GRADIENT_BUCKET_BYTES) -> None:

@@ -1,4 +1,5 @@
 """The optimizer (the temporal head's own parameter groups), its schedule and the gradient clip."""
+
 from __future__ import annotations
 
 import math
@@ -13,10 +14,17 @@ def build_optimizer(model: torch.nn.Module, train_cfg: TrainConfig) -> torch.opt
     """No weight decay on norms and biases (the usual practice for CNNs and transformers). A temporal head's
     parameters form groups of their own at train.lr x train.temporal_lr_scale (the schedule scales every group
     alike); without a head, or with a scale of 1, the model is one pair of groups, as before the scale existed."""
+
     def decay_groups(name: str, params: list, lr: float) -> list[dict]:
-        return [{"params": [p for p in params if p.dim() > 1], "weight_decay": train_cfg.weight_decay, "lr": lr,
-                 "name": name},
-                {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0, "lr": lr, "name": name}]
+        return [
+            {
+                "params": [p for p in params if p.dim() > 1],
+                "weight_decay": train_cfg.weight_decay,
+                "lr": lr,
+                "name": name,
+            },
+            {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0, "lr": lr, "name": name},
+        ]
 
     trained = [p for p in model.parameters() if p.requires_grad]
     head = temporal_head_of(model)
@@ -26,9 +34,9 @@ def build_optimizer(model: torch.nn.Module, train_cfg: TrainConfig) -> torch.opt
     if head is None or train_cfg.temporal_lr_scale == 1.0 or all(id(p) in in_head for p in trained):
         groups = decay_groups("model", trained, train_cfg.lr)
     else:
-        groups = (decay_groups("model", [p for p in trained if id(p) not in in_head], train_cfg.lr)
-                  + decay_groups("temporal head", [p for p in trained if id(p) in in_head],
-                                 train_cfg.lr * train_cfg.temporal_lr_scale))
+        groups = decay_groups("model", [p for p in trained if id(p) not in in_head], train_cfg.lr) + decay_groups(
+            "temporal head", [p for p in trained if id(p) in in_head], train_cfg.lr * train_cfg.temporal_lr_scale
+        )
     if train_cfg.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=train_cfg.lr, momentum=train_cfg.momentum, nesterov=True)
     return torch.optim.AdamW(groups, lr=train_cfg.lr)
@@ -43,12 +51,14 @@ def max_grad_norm(train_cfg: TrainConfig, has_temporal_head: bool) -> float | No
 
 def warmup_epochs(train_cfg: TrainConfig, has_temporal_head: bool) -> float:
     """train.warmup_epochs, at least train.temporal_warmup_epochs when the model has a temporal head."""
-    return max(train_cfg.warmup_epochs, train_cfg.temporal_warmup_epochs) if has_temporal_head else \
-        train_cfg.warmup_epochs
+    return (
+        max(train_cfg.warmup_epochs, train_cfg.temporal_warmup_epochs) if has_temporal_head else train_cfg.warmup_epochs
+    )
 
 
-def build_scheduler(optimizer, train_cfg: TrainConfig, steps_per_epoch: int, max_epochs: int,
-                    has_temporal_head: bool = False):
+def build_scheduler(
+    optimizer, train_cfg: TrainConfig, steps_per_epoch: int, max_epochs: int, has_temporal_head: bool = False
+):
     """Linear warm-up, then cosine decay to min_lr, stepped once per optimizer step."""
     total = max(1, steps_per_epoch * max_epochs)
     warmup = int(round(warmup_epochs(train_cfg, has_temporal_head) * steps_per_epoch))
@@ -59,4 +69,5 @@ def build_scheduler(optimizer, train_cfg: TrainConfig, steps_per_epoch: int, max
             return (step + 1) / warmup
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -11,6 +11,7 @@ counts the spread between batches too, as the fixed statistics of evaluation mee
 every rank are summed, so all ranks hold the same statistics. Nothing else changes: not the weights, not
 ``num_batches_tracked``, not the run's random state (the pass runs on a copy of it), so resume stays exact.
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,8 +32,7 @@ log = logging.getLogger("longvideo")
 
 def recomputable_norms(model: torch.nn.Module) -> list[_BatchNorm]:
     """The BatchNorm layers whose running statistics precise BN recomputes (frozen ones keep theirs)."""
-    return [m for m in batch_norms(unwrap_model(model))
-            if m.track_running_stats and not isinstance(m, FrozenBatchNorm)]
+    return [m for m in batch_norms(unwrap_model(model)) if m.track_running_stats and not isinstance(m, FrozenBatchNorm)]
 
 
 @torch.no_grad()
@@ -41,8 +41,7 @@ def precise_batch_norm(trainer: Trainer, batches, limit: int) -> int:
     of ``batches`` (as ``train_one_epoch`` gets them); returns how many were used."""
     model, runtime = trainer.model, trainer.runtime
     norms = recomputable_norms(model)
-    moments = {m: torch.zeros(2 * m.num_features + 1, dtype=torch.float64, device=m.running_mean.device)
-               for m in norms}
+    moments = {m: torch.zeros(2 * m.num_features + 1, dtype=torch.float64, device=m.running_mean.device) for m in norms}
 
     def record(module, args) -> None:  # a pre-hook that returned a value would replace the layer's input
         moments[module].add_(channel_moments(args[0]))
@@ -101,5 +100,4 @@ def precise_bn_before_validation(trainer: Trainer, train_set) -> None:
     finally:
         restore_rng_state(saved)
     note = "" if used == wanted else f" (the training set has only {used} batches)"
-    log.info("precise BN: running statistics of %d BatchNorm layers recomputed over %d batches%s",
-             layers, used, note)
+    log.info("precise BN: running statistics of %d BatchNorm layers recomputed over %d batches%s", layers, used, note)

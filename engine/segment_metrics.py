@@ -11,6 +11,7 @@ Breakfast, 50Salads and GTEA, so a timeline here scores as a published one does:
 Background labels (``background``) are left out of the segments of both sides for edit and F1, as the reference
 implementations' ``bg_class``; frame accuracy counts every frame.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -53,8 +54,9 @@ def edit_score(predicted: Sequence[Hashable], truth: Sequence[Hashable], backgro
     return 100.0 if longest == 0 else (1 - levenshtein(p, t) / longest) * 100
 
 
-def f1_counts(predicted: Sequence[Hashable], truth: Sequence[Hashable], threshold: float,
-              background: Sequence[Hashable] = ()) -> tuple[int, int, int]:
+def f1_counts(
+    predicted: Sequence[Hashable], truth: Sequence[Hashable], threshold: float, background: Sequence[Hashable] = ()
+) -> tuple[int, int, int]:
     """(tp, fp, fn) at an IoU ``threshold``: each predicted segment against the true segment of its label it
     overlaps most; a true segment matched once already makes a second match a false positive."""
     truth_segments = segments_of(truth, background)
@@ -94,8 +96,10 @@ class SegmentationScores:
             raise ValueError(f"{len(predicted)} predicted frame labels for {len(truth)} true ones")
         correct = sum(p == t for p, t in zip(predicted, truth))
         self.frames, self.correct = self.frames + len(truth), self.correct + correct
-        video = {"frame_acc": correct / len(truth) if len(truth) else 0.0,
-                 "edit": edit_score(predicted, truth, self.background)}
+        video = {
+            "frame_acc": correct / len(truth) if len(truth) else 0.0,
+            "edit": edit_score(predicted, truth, self.background),
+        }
         self.edits.append(video["edit"])
         for threshold in F1_THRESHOLDS:
             tp, fp, fn = f1_counts(predicted, truth, threshold, self.background)
@@ -120,8 +124,10 @@ class SegmentationScores:
 
     def result(self) -> dict:
         """Frame accuracy over all frames, the mean edit score over videos, F1 from the summed counts (x100)."""
-        scores = {"frame_acc": self.correct / self.frames if self.frames else 0.0,
-                  "edit": sum(self.edits) / len(self.edits) if self.edits else 0.0}
+        scores = {
+            "frame_acc": self.correct / self.frames if self.frames else 0.0,
+            "edit": sum(self.edits) / len(self.edits) if self.edits else 0.0,
+        }
         for threshold, (tp, fp, fn) in self.counts.items():
             scores[f"f1@{round(threshold * 100)}"] = f1_from_counts(tp, fp, fn)
         return scores
@@ -137,12 +143,16 @@ def background_indices(background_labels: list, class_names: list[str]) -> tuple
     """data.background_labels as class indices (the per-frame labels scored are indices)."""
     unknown = [str(name) for name in background_labels if str(name) not in class_names]
     if unknown:
-        raise ConfigError(f"data.background_labels names {', '.join(unknown)}, not a class of this model "
-                          f"({', '.join(class_names)}); give labels from that list, or [] for none")
+        raise ConfigError(
+            f"data.background_labels names {', '.join(unknown)}, not a class of this model "
+            f"({', '.join(class_names)}); give labels from that list, or [] for none"
+        )
     return tuple(class_names.index(str(name)) for name in background_labels)
 
 
 def format_scores(scores: dict) -> str:
     """One line: frame accuracy, edit, F1@{10,25,50}."""
-    return (f"frame acc {scores['frame_acc']:.4f}  edit {scores['edit']:.1f}  F1@10 {scores['f1@10']:.1f}  "
-            f"F1@25 {scores['f1@25']:.1f}  F1@50 {scores['f1@50']:.1f}")
+    return (
+        f"frame acc {scores['frame_acc']:.4f}  edit {scores['edit']:.1f}  F1@10 {scores['f1@10']:.1f}  "
+        f"F1@25 {scores['f1@25']:.1f}  F1@50 {scores['f1@50']:.1f}"
+    )

@@ -5,6 +5,7 @@ which runs ``step_loss`` on fake tensors.
 ``Trainer`` (engine/trainer.py) is what every step needs; the out-of-memory back-off is engine/oom.py's, the
 optimizer engine/optim.py's.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,6 +30,7 @@ from engine.trainer import Trainer
 from models.temporal import HeadOutput
 
 log = logging.getLogger("longvideo")
+
 
 def train_batch(trainer: Trainer, group: list[dict], group_size: int, need_update: bool) -> tuple[float, int]:
     """The newest loader batch of an accumulation group through forward and backward (with the OOM back-off);
@@ -68,14 +70,16 @@ def accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size:
                     f"{trainer.runtime.world_size - 1} process(es) wait in an all-reduce of the backward this process "
                     f"abandoned, so no back-off can be agreed; every process stops (torchrun stops the others, or "
                     f"trainer.process_group_timeout_s does) and last.pt stays as the last checkpoint wrote it; resume "
-                    f"with --resume auto and train.ddp_sync: agreed (which backs off), or a smaller data.batch_size")
+                    f"with --resume auto and train.ddp_sync: agreed (which backs off), or a smaller data.batch_size"
+                )
             if trainer.synced_norm:
                 raise SyncedOutOfMemory(
                     f"out of memory with model.norm: sync: every BatchNorm forward is synchronized across the "
                     f"{trainer.runtime.world_size} processes, so one of them cannot retry with a smaller micro-batch "
                     f"alone (the out-of-memory back-off is off with sync, and this process stops the others); "
                     f"resume from the last checkpoint with a smaller data.batch_size (or batch_size: auto), "
-                    f"model.grad_checkpointing: true or a shorter train.chunk_train_size, or use model.norm: batch")
+                    f"model.grad_checkpointing: true or a shorter train.chunk_train_size, or use model.norm: batch"
+                )
             back_off_after_oom(trainer, len(group[-1]["label"]), clip_length(group[-1]))
             replay = True
 
@@ -106,12 +110,16 @@ def forward_backward(trainer: Trainer, batch: dict, group_size: int, ends_group:
 def micro_batches(trainer: Trainer, batch: dict) -> list[dict]:
     """A loader batch's model keys in ``state.micro_splits`` non-empty pieces (the OOM back-off's split)."""
     keys = [k for k in MODEL_KEYS if k in batch]
-    return [dict(zip(keys, parts)) for parts in zip(*(torch.tensor_split(batch[k], trainer.state.micro_splits)
-                                                       for k in keys)) if len(parts[0])]
+    return [
+        dict(zip(keys, parts))
+        for parts in zip(*(torch.tensor_split(batch[k], trainer.state.micro_splits) for k in keys))
+        if len(parts[0])
+    ]
 
 
-def training_loss(outputs: HeadOutput, piece: dict, spec: ChunkSpec, train_cfg: TrainConfig,
-                  criterion: torch.nn.Module) -> torch.Tensor:
+def training_loss(
+    outputs: HeadOutput, piece: dict, spec: ChunkSpec, train_cfg: TrainConfig, criterion: torch.nn.Module
+) -> torch.Tensor:
     """train.chunk_loss clip: the aggregated chunk logits (or a temporal head's clip logits) against the clip
     label (the plain loss for one chunk); dense: each chunk (a head's per-chunk logits) against the label
     covering most of its frames, chunks no segment covers left out, averaged over the chunks that count.
@@ -119,8 +127,11 @@ def training_loss(outputs: HeadOutput, piece: dict, spec: ChunkSpec, train_cfg: 
     chunk_logits = outputs.chunks.transpose(0, 1)  # [n, B, K], as the chunk labels
     device = chunk_logits.device
     if train_cfg.chunk_loss == "clip":
-        logits = (outputs.clip if outputs.clip is not None
-                  else aggregate_chunk_logits(chunk_logits, train_cfg.chunk_train_aggregation))
+        logits = (
+            outputs.clip
+            if outputs.clip is not None
+            else aggregate_chunk_logits(chunk_logits, train_cfg.chunk_train_aggregation)
+        )
         return criterion(logits, piece["label"].to(device, non_blocking=True))
     if "chunk_labels" in piece:  # whole videos of features: each chunk's label read with them
         labels = piece["chunk_labels"].t().to(device)  # [n, B]
@@ -128,18 +139,21 @@ def training_loss(outputs: HeadOutput, piece: dict, spec: ChunkSpec, train_cfg: 
         windows = chunk_windows(clip_length(piece), spec.size, spec.overlap)
         labels = chunk_labels(piece["frame_labels"], windows).to(device)  # [n, B]
     else:
-        raise ConfigError("train.chunk_loss: dense needs the samples' frame_labels (the dataset provides them); "
-                          "use chunk_loss: clip")
+        raise ConfigError(
+            "train.chunk_loss: dense needs the samples' frame_labels (the dataset provides them); use chunk_loss: clip"
+        )
     counted = labels >= 0
     if not counted.any():  # no chunk of this piece lies in a segment: nothing to learn, no NaN either
         return chunk_logits.sum() * 0.0
     stages = None if outputs.stages is None else [stage.transpose(0, 1) for stage in outputs.stages]
     if stages is None:
         return criterion(chunk_logits[counted], labels[counted])
-    real = (piece["mask"].t().to(device) if "mask" in piece
-            else torch.ones(labels.shape, dtype=torch.bool, device=device))
-    return sum(criterion(stage[counted], labels[counted]) + SMOOTHING_WEIGHT * smoothing_loss(stage, real)
-               for stage in stages)
+    real = (
+        piece["mask"].t().to(device) if "mask" in piece else torch.ones(labels.shape, dtype=torch.bool, device=device)
+    )
+    return sum(
+        criterion(stage[counted], labels[counted]) + SMOOTHING_WEIGHT * smoothing_loss(stage, real) for stage in stages
+    )
 
 
 SMOOTHING_WEIGHT = 0.15  # MS-TCN's weight of its smoothing loss beside the cross-entropy of each stage
@@ -161,8 +175,9 @@ MODEL_KEYS = ("label", "video", "kpt", "frame_labels", "features", "windows", "m
 # (what a micro-batch split carries)
 
 
-def step_loss(model, inputs: dict, piece: dict, spec: ChunkSpec, train_cfg: TrainConfig,
-              criterion: torch.nn.Module) -> torch.Tensor:
+def step_loss(
+    model, inputs: dict, piece: dict, spec: ChunkSpec, train_cfg: TrainConfig, criterion: torch.nn.Module
+) -> torch.Tensor:
     """The forward and loss of one micro-batch, as the training step and the memory planner both run it:
     ``model`` is a ChunkedTrainingForward, ``inputs`` the uint8 model inputs on the device,
     ``piece`` the micro-batch's labels."""
@@ -191,8 +206,9 @@ def optimizer_step(trainer: Trainer) -> None:
             optimizer.step()
     if not stepped:
         state.skipped_steps += 1
-        log.warning("step %d skipped: non-finite loss or gradients (%d skipped so far)", state.global_step,
-                    state.skipped_steps)
+        log.warning(
+            "step %d skipped: non-finite loss or gradients (%d skipped so far)", state.global_step, state.skipped_steps
+        )
     optimizer.zero_grad(set_to_none=True)
     with warnings.catch_warnings():
         # a step skipped for inf/NaN gradients still advances the schedule (it counts optimizer steps); torch

@@ -7,6 +7,7 @@ boundary between two chunks that disagree falls at the frame where their weighte
 chunk's edge. The resolution is the chunk step (chunk - overlap): the backbones here pool time into one feature
 vector per chunk, so nothing finer exists to blend.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -47,9 +48,17 @@ def frame_probabilities(chunk_probs: np.ndarray, windows: np.ndarray, num_frames
 def segments_of_frames(labels: np.ndarray, fps: float, class_names: list[str] | None = None) -> list[dict]:
     """Per-frame class indices -> [{"start", "end", "start_sec", "end_sec", "label"}] runs (end exclusive),
     labelled with ``class_names`` where given; frames labelled -1 (not annotated) form no segment."""
-    return [{"start": start, "end": end, "start_sec": round(start / fps, 3), "end_sec": round(end / fps, 3),
-             "label": class_names[label] if class_names is not None else label}
-            for start, end, label in label_runs(labels) if label >= 0]
+    return [
+        {
+            "start": start,
+            "end": end,
+            "start_sec": round(start / fps, 3),
+            "end_sec": round(end / fps, 3),
+            "label": class_names[label] if class_names is not None else label,
+        }
+        for start, end, label in label_runs(labels)
+        if label >= 0
+    ]
 
 
 def annotated(predicted: np.ndarray, truth: np.ndarray) -> tuple[list[int], list[int]]:

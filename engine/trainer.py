@@ -1,5 +1,6 @@
 """``Trainer``: what every training step needs, built once by ``engine.build.build_trainer``; and the conditions
 that end a run (``RunStopped``)."""
+
 from __future__ import annotations
 
 import logging
@@ -23,6 +24,7 @@ from models import temporal_head_of
 @dataclass
 class RunReport:
     """What a run tells besides its checkpoints and metrics: the log file, memory.csv, the skipped files, the clock."""
+
     log_file: logging.Handler | None = None  # <run>/train.log: what the console shows, with timestamps
     memory_log: CsvLog | None = None  # memory.csv
     bad_inputs: BadInputReport | None = None  # skipped files and data warnings, reported once per run
@@ -35,6 +37,7 @@ class RunReport:
 @dataclass
 class Trainer:
     """What every step needs, built once in main()."""
+
     model: torch.nn.Module  # a ChunkedTrainingForward around the classifier
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -73,8 +76,9 @@ class Trainer:
         data_info = self.shape.checkpoint_fields()
         if self.features_source is not None:
             data_info["features_source"] = self.features_source
-        return training_checkpoint(self.model, self.optimizer, self.scheduler, self.scaler, self.state, self.cfg,
-                                   self.class_names, data_info)
+        return training_checkpoint(
+            self.model, self.optimizer, self.scheduler, self.scaler, self.state, self.cfg, self.class_names, data_info
+        )
 
     def chunk_spec(self) -> ChunkSpec:
         """The training chunks now: the config's, or the shorter ones the OOM back-off chose; the chunks kept
@@ -96,6 +100,7 @@ class Trainer:
 class RunStopped(RuntimeError):
     """A condition that ends the run. Whoever meets it raises and writes nothing; ``engine.loop.saved_on_stop``
     (around fit) saves last.pt once and names it in the message (``note_checkpoint``)."""
+
     saves_checkpoint = True
 
     def __init__(self, reason: str, advice: str = ""):

@@ -1,5 +1,6 @@
 """What infer_chunked.py writes of each video besides the console: --output's JSON lines (each appended whole) and,
 with --timeline, its per-frame CSV; --plot's pictures; the split's timeline scores. And the console lines."""
+
 from __future__ import annotations
 
 import csv
@@ -39,8 +40,16 @@ class Outputs:
             append_whole(self.frames_csv, frame_rows(result, result.frames, class_names).encode())
         if self.plot_dir:
             path = os.path.join(self.plot_dir, os.path.splitext(name)[0] + ".png")
-            timeline_plot(path, result.frames.labels, result.frames.truth, class_names, result.fps,
-                          os.path.basename(str(result.video)), result.scores, self.row_minutes)
+            timeline_plot(
+                path,
+                result.frames.labels,
+                result.frames.truth,
+                class_names,
+                result.fps,
+                os.path.basename(str(result.video)),
+                result.scores,
+                self.row_minutes,
+            )
             print(f"  timeline picture: {path}")
 
     def write_scores(self, scores: dict, videos: int) -> None:
@@ -54,8 +63,9 @@ def frame_rows(result: VideoResult, frames: FrameTimeline, class_names: list[str
     writer = csv.writer(text, lineterminator="\n")
     for frame, (label, probability) in enumerate(zip(frames.labels, frames.probability)):
         true = "" if frames.truth is None or frames.truth[frame] < 0 else class_names[frames.truth[frame]]
-        writer.writerow([result.video, frame, f"{frame / result.fps:.3f}", class_names[label], f"{probability:.4f}",
-                         true])
+        writer.writerow(
+            [result.video, frame, f"{frame / result.fps:.3f}", class_names[label], f"{probability:.4f}", true]
+        )
     return text.getvalue()
 
 
@@ -70,5 +80,7 @@ def print_result(result: VideoResult, show_timeline: bool) -> None:
     if show_timeline:
         print(f"  {'start':>8s} {'end':>8s} {'start s':>8s} {'end s':>8s}  label")
         for seg in result.segments:
-            print(f"  {seg['start']:8d} {seg['end']:8d} {seg['start'] / result.fps:8.2f} "
-                  f"{seg['end'] / result.fps:8.2f}  {seg['label']}")
+            print(
+                f"  {seg['start']:8d} {seg['end']:8d} {seg['start'] / result.fps:8.2f} "
+                f"{seg['end'] / result.fps:8.2f}  {seg['label']}"
+            )

@@ -1,6 +1,7 @@
 """One video's result from streaming inference (``engine.inference.classify_video``): what infer_chunked.py prints,
 writes as a JSON line (``to_json``), draws and stores as features. The per-frame timeline and the chunk features
 are arrays for the files that hold them (``OUTPUT_frames.csv``, ``--plot``, ``--features``), never JSON."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ import numpy as np
 class FrameTimeline:
     """A video's per-frame timeline: each frame's predicted class index and its probability, and the annotated
     class index (-1 where no segment is; None without segments)."""
+
     labels: np.ndarray
     probability: np.ndarray
     truth: np.ndarray | None
@@ -56,8 +58,15 @@ class VideoResult:
         """The JSON line of --output: the fields that are set, in this order; never the arrays."""
         if self.error is not None:
             return {"video": self.video, "error": self.error}
-        line = {"video": self.video, "num_frames": self.num_frames, "fps": self.fps, "chunks": self.chunks,
-                "topk": self.topk, "decode_s": self.decode_s, "compute_s": self.compute_s}
+        line = {
+            "video": self.video,
+            "num_frames": self.num_frames,
+            "fps": self.fps,
+            "chunks": self.chunks,
+            "topk": self.topk,
+            "decode_s": self.decode_s,
+            "compute_s": self.compute_s,
+        }
         if self.label is not None:
             line.update(label=self.label, correct=self.correct)
         optional = {"scores": self.scores, "chunk_results": self.chunk_results, "segments": self.segments}

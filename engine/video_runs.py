@@ -1,6 +1,7 @@
 """infer_chunked.py's driver: each video of an input list streamed through the model (``classify_video``), its
 features written or skipped when already there, its result printed and written, and the run's summary. A video
 that cannot be read is one error line, and the others go on; a stalled file ends the run (below)."""
+
 from __future__ import annotations
 
 import os
@@ -41,13 +42,24 @@ class Tally:
             lines.append(f"timelines over {scores.videos} annotated videos: {format_scores(scores.result())}")
         if features:
             rate = self.chunks / max(time.perf_counter() - self.start, 1e-9)
-            lines.append(f"features: {self.counts['done']} done, {self.counts['skipped']} skipped (already there), "
-                         f"{self.counts['failed']} failed; {rate:.1f} chunks/s")
+            lines.append(
+                f"features: {self.counts['done']} done, {self.counts['skipped']} skipped (already there), "
+                f"{self.counts['failed']} failed; {rate:.1f} chunks/s"
+            )
         return lines
 
 
-def run_videos(model, records: list, names: list[str], cfg: Config, spec: InferenceSpec, runtime, class_names,
-               outputs: Outputs, features: FeatureOutput | None) -> int:
+def run_videos(
+    model,
+    records: list,
+    names: list[str],
+    cfg: Config,
+    spec: InferenceSpec,
+    runtime,
+    class_names,
+    outputs: Outputs,
+    features: FeatureOutput | None,
+) -> int:
     """Each video classified (and with ``features``, its features written, or skipped when already there);
     prints each result and the summary; returns the number that failed."""
     prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
@@ -63,8 +75,17 @@ def run_videos(model, records: list, names: list[str], cfg: Config, spec: Infere
             tally.counts["skipped"] += 1
             continue
         try:
-            result = classify_video(model, record, cfg.data, spec, runtime, prepare, class_names,
-                                    keep_features=features is not None, scores=scores)
+            result = classify_video(
+                model,
+                record,
+                cfg.data,
+                spec,
+                runtime,
+                prepare,
+                class_names,
+                keep_features=features is not None,
+                scores=scores,
+            )
         except BAD_INPUT_ERRORS as e:
             if len(records) == 1:
                 raise
@@ -90,15 +111,19 @@ def _go_on_after(error: Exception, left: int, tally: Tally) -> bool:
     print(f"error: {error}", file=sys.stderr)
     if isinstance(error, StalledFile) and left:
         # OpenCV opens files under one process-wide lock, which the blocked decoder holds for good
-        print(f"error: the other {left} videos are not run: a stalled file keeps the decoder blocked in this "
-              f"process; run infer_chunked.py again without it", file=sys.stderr)
+        print(
+            f"error: the other {left} videos are not run: a stalled file keeps the decoder blocked in this "
+            f"process; run infer_chunked.py again without it",
+            file=sys.stderr,
+        )
         tally.counts["failed"] += left
         return False
     return True
 
 
-def _save_features(path: str, result: VideoResult, record, cfg: Config, features: FeatureOutput, class_names,
-                   reason: str, tally: Tally) -> None:
+def _save_features(
+    path: str, result: VideoResult, record, cfg: Config, features: FeatureOutput, class_names, reason: str, tally: Tally
+) -> None:
     """A video's features file written (atomically); its arrays then leave the result."""
     write_features(path, result, record, cfg, features.settings, class_names, features.checkpoint)
     print(f"features: {path} ({len(result.features.features)} chunks; {reason})")

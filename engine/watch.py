@@ -11,6 +11,7 @@
   moment leaves every earlier line intact and no partial line.
 - Exit codes: 0 nothing to do or all evaluated, 1 some checkpoint failed, 2 usage or configuration error.
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,6 +32,7 @@ log = logging.getLogger("longvideo")
 @dataclass(frozen=True)
 class WatchSpec:
     """What eval.py --watch does: which folder, how often, what it records and draws."""
+
     run_dir: str
     interval: float | None = None  # seconds between passes; None: one pass (cron)
     settle: float = 5.0  # checkpoints modified more recently are left for the next pass
@@ -75,10 +77,17 @@ def watch_once(spec: WatchSpec, evaluate) -> tuple[int, int, int, int]:
             log.warning("%s: %s", relative, e)
             failed += 1
         else:
-            entry.update(status="ok", epoch=saved.epoch, global_step=saved.global_step, metrics=metrics,
-                         class_names=class_names)
-            log.info("%s: epoch %s step %s top-1 %.4f video acc %.4f", relative, saved.epoch, saved.global_step,
-                     metrics["clip_acc"], metrics.get("video_acc", float("nan")))
+            entry.update(
+                status="ok", epoch=saved.epoch, global_step=saved.global_step, metrics=metrics, class_names=class_names
+            )
+            log.info(
+                "%s: epoch %s step %s top-1 %.4f video acc %.4f",
+                relative,
+                saved.epoch,
+                saved.global_step,
+                metrics["clip_acc"],
+                metrics.get("video_acc", float("nan")),
+            )
             evaluated += 1
         entry.update(seconds=round(time.perf_counter() - start, 3), time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         append_ledger(ledger, entry)
@@ -103,20 +112,27 @@ def watch(spec: WatchSpec, evaluate) -> int:
             if held is not None and held > spec.lock_limit:
                 # a stuck evaluator (a stalled file, a hung device) would otherwise make every cron run skip quietly
                 pid = lock.previous_holder.split()[1]
-                print(f"eval.py --watch {spec.run_dir}: {lock.path} has been held for {held / 3600:.1f} h, longer "
-                      f"than --lock-limit {spec.lock_limit:g} s, by {lock.previous_holder}; if that evaluation is "
-                      f"stuck, stop it (kill {pid}): the lock is released when its process ends")
+                print(
+                    f"eval.py --watch {spec.run_dir}: {lock.path} has been held for {held / 3600:.1f} h, longer "
+                    f"than --lock-limit {spec.lock_limit:g} s, by {lock.previous_holder}; if that evaluation is "
+                    f"stuck, stop it (kill {pid}): the lock is released when its process ends"
+                )
                 return 1
-            print(f"eval.py --watch {spec.run_dir}: another evaluation holds {lock.path} ({lock.previous_holder}); "
-                  f"exiting")
+            print(
+                f"eval.py --watch {spec.run_dir}: another evaluation holds {lock.path} ({lock.previous_holder}); "
+                f"exiting"
+            )
             return 0
         try:
             if lock.previous_holder:
                 log.info("took over the lock left by %s", lock.previous_holder)
             removed = remove_stale_temp_files(spec.run_dir, recursive=True)
             if removed:
-                log.warning("removed %d temporary file(s) left by writers that were killed: %s", len(removed),
-                            ", ".join(removed))
+                log.warning(
+                    "removed %d temporary file(s) left by writers that were killed: %s",
+                    len(removed),
+                    ", ".join(removed),
+                )
             evaluated, failed, skipped, waiting = watch_once(spec, evaluate)
             if spec.plot:
                 plot_history(spec.run_dir)
@@ -125,8 +141,10 @@ def watch(spec: WatchSpec, evaluate) -> int:
         if evaluated + failed + skipped + waiting == 0:
             print(f"eval.py --watch {spec.run_dir}: nothing to evaluate yet (no checkpoint under it)")
         else:
-            print(f"eval.py --watch {spec.run_dir}: {evaluated} evaluated, {failed} failed, {skipped} already done, "
-                  f"{waiting} left for the next run")
+            print(
+                f"eval.py --watch {spec.run_dir}: {evaluated} evaluated, {failed} failed, {skipped} already done, "
+                f"{waiting} left for the next run"
+            )
         if not spec.interval:
             return 1 if failed else 0
         time.sleep(spec.interval)

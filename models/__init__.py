@@ -6,6 +6,7 @@ optional fusion of camera views, and one linear head. All expose ``features(inpu
 ``set_grad_checkpointing()``. Inputs are dicts: ``{"video": [B, C, T, H, W] or [B, V, C, T, H, W]
 float, "kpt": [B, T, J, C] float}``.
 """
+
 from __future__ import annotations
 
 from torch import nn
@@ -20,8 +21,15 @@ from models.pretrained import load_pretrained
 from models.registry import ModelConfigError, build_rgb_backbone, registered_names
 from models.temporal import FeatureHead, TemporalHead
 
-__all__ = ["ModelConfigError", "build_feature_head", "build_model", "build_rgb_backbone", "registered_names",
-           "set_temporal_window", "temporal_head_of"]
+__all__ = [
+    "ModelConfigError",
+    "build_feature_head",
+    "build_model",
+    "build_rgb_backbone",
+    "registered_names",
+    "set_temporal_window",
+    "temporal_head_of",
+]
 
 
 def build_model(model_cfg: ModelConfig, num_classes: int, num_views: int = 1, kpt_shape: tuple[int, int] | None = None):
@@ -31,37 +39,55 @@ def build_model(model_cfg: ModelConfig, num_classes: int, num_views: int = 1, kp
     num_views: camera views per sample (from the data); kpt_shape: (joints, channels) of the keypoints.
     """
     input_type = model_cfg.input_type
-    rgb = (build_rgb_backbone(model_cfg.backbone, model_cfg.width)
-           if input_type in ("rgb", "rgb_kpt") else None)
+    rgb = build_rgb_backbone(model_cfg.backbone, model_cfg.width) if input_type in ("rgb", "rgb_kpt") else None
     kpt = None
     if input_type in ("kpt", "rgb_kpt"):
         if kpt_shape is None:
             raise ModelConfigError(f"model.input_type={input_type} needs keypoints, but the data has none")
         kpt = KeypointTCN(num_joints=kpt_shape[0], channels=kpt_shape[1], width=model_cfg.width * 2)
     norm, branches = model_cfg.norm, [b for b in (rgb, kpt) if b is not None]
-    converted = sum(convert_norms(b, norm, model_cfg.norm_groups, model_cfg.norm_frozen_affine)
-                    for b in branches) if norm in ("frozen", "group") else 0
+    converted = (
+        sum(convert_norms(b, norm, model_cfg.norm_groups, model_cfg.norm_frozen_affine) for b in branches)
+        if norm in ("frozen", "group")
+        else 0
+    )
     if norm != "batch" and not converted and not any(batch_norms(b) for b in branches):
-        raise ModelConfigError(f"model.norm: {norm}: {model_cfg.backbone} has no BatchNorm layer to convert (it "
-                               f"normalizes with LayerNorm, which the batch size does not affect); use norm: batch")
+        raise ModelConfigError(
+            f"model.norm: {norm}: {model_cfg.backbone} has no BatchNorm layer to convert (it "
+            f"normalizes with LayerNorm, which the batch size does not affect); use norm: batch"
+        )
     if rgb is not None and model_cfg.pretrained is not None:
         load_pretrained(rgb, model_cfg.pretrained, model_cfg.backbone, norm)
     temporal = temporal_settings(model_cfg) if model_cfg.temporal_head != "none" else None
-    model = VideoClassifier(rgb=rgb, kpt=kpt, num_classes=num_classes, view_fusion=model_cfg.view_fusion,
-                            num_views=num_views, dropout=model_cfg.dropout, fusion=model_cfg.fusion,
-                            temporal=temporal)
+    model = VideoClassifier(
+        rgb=rgb,
+        kpt=kpt,
+        num_classes=num_classes,
+        view_fusion=model_cfg.view_fusion,
+        num_views=num_views,
+        dropout=model_cfg.dropout,
+        fusion=model_cfg.fusion,
+        temporal=temporal,
+    )
     model.set_grad_checkpointing(model_cfg.grad_checkpointing)
     return model
 
 
 def temporal_settings(model_cfg: ModelConfig) -> dict:
     """The temporal head's constructor arguments (models/temporal.py) from the model section."""
-    return {"kind": model_cfg.temporal_head, "width": model_cfg.temporal_width, "layers": model_cfg.temporal_layers,
-            "heads": model_cfg.temporal_attention_heads, "dropout": model_cfg.temporal_dropout,
-            "tcn_dropout": model_cfg.temporal_tcn_dropout,
-            "attention": model_cfg.temporal_attention, "input_norm": model_cfg.temporal_input_norm,
-            "contrast": model_cfg.temporal_contrast,
-            "stages": model_cfg.temporal_stages, "tcn_layers": model_cfg.temporal_tcn_layers}
+    return {
+        "kind": model_cfg.temporal_head,
+        "width": model_cfg.temporal_width,
+        "layers": model_cfg.temporal_layers,
+        "heads": model_cfg.temporal_attention_heads,
+        "dropout": model_cfg.temporal_dropout,
+        "tcn_dropout": model_cfg.temporal_tcn_dropout,
+        "attention": model_cfg.temporal_attention,
+        "input_norm": model_cfg.temporal_input_norm,
+        "contrast": model_cfg.temporal_contrast,
+        "stages": model_cfg.temporal_stages,
+        "tcn_layers": model_cfg.temporal_tcn_layers,
+    }
 
 
 def temporal_head_of(model: nn.Module) -> TemporalHead | None:
@@ -81,13 +107,16 @@ def set_temporal_window(model: nn.Module, window: int | str) -> str:
     reach = head.reach()
     if reach is None:
         return "whole videos at once" + (" (its training length is not recorded)" if window == "auto" else "")
-    return f"windows of {reach} chunks, overlapping by half" + (" (its longest training clip)" if window == "auto"
-                                                                else "")
+    return f"windows of {reach} chunks, overlapping by half" + (
+        " (its longest training clip)" if window == "auto" else ""
+    )
 
 
 def build_feature_head(model_cfg: ModelConfig, feature_dim: int, num_classes: int) -> FeatureHead:
     """The temporal head alone, for training on features (data.features_dir)."""
     if model_cfg.temporal_head == "none":
-        raise ModelConfigError("data.features_dir trains a temporal head on features, but model.temporal_head is "
-                               "none; set it to tcn, transformer or attention")
+        raise ModelConfigError(
+            "data.features_dir trains a temporal head on features, but model.temporal_head is "
+            "none; set it to tcn, transformer or attention"
+        )
     return FeatureHead(feature_dim, num_classes, **temporal_settings(model_cfg))

@@ -1,4 +1,5 @@
 """The one classifier shape every registered model takes: branches, view fusion, head."""
+
 from __future__ import annotations
 
 import contextlib
@@ -25,8 +26,11 @@ def running_stats_frozen(module: nn.Module):
     ops and saves the same tensors for backward as the first forward did (checkpointing checks that); the
     step counter, which the layer raises in Python, is put back afterwards.
     """
-    norms = [m for m in module.modules()
-             if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats and m.training]
+    norms = [
+        m
+        for m in module.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats and m.training
+    ]
     saved = [(m.momentum, None if m.num_batches_tracked is None else m.num_batches_tracked.clone()) for m in norms]
     for m in norms:
         m.momentum = 0.0
@@ -48,8 +52,12 @@ def recompute_in_backward(module: nn.Module, function, *args):
     variance moved twice as far as the momentum says. Dropout draws the same mask both times (the RNG state is
     replayed).
     """
-    return checkpoint(function, *args, use_reentrant=False,
-                      context_fn=lambda: (contextlib.nullcontext(), running_stats_frozen(module)))
+    return checkpoint(
+        function,
+        *args,
+        use_reentrant=False,
+        context_fn=lambda: (contextlib.nullcontext(), running_stats_frozen(module)),
+    )
 
 
 class StagedBackbone(nn.Module):
@@ -91,15 +99,25 @@ class VideoClassifier(nn.Module):
     engine/chunking.py do that) and ``forward`` treats its input as one chunk.
     """
 
-    def __init__(self, rgb: StagedBackbone | None, kpt: StagedBackbone | None, num_classes: int,
-                 view_fusion: str = "none", num_views: int = 1, dropout: float = 0.0, fusion: str = "concat",
-                 temporal: dict | None = None):
+    def __init__(
+        self,
+        rgb: StagedBackbone | None,
+        kpt: StagedBackbone | None,
+        num_classes: int,
+        view_fusion: str = "none",
+        num_views: int = 1,
+        dropout: float = 0.0,
+        fusion: str = "concat",
+        temporal: dict | None = None,
+    ):
         super().__init__()
         if rgb is None and kpt is None:
             raise ModelConfigError("a classifier needs an RGB backbone, a keypoint branch, or both")
         if view_fusion == "none" and num_views > 1:
-            raise ModelConfigError(f"the data has {num_views} camera views but model.view_fusion is none; "
-                                   f"set model.view_fusion to mean, concat or late")
+            raise ModelConfigError(
+                f"the data has {num_views} camera views but model.view_fusion is none; "
+                f"set model.view_fusion to mean, concat or late"
+            )
         self.rgb, self.kpt = rgb, kpt
         self.view_fusion, self.num_views = view_fusion, num_views
         rgb_dim = 0 if rgb is None else rgb.feature_dim * (num_views if view_fusion == "concat" else 1)
@@ -112,14 +130,17 @@ class VideoClassifier(nn.Module):
         else:  # concatenated
             self.feature_dim = rgb_dim + kpt_dim
         # with a temporal head, the head's own classifier replaces this one (an unused one would stall DDP)
-        self.classifier = (nn.Sequential(nn.Dropout(dropout), nn.Linear(self.feature_dim, num_classes))
-                           if temporal is None else None)
+        self.classifier = (
+            nn.Sequential(nn.Dropout(dropout), nn.Linear(self.feature_dim, num_classes)) if temporal is None else None
+        )
         self.min_frames = max(b.min_frames for b in (rgb, kpt) if b is not None)
         self.temporal = None
         if temporal is not None:
             if view_fusion == "late":
-                raise ModelConfigError("model.temporal_head needs one feature vector per chunk, but view_fusion late "
-                                       "keeps one per view; use view_fusion mean or concat")
+                raise ModelConfigError(
+                    "model.temporal_head needs one feature vector per chunk, but view_fusion late "
+                    "keeps one per view; use view_fusion mean or concat"
+                )
             self.temporal = temporal_head(self.feature_dim, num_classes, **temporal)
 
     def set_grad_checkpointing(self, enabled: bool = True) -> None:

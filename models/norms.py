@@ -12,6 +12,7 @@ Every backbone is built with BatchNorm (ours and torchvision's); :func:`convert_
 - ``group``: ``nn.GroupNorm`` with :func:`group_count` groups: per sample, so any micro-batch or chunk gives
   the same result; for training from scratch (it has no running statistics to take from pretrained weights).
 """
+
 from __future__ import annotations
 
 import torch
@@ -47,14 +48,14 @@ def channel_moments(x: torch.Tensor) -> torch.Tensor:
         return torch.zeros(2 * channels + 1, dtype=torch.float64, device=x.device)
     var, mean = torch.var_mean(x.float(), dim=[0] + list(range(2, x.dim())), correction=0)
     mean, var = mean.double(), var.double()
-    return torch.cat([mean * count, (var + mean ** 2) * count, mean.new_tensor([float(count)])])
+    return torch.cat([mean * count, (var + mean**2) * count, mean.new_tensor([float(count)])])
 
 
 def pooled_statistics(sums: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(mean, biased variance, count) of everything whose :func:`channel_moments` were summed into ``sums``."""
     channels, total = (sums.numel() - 1) // 2, float(sums[-1])
     mean = sums[:channels] / total
-    return mean, (sums[channels:2 * channels] / total - mean ** 2).clamp_min(0), total
+    return mean, (sums[channels : 2 * channels] / total - mean**2).clamp_min(0), total
 
 
 class _AnyRankBatchNorm(_BatchNorm):
@@ -75,8 +76,16 @@ class FrozenBatchNorm(_AnyRankBatchNorm):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
-        return nn.functional.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias,
-                                        training=False, momentum=0.0, eps=self.eps)
+        return nn.functional.batch_norm(
+            input,
+            self.running_mean,
+            self.running_var,
+            self.weight,
+            self.bias,
+            training=False,
+            momentum=0.0,
+            eps=self.eps,
+        )
 
 
 class SyncBatchNorm(_AnyRankBatchNorm):
@@ -88,8 +97,15 @@ class SyncBatchNorm(_AnyRankBatchNorm):
     process, it is BatchNorm.
     """
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
-                 track_running_stats: bool = True, process_group=None):
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        process_group=None,
+    ):
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
         self.process_group = process_group
 
@@ -104,8 +120,16 @@ class SyncBatchNorm(_AnyRankBatchNorm):
             if self.momentum is None:  # cumulative average
                 factor = 1.0 / float(self.num_batches_tracked)
         tracked = self.track_running_stats
-        return _SyncBatchNormFunction.apply(input, self.weight, self.bias, self.running_mean if tracked else None,
-                                            self.running_var if tracked else None, self.eps, factor, group)
+        return _SyncBatchNormFunction.apply(
+            input,
+            self.weight,
+            self.bias,
+            self.running_mean if tracked else None,
+            self.running_var if tracked else None,
+            self.eps,
+            factor,
+            group,
+        )
 
 
 class _SyncBatchNormFunction(torch.autograd.Function):
@@ -123,8 +147,9 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         moments = channel_moments(input)
         dist.all_reduce(moments, group=group)
         if float(moments[-1]) <= 1:
-            raise ValueError(f"Expected more than 1 value per channel when training, got {int(moments[-1])} over "
-                             f"all processes")
+            raise ValueError(
+                f"Expected more than 1 value per channel when training, got {int(moments[-1])} over all processes"
+            )
         mean64, var64, total = pooled_statistics(moments)
         mean, var = mean64.float(), var64.float()
         invstd = torch.rsqrt(var + eps)
@@ -199,6 +224,7 @@ def convert_norms(model: nn.Module, norm: str, groups: int = 32, frozen_affine: 
         raise ValueError(f"unknown norm '{norm}'; expected one of {', '.join(NORMS)}")
     if norm == "batch":
         return 0
-    make = {"frozen": lambda bn: _frozen(bn, frozen_affine), "sync": _sync,
-            "group": lambda bn: _group(bn, groups)}[norm]
+    make = {"frozen": lambda bn: _frozen(bn, frozen_affine), "sync": _sync, "group": lambda bn: _group(bn, groups)}[
+        norm
+    ]
     return _replace(model, make)

@@ -4,6 +4,7 @@ torchvision's weight files load as they are (the backbones keep torchvision's mo
 a checkpoint of this project works too (its ``rgb.`` weights are taken). The classifier of the file is left out:
 the head is sized by model.model_class_num and trained from scratch.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,33 +28,41 @@ def _download(name: str) -> dict:
     try:
         weights = get_model_weights(name).DEFAULT
     except (ValueError, KeyError):
-        raise PretrainedError(f"model.pretrained: true: torchvision has no pretrained weights for {name}; give a "
-                              f"weights file path instead")
+        raise PretrainedError(
+            f"model.pretrained: true: torchvision has no pretrained weights for {name}; give a "
+            f"weights file path instead"
+        )
     try:
         return weights.get_state_dict(progress=False)
     except Exception as e:  # no network, a proxy, a full disk: all end here
-        raise PretrainedError(f"model.pretrained: true: could not download torchvision's {name} weights ({e}); "
-                              f"download {weights.url} on a machine with network and set model.pretrained: "
-                              f"/path/to/{os.path.basename(weights.url)}")
+        raise PretrainedError(
+            f"model.pretrained: true: could not download torchvision's {name} weights ({e}); "
+            f"download {weights.url} on a machine with network and set model.pretrained: "
+            f"/path/to/{os.path.basename(weights.url)}"
+        )
 
 
 def _read(path: str) -> dict:
     if not os.path.exists(path):
-        raise PretrainedError(f"model.pretrained: {path}: file not found; give a weights file that exists, true for "
-                              f"torchvision's download, or null")
+        raise PretrainedError(
+            f"model.pretrained: {path}: file not found; give a weights file that exists, true for "
+            f"torchvision's download, or null"
+        )
     try:
         state = load_tensors(path)
     except (UnsafeFile, UnreadableFile) as e:
-        raise PretrainedError(f"model.pretrained: {path}: not a weights file that loads with weights_only=True "
-                              f"({e}); give a state dict of tensors (torchvision's .pth files or a checkpoint of "
-                              f"this project), or null")
+        raise PretrainedError(
+            f"model.pretrained: {path}: not a weights file that loads with weights_only=True "
+            f"({e}); give a state dict of tensors (torchvision's .pth files or a checkpoint of "
+            f"this project), or null"
+        )
     if isinstance(state, dict) and isinstance(state.get("model"), dict):  # a checkpoint of this project
         state = state["model"]
     if not isinstance(state, dict):
         raise PretrainedError(f"model.pretrained: {path}: expected a state dict, got {type(state).__name__}")
     if any(k.startswith("rgb.") for k in state):  # a classifier of this project: its RGB backbone
-        state = {k[len("rgb."):]: v for k, v in state.items() if k.startswith("rgb.")}
-        state = {k[len("net."):] if k.startswith("net.") else k: v for k, v in state.items()}
+        state = {k[len("rgb.") :]: v for k, v in state.items() if k.startswith("rgb.")}
+        state = {k[len("net.") :] if k.startswith("net.") else k: v for k, v in state.items()}
     return state
 
 
@@ -65,19 +74,31 @@ def load_pretrained(backbone: torch.nn.Module, spec, name: str, norm: str = "bat
     statistics = [k for k in state if k.endswith("running_mean")]
     if norm == "group" and statistics:
         # GroupNorm's weight and bias have BatchNorm's shapes: without this they would load, statistics dropped
-        raise PretrainedError(f"model.pretrained: {spec}: holds BatchNorm statistics ({statistics[0]}, ...), which "
-                              f"model.norm: group has no place for; use norm: frozen (or batch) to fine-tune these "
-                              f"weights, or model.pretrained: null to train GroupNorm from scratch")
+        raise PretrainedError(
+            f"model.pretrained: {spec}: holds BatchNorm statistics ({statistics[0]}, ...), which "
+            f"model.norm: group has no place for; use norm: frozen (or batch) to fine-tune these "
+            f"weights, or model.pretrained: null to train GroupNorm from scratch"
+        )
     own = target.state_dict()
     mismatched = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
     if mismatched:
-        raise PretrainedError(f"model.pretrained: {'download' if spec is True else spec}: shapes differ from {name} "
-                              f"for {mismatched[:3]}; are these weights of another model?")
+        raise PretrainedError(
+            f"model.pretrained: {'download' if spec is True else spec}: shapes differ from {name} "
+            f"for {mismatched[:3]}; are these weights of another model?"
+        )
     # counted by name: load_state_dict does not report a BatchNorm's num_batches_tracked as missing
     loaded = len([k for k in state if k in own])
     missing, unexpected = target.load_state_dict(state, strict=False)
     if loaded == 0:
-        raise PretrainedError(f"model.pretrained: {'download' if spec is True else spec}: no weight matches the "
-                              f"layers of {name}; are these weights of another model?")
-    log.info("pretrained %s: %d of %d tensors loaded (%d not in the file, %d of the file unused)", name, loaded,
-             len(own), len(missing), len(unexpected))
+        raise PretrainedError(
+            f"model.pretrained: {'download' if spec is True else spec}: no weight matches the "
+            f"layers of {name}; are these weights of another model?"
+        )
+    log.info(
+        "pretrained %s: %d of %d tensors loaded (%d not in the file, %d of the file unused)",
+        name,
+        loaded,
+        len(own),
+        len(missing),
+        len(unexpected),
+    )

@@ -1,5 +1,6 @@
 """The backbone registry: each RGB backbone module registers its builder by name (the names config.BACKBONES
 allows), and ``build_rgb_backbone`` builds one."""
+
 from __future__ import annotations
 
 from typing import Callable
@@ -22,6 +23,7 @@ def register_backbone(name: str):
     def wrap(factory):
         _RGB_BACKBONES[name] = factory
         return factory
+
     return wrap
 
 

@@ -55,6 +55,7 @@ in them): defined for any number of chunks and any length, so a 100,000-frame vi
 is truncated. Every operation is per clip (LayerNorm, no BatchNorm): a clip's output does not depend on the other
 clips of its micro-batch.
 """
+
 from __future__ import annotations
 
 import copy
@@ -72,6 +73,7 @@ HEADS = ("none", "attention", "transformer", "tcn")
 class HeadOutput(NamedTuple):
     """A clip's logits and its chunks': a temporal head's, and the training forward's (engine.chunking) with or
     without a head."""
+
     clip: torch.Tensor | None  # [B, K]; None from a training forward without a head (the loss aggregates chunks)
     chunks: torch.Tensor  # [B, n, K]
     stages: list | None = None  # tcn: every stage's [B, n, K] (the last is ``chunks``), for the multi-stage loss
@@ -102,7 +104,7 @@ class TCNStage(nn.Module):
     def __init__(self, in_dim: int, width: int, num_classes: int, layers: int, dropout: float):
         super().__init__()
         self.inward = nn.Conv1d(in_dim, width, 1)
-        self.layers = nn.ModuleList(DilatedResidual(width, 2 ** i, dropout) for i in range(layers))
+        self.layers = nn.ModuleList(DilatedResidual(width, 2**i, dropout) for i in range(layers))
         self.outward = nn.Conv1d(width, num_classes, 1)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -116,7 +118,7 @@ class TCNStage(nn.Module):
 # the scores of one block of attention_with_dropout: a constant, whatever the number of chunks; above glibc's largest
 # mmap threshold (32 MiB), so each block's memory goes back to the system when it is freed (smaller blocks stayed
 # resident on the heap: 1.4 GB of RSS over 11,250 chunks)
-BLOCK_BYTES = 64 * 2 ** 20
+BLOCK_BYTES = 64 * 2**20
 
 
 def in_order(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
@@ -135,8 +137,9 @@ def causal_order(real: torch.Tensor, backward: bool) -> torch.Tensor:
     return key.argsort(dim=1)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, keys: torch.Tensor | None,
-              dropout: float) -> torch.Tensor:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, keys: torch.Tensor | None, dropout: float
+) -> torch.Tensor:
     """[B, H, n, d] scaled dot-product attention in memory linear in n: each query sees the keys up to its own
     (``causal``), or the keys ``keys`` [B, n] marks (None: all). F.scaled_dot_product_attention's fused kernels
     where they can run; with ``dropout`` on the CPU, where no fused kernel drops attention probabilities (torch
@@ -147,21 +150,32 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, k
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
 
 
-def attention_with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                           keys: torch.Tensor | None, dropout: float) -> torch.Tensor:
+def attention_with_dropout(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, keys: torch.Tensor | None, dropout: float
+) -> torch.Tensor:
     """The attention of ``attention``, its probabilities dropped, in blocks of queries whose scores take BLOCK_BYTES,
     each recomputed in backward (its dropout mask drawn again from the RNG state it had): one block's scores alive
     at a time, not n x n."""
     batch, heads, n, _ = q.shape
     block = max(1, BLOCK_BYTES // (batch * heads * k.shape[2] * 4))
-    blocks = [checkpoint(_attention_block, q[:, :, start:start + block], k, v, start, causal, keys, dropout,
-                         use_reentrant=False)
-              for start in range(0, n, block)]
+    blocks = [
+        checkpoint(
+            _attention_block, q[:, :, start : start + block], k, v, start, causal, keys, dropout, use_reentrant=False
+        )
+        for start in range(0, n, block)
+    ]
     return torch.cat(blocks, dim=2)
 
 
-def _attention_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, causal: bool,
-                     keys: torch.Tensor | None, dropout: float) -> torch.Tensor:
+def _attention_block(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    start: int,
+    causal: bool,
+    keys: torch.Tensor | None,
+    dropout: float,
+) -> torch.Tensor:
     scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # [B, H, block, n]
     if causal:
         queries = torch.arange(start, start + q.shape[2], device=q.device)
@@ -171,8 +185,9 @@ def _attention_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: i
     return F.dropout(scores.softmax(dim=-1), dropout) @ v
 
 
-def directional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, real: torch.Tensor | None,
-                          dropout: float = 0.0) -> torch.Tensor:
+def directional_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, real: torch.Tensor | None, dropout: float = 0.0
+) -> torch.Tensor:
     """[B, H, n, d] attention where heads 0 .. ceil(H / 2) - 1 see the chunks up to their own and the rest the
     chunks from their own on, each direction causal (``attention``): no n x n mask is built. The backward heads
     run causally over the chunks reversed. ``real`` [B, n]: each clip's real chunks (None: all); a real chunk
@@ -218,8 +233,11 @@ class EncoderLayer(nn.Module):
     def _attend(self, x: torch.Tensor, real: torch.Tensor | None, directional: bool) -> torch.Tensor:
         batch, n, width = x.shape
         attn = self.self_attn
-        q, k, v = F.linear(x, attn.in_proj_weight, attn.in_proj_bias).view(
-            batch, n, 3, self.heads, width // self.heads).permute(2, 0, 3, 1, 4)  # each [B, H, n, d]
+        q, k, v = (
+            F.linear(x, attn.in_proj_weight, attn.in_proj_bias)
+            .view(batch, n, 3, self.heads, width // self.heads)
+            .permute(2, 0, 3, 1, 4)
+        )  # each [B, H, n, d]
         dropout = attn.dropout if self.training else 0.0
         if directional:
             out = directional_attention(q, k, v, real, dropout)
@@ -301,8 +319,7 @@ class TemporalHead(nn.Module):
             return trained if trained > 0 else None
         return None if int(self.window) < 0 else int(self.window)
 
-    def forward(self, features: torch.Tensor, windows: torch.Tensor,
-                mask: torch.Tensor | None = None) -> HeadOutput:
+    def forward(self, features: torch.Tensor, windows: torch.Tensor, mask: torch.Tensor | None = None) -> HeadOutput:
         """Clip logits [B, K] and chunk logits [B, n, K] of chunk features [B, n, D] at ``windows``; ``mask``
         [B, n] marks the real chunks of padded clips (None: all are). In training the clip lengths are counted
         (``trained_chunks``); at inference a clip longer than ``reach()`` runs in windows."""
@@ -317,12 +334,12 @@ class TemporalHead(nn.Module):
                 return self._in_windows(features, windows, mask, reach)
         return self._forward(features, windows, mask)
 
-    def _forward(self, features: torch.Tensor, windows: torch.Tensor,
-                 mask: torch.Tensor | None = None) -> HeadOutput:
+    def _forward(self, features: torch.Tensor, windows: torch.Tensor, mask: torch.Tensor | None = None) -> HeadOutput:
         raise NotImplementedError
 
-    def _in_windows(self, features: torch.Tensor, windows: torch.Tensor, mask: torch.Tensor | None,
-                    reach: int) -> HeadOutput:
+    def _in_windows(
+        self, features: torch.Tensor, windows: torch.Tensor, mask: torch.Tensor | None, reach: int
+    ) -> HeadOutput:
         """Each clip's real chunks in windows of ``reach`` chunks (module docstring), outputs back in place."""
         batch, n = features.shape[:2]
         windows = windows.expand(batch, *windows.shape[-2:]) if windows.dim() == 2 else windows
@@ -350,13 +367,12 @@ class TemporalHead(nn.Module):
         logits from one pass over every chunk (a label about the whole video needs all of it)."""
         n = x.shape[1]
         starts = window_starts(n, reach)
-        outs = [self._forward(x[:, s:s + reach], at[s:s + reach] - at[s, 0]) for s in starts]
+        outs = [self._forward(x[:, s : s + reach], at[s : s + reach] - at[s, 0]) for s in starts]
         pick = most_central(n, reach, starts).to(x.device)
         offset = torch.arange(n, device=x.device) - torch.tensor(starts, device=x.device)[pick]
         per_window = [[o.chunks, *(o.stages or [])] for o in outs]  # each [1, reach, K]
         parts = [torch.cat([w[i] for w in per_window])[pick, offset][None] for i in range(len(per_window[0]))]
         return parts, self._forward(x, at).clip
-
 
 
 class AttentionHead(TemporalHead):
@@ -365,8 +381,15 @@ class AttentionHead(TemporalHead):
 
     kind = "attention"
 
-    def __init__(self, feature_dim: int, num_classes: int, width: int = 64, heads: int = 4, dropout: float = 0.1,
-                 window: int | str = "auto"):
+    def __init__(
+        self,
+        feature_dim: int,
+        num_classes: int,
+        width: int = 64,
+        heads: int = 4,
+        dropout: float = 0.1,
+        window: int | str = "auto",
+    ):
         super().__init__(window)
         self.width, self.heads = width, heads
         self.input_norm, self.contrast, self.encoder, self.directional = None, False, None, False
@@ -383,11 +406,11 @@ class AttentionHead(TemporalHead):
         """[..., n, 2] chunk windows in video frames -> [..., n, width]: centre and length, half the width each."""
         windows = windows.float()
         centre, length = windows.mean(dim=-1), windows[..., 1] - windows[..., 0]
-        return torch.cat([sinusoidal(centre, self.width // 2), sinusoidal(length, self.width - self.width // 2)],
-                         dim=-1)
+        return torch.cat(
+            [sinusoidal(centre, self.width // 2), sinusoidal(length, self.width - self.width // 2)], dim=-1
+        )
 
-    def _forward(self, features: torch.Tensor, windows: torch.Tensor,
-                 mask: torch.Tensor | None = None) -> HeadOutput:
+    def _forward(self, features: torch.Tensor, windows: torch.Tensor, mask: torch.Tensor | None = None) -> HeadOutput:
         raw = features
         if self.input_norm is not None:
             features = self.input_norm(features)
@@ -408,9 +431,19 @@ class TransformerHead(AttentionHead):
 
     kind = "transformer"
 
-    def __init__(self, feature_dim: int, num_classes: int, width: int = 64, heads: int = 4, dropout: float = 0.1,
-                 layers: int = 2, attention: str = "directional", input_norm: bool = True, contrast: bool = True,
-                 window: int | str = "auto"):
+    def __init__(
+        self,
+        feature_dim: int,
+        num_classes: int,
+        width: int = 64,
+        heads: int = 4,
+        dropout: float = 0.1,
+        layers: int = 2,
+        attention: str = "directional",
+        input_norm: bool = True,
+        contrast: bool = True,
+        window: int | str = "auto",
+    ):
         if attention not in ("directional", "bidirectional"):
             raise ValueError(f"unknown temporal attention '{attention}'; expected directional or bidirectional")
         # TemporalHead's, not AttentionHead's: the layers register in the order of the checkpoints (and of the
@@ -430,17 +463,28 @@ class TCNHead(TemporalHead):
 
     kind = "tcn"
 
-    def __init__(self, feature_dim: int, num_classes: int, width: int = 64, stages: int = 4, layers: int = 10,
-                 dropout: float = 0.5, window: int | str = "auto"):
+    def __init__(
+        self,
+        feature_dim: int,
+        num_classes: int,
+        width: int = 64,
+        stages: int = 4,
+        layers: int = 10,
+        dropout: float = 0.5,
+        window: int | str = "auto",
+    ):
         super().__init__(window)
         self.width = width
-        self.stages = nn.ModuleList(TCNStage(feature_dim if i == 0 else num_classes, width, num_classes, layers,
-                                             dropout) for i in range(stages))
+        self.stages = nn.ModuleList(
+            TCNStage(feature_dim if i == 0 else num_classes, width, num_classes, layers, dropout) for i in range(stages)
+        )
 
-    def _forward(self, features: torch.Tensor, windows: torch.Tensor,
-                 mask: torch.Tensor | None = None) -> HeadOutput:
-        valid = (torch.ones(features.shape[:2], dtype=torch.bool, device=features.device) if mask is None
-                 else mask.to(features.device))
+    def _forward(self, features: torch.Tensor, windows: torch.Tensor, mask: torch.Tensor | None = None) -> HeadOutput:
+        valid = (
+            torch.ones(features.shape[:2], dtype=torch.bool, device=features.device)
+            if mask is None
+            else mask.to(features.device)
+        )
         m = valid.unsqueeze(1).to(features.dtype)  # [B, 1, n]
         out = self.stages[0](features.transpose(1, 2), m)
         stages = [out]
@@ -452,17 +496,30 @@ class TCNHead(TemporalHead):
         return HeadOutput(clip, chunks[-1], chunks)
 
 
-def temporal_head(feature_dim: int, num_classes: int, kind: str = "transformer", width: int = 64, layers: int = 2,
-                  heads: int = 4, dropout: float = 0.1, tcn_dropout: float = 0.5, stages: int = 4,
-                  tcn_layers: int = 10, attention: str = "directional", input_norm: bool = True,
-                  contrast: bool = True, window: int | str = "auto") -> TemporalHead:
+def temporal_head(
+    feature_dim: int,
+    num_classes: int,
+    kind: str = "transformer",
+    width: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    dropout: float = 0.1,
+    tcn_dropout: float = 0.5,
+    stages: int = 4,
+    tcn_layers: int = 10,
+    attention: str = "directional",
+    input_norm: bool = True,
+    contrast: bool = True,
+    window: int | str = "auto",
+) -> TemporalHead:
     """The head of ``kind`` with the settings that kind has (models.temporal_settings: the model section's); the
     others are not its own and are left out."""
     if kind == "attention":
         return AttentionHead(feature_dim, num_classes, width, heads, dropout, window)
     if kind == "transformer":
-        return TransformerHead(feature_dim, num_classes, width, heads, dropout, layers, attention, input_norm,
-                               contrast, window)
+        return TransformerHead(
+            feature_dim, num_classes, width, heads, dropout, layers, attention, input_norm, contrast, window
+        )
     if kind == "tcn":
         return TCNHead(feature_dim, num_classes, width, stages, tcn_layers, tcn_dropout, window)
     raise ValueError(f"unknown temporal head '{kind}'; expected one of {', '.join(HEADS[1:])}")

@@ -4,6 +4,7 @@ Each keeps the torchvision module whole as ``self.net`` (its classifier removed)
 loads into it under the same key names (``load_torchvision_weights``). Gradient checkpointing recomputes one
 block at a time (ResNet residual blocks, S3D blocks, Swin blocks, MViT blocks).
 """
+
 from __future__ import annotations
 
 import torch
@@ -50,8 +51,10 @@ class TorchvisionS3D(StagedBackbone):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-2] < self.min_size or x.shape[-1] < self.min_size:
-            raise ValueError(f"s3d needs frames of at least {self.min_size}x{self.min_size}, got "
-                             f"{x.shape[-2]}x{x.shape[-1]}; raise data.img_size")
+            raise ValueError(
+                f"s3d needs frames of at least {self.min_size}x{self.min_size}, got "
+                f"{x.shape[-2]}x{x.shape[-1]}; raise data.img_size"
+            )
         return super().forward(x)
 
 
@@ -85,8 +88,11 @@ class TorchvisionMViT(StagedBackbone):
         self.net, self.name = net, name
         encoding = self.net.pos_encoding
         patch = self.net.conv_proj
-        self.shape = (encoding.temporal_size * patch.stride[0], encoding.spatial_size[0] * patch.stride[1],
-                      encoding.spatial_size[1] * patch.stride[2])
+        self.shape = (
+            encoding.temporal_size * patch.stride[0],
+            encoding.spatial_size[0] * patch.stride[1],
+            encoding.spatial_size[1] * patch.stride[2],
+        )
         self.min_frames = self.shape[0]  # the chunked forward pads shorter chunks to this
         self.feature_dim = self.net.head[-1].in_features
         self.net.head = nn.Identity()
@@ -94,9 +100,11 @@ class TorchvisionMViT(StagedBackbone):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if tuple(x.shape[-3:]) != self.shape:
             t, h, w = self.shape
-            raise ValueError(f"{self.name} needs clips of exactly {t} frames at {h}x{w}, got "
-                             f"{x.shape[-3]}x{x.shape[-2]}x{x.shape[-1]}; set data.num_frames: {t}, "
-                             f"data.img_size: [{h}, {w}] and infer.chunk_size: {t}")
+            raise ValueError(
+                f"{self.name} needs clips of exactly {t} frames at {h}x{w}, got "
+                f"{x.shape[-3]}x{x.shape[-2]}x{x.shape[-1]}; set data.num_frames: {t}, "
+                f"data.img_size: [{h}, {w}] and infer.chunk_size: {t}"
+            )
         net = self.net
         x = net.pos_encoding(net.conv_proj(x).flatten(2).transpose(1, 2))
         thw = (net.pos_encoding.temporal_size,) + tuple(net.pos_encoding.spatial_size)
@@ -111,6 +119,7 @@ class TorchvisionMViT(StagedBackbone):
 def _register(name: str, wrap):
     def build(width=None):
         return wrap(getattr(tv_video, name)(weights=None))
+
     register_backbone(name)(build)
 
 
@@ -130,6 +139,7 @@ def _resnet3d(depth: int):
     def build(width=None):
         net = tv_video.resnet.VideoResNet(block, [tv_video.resnet.Conv3DSimple] * 4, layers, tv_video.resnet.BasicStem)
         return TorchvisionVideoResNet(net)
+
     return build
 
 

@@ -1,4 +1,5 @@
 """A small VGG-style 3D CNN: four stages of two 3x3x3 convolutions and a pooling, widths w, 2w, 4w, 8w."""
+
 from torch import nn
 
 from models.classifier import StagedBackbone, batch_norm
@@ -19,10 +20,12 @@ class VGG3D(StagedBackbone):
 
     def __init__(self, width: int = 32):
         super().__init__()
-        self.stages = nn.ModuleList([
-            vgg_stage(3, width, (1, 2, 2)),
-            vgg_stage(width, 2 * width, (2, 2, 2)),
-            vgg_stage(2 * width, 4 * width, (2, 2, 2)),
-            vgg_stage(4 * width, 8 * width, (2, 2, 2)),
-        ])
+        self.stages = nn.ModuleList(
+            [
+                vgg_stage(3, width, (1, 2, 2)),
+                vgg_stage(width, 2 * width, (2, 2, 2)),
+                vgg_stage(2 * width, 4 * width, (2, 2, 2)),
+                vgg_stage(4 * width, 8 * width, (2, 2, 2)),
+            ]
+        )
         self.feature_dim = 8 * width

@@ -1,6 +1,7 @@
 """The decisions taken from the estimates: ``data.batch_size: auto`` / ``--fit-budget`` (the largest micro-batch
 that fits, with the accumulation that keeps the global batch), ``train.recompute: auto`` (the training chunks whose
 activations the budget holds) and ``infer_chunked.py --batch auto``."""
+
 from __future__ import annotations
 
 import logging
@@ -42,16 +43,23 @@ def batch_for_budget(cfg: Config, runtime: Runtime, data_shape: DataShape) -> Co
         batch, accumulate = fitting, train_cfg.accumulate_grad_batches
     else:
         if global_batch % runtime.world_size:
-            raise ConfigError(f"train.global_batch_size={global_batch} must be a multiple of the {runtime.world_size} "
-                              f"processes")
+            raise ConfigError(
+                f"train.global_batch_size={global_batch} must be a multiple of the {runtime.world_size} processes"
+            )
         per_process = global_batch // runtime.world_size
         batch = max(b for b in range(1, min(fitting, per_process) + 1) if per_process % b == 0)
         accumulate = per_process // batch
-    estimate = next((e for b, e in tried if b == batch), None) or config_training_estimate(
-        cfg, frames, batch, **shape)
-    log.info("memory budget: batch %d x %d accumulated x %d processes (largest batch that fits: %d), estimated "
-             "peak %.2f GiB of %s", batch, accumulate, runtime.world_size, fitting, estimate.peak / 2 ** 30,
-             margin_text(budget, cuda))
+    estimate = next((e for b, e in tried if b == batch), None) or config_training_estimate(cfg, frames, batch, **shape)
+    log.info(
+        "memory budget: batch %d x %d accumulated x %d processes (largest batch that fits: %d), estimated "
+        "peak %.2f GiB of %s",
+        batch,
+        accumulate,
+        runtime.world_size,
+        fitting,
+        estimate.peak / 2**30,
+        margin_text(budget, cuda),
+    )
     fitted = "the memory planner (data.batch_size: auto / --fit-budget)"
     return apply_flags(cfg, {"data.batch_size": (fitted, batch), "train.accumulate_grad_batches": (fitted, accumulate)})
 
@@ -70,36 +78,55 @@ def chunks_to_keep(cfg: Config, runtime: Runtime, data_shape: DataShape) -> int:
         return 0
     budget = cfg.trainer.memory_budget_gb
     if not budget:
-        log.info("train.recompute: auto without trainer.memory_budget_gb: every training chunk is recomputed in "
-                 "backward (as recompute: all); with a budget, the chunks it holds keep their activations")
+        log.info(
+            "train.recompute: auto without trainer.memory_budget_gb: every training chunk is recomputed in "
+            "backward (as recompute: all); with a budget, the chunks it holds keep their activations"
+        )
         return 0
     cuda = runtime.device.type == "cuda"
-    kept, peaks = most_chunks_kept(cfg, frames, cfg.data.batch_size, usable_bytes(budget, cuda),
-                                   world_size=runtime.world_size, **data_shape.model_args())
+    kept, peaks = most_chunks_kept(
+        cfg,
+        frames,
+        cfg.data.batch_size,
+        usable_bytes(budget, cuda),
+        world_size=runtime.world_size,
+        **data_shape.model_args(),
+    )
     peak = peaks[kept]
-    log.info("train.recompute: auto: keeping the activations of %d of %d training chunks, recomputing %d in "
-             "backward (estimated peak %.2f GiB of %s)", kept, chunks, chunks - kept, peak / 2 ** 30,
-             margin_text(budget, cuda))
+    log.info(
+        "train.recompute: auto: keeping the activations of %d of %d training chunks, recomputing %d in "
+        "backward (estimated peak %.2f GiB of %s)",
+        kept,
+        chunks,
+        chunks - kept,
+        peak / 2**30,
+        margin_text(budget, cuda),
+    )
     return kept
 
 
-def inference_batch_for_budget(cfg: Config, runtime: Runtime, data_shape: DataShape, budget_gb: float | None = None,
-                               test_views: int = 1) -> int:
+def inference_batch_for_budget(
+    cfg: Config, runtime: Runtime, data_shape: DataShape, budget_gb: float | None = None, test_views: int = 1
+) -> int:
     """--batch auto: the most inference chunks (``cfg.infer.chunk_size``) per forward whose estimated peak fits the
     budget (``budget_gb``, else the config's trainer.memory_budget_gb), for each of ``test_views`` (eval.py's test
     clips x crops of a window, which go through each forward together)."""
     chunk = cfg.infer.chunk_size
     budget = budget_gb or cfg.trainer.memory_budget_gb
     if not budget:
-        raise UsageError("--batch auto needs a memory budget: --memory-budget-gb N (the checkpoint's config has no "
-                          "trainer.memory_budget_gb)")
+        raise UsageError(
+            "--batch auto needs a memory budget: --memory-budget-gb N (the checkpoint's config has no "
+            "trainer.memory_budget_gb)"
+        )
     cuda = runtime.device.type == "cuda"
     usable = usable_bytes(budget, cuda)
     frames = chunk if chunk != -1 else clip_frames(cfg.data)
     shape = data_shape.model_args()
     batch = largest_inference_batch(cfg, frames, usable, precision=runtime.precision, **shape)
     if not batch:
-        raise UsageError(f"--batch auto: even 1 chunk of {frames} frames does not fit the "
-                          f"{margin_text(budget, cuda)}; use a shorter --chunk")
+        raise UsageError(
+            f"--batch auto: even 1 chunk of {frames} frames does not fit the "
+            f"{margin_text(budget, cuda)}; use a shorter --chunk"
+        )
     print(f"--batch auto: {batch} chunks of {frames} frames per forward ({margin_text(budget, cuda)})")
     return max(1, batch // test_views)

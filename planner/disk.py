@@ -9,6 +9,7 @@ disk or a quota is found at the start, not after hours.
 
 A run that fills the disk anyway stops at its first failed write with one line (``core.files.DiskFullError``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,8 +42,10 @@ class DiskPlan:
         return self.checkpoint * self.checkpoints + self.logs
 
     def text(self) -> str:
-        return (f"{self.total / MiB:.0f} MB ({self.checkpoints} checkpoints of {self.checkpoint / MiB:.1f} MB, the one "
-                f"being written included, and {self.logs / MiB:.1f} MB of logs and plots)")
+        return (
+            f"{self.total / MiB:.0f} MB ({self.checkpoints} checkpoints of {self.checkpoint / MiB:.1f} MB, the one "
+            f"being written included, and {self.logs / MiB:.1f} MB of logs and plots)"
+        )
 
 
 def checkpoint_bytes(model: nn.Module, optimizer: str) -> int:
@@ -55,8 +58,11 @@ def checkpoint_bytes(model: nn.Module, optimizer: str) -> int:
 def disk_plan(cfg: Config, model: nn.Module, steps_per_epoch: int) -> DiskPlan:
     train, epochs = cfg.train, cfg.trainer.max_epochs
     logged_steps = epochs * math.ceil(steps_per_epoch / train.log_every)
-    return DiskPlan(checkpoint_bytes(model, train.optimizer), train.keep_last_k + 3,
-                    logged_steps * LOG_BYTES_PER_STEP + epochs * LOG_BYTES_PER_EPOCH + PLOT_BYTES)
+    return DiskPlan(
+        checkpoint_bytes(model, train.optimizer),
+        train.keep_last_k + 3,
+        logged_steps * LOG_BYTES_PER_STEP + epochs * LOG_BYTES_PER_EPOCH + PLOT_BYTES,
+    )
 
 
 def state_disk_plan(plan: DiskPlan, output_dir: str, out=None, written: int = 0) -> str | None:
@@ -70,9 +76,11 @@ def state_disk_plan(plan: DiskPlan, output_dir: str, out=None, written: int = 0)
     (out or log.info)(f"disk: the run needs about {plan.text()} under {output_dir} ({free_text})")
     if free is None or plan.total - written <= free:
         return None
-    warning = (f"disk: {output_dir} has {free / MiB:.0f} MB free, less than the {(plan.total - written) / MiB:.0f} MB "
-               f"this run still needs: free space there, lower train.keep_last_k ({plan.checkpoints - 3}), or set "
-               f"trainer.output_dir to a larger disk")
+    warning = (
+        f"disk: {output_dir} has {free / MiB:.0f} MB free, less than the {(plan.total - written) / MiB:.0f} MB "
+        f"this run still needs: free space there, lower train.keep_last_k ({plan.checkpoints - 3}), or set "
+        f"trainer.output_dir to a larger disk"
+    )
     (out or log.warning)(warning)
     return warning
 

@@ -16,6 +16,7 @@ What is not: the CUDA context (outside PyTorch's allocator; 0.3-0.5 GB, so ``CUD
 from a budget), cuDNN's workspaces and the caching allocator's fragmentation (``SAFETY_MARGIN`` of what is left).
 The estimate compares with ``torch.cuda.max_memory_allocated()``; reserved memory is higher by fragmentation.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,7 +35,7 @@ from torch.utils._pytree import tree_leaves
 from core.runtime import AUTOCAST_DTYPES
 
 BLOCK = 512  # the CUDA caching allocator rounds every allocation up to 512 bytes
-MiB, GiB = 2 ** 20, 2 ** 30
+MiB, GiB = 2**20, 2**30
 CUDA_CONTEXT_BYTES = GiB // 2  # the CUDA context and cuBLAS/cuDNN handles: outside the allocator's figures
 SAFETY_MARGIN = 0.10  # of what is left: cuDNN workspaces and the allocator's fragmentation, not modelled
 OPTIMIZER_STATES = {"adamw": 2, "sgd": 1}  # state tensors per parameter (SGD: momentum buffer)
@@ -48,9 +49,11 @@ def usable_bytes(budget_gb: float, cuda: bool = True) -> int:
 
 
 def margin_text(budget_gb: float, cuda: bool = True) -> str:
-    context = (f"{CUDA_CONTEXT_BYTES / GiB:.1f} GiB set aside for the CUDA context, then " if cuda else "")
-    return (f"{usable_bytes(budget_gb, cuda) / GiB:.2f} GiB usable of trainer.memory_budget_gb={budget_gb:g}: "
-            f"{context}a {SAFETY_MARGIN:.0%} margin for cuDNN workspaces and fragmentation")
+    context = f"{CUDA_CONTEXT_BYTES / GiB:.1f} GiB set aside for the CUDA context, then " if cuda else ""
+    return (
+        f"{usable_bytes(budget_gb, cuda) / GiB:.2f} GiB usable of trainer.memory_budget_gb={budget_gb:g}: "
+        f"{context}a {SAFETY_MARGIN:.0%} margin for cuDNN workspaces and fragmentation"
+    )
 
 
 class LiveBytes(TorchDispatchMode):
@@ -107,19 +110,87 @@ class LiveBytes(TorchDispatchMode):
 # CUDA autocast's policy (torch/csrc/autograd/autocast_mode.cpp, the CUDA lists), by op name: ops that run in
 # the lower precision, and ops that run in fp32. Every other op runs in the dtype of its inputs.
 LOWER_PRECISION_OPS = {
-    "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "convolution",
-    "_convolution", "conv_tbc", "linear", "matmul", "mm", "bmm", "addmm", "addmv", "addr", "baddbmm", "addbmm",
-    "chain_matmul", "multi_dot", "prelu", "scaled_dot_product_attention", "_scaled_dot_product_attention",
-    "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell", "einsum",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "conv_transpose3d",
+    "convolution",
+    "_convolution",
+    "conv_tbc",
+    "linear",
+    "matmul",
+    "mm",
+    "bmm",
+    "addmm",
+    "addmv",
+    "addr",
+    "baddbmm",
+    "addbmm",
+    "chain_matmul",
+    "multi_dot",
+    "prelu",
+    "scaled_dot_product_attention",
+    "_scaled_dot_product_attention",
+    "lstm_cell",
+    "gru_cell",
+    "rnn_tanh_cell",
+    "rnn_relu_cell",
+    "einsum",
 }
 FP32_OPS = {
-    "softmax", "log_softmax", "layer_norm", "group_norm", "norm", "frobenius_norm", "nuclear_norm",
-    "cosine_similarity", "cross_entropy", "nll_loss", "binary_cross_entropy_with_logits", "kl_div", "l1_loss",
-    "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss", "soft_margin_loss", "triplet_margin_loss",
-    "multi_margin_loss", "multilabel_margin_loss", "poisson_nll_loss", "cosine_embedding_loss",
-    "hinge_embedding_loss", "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
-    "reciprocal", "rsqrt", "sinh", "tan", "pow", "softplus", "logsumexp", "cumsum", "cumprod", "prod", "dist",
-    "pdist", "cdist", "renorm", "upsample_trilinear3d", "upsample_bilinear2d", "interpolate",
+    "softmax",
+    "log_softmax",
+    "layer_norm",
+    "group_norm",
+    "norm",
+    "frobenius_norm",
+    "nuclear_norm",
+    "cosine_similarity",
+    "cross_entropy",
+    "nll_loss",
+    "binary_cross_entropy_with_logits",
+    "kl_div",
+    "l1_loss",
+    "smooth_l1_loss",
+    "huber_loss",
+    "mse_loss",
+    "margin_ranking_loss",
+    "soft_margin_loss",
+    "triplet_margin_loss",
+    "multi_margin_loss",
+    "multilabel_margin_loss",
+    "poisson_nll_loss",
+    "cosine_embedding_loss",
+    "hinge_embedding_loss",
+    "acos",
+    "asin",
+    "cosh",
+    "erfinv",
+    "exp",
+    "expm1",
+    "log",
+    "log10",
+    "log2",
+    "log1p",
+    "reciprocal",
+    "rsqrt",
+    "sinh",
+    "tan",
+    "pow",
+    "softplus",
+    "logsumexp",
+    "cumsum",
+    "cumprod",
+    "prod",
+    "dist",
+    "pdist",
+    "cdist",
+    "renorm",
+    "upsample_trilinear3d",
+    "upsample_bilinear2d",
+    "interpolate",
 }
 
 
@@ -169,6 +240,7 @@ class CudaAutocast(TorchFunctionMode):
 @dataclass
 class StepEstimate:
     """Bytes at the peak of one step, and what was alive then."""
+
     peak: int
     parameters: int  # and buffers
     gradients: int
@@ -178,7 +250,7 @@ class StepEstimate:
     before_step: int = 0  # alive when the measured step began (parameters, optimizer state, inputs, ...)
 
     def row(self) -> dict:
-        return {k: v / 2 ** 20 for k, v in self.__dict__.items()}
+        return {k: v / 2**20 for k, v in self.__dict__.items()}
 
 
 def _fake_mode():
@@ -228,11 +300,18 @@ def _precision_context(precision: str):
     return CudaAutocast(dtype) if dtype is not None else _FullPrecision()
 
 
-def estimate_training_step(build_model: Callable[[], nn.Module], make_inputs: Callable[[], dict],
-                           step_loss: Callable[[nn.Module, dict], torch.Tensor], precision: str = "32",
-                           optimizer: str = "adamw", accumulate: int = 1, fake: bool = True,
-                           on_step_start: Callable[[], None] | None = None,
-                           average_bucket: int = 0, ddp_buckets: bool = False) -> StepEstimate:
+def estimate_training_step(
+    build_model: Callable[[], nn.Module],
+    make_inputs: Callable[[], dict],
+    step_loss: Callable[[nn.Module, dict], torch.Tensor],
+    precision: str = "32",
+    optimizer: str = "adamw",
+    accumulate: int = 1,
+    fake: bool = True,
+    on_step_start: Callable[[], None] | None = None,
+    average_bucket: int = 0,
+    ddp_buckets: bool = False,
+) -> StepEstimate:
     """Peak device bytes of one training step in its steady state (optimizer state present; under gradient
     accumulation the gradients of earlier micro-batches alive through the forward).
 
@@ -249,7 +328,7 @@ def estimate_training_step(build_model: Callable[[], nn.Module], make_inputs: Ca
     forward that makes the peak already has them whole, so they are counted beside the gradients.
     """
     meta = _on_meta(build_model, fake)
-    with (_fake_mode() if fake else contextlib.nullcontext()):
+    with _fake_mode() if fake else contextlib.nullcontext():
         model = _with_storage(meta, build_model)
         tracker = LiveBytes()
         with tracker:
@@ -298,13 +377,17 @@ def estimate_training_step(build_model: Callable[[], nn.Module], make_inputs: Ca
     return StepEstimate(peak=peak, activations=peak - sum(sizes.values()), before_step=before_step, **sizes)
 
 
-def estimate_inference(build_model: Callable[[], nn.Module], make_inputs: Callable[[], dict],
-                       forward: Callable[[nn.Module, dict], torch.Tensor], precision: str = "32",
-                       fake: bool = True) -> int:
+def estimate_inference(
+    build_model: Callable[[], nn.Module],
+    make_inputs: Callable[[], dict],
+    forward: Callable[[nn.Module, dict], torch.Tensor],
+    precision: str = "32",
+    fake: bool = True,
+) -> int:
     """Peak device bytes of one inference forward (no graph kept): parameters, inputs and the largest set of
     activations alive at once."""
     meta = _on_meta(build_model, fake)
-    with (_fake_mode() if fake else contextlib.nullcontext()):
+    with _fake_mode() if fake else contextlib.nullcontext():
         model = _with_storage(meta, build_model).eval()
         tracker = LiveBytes()
         with tracker:

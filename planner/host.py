@@ -11,6 +11,7 @@
 A batch is data.batch_size clips of uint8 frames (views x 3 x T x H x W at data.img_size) plus float32
 keypoints. T is data.num_frames (for -1, the sample window: data.max_video_frames).
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,7 +23,7 @@ from datasets.shape import DataShape
 from planner.project import clip_frames
 
 log = logging.getLogger("longvideo")
-MB, GB = 2 ** 20, 2 ** 30
+MB, GB = 2**20, 2**30
 DECODER_PROCESS_BYTES = 87 * MB  # python -m bench.loader: peak RSS of a process reading one clip (pyav, the larger)
 
 
@@ -39,9 +40,11 @@ class HostEstimate:
         return self.in_flight + self.pinned + self.group + self.decoders
 
     def text(self) -> str:
-        return (f"{self.total / GB:.2f} GB = {self.in_flight / GB:.2f} GB of batches in flight + {self.pinned / GB:.2f}"
-                f" GB pinned copies + {self.group / GB:.2f} GB kept for the step + {self.decoders / GB:.2f} GB of "
-                f"decoders (a batch: {self.batch / MB:.0f} MB)")
+        return (
+            f"{self.total / GB:.2f} GB = {self.in_flight / GB:.2f} GB of batches in flight + {self.pinned / GB:.2f}"
+            f" GB pinned copies + {self.group / GB:.2f} GB kept for the step + {self.decoders / GB:.2f} GB of "
+            f"decoders (a batch: {self.batch / MB:.0f} MB)"
+        )
 
 
 def loader_host_bytes(cfg: Config, shape: DataShape, cuda: bool) -> HostEstimate:
@@ -57,8 +60,9 @@ def loader_host_bytes(cfg: Config, shape: DataShape, cuda: bool) -> HostEstimate
     workers = data.num_workers
     in_flight = batch * (workers * data.prefetch_factor if workers else 1)
     pinned = in_flight if cuda and data.pin_memory else 0
-    return HostEstimate(batch, in_flight, pinned, batch * train_cfg.accumulate_grad_batches,
-                        DECODER_PROCESS_BYTES * max(workers, 1))
+    return HostEstimate(
+        batch, in_flight, pinned, batch * train_cfg.accumulate_grad_batches, DECODER_PROCESS_BYTES * max(workers, 1)
+    )
 
 
 def warn_if_host_memory_short(cfg: Config, shape: DataShape, cuda: bool) -> str | None:
@@ -69,9 +73,11 @@ def warn_if_host_memory_short(cfg: Config, shape: DataShape, cuda: bool) -> str 
     if available is None or estimate.total <= available:
         return None
     data = cfg.data
-    warning = (f"host memory: the training loader is estimated at {estimate.text()}, more than the "
-               f"{available / GB:.2f} GB this machine has available; lower data.num_workers ({data.num_workers}), "
-               f"data.prefetch_factor ({data.prefetch_factor}), data.batch_size ({data.batch_size}) or the "
-               f"clip (data.num_frames {data.num_frames}, data.max_video_frames {data.max_video_frames})")
+    warning = (
+        f"host memory: the training loader is estimated at {estimate.text()}, more than the "
+        f"{available / GB:.2f} GB this machine has available; lower data.num_workers ({data.num_workers}), "
+        f"data.prefetch_factor ({data.prefetch_factor}), data.batch_size ({data.batch_size}) or the "
+        f"clip (data.num_frames {data.num_frames}, data.max_video_frames {data.max_video_frames})"
+    )
     log.warning("%s", warning)
     return warning

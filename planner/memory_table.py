@@ -1,5 +1,6 @@
 """``train.py --probe-memory``: the table of estimated (and with CUDA measured) peak memory over a grid of clip
 lengths and batch sizes, and the advice when not even one clip fits."""
+
 from __future__ import annotations
 
 import math
@@ -29,25 +30,38 @@ from planner.project import (
 WHY = "--probe-memory's alternative"  # names the change in the error of a config the checks refuse
 
 
-def probe_memory(cfg: Config, device: str | None, frames_arg: str | None, batches_arg: str | None,
-                 world_size: int = 1) -> int:
+def probe_memory(
+    cfg: Config, device: str | None, frames_arg: str | None, batches_arg: str | None, world_size: int = 1
+) -> int:
     """--probe-memory: estimated (and with CUDA measured) peak memory per num_frames x batch_size, and the
     largest batch that fits the budget; for ``world_size`` processes (torchrun)."""
+
     def grid(text):
         try:
             return sorted({int(v) for v in text.split(",")}) if text else None
         except ValueError:
             raise UsageError(f"--probe-frames/--probe-batches: {text!r} is not a comma-separated list of integers")
+
     if world_size < 1:
         raise UsageError(f"--world-size {world_size}: the number of processes must be 1 or more")
     for_gpu = (device or cfg.trainer.device) != "cpu"  # the budget of a GPU (its context set aside)
     if cfg.trainer.precision == "amp":  # what --use_amp means on a GPU, which the estimate is for
         cfg = derive(cfg, {"trainer.precision": "16"}, "--use_amp on a GPU")
     shape = DataShape.of_manifest(cfg).model_args()
+
     def out(line: str) -> None:
         print(line, flush=True)
-    code = probe(cfg, for_gpu and torch.cuda.is_available(), grid(frames_arg), grid(batches_arg), out=out,
-                 for_gpu=for_gpu, world_size=world_size, **shape)
+
+    code = probe(
+        cfg,
+        for_gpu and torch.cuda.is_available(),
+        grid(frames_arg),
+        grid(batches_arg),
+        out=out,
+        for_gpu=for_gpu,
+        world_size=world_size,
+        **shape,
+    )
     classifier = model_on_meta(ProjectStep(cfg, **shape).classifier)
     state_disk_plan(disk_plan(cfg, classifier, _steps_per_epoch(cfg)), cfg.trainer.output_dir, out)
     return code
@@ -63,8 +77,16 @@ def _steps_per_epoch(cfg: Config) -> int:
     return math.ceil(samples / (batch * cfg.train.accumulate_grad_batches))
 
 
-def probe(cfg: Config, cuda: bool, frames_grid: list[int] | None = None, batch_grid: list[int] | None = None,
-          out=print, for_gpu: bool = True, world_size: int = 1, **shape) -> int:
+def probe(
+    cfg: Config,
+    cuda: bool,
+    frames_grid: list[int] | None = None,
+    batch_grid: list[int] | None = None,
+    out=print,
+    for_gpu: bool = True,
+    world_size: int = 1,
+    **shape,
+) -> int:
     """The table of ``train.py --probe-memory``: estimated peak per num_frames x batch_size, gradient
     checkpointing off and on (with CUDA: measured beside the estimate for the preset's setting), then the
     largest batch within the budget at the preset's clip (``for_gpu``: the CUDA context set aside from it).
@@ -76,32 +98,46 @@ def probe(cfg: Config, cuda: bool, frames_grid: list[int] | None = None, batch_g
     frames_grid = frames_grid or sorted({max(1, round(frames * f)) for f in (0.5, 0.75, 1, 1.25, 1.5)})
     batch_grid = batch_grid or sorted({max(1, round(batch * f)) for f in (2 / 3, 1, 4 / 3)})
     precision = cfg.trainer.precision
-    out(f"peak device memory of one training step: {model_cfg.backbone} at {data.img_size[0]}x"
+    out(
+        f"peak device memory of one training step: {model_cfg.backbone} at {data.img_size[0]}x"
         f"{data.img_size[1]}, precision {precision}, norm {_norm_text(model_cfg)}, {cfg.train.optimizer}, "
         f"chunk_train_size "
-        f"{cfg.train.chunk_train_size}, accumulate_grad_batches {cfg.train.accumulate_grad_batches}")
-    out(f"estimated{'' if cuda else ', no GPU'} (torch {torch.__version__.split('+')[0]}, fake tensors, CUDA's "
-        f"autocast policy): peak allocated memory, without the CUDA context, cuDNN workspaces and fragmentation")
+        f"{cfg.train.chunk_train_size}, accumulate_grad_batches {cfg.train.accumulate_grad_batches}"
+    )
+    out(
+        f"estimated{'' if cuda else ', no GPU'} (torch {torch.__version__.split('+')[0]}, fake tensors, CUDA's "
+        f"autocast policy): peak allocated memory, without the CUDA context, cuDNN workspaces and fragmentation"
+    )
     preset_ckpt = model_cfg.grad_checkpointing
     header = f"{'num_frames':>10s} {'batch':>5s} {'ckpt off MiB':>12s} {'ckpt on MiB':>11s}"
     if cuda:
-        header += (f" | measured (ckpt {'on' if preset_ckpt else 'off'}): {'allocated':>9s} {'reserved':>9s} "
-                   f"{'est/alloc':>9s}")
+        header += (
+            f" | measured (ckpt {'on' if preset_ckpt else 'off'}): {'allocated':>9s} {'reserved':>9s} {'est/alloc':>9s}"
+        )
     out(header)
     start = time.perf_counter()
     for num_frames in frames_grid:
         for batch_size in batch_grid:
-            estimates = {ckpt: config_training_estimate(derive(cfg, {"model.grad_checkpointing": ckpt}, WHY),
-                                                        num_frames, batch_size, world_size=world_size, **shape).peak
-                         for ckpt in (False, True)}
+            estimates = {
+                ckpt: config_training_estimate(
+                    derive(cfg, {"model.grad_checkpointing": ckpt}, WHY),
+                    num_frames,
+                    batch_size,
+                    world_size=world_size,
+                    **shape,
+                ).peak
+                for ckpt in (False, True)
+            }
             line = f"{num_frames:>10d} {batch_size:>5d} {estimates[False] / MiB:>12.0f} {estimates[True] / MiB:>11.0f}"
             if cuda:
                 measured = measure_training_step_cuda(cfg, num_frames, batch_size, **shape)
                 if measured is None:
                     line += f" | {'':>25s} {'OOM':>9s}"
                 else:
-                    line += (f" | {'':>25s} {measured['allocated'] / MiB:>9.0f} {measured['reserved'] / MiB:>9.0f} "
-                             f"{estimates[preset_ckpt] / measured['allocated']:>8.2f}x")
+                    line += (
+                        f" | {'':>25s} {measured['allocated'] / MiB:>9.0f} {measured['reserved'] / MiB:>9.0f} "
+                        f"{estimates[preset_ckpt] / measured['allocated']:>8.2f}x"
+                    )
             out(line)
     out(f"({len(frames_grid) * len(batch_grid) * 2} estimates in {time.perf_counter() - start:.0f} s)")
     host = loader_host_bytes(cfg, DataShape(**shape), cuda=for_gpu)
@@ -115,17 +151,22 @@ def probe(cfg: Config, cuda: bool, frames_grid: list[int] | None = None, batch_g
     usable = usable_bytes(budget, cuda=for_gpu)
     best, _ = largest_batch(cfg, frames, usable, world_size=world_size, **shape)
     out(margin_text(budget, cuda=for_gpu))
-    out(f"largest batch at num_frames={frames} (checkpointing {'on' if preset_ckpt else 'off'}, as in the preset) "
-        f"that fits: {best if best else 'none: even 1 clip does not fit'}")
+    out(
+        f"largest batch at num_frames={frames} (checkpointing {'on' if preset_ckpt else 'off'}, as in the preset) "
+        f"that fits: {best if best else 'none: even 1 clip does not fit'}"
+    )
     train_cfg = cfg.train
     if train_cfg.chunk_train_size != -1 and train_cfg.recompute == "auto":
         kept, peaks = most_chunks_kept(cfg, frames, batch, usable, world_size=world_size, **shape)
-        recompute_all = peaks.get(0) or config_training_estimate(cfg, frames, batch, world_size=world_size,
-                                                                 **shape).peak
+        recompute_all = (
+            peaks.get(0) or config_training_estimate(cfg, frames, batch, world_size=world_size, **shape).peak
+        )
         chunks = training_chunk_count(cfg, frames)
-        out(f"train.recompute: auto at batch {batch}: keeps the activations of {kept} of {chunks} training chunks "
+        out(
+            f"train.recompute: auto at batch {batch}: keeps the activations of {kept} of {chunks} training chunks "
             f"(estimated peak {peaks[kept] / MiB:.0f} MiB; every chunk recomputed: {recompute_all / MiB:.0f} MiB; "
-            f"the table's estimates recompute every chunk)")
+            f"the table's estimates recompute every chunk)"
+        )
     return 0
 
 
@@ -135,15 +176,19 @@ def _processes_text(cfg: Config, frames: int, batch: int, world_size: int, shape
     several = config_training_estimate(cfg, frames, batch, world_size=world_size, **shape)
     added = several.peak - alone.peak
     if cfg.train.ddp_sync == "overlap":
-        return (f"{world_size} processes, train.ddp_sync: overlap: DistributedDataParallel's buckets, "
-                f"{alone.gradients / MiB:.0f} MiB (the gradients' size; counted above: +{added / MiB:.0f} MiB at the "
-                f"peak); NCCL's own buffers lie outside PyTorch's allocator and are not counted")
+        return (
+            f"{world_size} processes, train.ddp_sync: overlap: DistributedDataParallel's buckets, "
+            f"{alone.gradients / MiB:.0f} MiB (the gradients' size; counted above: +{added / MiB:.0f} MiB at the "
+            f"peak); NCCL's own buffers lie outside PyTorch's allocator and are not counted"
+        )
     bucket = min(GRADIENT_BUCKET_BYTES, alone.gradients)
-    return (f"{world_size} processes: gradients averaged in place after backward through one bucket of "
-            f"{bucket / MiB:.0f} MiB (counted above; "
-            f"{'below the peak, which it leaves unchanged' if added <= 0 else f'+{added / MiB:.0f} MiB at the peak'}"
-            f"); no DistributedDataParallel buckets, no second copy of the {alone.gradients / MiB:.0f} MiB of "
-            f"gradients; NCCL's own buffers lie outside PyTorch's allocator and are not counted")
+    return (
+        f"{world_size} processes: gradients averaged in place after backward through one bucket of "
+        f"{bucket / MiB:.0f} MiB (counted above; "
+        f"{'below the peak, which it leaves unchanged' if added <= 0 else f'+{added / MiB:.0f} MiB at the peak'}"
+        f"); no DistributedDataParallel buckets, no second copy of the {alone.gradients / MiB:.0f} MiB of "
+        f"gradients; NCCL's own buffers lie outside PyTorch's allocator and are not counted"
+    )
 
 
 def _norm_text(model_cfg: ModelConfig) -> str:
@@ -173,6 +218,8 @@ def nothing_fits(cfg: Config, frames: int, one_clip: int, usable: int, budget: f
     for name, changed, clip in options:
         peak = config_training_estimate(changed, clip, 1, **shape).peak
         parts.append(f"{name} {peak / GiB:.2f} GiB{' (fits)' if peak <= usable else ''}")
-    return (f"data.batch_size: even 1 clip of {frames} frames at {height}x{width} is estimated at "
-            f"{one_clip / GiB:.2f} GiB, over the {margin_text(budget, cuda)}. Estimated for 1 clip with one change: "
-            + "; ".join(parts))
+    return (
+        f"data.batch_size: even 1 clip of {frames} frames at {height}x{width} is estimated at "
+        f"{one_clip / GiB:.2f} GiB, over the {margin_text(budget, cuda)}. Estimated for 1 clip with one change: "
+        + "; ".join(parts)
+    )

@@ -1,6 +1,7 @@
 """The project's training step and inference forward under the estimator (``planner.estimate``), and the
 largest batch whose estimate fits a budget. Imports the engine's step, never a script.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,8 +30,14 @@ class ProjectStep:
     ``train.chunk_loss: dense`` is run as ``clip`` (the loss sees [chunks, batch, classes] logits either way: no
     memory to speak of). ``kept_chunks``: the last chunks whose activations are kept (train.recompute: auto)."""
 
-    def __init__(self, cfg: Config, num_classes: int = 10, num_views: int = 1, kpt_shape: tuple | None = None,
-                 kept_chunks: int = 0):
+    def __init__(
+        self,
+        cfg: Config,
+        num_classes: int = 10,
+        num_views: int = 1,
+        kpt_shape: tuple | None = None,
+        kept_chunks: int = 0,
+    ):
         train_cfg = cfg.train
         self.cfg, self.num_classes, self.num_views, self.kpt_shape = cfg, num_classes, num_views, kpt_shape
         self.spec = ChunkSpec(train_cfg.chunk_train_size, train_cfg.chunk_train_overlap, kept=kept_chunks)
@@ -38,8 +45,9 @@ class ProjectStep:
         self.criterion = nn.CrossEntropyLoss(label_smoothing=train_cfg.label_smoothing)
 
     def classifier(self) -> nn.Module:
-        return build_model(dataclasses.replace(self.cfg.model, pretrained=None), self.num_classes, self.num_views,
-                           self.kpt_shape)
+        return build_model(
+            dataclasses.replace(self.cfg.model, pretrained=None), self.num_classes, self.num_views, self.kpt_shape
+        )
 
     def inputs(self, frames: int, batch: int, device) -> dict:
         return _step_inputs(self.cfg, frames, batch, self.num_views, self.kpt_shape, device)
@@ -47,16 +55,25 @@ class ProjectStep:
     def loss(self, classifier: nn.Module, inputs: dict, device) -> torch.Tensor:
         """The forward and loss of train.py's step; frames normalized on ``device`` per chunk."""
         data = self.cfg.data
-        forward = ChunkedTrainingForward(classifier, InputPreparer(device, data.mean, data.std).normalize,
-                                         data.frame_stride)
+        forward = ChunkedTrainingForward(
+            classifier, InputPreparer(device, data.mean, data.std).normalize, data.frame_stride
+        )
         model_inputs = {k: v for k, v in inputs.items() if k in ("video", "kpt")}
         return step_loss(forward, model_inputs, inputs, self.spec, self.loss_cfg, self.criterion)
 
 
-def config_training_estimate(cfg: Config, num_frames: int | None = None, batch_size: int | None = None,
-                             num_classes: int = 10, num_views: int = 1, kpt_shape: tuple | None = None,
-                             precision: str | None = None, fake: bool = True, kept_chunks: int = 0,
-                             world_size: int = 1) -> StepEstimate:
+def config_training_estimate(
+    cfg: Config,
+    num_frames: int | None = None,
+    batch_size: int | None = None,
+    num_classes: int = 10,
+    num_views: int = 1,
+    kpt_shape: tuple | None = None,
+    precision: str | None = None,
+    fake: bool = True,
+    kept_chunks: int = 0,
+    world_size: int = 1,
+) -> StepEstimate:
     """One training step of a config as train.py runs it (``ProjectStep``), with the preset's precision,
     checkpointing, AdamW/SGD state and accumulation, the uint8 clip (views, keypoints) on the device,
     ``kept_chunks`` training chunks not recomputed, and with ``world_size`` > 1 the bucket the gradients are
@@ -67,17 +84,28 @@ def config_training_estimate(cfg: Config, num_frames: int | None = None, batch_s
     batch = batch_size or cfg.data.batch_size
     step, device = ProjectStep(cfg, num_classes, num_views, kpt_shape, kept_chunks), torch.device("cpu")
     overlap = cfg.train.ddp_sync == "overlap"
-    return estimate_training_step(lambda: step.classifier().train(), lambda: step.inputs(frames, batch, device),
-                                  lambda model, inputs: step.loss(model, inputs, device),
-                                  precision or cfg.trainer.precision, cfg.train.optimizer,
-                                  cfg.train.accumulate_grad_batches, fake=fake,
-                                  average_bucket=GRADIENT_BUCKET_BYTES if world_size > 1 and not overlap else 0,
-                                  ddp_buckets=world_size > 1 and overlap)
+    return estimate_training_step(
+        lambda: step.classifier().train(),
+        lambda: step.inputs(frames, batch, device),
+        lambda model, inputs: step.loss(model, inputs, device),
+        precision or cfg.trainer.precision,
+        cfg.train.optimizer,
+        cfg.train.accumulate_grad_batches,
+        fake=fake,
+        average_bucket=GRADIENT_BUCKET_BYTES if world_size > 1 and not overlap else 0,
+        ddp_buckets=world_size > 1 and overlap,
+    )
 
 
-def measure_training_step_cuda(cfg: Config, num_frames: int, batch_size: int, num_classes: int = 10,
-                               num_views: int = 1, kpt_shape: tuple | None = None,
-                               precision: str | None = None) -> dict | None:
+def measure_training_step_cuda(
+    cfg: Config,
+    num_frames: int,
+    batch_size: int,
+    num_classes: int = 10,
+    num_views: int = 1,
+    kpt_shape: tuple | None = None,
+    precision: str | None = None,
+) -> dict | None:
     """The same step on the GPU, really allocated: a warm-up step first (cuDNN's algorithm search with
     ``cudnn.benchmark``, the optimizer state), then the measured one. {"allocated", "reserved"} peak bytes of
     the measured step, or None if it ran out of memory."""
@@ -188,9 +216,17 @@ def _largest(fits, limit: int) -> int:
 
 # ------------------------------------------------------------------------------- inference: --batch auto
 
-def config_inference_estimate(cfg: Config, chunk_frames: int, windows: int, num_classes: int = 10,
-                              num_views: int = 1, kpt_shape: tuple | None = None, precision: str = "32",
-                              fake: bool = True) -> int:
+
+def config_inference_estimate(
+    cfg: Config,
+    chunk_frames: int,
+    windows: int,
+    num_classes: int = 10,
+    num_views: int = 1,
+    kpt_shape: tuple | None = None,
+    precision: str = "32",
+    fake: bool = True,
+) -> int:
     """Peak device bytes of one inference forward of ``windows`` chunks of ``chunk_frames`` frames, as
     infer_chunked.py runs it: the uint8 chunks on the device, normalized, through the model in eval mode."""
     data, device = cfg.data, torch.device("cpu")
@@ -208,6 +244,7 @@ def config_inference_estimate(cfg: Config, chunk_frames: int, windows: int, num_
 
 def largest_inference_batch(cfg: Config, chunk_frames: int, usable: int, limit: int = 256, **shape) -> int:
     """The most chunks per forward whose estimate fits ``usable`` bytes (0 if not even 1)."""
+
     def fits(windows: int) -> bool:
         return config_inference_estimate(cfg, chunk_frames, windows, **shape) <= usable
 

@@ -1,4 +1,5 @@
 """Fixtures: tiny videos written to temp dirs (barcoded frame numbers), a small synthetic dataset."""
+
 from __future__ import annotations
 
 import os
@@ -46,7 +47,7 @@ def barcode_frame(index: int) -> np.ndarray:
     frame = np.zeros((HEIGHT, WIDTH, 3), np.uint8)
     for bit in range(BITS):
         if (index >> bit) & 1:
-            frame[:, bit * BLOCK:(bit + 1) * BLOCK] = 255
+            frame[:, bit * BLOCK : (bit + 1) * BLOCK] = 255
     return frame
 
 
@@ -54,18 +55,29 @@ def read_barcode(frame: np.ndarray) -> int:
     """The frame number drawn by barcode_frame (frame: RGB or BGR, at the written size)."""
     value = 0
     for bit in range(BITS):
-        if frame[HEIGHT // 2 - 4:HEIGHT // 2 + 4, bit * BLOCK + 3:(bit + 1) * BLOCK - 3].mean() > 127:
+        if frame[HEIGHT // 2 - 4 : HEIGHT // 2 + 4, bit * BLOCK + 3 : (bit + 1) * BLOCK - 3].mean() > 127:
             value |= 1 << bit
     return value
 
 
-def write_with_pyav(path: str, num_frames: int, codec: str, fps: int = 25, options: dict | None = None,
-                    gop: int | None = None, bframes: int | None = None, container_options: dict | None = None,
-                    frame=None, display_rotation: int | None = None, display_matrix: list | None = None) -> str:
+def write_with_pyav(
+    path: str,
+    num_frames: int,
+    codec: str,
+    fps: int = 25,
+    options: dict | None = None,
+    gop: int | None = None,
+    bframes: int | None = None,
+    container_options: dict | None = None,
+    frame=None,
+    display_rotation: int | None = None,
+    display_matrix: list | None = None,
+) -> str:
     """``num_frames`` frames of ``frame(i)`` (RGB; barcoded frame numbers by default) encoded with PyAV; a
     ``display_rotation`` (counter-clockwise degrees, as PyAV and FFmpeg's tools say it) or ``display_matrix``
     (FFmpeg's 9 ints) is written as a phone writes its rotation."""
     import av
+
     frame = frame or barcode_frame
     height, width = frame(0).shape[:2]
     with av.open(path, "w", options=container_options or {}) as container:
@@ -105,12 +117,18 @@ def barcode_videos(tmp_path_factory):
     n = 400
     videos = {
         # the common camera case: H.264, B-frames, a 250-frame GOP, no scene-cut keyframes
-        "h264_bframes_mp4": write_with_pyav(str(root / "h264.mp4"), n, "libx264", gop=250, bframes=3,
-                                            options={"bf": "3", "g": "250", "keyint_min": "250",
-                                                     "sc_threshold": "0", "crf": "18"}),
+        "h264_bframes_mp4": write_with_pyav(
+            str(root / "h264.mp4"),
+            n,
+            "libx264",
+            gop=250,
+            bframes=3,
+            options={"bf": "3", "g": "250", "keyint_min": "250", "sc_threshold": "0", "crf": "18"},
+        ),
         "mpeg4_avi": write_with_opencv(str(root / "mpeg4.avi"), n, "XVID"),
-        "h264_mkv": write_with_pyav(str(root / "h264.mkv"), n, "libx264", gop=120, bframes=2,
-                                    options={"bf": "2", "g": "120", "crf": "18"}),
+        "h264_mkv": write_with_pyav(
+            str(root / "h264.mkv"), n, "libx264", gop=120, bframes=2, options={"bf": "2", "g": "120", "crf": "18"}
+        ),
         "vp9_webm": write_with_pyav(str(root / "vp9.webm"), n, "libvpx-vp9", gop=100),
     }
     return {name: (path, n) for name, path in videos.items()}
@@ -119,9 +137,21 @@ def barcode_videos(tmp_path_factory):
 @pytest.fixture(scope="session")
 def synthetic_root(tmp_path_factory):
     from datasets.synthetic import generate
+
     root = tmp_path_factory.mktemp("synthetic") / "data"
-    generate(str(root), seed=3, size=32, num_train=18, num_val=6, num_test=6, short_frames=20, num_long=1,
-             long_frames=300, num_multiview=6, quiet=True)
+    generate(
+        str(root),
+        seed=3,
+        size=32,
+        num_train=18,
+        num_val=6,
+        num_test=6,
+        short_frames=20,
+        num_long=1,
+        long_frames=300,
+        num_multiview=6,
+        quiet=True,
+    )
     return str(root)
 
 
@@ -129,11 +159,24 @@ def synthetic_root(tmp_path_factory):
 def tiny_cfg(synthetic_root, tmp_path):
     """A validated config for fast CPU runs on the small synthetic dataset."""
     from config import load_config
-    return load_config(None, [f"data.data_dir={synthetic_root}", f"trainer.output_dir={tmp_path / 'runs'}",
-                              "data.img_size=32", "data.num_frames=8", "data.frame_stride=2", "data.batch_size=4",
-                              "data.num_workers=0", "data.sample_timeout_s=null", "model.width=8",
-                              "trainer.device=cpu", "trainer.max_epochs=1",
-                              "train.log_every=1"])
+
+    return load_config(
+        None,
+        [
+            f"data.data_dir={synthetic_root}",
+            f"trainer.output_dir={tmp_path / 'runs'}",
+            "data.img_size=32",
+            "data.num_frames=8",
+            "data.frame_stride=2",
+            "data.batch_size=4",
+            "data.num_workers=0",
+            "data.sample_timeout_s=null",
+            "model.width=8",
+            "trainer.device=cpu",
+            "trainer.max_epochs=1",
+            "train.log_every=1",
+        ],
+    )
 
 
 BASE_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "base.yaml")
@@ -143,11 +186,22 @@ def overrides(synthetic_root, out, *extra):
     """A small CPU run's flags. Samples load in this process (num_workers 0, no sample deadline, which would move
     them to a worker): tests that want workers or the deadline say so in ``extra``."""
     args = ["--config", BASE_CONFIG]
-    for item in (f"data.data_dir={synthetic_root}", f"trainer.output_dir={out}", "data.img_size=32",
-                 "data.num_frames=8", "data.frame_stride=2", "data.batch_size=4", "data.num_workers=0",
-                 "data.sample_timeout_s=null",
-                 "model.width=8", "trainer.device=cpu", "trainer.max_epochs=2", "train.log_every=1",
-                 "experiment=e2e", *extra):
+    for item in (
+        f"data.data_dir={synthetic_root}",
+        f"trainer.output_dir={out}",
+        "data.img_size=32",
+        "data.num_frames=8",
+        "data.frame_stride=2",
+        "data.batch_size=4",
+        "data.num_workers=0",
+        "data.sample_timeout_s=null",
+        "model.width=8",
+        "trainer.device=cpu",
+        "trainer.max_epochs=2",
+        "train.log_every=1",
+        "experiment=e2e",
+        *extra,
+    ):
         args += ["--set", item]
     return args
 
@@ -156,7 +210,6 @@ def overrides(synthetic_root, out, *extra):
 def trained_run(synthetic_root, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     import train
+
     assert train.main(overrides(synthetic_root, out, "infer.chunk_size=4", "infer.chunk_overlap=1")) == 0
     return os.path.realpath(os.path.join(out, "e2e", "latest")), out
-
-

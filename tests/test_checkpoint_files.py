@@ -1,5 +1,6 @@
 """Checkpoints a user hands us: refused in one line of our own words with the way out (artifacts/checkpoint.py,
 artifacts/trained_model.py), and a --resume from outside a run directory (artifacts/run_dir.py)."""
+
 import os
 import shutil
 
@@ -30,6 +31,7 @@ def test_resume_from_a_checkpoint_outside_a_run_directory_starts_a_new_one(train
 
 def test_a_pickled_checkpoint_refusal_gives_no_unsafe_advice_and_no_colour_codes(tmp_path):
     import argparse
+
     path = tmp_path / "evil.pt"
     torch.save({"model": {}, "payload": argparse.Namespace(run="code")}, path)
     with pytest.raises(CheckpointError) as info:
@@ -42,13 +44,20 @@ def test_a_pickled_checkpoint_refusal_gives_no_unsafe_advice_and_no_colour_codes
 def test_checkpoint_and_pretrained_messages_say_what_to_do(trained_run, tmp_path):
     run_dir, _ = trained_run
     data = open(os.path.join(run_dir, "checkpoints", "last.pt"), "rb").read()
-    (tmp_path / "torn.pt").write_bytes(data[:len(data) // 3])
-    with pytest.raises(CheckpointError, match=r"; use another checkpoint of the run \(last\.pt, best\.pt, "
-                                              r"epoch_N\.pt\)$"):
+    (tmp_path / "torn.pt").write_bytes(data[: len(data) // 3])
+    with pytest.raises(
+        CheckpointError,
+        match=r"; use another checkpoint of the run \(last\.pt, best\.pt, "
+        r"epoch_N\.pt\)$",
+    ):
         load_checkpoint(str(tmp_path / "torn.pt"))
     from models.pretrained import PretrainedError, _read
-    with pytest.raises(PretrainedError, match=r"file not found; give a weights file that exists, true for "
-                                              r"torchvision's download, or null$"):
+
+    with pytest.raises(
+        PretrainedError,
+        match=r"file not found; give a weights file that exists, true for "
+        r"torchvision's download, or null$",
+    ):
         _read(str(tmp_path / "nothing.pth"))
     (tmp_path / "text.pth").write_text("not weights")
     with pytest.raises(PretrainedError, match=r"; give a state dict of tensors .*, or null$"):
@@ -59,8 +68,10 @@ def test_a_checkpoint_of_another_format_is_refused_with_the_way_out(tmp_path):
     save_checkpoint({"format": 99, "model": {}}, str(tmp_path / "new.pt"))
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(str(tmp_path / "new.pt"))
-    assert str(info.value) == (f"{tmp_path / 'new.pt'}: checkpoint format 99, but this code reads format 1; use "
-                               f"the version of this project that wrote it")
+    assert str(info.value) == (
+        f"{tmp_path / 'new.pt'}: checkpoint format 99, but this code reads format 1; use "
+        f"the version of this project that wrote it"
+    )
 
 
 def bad_checkpoint(tmp_path, kind: str) -> str:
@@ -72,25 +83,39 @@ def bad_checkpoint(tmp_path, kind: str) -> str:
     elif kind == "truncated":
         torch.save({"format": 1, "model": {"w": torch.zeros(1000)}}, path)
         data = open(path, "rb").read()
-        open(path, "wb").write(data[:len(data) // 3])
+        open(path, "wb").write(data[: len(data) // 3])
     else:  # a torch file, but not a checkpoint of this project
         torch.save({"weights": torch.zeros(2)}, path)
     return path
 
 
-@pytest.mark.parametrize("kind, words", [
-    ("pickled", "refused: the file needs pickled code to load (it names numpy.float64, which is not a tensor or a "
-                "plain value)"),
-    ("protocol4", "refused: the file needs pickled code to load"),
-    ("truncated", "not a readable checkpoint (truncated or corrupt?): not a complete zip archive"),
-    ("wrong-format", "not a checkpoint of this project (no 'model' entry)"),
-])
+@pytest.mark.parametrize(
+    "kind, words",
+    [
+        (
+            "pickled",
+            "refused: the file needs pickled code to load (it names numpy.float64, which is not a tensor or a "
+            "plain value)",
+        ),
+        ("protocol4", "refused: the file needs pickled code to load"),
+        ("truncated", "not a readable checkpoint (truncated or corrupt?): not a complete zip archive"),
+        ("wrong-format", "not a checkpoint of this project (no 'model' entry)"),
+    ],
+)
 def test_a_bad_checkpoint_is_one_line_of_our_own_words_on_stderr(tmp_path, kind, words):
     path = bad_checkpoint(tmp_path, kind)
     result = run_python(["eval.py", "--checkpoint", path])
     assert result.returncode == 2
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stderr.startswith(f"error: {path}: {words}")
-    for torch_text in ("Please file an issue", "WeightsUnpickler", "site-packages", "Warning", "weights_only` ",
-                       "PytorchStreamReader", "miniz", "add_safe_globals"):
+    for torch_text in (
+        "Please file an issue",
+        "WeightsUnpickler",
+        "site-packages",
+        "Warning",
+        "weights_only` ",
+        "PytorchStreamReader",
+        "miniz",
+        "add_safe_globals",
+    ):
         assert torch_text not in result.stderr

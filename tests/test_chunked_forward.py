@@ -9,6 +9,7 @@ from models import build_model
 
 class WindowProbe(nn.Module):
     """Known outputs: the logits of a window are a fixed function of the frame indices it holds."""
+
     min_frames = 1
 
     def __init__(self):
@@ -20,7 +21,9 @@ class WindowProbe(nn.Module):
         frames = video[:, 0, :, 0, 0]
         self.calls.append(frames[:, 0].tolist())
         # small enough that no softmax probability underflows to 0
-        return torch.stack([frames.mean(dim=1) / 20, frames.max(dim=1).values / 30, -frames.min(dim=1).values / 25], dim=1)
+        return torch.stack(
+            [frames.mean(dim=1) / 20, frames.max(dim=1).values / 30, -frames.min(dim=1).values / 25], dim=1
+        )
 
 
 def indexed_clip(batch: int, length: int) -> dict:

@@ -1,4 +1,5 @@
 """Chunked training: the clip goes through the model chunk by chunk, each chunk recomputed in backward."""
+
 import os
 import shutil
 
@@ -23,8 +24,9 @@ def small_model(seed=0, views=1, **changes):
     torch.manual_seed(seed)
     kpt = ["data.load_kpt=true"] if changes.get("input_type") == "rgb_kpt" else []
     cfg = load_config(None, ["model.width=4", *kpt, *[f"model.{k}={v}" for k, v in changes.items()]]).model
-    return build_model(cfg, num_classes=3, num_views=views,
-                       kpt_shape=(5, 2) if changes.get("input_type") == "rgb_kpt" else None)
+    return build_model(
+        cfg, num_classes=3, num_views=views, kpt_shape=(5, 2) if changes.get("input_type") == "rgb_kpt" else None
+    )
 
 
 def clip_batch(length=24, batch=2, views=1, keypoints=False):
@@ -44,18 +46,24 @@ def gradients_of(model, inputs, spec, aggregation="mean", labels=(0, 2), seed=5,
     torch.manual_seed(seed)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         outputs = forward(prepare.transfer(inputs), spec)  # with a temporal head its clip logits, else None
-        logits = (outputs.clip if outputs.clip is not None
-                  else aggregate_chunk_logits(outputs.chunks.transpose(0, 1), aggregation))
-    nn.functional.cross_entropy(logits, torch.tensor(labels[:len(logits)])).backward()
+        logits = (
+            outputs.clip
+            if outputs.clip is not None
+            else aggregate_chunk_logits(outputs.chunks.transpose(0, 1), aggregation)
+        )
+    nn.functional.cross_entropy(logits, torch.tensor(labels[: len(logits)])).backward()
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("case", [
-    {"aggregation": "mean"},
-    {"aggregation": "max", "overlap": 3},
-    {"aggregation": "prob", "model": {"dropout": 0.5}},
-    {"aggregation": "mean", "model": {"grad_checkpointing": True}},  # both recomputations nested
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        {"aggregation": "mean"},
+        {"aggregation": "max", "overlap": 3},
+        {"aggregation": "prob", "model": {"dropout": 0.5}},
+        {"aggregation": "mean", "model": {"grad_checkpointing": True}},  # both recomputations nested
+    ],
+)
 def test_recomputed_chunks_give_the_gradients_of_the_same_chunks_kept_in_memory(case):
     model, kept = small_model(**case.get("model", {})), small_model(**case.get("model", {}))
     overlap = case.get("overlap", 0)
@@ -135,25 +143,34 @@ def test_dense_chunk_labels_equal_a_hand_computation():
     # clip of 12 frames, chunks of 4 sharing 1: [0,4) [3,7) [6,10) [8,12)
     windows = chunk_windows(12, 4, 1)
     assert windows == [(0, 4), (3, 7), (6, 10), (8, 12)]
-    frame_labels = torch.tensor([
-        [2, 2, 2, 1, 1, 1, 1, -1, -1, -1, -1, -1],  # segments 2 on [0,3), 1 on [3,7), then nothing
-        [0, 0, 0, 0, 0, 0, 3, 3, 3, 3, 3, 0],
-    ])
-    expected = torch.tensor([[2, 0],   # [0,4): 2,2,2,1 -> 2 | 0,0,0,0 -> 0
-                             [1, 0],   # [3,7): 1,1,1,1 -> 1 | 0,0,0,3 -> 0
-                             [1, 3],   # [6,10): 1,-1,-1,-1 -> 1 | 3,3,3,3 -> 3
-                             [-1, 3]])  # [8,12): nothing labelled -> ignored | 3,3,3,0 -> 3
+    frame_labels = torch.tensor(
+        [
+            [2, 2, 2, 1, 1, 1, 1, -1, -1, -1, -1, -1],  # segments 2 on [0,3), 1 on [3,7), then nothing
+            [0, 0, 0, 0, 0, 0, 3, 3, 3, 3, 3, 0],
+        ]
+    )
+    expected = torch.tensor(
+        [
+            [2, 0],  # [0,4): 2,2,2,1 -> 2 | 0,0,0,0 -> 0
+            [1, 0],  # [3,7): 1,1,1,1 -> 1 | 0,0,0,3 -> 0
+            [1, 3],  # [6,10): 1,-1,-1,-1 -> 1 | 3,3,3,3 -> 3
+            [-1, 3],
+        ]
+    )  # [8,12): nothing labelled -> ignored | 3,3,3,0 -> 3
     assert torch.equal(chunk_labels(frame_labels, windows), expected)
 
 
 def test_dense_loss_is_the_mean_over_counted_chunks(tmp_path):
     cfg = load_config(None, ["train.chunk_train_size=4", "train.chunk_train_overlap=1", "train.chunk_loss=dense"])
     chunk_logits = torch.randn(4, 2, 5)
-    piece = {"video": torch.zeros(2, 3, 12, 1, 1), "label": torch.tensor([0, 0]),
-             "frame_labels": torch.tensor([[2, 2, 2, 1, 1, 1, 1, -1, -1, -1, -1, -1],
-                                           [0, 0, 0, 0, 0, 0, 3, 3, 3, 3, 3, 0]])}
-    loss = training_loss(HeadOutput(None, chunk_logits.transpose(0, 1)), piece, ChunkSpec(4, 1), cfg.train,
-                         nn.CrossEntropyLoss())
+    piece = {
+        "video": torch.zeros(2, 3, 12, 1, 1),
+        "label": torch.tensor([0, 0]),
+        "frame_labels": torch.tensor([[2, 2, 2, 1, 1, 1, 1, -1, -1, -1, -1, -1], [0, 0, 0, 0, 0, 0, 3, 3, 3, 3, 3, 0]]),
+    }
+    loss = training_loss(
+        HeadOutput(None, chunk_logits.transpose(0, 1)), piece, ChunkSpec(4, 1), cfg.train, nn.CrossEntropyLoss()
+    )
     rows = [(0, 0, 2), (0, 1, 0), (1, 0, 1), (1, 1, 0), (2, 0, 1), (2, 1, 3), (3, 1, 3)]  # (chunk, clip, label)
     by_hand = sum(-chunk_logits[c, b].log_softmax(-1)[k] for c, b, k in rows) / len(rows)
     torch.testing.assert_close(loss, by_hand)
@@ -162,25 +179,48 @@ def test_dense_loss_is_the_mean_over_counted_chunks(tmp_path):
 def test_chunk_train_aggregation_last_is_refused_with_its_reason():
     with pytest.raises(ConfigError) as info:
         load_config(None, ["train.chunk_train_aggregation=last"])
-    assert str(info.value) == ("--set train.chunk_train_aggregation=last: train.chunk_train_aggregation: 'last' means "
-                               "nothing in training (only the last chunk would learn); use mean, max or prob. "
-                               "Validation's infer.chunk_aggregation may stay last")
+    assert str(info.value) == (
+        "--set train.chunk_train_aggregation=last: train.chunk_train_aggregation: 'last' means "
+        "nothing in training (only the last chunk would learn); use mean, max or prob. "
+        "Validation's infer.chunk_aggregation may stay last"
+    )
     with pytest.raises(ConfigError, match="train.chunk_train_overlap=8 must be smaller than train.chunk_train_size=8"):
         load_config(None, ["train.chunk_train_size=8", "train.chunk_train_overlap=8"])
 
 
-@pytest.mark.parametrize("dense, head, precise, budget", [
-    (False, "none", False, False), (True, "none", False, False), (True, "transformer", False, False),
-    (False, "none", True, False), (False, "transformer", False, True)])
-def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(synthetic_root, tmp_path, dense, head, precise,
-                                                                  budget):
+@pytest.mark.parametrize(
+    "dense, head, precise, budget",
+    [
+        (False, "none", False, False),
+        (True, "none", False, False),
+        (True, "transformer", False, False),
+        (False, "none", True, False),
+        (False, "transformer", False, True),
+    ],
+)
+def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(
+    synthetic_root, tmp_path, dense, head, precise, budget
+):
     """From epoch_0001.pt of a 2-epoch run, put as last.pt of a fresh run: the same final weights and BatchNorm
     statistics (with a temporal head too: its dropout and the recomputed chunks' draw from the restored RNG; with
     precise BN: the statistics recomputed before each validation; with a budget: chunks kept unrecomputed,
     train.recompute: auto)."""
-    extra = ["model.dropout=0.5", "train.chunk_train_size=4", "train.chunk_train_overlap=1", "train.keep_last_k=2",
-             "infer.chunk_size=4"] + (["train.chunk_loss=dense", "data.train_manifest=long.jsonl", "data.val_manifest=long.jsonl",
-                                              "data.max_video_frames=40"] if dense else [])
+    extra = [
+        "model.dropout=0.5",
+        "train.chunk_train_size=4",
+        "train.chunk_train_overlap=1",
+        "train.keep_last_k=2",
+        "infer.chunk_size=4",
+    ] + (
+        [
+            "train.chunk_loss=dense",
+            "data.train_manifest=long.jsonl",
+            "data.val_manifest=long.jsonl",
+            "data.max_video_frames=40",
+        ]
+        if dense
+        else []
+    )
     extra += ["train.precise_bn_batches=2"] if precise else []
     extra += ["trainer.memory_budget_gb=2", "trainer.device=cpu"] if budget else []
     if head != "none":
@@ -206,17 +246,23 @@ def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(synthetic_root,
 
 # ------------------------------------------------------------------ train.recompute: auto (the chunks kept)
 
-@pytest.mark.parametrize("head, extra", [("none", {}), ("transformer", {}), ("none", {"grad_checkpointing": True}),
-                                         ("none", {"autocast": True})],
-                         ids=["plain", "temporal-head", "grad-checkpointing-inside", "autocast"])
+
+@pytest.mark.parametrize(
+    "head, extra",
+    [("none", {}), ("transformer", {}), ("none", {"grad_checkpointing": True}), ("none", {"autocast": True})],
+    ids=["plain", "temporal-head", "grad-checkpointing-inside", "autocast"],
+)
 @pytest.mark.parametrize("kept", [0, 1, 2, 3])
 def test_keeping_chunks_gives_the_gradients_of_recomputing_every_chunk(kept, head, extra):
     """3 chunks of 8 frames, dropout on: keeping the last 0, 1, 2 or all 3 chunks' activations changes no gradient
     (the recomputed chunks replay their dropout masks), with a temporal head, with gradient checkpointing inside
     the chunks and under autocast (bf16 on the CPU) too."""
     autocast = extra.get("autocast", False)
-    changes = {"dropout": 0.5} | {k: v for k, v in extra.items() if k != "autocast"} | (
-        {"temporal_head": head, "temporal_width": 16, "temporal_attention_heads": 2} if head != "none" else {})
+    changes = (
+        {"dropout": 0.5}
+        | {k: v for k, v in extra.items() if k != "autocast"}
+        | ({"temporal_head": head, "temporal_width": 16, "temporal_attention_heads": 2} if head != "none" else {})
+    )
     inputs = clip_batch()
     recompute_all = gradients_of(small_model(**changes), inputs, ChunkSpec(8, 0), autocast=autocast)
     keeping = gradients_of(small_model(**changes), inputs, ChunkSpec(8, 0, kept=kept), autocast=autocast)
@@ -230,6 +276,7 @@ def test_only_the_chunks_not_kept_run_their_forward_again(kept, forwards):
     """The module's forward calls of one step over 3 chunks: 3, plus one per recomputed chunk (the last chunks
     are the kept ones)."""
     from test_training_loop import NoBatchNorm
+
     model = NoBatchNorm()
     prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
     forward = ChunkedTrainingForward(model, prepare.normalize).train()
@@ -245,6 +292,7 @@ def test_the_kept_count_follows_the_budget():
     next one's) it keeps that many. Each chunk kept adds one chunk's activations, except the first: with every
     chunk recomputed the peak already holds one chunk's (its recomputation in backward), so one is kept for free."""
     from planner.project import config_training_estimate, most_chunks_kept
+
     cfg = load_config(None, ["model.width=8", "data.num_frames=32", "data.batch_size=2", "train.chunk_train_size=8"])
     peaks = [config_training_estimate(cfg, 32, 2, kept_chunks=k).peak for k in range(5)]
     assert peaks[0] == peaks[1] < peaks[2] < peaks[3] < peaks[4]
@@ -262,6 +310,7 @@ def test_without_a_budget_or_with_recompute_all_every_chunk_is_recomputed(caplog
     from core.runtime import Runtime
     from datasets.shape import DataShape
     from planner.batch_size import chunks_to_keep
+
     runtime, shape = Runtime(torch.device("cpu"), "32"), DataShape(3)
     chunked = ["model.width=8", "data.num_frames=32", "data.batch_size=2", "train.chunk_train_size=8"]
     with caplog.at_level("INFO", logger="longvideo"):
@@ -301,12 +350,23 @@ def test_probe_memory_states_the_chunks_auto_keeps():
     from planner.estimate import usable_bytes
     from planner.memory_table import probe
     from planner.project import most_chunks_kept
-    cfg = load_config(None, ["model.width=8", "data.num_frames=32", "data.batch_size=2", "train.chunk_train_size=8",
-                             "trainer.memory_budget_gb=0.02"])
+
+    cfg = load_config(
+        None,
+        [
+            "model.width=8",
+            "data.num_frames=32",
+            "data.batch_size=2",
+            "train.chunk_train_size=8",
+            "trainer.memory_budget_gb=0.02",
+        ],
+    )
     lines = []
-    assert probe(cfg, cuda=False, frames_grid=[32], batch_grid=[2], out=lines.append, for_gpu=False,
-                 num_classes=10) == 0
+    assert (
+        probe(cfg, cuda=False, frames_grid=[32], batch_grid=[2], out=lines.append, for_gpu=False, num_classes=10) == 0
+    )
     kept = most_chunks_kept(cfg, 32, 2, usable_bytes(0.02, cuda=False), num_classes=10)[0]
     assert 0 < kept < 4  # this budget holds some chunks, not all
-    assert lines[-1].startswith(f"train.recompute: auto at batch 2: keeps the activations of {kept} of 4 training "
-                                f"chunks (estimated peak ")
+    assert lines[-1].startswith(
+        f"train.recompute: auto at batch 2: keeps the activations of {kept} of 4 training chunks (estimated peak "
+    )

@@ -1,5 +1,6 @@
 """Aspect-true geometry, crops and augmentation (datasets/clip_transform.py): exact boxes, keypoints that stay on
 their pixel, one set of random parameters per clip, exact resume."""
+
 import dataclasses
 import os
 
@@ -26,8 +27,9 @@ from datasets.video.choice import open_reader
 from datasets.video.frame_reader import resize_frame
 from datasets.video_dataset import VideoWindowDataset
 
-SHARED_CLIP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data",
-                           "nasa_13013.mp4")
+SHARED_CLIP = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "nasa_13013.mp4"
+)
 
 
 def data_cfg(*overrides_):
@@ -47,10 +49,16 @@ def test_decode_size_keeps_the_aspect_ratio_and_holds_the_crop():
 
 def test_evaluation_crops_are_the_centre_or_three_along_the_long_side():
     assert evaluation_boxes((128, 228), (112, 112), 1) == [Box(8, 58, 112, 112)]
-    assert evaluation_boxes((128, 228), (112, 112), 3) == [Box(8, 0, 112, 112), Box(8, 58, 112, 112),
-                                                           Box(8, 116, 112, 112)]
-    assert evaluation_boxes((373, 210), (160, 210), 3) == [Box(0, 0, 160, 210), Box(106, 0, 160, 210),
-                                                           Box(213, 0, 160, 210)]
+    assert evaluation_boxes((128, 228), (112, 112), 3) == [
+        Box(8, 0, 112, 112),
+        Box(8, 58, 112, 112),
+        Box(8, 116, 112, 112),
+    ]
+    assert evaluation_boxes((373, 210), (160, 210), 3) == [
+        Box(0, 0, 160, 210),
+        Box(106, 0, 160, 210),
+        Box(213, 0, 160, 210),
+    ]
     assert evaluation_boxes((112, 112), (112, 112), 3) == [Box(0, 0, 112, 112)] * 3
 
 
@@ -72,7 +80,7 @@ def blob_frame(height, width, x, y, radius=6):
 
 def centroid(image: np.ndarray) -> tuple[float, float]:
     weight = image.astype(np.float64)
-    ys, xs = np.mgrid[:image.shape[0], :image.shape[1]]
+    ys, xs = np.mgrid[: image.shape[0], : image.shape[1]]
     return float((xs * weight).sum() / weight.sum()), float((ys * weight).sum() / weight.sum())
 
 
@@ -84,15 +92,23 @@ def test_a_keypoint_stays_on_the_pixel_it_marks(coords, seed):
     rng = np.random.default_rng(seed)
     x, y = int(rng.integers(200, 440)), int(rng.integers(120, 240))
     frame = blob_frame(360, 640, x, y)
-    cfg = data_cfg("data.img_size=[96, 128]", "data.augment=true", "data.crop_scale=[0.5, 1.0]",
-                   f"data.kpt_coords={coords}", "data.short_side=120")
+    cfg = data_cfg(
+        "data.img_size=[96, 128]",
+        "data.augment=true",
+        "data.crop_scale=[0.5, 1.0]",
+        f"data.kpt_coords={coords}",
+        "data.short_side=120",
+    )
     transform = ClipTransform(cfg, training=True)
     [plan] = transform.plan([(360, 640)], rng)
     decoded = resize_frame(frame, *plan.decoded)  # what the reader does while decoding
     video = torch.from_numpy(np.stack([decoded, decoded])).permute(0, 3, 1, 2)
     out = transform.frames(video, plan)[0, 0].numpy()
-    kpt = np.array([[[x, y, 1.0]]], np.float32) if coords == "pixels" else \
-        np.array([[[(x + 0.5) / 640, (y + 0.5) / 360, 1.0]]], np.float32)
+    kpt = (
+        np.array([[[x, y, 1.0]]], np.float32)
+        if coords == "pixels"
+        else np.array([[[(x + 0.5) / 640, (y + 0.5) / 360, 1.0]]], np.float32)
+    )
     moved = transform.keypoints(kpt, plan)[0, 0]
     got = centroid(out)
     if coords == "normalized":
@@ -129,9 +145,19 @@ def test_every_frame_of_a_clip_gets_the_same_random_parameters():
 
 
 def test_evaluation_has_no_randomness_and_three_crops_are_three_samples(synthetic_root):
-    cfg = load_config(None, [f"data.data_dir={synthetic_root}", "data.img_size=24", "data.num_frames=4",
-                             "data.augment=true", "data.color_jitter=0.5", "data.test_crops=3"]).data
+    cfg = load_config(
+        None,
+        [
+            f"data.data_dir={synthetic_root}",
+            "data.img_size=24",
+            "data.num_frames=4",
+            "data.augment=true",
+            "data.color_jitter=0.5",
+            "data.test_crops=3",
+        ],
+    ).data
     from datasets.manifest import read_manifest
+
     records = read_manifest(os.path.join(synthetic_root, "val.jsonl"))
     names = ["down", "grow", "left", "right", "shrink", "up"]
     evaluation = VideoWindowDataset(records, names, cfg, training=False)
@@ -143,11 +169,21 @@ def test_evaluation_has_no_randomness_and_three_crops_are_three_samples(syntheti
 
 
 def test_a_flipped_clip_swaps_its_label_pair(synthetic_root):
-    cfg = load_config(None, [f"data.data_dir={synthetic_root}", "data.img_size=32", "data.num_frames=4",
-                             "data.augment=true", "data.crop_scale=[1.0, 1.0]", "data.crop_ratio=[1.0, 1.0]",
-                             "data.flip_label_pairs=[[left, right]]"]).data
+    cfg = load_config(
+        None,
+        [
+            f"data.data_dir={synthetic_root}",
+            "data.img_size=32",
+            "data.num_frames=4",
+            "data.augment=true",
+            "data.crop_scale=[1.0, 1.0]",
+            "data.crop_ratio=[1.0, 1.0]",
+            "data.flip_label_pairs=[[left, right]]",
+        ],
+    ).data
     names = ["down", "grow", "left", "right", "shrink", "up"]
     from datasets.manifest import read_manifest
+
     records = [r for r in read_manifest(os.path.join(synthetic_root, "train.jsonl")) if r.label == "left"]
     plain = VideoWindowDataset(records, names, dataclasses.replace(cfg, augment=False), training=True)
     augmented = VideoWindowDataset(records, names, cfg, training=True)
@@ -162,8 +198,11 @@ def test_a_flipped_clip_swaps_its_label_pair(synthetic_root):
 
 
 def test_augmentation_config_errors_say_what_to_set():
-    with pytest.raises(ConfigError, match=r"a horizontal flip must swap left and right joints of the keypoints: set "
-                                          r"data.kpt_flip_pairs .*, or data.flip: false"):
+    with pytest.raises(
+        ConfigError,
+        match=r"a horizontal flip must swap left and right joints of the keypoints: set "
+        r"data.kpt_flip_pairs .*, or data.flip: false",
+    ):
         load_config(None, ["data.augment=true", "data.load_kpt=true"])
     load_config(None, ["data.augment=true", "data.load_kpt=true", "data.kpt_flip_pairs=[]"])
     with pytest.raises(ConfigError, match=r"data.test_crops: use 1 \(the centre\) or 3"):
@@ -175,8 +214,13 @@ def test_augmentation_config_errors_say_what_to_set():
 
 
 def test_resume_is_exact_with_augmentation_on(synthetic_root, tmp_path):
-    extra = ["data.augment=true", "data.color_jitter=0.3", "data.flip_label_pairs=[[left, right]]",
-             "data.short_side=36", "data.num_workers=1"]
+    extra = [
+        "data.augment=true",
+        "data.color_jitter=0.3",
+        "data.flip_label_pairs=[[left, right]]",
+        "data.short_side=36",
+        "data.num_workers=1",
+    ]
     assert train.main(overrides(synthetic_root, tmp_path / "whole", *extra)) == 0
     reference = load_checkpoint(os.path.join(tmp_path, "whole", "e2e", "latest", "checkpoints", "last.pt"))
     args = overrides(synthetic_root, tmp_path / "halves", *extra)
@@ -193,10 +237,17 @@ def test_resume_is_exact_with_augmentation_on(synthetic_root, tmp_path):
 def test_real_footage_is_decoded_aspect_true_and_centre_cropped(decoder):
     """The real 320x180 camera clip through the evaluation geometry (img_size 64, short side 72): each frame is the
     sequentially decoded frame, resized to 72x128 and centre-cropped, pixel for pixel."""
-    cfg = data_cfg("data.img_size=64", "data.short_side=72", "data.num_frames=6", "data.frame_stride=50",
-                   f"data.decoder={decoder}", "data.index_cache=null")
-    dataset = VideoWindowDataset([VideoRecord({"video": SHARED_CLIP}, label="a", where="clip")], ["a"], cfg,
-                                 training=False)
+    cfg = data_cfg(
+        "data.img_size=64",
+        "data.short_side=72",
+        "data.num_frames=6",
+        "data.frame_stride=50",
+        f"data.decoder={decoder}",
+        "data.index_cache=null",
+    )
+    dataset = VideoWindowDataset(
+        [VideoRecord({"video": SHARED_CLIP}, label="a", where="clip")], ["a"], cfg, training=False
+    )
     sample = dataset[0]
     indices = sample["frame_indices"].tolist()
     sequential = decode_sequentially(SHARED_CLIP, rgb=False)
@@ -205,13 +256,13 @@ def test_real_footage_is_decoded_aspect_true_and_centre_cropped(decoder):
         expected = cv2.cvtColor(resize_frame(sequential[index], 72, 128), cv2.COLOR_BGR2RGB)[4:68, 32:96]
         np.testing.assert_array_equal(sample["video"][:, t].permute(1, 2, 0).numpy(), expected)
     reader = open_reader(SHARED_CLIP, (72, 128), decoder=decoder)
-    np.testing.assert_array_equal(reader.read(indices)[:, 4:68, 32:96],
-                                  sample["video"].permute(1, 2, 3, 0).numpy())
+    np.testing.assert_array_equal(reader.read(indices)[:, 4:68, 32:96], sample["video"].permute(1, 2, 3, 0).numpy())
 
 
 def test_a_config_saved_before_data_resize_evaluates_with_stretch():
     """A checkpoint trained before aspect-true geometry existed stretched its frames: it keeps doing so."""
     from config import defaults, saved_config
+
     old = defaults()
     for key in ("resize", "short_side", "test_crops", "augment", "kpt_coords"):
         del old["data"][key]
@@ -222,16 +273,26 @@ def test_a_config_saved_before_data_resize_evaluates_with_stretch():
 
 def test_flip_pairs_must_name_classes_and_joints_of_the_data(synthetic_root):
     from datasets.manifest import ManifestError, read_manifest
+
     records = read_manifest(os.path.join(synthetic_root, "train.jsonl"))
     names = ["down", "grow", "left", "right", "shrink", "up"]
-    cfg = load_config(None, [f"data.data_dir={synthetic_root}", "data.augment=true", "data.load_kpt=true",
-                             "data.kpt_flip_pairs=[[0, 9]]"]).data
-    with pytest.raises(ManifestError, match=r"^data.kpt_flip_pairs names joint 9, but the keypoints have 5 joints "
-                                            r"\(0 to 4\)$"):
+    cfg = load_config(
+        None,
+        [f"data.data_dir={synthetic_root}", "data.augment=true", "data.load_kpt=true", "data.kpt_flip_pairs=[[0, 9]]"],
+    ).data
+    with pytest.raises(
+        ManifestError,
+        match=r"^data.kpt_flip_pairs names joint 9, but the keypoints have 5 joints "
+        r"\(0 to 4\)$",
+    ):
         VideoWindowDataset(records, names, cfg, training=True)
     with pytest.raises(ManifestError, match=r"^data.flip_label_pairs names sideways, not a class of the data"):
-        VideoWindowDataset(records, names, dataclasses.replace(cfg, kpt_flip_pairs=[], flip_label_pairs=[["left", "sideways"]]),
-                           training=True)
+        VideoWindowDataset(
+            records,
+            names,
+            dataclasses.replace(cfg, kpt_flip_pairs=[], flip_label_pairs=[["left", "sideways"]]),
+            training=True,
+        )
 
 
 def test_each_view_gets_its_own_crop_but_the_sample_one_flip():

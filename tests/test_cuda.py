@@ -1,4 +1,5 @@
 """What only a GPU shows. Skipped without CUDA (CI has none); run them on a GPU machine."""
+
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_fp16_training_with_grad_scaler_on_cuda(synthetic_root, tmp_path):
     import train
     from artifacts.checkpoint import load_checkpoint
+
     args = overrides(synthetic_root, tmp_path, "trainer.device=cuda", "trainer.max_epochs=1") + ["--use_amp"]
     assert train.main(args) == 0
     state = load_checkpoint(os.path.join(tmp_path, "e2e", "latest", "checkpoints", "last.pt"))
@@ -23,10 +25,27 @@ def test_fp16_training_with_grad_scaler_on_cuda(synthetic_root, tmp_path):
 
 
 def test_probe_memory_on_cuda_prints_measured_beside_estimated():
-    result = subprocess.run([sys.executable, "train.py", "--config", "configs/quickstart.yaml", "--set",
-                             "trainer.device=cuda", "--set", "trainer.memory_budget_gb=4", "--probe-memory",
-                             "--probe-frames", "16", "--probe-batches", "1,2"], cwd=ROOT, capture_output=True,
-                            text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            "configs/quickstart.yaml",
+            "--set",
+            "trainer.device=cuda",
+            "--set",
+            "trainer.memory_budget_gb=4",
+            "--probe-memory",
+            "--probe-frames",
+            "16",
+            "--probe-batches",
+            "1,2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     assert "measured (ckpt off)" in result.stdout and "largest batch at num_frames=16" in result.stdout
 
@@ -37,8 +56,17 @@ def test_probe_memory_on_cuda_prints_measured_beside_estimated():
 def test_the_estimate_is_within_10_percent_of_the_measured_peak(backbone, precision, checkpointing):
     from config import load_config
     from planner import project
-    cfg = load_config(None, [f"model.backbone={backbone}", "model.width=32", "data.img_size=112",
-                             f"model.grad_checkpointing={str(checkpointing).lower()}", f"trainer.precision={precision}"])
+
+    cfg = load_config(
+        None,
+        [
+            f"model.backbone={backbone}",
+            "model.width=32",
+            "data.img_size=112",
+            f"model.grad_checkpointing={str(checkpointing).lower()}",
+            f"trainer.precision={precision}",
+        ],
+    )
     estimated = project.config_training_estimate(cfg, 16, 4)
     measured = project.measure_training_step_cuda(cfg, 16, 4)
     assert measured is not None
@@ -48,18 +76,20 @@ def test_the_estimate_is_within_10_percent_of_the_measured_peak(backbone, precis
 def test_the_budget_decision_never_exceeds_the_budget():
     from config import load_config
     from planner import estimate, project
+
     cfg = load_config(None, ["model.backbone=r3d_18", "data.img_size=112", "trainer.precision=16"])
     budget_gb = 4
     batch, _ = project.largest_batch(cfg, 16, estimate.usable_bytes(budget_gb))
     assert batch >= 1
     measured = project.measure_training_step_cuda(cfg, 16, batch)
-    assert measured is not None and measured["reserved"] <= budget_gb * 2 ** 30
+    assert measured is not None and measured["reserved"] <= budget_gb * 2**30
 
 
 def test_chunked_inference_device_memory_does_not_grow_with_clip_length():
     from config import load_config
     from engine.chunking import forward_chunked
     from models import build_model
+
     model = build_model(load_config(None, ["model.width=8"]).model, 5).cuda().eval()
     peaks = []
     for frames in (64, 512):
@@ -67,6 +97,6 @@ def test_chunked_inference_device_memory_does_not_grow_with_clip_length():
         torch.cuda.reset_peak_memory_stats()
         with torch.inference_mode():
             for start in range(0, frames, 32):
-                forward_chunked(model, {"video": clip["video"][:, :, start:start + 32].cuda()}, 16, 4)
+                forward_chunked(model, {"video": clip["video"][:, :, start : start + 32].cuda()}, 16, 4)
         peaks.append(torch.cuda.max_memory_allocated())
     assert peaks[1] <= peaks[0] * 1.1

@@ -1,5 +1,6 @@
 """An out-of-memory error on one rank under DDP: every rank takes the same back-off, nobody waits in a collective
 another rank abandoned, and the weights stay identical across ranks. Two gloo processes on the CPU."""
+
 import json
 import os
 import subprocess
@@ -10,7 +11,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-RANK_SCRIPT = r'''
+RANK_SCRIPT = r"""
 import json, os, sys
 import torch
 from torch import nn
@@ -97,7 +98,7 @@ with open(os.path.join(out, f"rank{runtime.rank}.json"), "w") as f:
     json.dump({"micro_splits": trainer.state.micro_splits, "steps": trainer.state.global_step,
                "weights": [p.detach().flatten().tolist() for p in model.parameters()]}, f)
 torch.distributed.destroy_process_group()
-'''
+"""
 
 
 @pytest.mark.parametrize("where", ["forward", "backward"])
@@ -105,9 +106,23 @@ def test_an_oom_on_one_rank_is_agreed_by_every_rank(tmp_path, where):
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     env = {**os.environ, "PYTHONPATH": ROOT}
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             str(script), where, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                            timeout=240, env=env)  # a hang fails here, within the timeout
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(script),
+            where,
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )  # a hang fails here, within the timeout
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
     # rank 1 backed off on its own; rank 0 learned it at the group's end and took the same back-off
@@ -126,9 +141,23 @@ def test_an_oom_under_sync_batch_norm_stops_every_rank_with_the_reason(tmp_path)
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     env = {**os.environ, "PYTHONPATH": ROOT}
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             str(script), "sync", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                            timeout=240, env=env)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(script),
+            "sync",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert "rank 1 error: out of memory with model.norm: sync: every BatchNorm forward is synchronized" in output
@@ -145,19 +174,35 @@ def test_an_oom_with_overlapped_all_reduce_stops_every_rank_and_leaves_last_pt(t
     os.makedirs(tmp_path / "checkpoints")
     (tmp_path / "checkpoints" / "last.pt").write_bytes(b"the checkpoint of an earlier step")
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             str(script), "overlap", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                            timeout=240, env={**os.environ, "PYTHONPATH": ROOT})
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(script),
+            "overlap",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     assert result.returncode != 0 and time.monotonic() - started < 120
     output = result.stdout + result.stderr
-    assert ("rank 1 error: rank 1: out of memory with train.ddp_sync: overlap: the other 1 process(es) wait in an "
-            "all-reduce of the backward this process abandoned") in output
+    assert (
+        "rank 1 error: rank 1: out of memory with train.ddp_sync: overlap: the other 1 process(es) wait in an "
+        "all-reduce of the backward this process abandoned"
+    ) in output
     assert "resume with --resume auto and train.ddp_sync: agreed" in output
     assert (tmp_path / "checkpoints" / "last.pt").read_bytes() == b"the checkpoint of an earlier step"
     assert not os.path.exists(tmp_path / "rank0.json")  # rank 0 did not carry on alone
 
 
-AVERAGE_SCRIPT = r'''
+AVERAGE_SCRIPT = r"""
 import json, sys
 import torch
 import torch.distributed as dist
@@ -178,7 +223,7 @@ with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:  # a file a rank: printed
     json.dump({"equal": all(torch.equal(g, e) for g, e in zip(grads, expected)),
                "in_place": [g.data_ptr() for g in grads] == pointers}, f)
 dist.destroy_process_group()
-'''
+"""
 
 
 def test_gradients_are_averaged_in_place_bucket_by_bucket(tmp_path):
@@ -187,9 +232,22 @@ def test_gradients_are_averaged_in_place_bucket_by_bucket(tmp_path):
     non-contiguous gradient."""
     script = tmp_path / "average.py"
     script.write_text(AVERAGE_SCRIPT)
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             str(script), str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": ROOT})
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(script),
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     reports = [json.load(open(tmp_path / f"rank{rank}.json")) for rank in (0, 1)]
     assert reports == [{"equal": True, "in_place": True}] * 2

@@ -1,5 +1,6 @@
 """The README is a front page and the docs hold the reference: every link between them resolves (the file, and the
 heading an anchor names), and the README stays short enough to read in five minutes."""
+
 import os
 import re
 
@@ -37,8 +38,9 @@ def broken_links(page: str, text: str) -> list[str]:
         if re.match(r"[a-z]+://", target) or target.startswith("mailto:"):
             continue  # nothing outside the repository is linked to be checked offline
         path, _, anchor = target.partition("#")
-        resolved = os.path.normpath(os.path.join(ROOT, os.path.dirname(page), path)) if path else \
-            os.path.join(ROOT, page)
+        resolved = (
+            os.path.normpath(os.path.join(ROOT, os.path.dirname(page), path)) if path else os.path.join(ROOT, page)
+        )
         if not os.path.exists(resolved):
             broken.append(f"{page}: {target}: no such file")
         elif anchor and (not resolved.endswith(".md") or anchor not in anchors(resolved)):
@@ -54,8 +56,9 @@ def test_every_docs_link_resolves():
 def test_the_link_check_finds_a_missing_file_and_a_missing_heading():
     text = "[a](docs/training.md) [b](docs/nowhere.md) [c](docs/training.md#no-such-heading) [d](#dependencies)"
     assert broken_links("README.md", text) == [
-        "README.md: docs/nowhere.md: no such file", "README.md: docs/training.md#no-such-heading: no heading "
-        "#no-such-heading"]
+        "README.md: docs/nowhere.md: no such file",
+        "README.md: docs/training.md#no-such-heading: no heading #no-such-heading",
+    ]
 
 
 def test_slug_follows_github():

@@ -1,4 +1,5 @@
 """A short training run on the synthetic data, then eval.py and infer_chunked.py on its checkpoints."""
+
 import csv
 import json
 import os
@@ -48,8 +49,13 @@ def test_resume_continues_exactly(trained_run, synthetic_root, tmp_path):
 
 
 def test_resume_auto_without_a_checkpoint_is_an_error(synthetic_root, tmp_path):
-    result = subprocess.run([sys.executable, "train.py", *overrides(synthetic_root, tmp_path), "--resume", "auto"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "train.py", *overrides(synthetic_root, tmp_path), "--resume", "auto"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().endswith("start without --resume, or give a checkpoint path")
     assert "no " in result.stderr and "last.pt to continue from" in result.stderr
@@ -58,9 +64,28 @@ def test_resume_auto_without_a_checkpoint_is_an_error(synthetic_root, tmp_path):
 def test_eval_reports_and_writes_metrics_and_predictions(trained_run, tmp_path):
     run_dir, _ = trained_run
     best = os.path.join(run_dir, "checkpoints", "best.pt")
-    result = subprocess.run([sys.executable, "eval.py", "--checkpoint", best, "--split", "val", "--chunk", "4",
-                             "--overlap", "1", "--agg", "prob", "--output", str(tmp_path / "ev")],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "eval.py",
+            "--checkpoint",
+            best,
+            "--split",
+            "val",
+            "--chunk",
+            "4",
+            "--overlap",
+            "1",
+            "--agg",
+            "prob",
+            "--output",
+            str(tmp_path / "ev"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "confusion matrix" in result.stdout and "video-level acc" in result.stdout
     metrics = json.load(open(tmp_path / "ev.json"))["metrics"]
@@ -70,25 +95,65 @@ def test_eval_reports_and_writes_metrics_and_predictions(trained_run, tmp_path):
     videos = list(csv.DictReader(open(tmp_path / "ev.csv")))
     assert len(videos) == metrics["num_videos"] == 6 and all(v["clips"] == "1" for v in videos)
     assert metrics["video_acc"] == pytest.approx(sum(v["label"] == v["predicted"] for v in videos) / len(videos))
-    three = subprocess.run([sys.executable, "eval.py", "--checkpoint", best, "--split", "val", "--crops", "3",
-                            "--output", str(tmp_path / "three")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    three = subprocess.run(
+        [
+            sys.executable,
+            "eval.py",
+            "--checkpoint",
+            best,
+            "--split",
+            "val",
+            "--crops",
+            "3",
+            "--output",
+            str(tmp_path / "three"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert three.returncode == 0, three.stderr
     assert json.load(open(tmp_path / "three.json"))["metrics"]["num_clips"] == 18  # 3 spatial crops of each clip
     assert all(v["clips"] == "3" for v in csv.DictReader(open(tmp_path / "three.csv")))
-    bad = subprocess.run([sys.executable, "eval.py", "--checkpoint", best, "--chunk", "4", "--overlap", "4"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "eval.py", "--checkpoint", best, "--chunk", "4", "--overlap", "4"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2
-    assert bad.stderr == ("error: --overlap: infer.chunk_overlap=4 must be smaller than infer.chunk_size=4 "
-                          "(or set chunk_size: -1 for no chunking)\n")
+    assert bad.stderr == (
+        "error: --overlap: infer.chunk_overlap=4 must be smaller than infer.chunk_size=4 "
+        "(or set chunk_size: -1 for no chunking)\n"
+    )
 
 
 def test_infer_chunked_streams_a_long_video_with_a_timeline(trained_run, synthetic_root, tmp_path):
     _, out = trained_run
     output = tmp_path / "out.jsonl"
-    result = subprocess.run([sys.executable, "infer_chunked.py", "--runs", str(out), "--input",
-                             os.path.join(synthetic_root, "long.jsonl"), "--chunk", "8", "--overlap", "2",
-                             "--timeline", "--output", str(output)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "infer_chunked.py",
+            "--runs",
+            str(out),
+            "--input",
+            os.path.join(synthetic_root, "long.jsonl"),
+            "--chunk",
+            "8",
+            "--overlap",
+            "2",
+            "--timeline",
+            "--output",
+            str(output),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "best.pt" in result.stdout.splitlines()[0]  # the most recent run's best checkpoint was chosen
     line = json.loads(output.read_text().splitlines()[0])
@@ -110,7 +175,7 @@ def test_infer_chunked_streams_a_long_video_with_a_timeline(trained_run, synthet
         rows = [row for row in csv.DictReader(f) if row["video"] == line["video"]]
     assert [int(row["frame"]) for row in rows] == list(range(300))
     assert all(row["label"] == predicted[int(row["frame"])] for row in rows)
-    assert [row["true_label"] for row in rows[:len(annotated)]] == [label for _, label in annotated]
+    assert [row["true_label"] for row in rows[: len(annotated)]] == [label for _, label in annotated]
     scores = json.loads((tmp_path / "out_scores.json").read_text())
     assert scores["videos"] == len(output.read_text().splitlines())
     assert "timelines over" in result.stdout and "F1@50" in result.stdout
@@ -121,20 +186,31 @@ def test_infer_chunked_bad_inputs(trained_run, tmp_path):
     best = os.path.join(run_dir, "checkpoints", "best.pt")
 
     def run(*args):
-        return subprocess.run([sys.executable, "infer_chunked.py", "--checkpoint", best, *args], cwd=ROOT,
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "infer_chunked.py", "--checkpoint", best, *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
     result = run("--input", str(tmp_path / "nope.mp4"))
     assert (result.returncode, result.stderr) == (2, f"error: --input {tmp_path / 'nope.mp4'}: file not found\n")
     result = run("--chunk", "8", "--overlap", "8")  # checked by config.py, over the checkpoint config's defaults
-    assert (result.returncode, result.stderr) == (2, "error: --overlap: infer.chunk_overlap=8 must be smaller than "
-                                                     "infer.chunk_size=8 (or set chunk_size: -1 for no "
-                                                     "chunking)\n")
+    assert (result.returncode, result.stderr) == (
+        2,
+        "error: --overlap: infer.chunk_overlap=8 must be smaller than "
+        "infer.chunk_size=8 (or set chunk_size: -1 for no "
+        "chunking)\n",
+    )
     (tmp_path / "videos").mkdir()
     (tmp_path / "videos" / "a_broken.mp4").write_bytes(b"not a video" * 100)
     from conftest import write_with_opencv
+
     write_with_opencv(str(tmp_path / "videos" / "b_good.avi"), 30, "MJPG")
-    result = run("--input", str(tmp_path / "videos"), "--chunk", "4", "--overlap", "0", "--output",
-                 str(tmp_path / "o.jsonl"))
+    result = run(
+        "--input", str(tmp_path / "videos"), "--chunk", "4", "--overlap", "0", "--output", str(tmp_path / "o.jsonl")
+    )
     lines = [json.loads(t) for t in (tmp_path / "o.jsonl").read_text().splitlines()]
     assert result.returncode == 1  # one input failed, the other ran
     assert "OpenCV cannot open this file" in lines[0]["error"] and lines[1]["num_frames"] == 30
@@ -142,12 +218,27 @@ def test_infer_chunked_bad_inputs(trained_run, tmp_path):
 
 def test_a_checkpoint_from_an_incompatible_config_is_a_clear_error(trained_run, tmp_path):
     from artifacts.checkpoint import save_checkpoint
+
     run_dir, _ = trained_run
     state = load_checkpoint(os.path.join(run_dir, "checkpoints", "best.pt"))
     state["config"]["model"]["backbone"] = "r3d_18"
     save_checkpoint(state, str(tmp_path / "other.pt"))
-    result = subprocess.run([sys.executable, "infer_chunked.py", "--checkpoint", str(tmp_path / "other.pt"),
-                             "--chunk", "4", "--overlap", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "infer_chunked.py",
+            "--checkpoint",
+            str(tmp_path / "other.pt"),
+            "--chunk",
+            "4",
+            "--overlap",
+            "0",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
     assert result.stderr.startswith(f"error: {tmp_path / 'other.pt'}: weights do not match model.backbone=r3d_18: ")
 
@@ -155,6 +246,7 @@ def test_a_checkpoint_from_an_incompatible_config_is_a_clear_error(trained_run, 
 def test_a_checkpoint_with_pickled_code_is_refused(tmp_path):
     path = tmp_path / "evil.pt"
     import argparse
+
     torch.save({"model": {}, "payload": argparse.Namespace(run="code")}, path)  # not a tensor or plain value
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(str(path))
@@ -164,7 +256,7 @@ def test_a_checkpoint_with_pickled_code_is_refused(tmp_path):
 def test_a_torn_checkpoint_is_a_clear_error(trained_run, tmp_path):
     run_dir, _ = trained_run
     data = open(os.path.join(run_dir, "checkpoints", "last.pt"), "rb").read()
-    (tmp_path / "torn.pt").write_bytes(data[:len(data) // 3])
+    (tmp_path / "torn.pt").write_bytes(data[: len(data) // 3])
     with pytest.raises(CheckpointError, match=r"torn\.pt: not a readable checkpoint \(truncated or corrupt\?\)"):
         load_checkpoint(str(tmp_path / "torn.pt"))
 
@@ -172,17 +264,22 @@ def test_a_torn_checkpoint_is_a_clear_error(trained_run, tmp_path):
 def test_plots_are_drawn_once_at_the_end_or_one_note_without_matplotlib(trained_run, monkeypatch, capsys):
     from artifacts import plots
     from artifacts.run_dir import RunDirectory
+
     run_dir, _ = trained_run
     try:
         import matplotlib  # noqa: F401
-        assert sorted(n for n in os.listdir(run_dir) if n.endswith(".png")) == ["confusion_matrix.png",
-                                                                              "training_curves.png"]
+
+        assert sorted(n for n in os.listdir(run_dir) if n.endswith(".png")) == [
+            "confusion_matrix.png",
+            "training_curves.png",
+        ]
     except ImportError:
         assert not [n for n in os.listdir(run_dir) if n.endswith(".png")]
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
     assert plots.training_plots(RunDirectory(run_dir), ["a"], [[1]]) == []
-    assert capsys.readouterr().out == ("note: plotting the training curves needs matplotlib (pip install "
-                                       "matplotlib); no plots written\n")
+    assert capsys.readouterr().out == (
+        "note: plotting the training curves needs matplotlib (pip install matplotlib); no plots written\n"
+    )
 
 
 def test_a_checkpoint_from_before_the_infer_section_evaluates_as_it_did(trained_run, tmp_path):
@@ -193,17 +290,23 @@ def test_a_checkpoint_from_before_the_infer_section_evaluates_as_it_did(trained_
     config = state["config"]
     infer = config.pop("infer")
     assert (infer["chunk_size"], infer["chunk_overlap"]) == (4, 1)
-    config["train"].update(chunk_infer_size=4, chunk_overlap=1, chunk_aggregation=infer["chunk_aggregation"],
-                           video_batch_size=infer["chunks_per_forward"])
+    config["train"].update(
+        chunk_infer_size=4,
+        chunk_overlap=1,
+        chunk_aggregation=infer["chunk_aggregation"],
+        video_batch_size=infer["chunks_per_forward"],
+    )
     config["model"]["temporal_window"] = infer["head_window"]
     old = str(tmp_path / "old.pt")
     torch.save(state, old)
 
     def run(path):
-        result = subprocess.run([sys.executable, "eval.py", "--checkpoint", path], cwd=ROOT, capture_output=True,
-                                text=True, timeout=300)
+        result = subprocess.run(
+            [sys.executable, "eval.py", "--checkpoint", path], cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
         assert result.returncode == 0, result.stderr
         return result.stdout.split("\n", 1)[1], result.stdout.split("\n", 1)[0], result.stderr
+
     report, first_line, stderr = run(old)
     assert "chunk 4 overlap 1" in first_line and "is now called" not in stderr
     assert report == run(os.path.join(run_dir, "checkpoints", "best.pt"))[0]

@@ -1,4 +1,5 @@
 """eval.py --watch: each checkpoint once, a lock against concurrent runs, half-written and corrupt files."""
+
 import json
 import os
 import shutil
@@ -69,6 +70,7 @@ def test_a_rewritten_checkpoint_is_evaluated_again(experiment):
     # epoch_0001.pt now holds epoch 2's bytes, already evaluated; last.pt likewise: no new evaluation
     assert len(ledger(experiment)) == 2
     from artifacts.checkpoint import load_checkpoint, save_checkpoint
+
     state = load_checkpoint(str(target))
     state["global_step"] = 999  # new content under an old name
     save_checkpoint(state, str(target))
@@ -84,17 +86,20 @@ def test_half_written_and_temporary_files_are_left_for_later(experiment, capsys)
     (checkpoints / ".last.pt.x1y2.tmp").write_bytes(b"partial")
     assert watch(experiment, "--settle", "30") == 0
     assert capsys.readouterr().out.strip().endswith("2 evaluated, 0 failed, 0 already done, 1 left for the next run")
-    assert [e["checkpoint"] for e in ledger(experiment)] == ["run1/checkpoints/epoch_0001.pt",
-                                                            "run1/checkpoints/epoch_0002.pt"]
+    assert [e["checkpoint"] for e in ledger(experiment)] == [
+        "run1/checkpoints/epoch_0001.pt",
+        "run1/checkpoints/epoch_0002.pt",
+    ]
 
 
 def test_corrupt_and_pickled_checkpoints_are_recorded_as_failed_once(experiment, capsys):
     checkpoints = experiment / "run1" / "checkpoints"
     data = (checkpoints / "epoch_0002.pt").read_bytes()
-    (checkpoints / "torn.pt").write_bytes(data[:len(data) // 2])
+    (checkpoints / "torn.pt").write_bytes(data[: len(data) // 2])
     import argparse
 
     import torch
+
     torch.save({"model": {}, "payload": argparse.Namespace(x=1)}, checkpoints / "evil.pt")
     for name in ("torn.pt", "evil.pt"):
         age(checkpoints / name, 10)
@@ -118,12 +123,18 @@ time.sleep(60)
 
 
 def test_a_second_concurrent_run_exits_at_once_with_code_0(experiment):
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK.format(directory=str(experiment))], cwd=ROOT,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK.format(directory=str(experiment))], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
-        result = subprocess.run([sys.executable, "eval.py", "--watch", str(experiment)], cwd=ROOT,
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "eval.py", "--watch", str(experiment)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 0
         assert "another evaluation holds" in result.stdout and f"pid {holder.pid}" in result.stdout
         assert not (experiment / "eval.jsonl").exists()
@@ -136,8 +147,9 @@ def test_a_second_concurrent_run_exits_at_once_with_code_0(experiment):
 
 
 def test_a_lock_held_past_the_limit_says_who_since_when_and_how_to_clear_it(experiment):
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK.format(directory=str(experiment))], cwd=ROOT,
-                              stdout=subprocess.PIPE, text=True)  # an evaluation stuck for good
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK.format(directory=str(experiment))], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )  # an evaluation stuck for good
     try:
         assert holder.stdout.readline().strip() == "locked"
         time.sleep(1.5)
@@ -146,8 +158,10 @@ def test_a_lock_held_past_the_limit_says_who_since_when_and_how_to_clear_it(expe
             result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
             assert result.returncode == 1
             line = result.stdout.strip()
-            assert f"{experiment / '.eval.lock'} has been held for 0.0 h, longer than --lock-limit 1 s, by pid " \
-                   f"{holder.pid} on " in line
+            assert (
+                f"{experiment / '.eval.lock'} has been held for 0.0 h, longer than --lock-limit 1 s, by pid "
+                f"{holder.pid} on " in line
+            )
             assert " since 20" in line and f"stuck, stop it (kill {holder.pid})" in line
         # within the limit it is the ordinary overlap of two cron runs: one line, exit 0
         assert subprocess.run(command[:-2], cwd=ROOT, capture_output=True, text=True, timeout=120).returncode == 0
@@ -159,6 +173,7 @@ def test_a_lock_held_past_the_limit_says_who_since_when_and_how_to_clear_it(expe
 def test_a_stale_lock_file_is_taken_over(experiment, caplog):
     (experiment / ".eval.lock").write_text("pid 999999 on somewhere\n")
     import logging
+
     with caplog.at_level(logging.INFO, logger="longvideo"):
         assert watch(experiment, "-v") == 0
     assert "took over the lock left by pid 999999 on somewhere" in caplog.text
@@ -171,6 +186,7 @@ def test_an_append_interrupted_at_any_point_leaves_the_ledger_valid(experiment, 
 
     def killed(*args):
         raise KeyboardInterrupt  # as if the process died between writing the temp file and renaming it
+
     monkeypatch.setattr(core.files.os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
         append_ledger(str(experiment / "eval.jsonl"), {"checkpoint": "x", "sha256": "y"})
@@ -180,7 +196,14 @@ def test_an_append_interrupted_at_any_point_leaves_the_ledger_valid(experiment, 
 
 
 def test_watch_a_missing_directory_is_a_usage_error(tmp_path):
-    result = subprocess.run([sys.executable, "eval.py", "--watch", str(tmp_path / "nope")], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "eval.py", "--watch", str(tmp_path / "nope")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (result.returncode, result.stderr) == (
-        2, f"error: --watch {tmp_path / 'nope'}: not a directory (expected runs/<experiment> or one run)\n")
+        2,
+        f"error: --watch {tmp_path / 'nope'}: not a directory (expected runs/<experiment> or one run)\n",
+    )

@@ -1,4 +1,5 @@
 """infer_chunked.py --features: per-chunk features of whole videos, resumable, sharded, read back exactly."""
+
 import dataclasses
 import json
 import os
@@ -24,8 +25,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def infer(*args):
-    return subprocess.run([sys.executable, "infer_chunked.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "infer_chunked.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +37,19 @@ def extracted(trained_run, synthetic_root, tmp_path_factory):
     manifest = tmp_path_factory.mktemp("input") / "videos.jsonl"
     lines = [json.loads(open(os.path.join(synthetic_root, name)).readline()) for name in ("long.jsonl", "train.jsonl")]
     second = json.loads(open(os.path.join(synthetic_root, "train.jsonl")).readlines()[1])
-    manifest.write_text("".join(json.dumps({**line, "video": os.path.join(synthetic_root, line["video"]),
-                                            **({"keypoints": os.path.join(synthetic_root, line["keypoints"])}
-                                               if "keypoints" in line else {})}) + "\n"
-                                for line in lines + [second]))
+    manifest.write_text(
+        "".join(
+            json.dumps(
+                {
+                    **line,
+                    "video": os.path.join(synthetic_root, line["video"]),
+                    **({"keypoints": os.path.join(synthetic_root, line["keypoints"])} if "keypoints" in line else {}),
+                }
+            )
+            + "\n"
+            for line in lines + [second]
+        )
+    )
     best = os.path.join(trained_run[0], "checkpoints", "best.pt")
     args = ["--checkpoint", best, "--input", str(manifest), "--chunk", "12", "--overlap", "4", "--features", str(out)]
     runs = [infer(*args, "--shard", f"{i}/2") for i in range(2)]
@@ -71,8 +82,7 @@ def test_a_features_file_reads_back_against_the_chunk_arithmetic_and_a_direct_fo
     assert (int(saved["chunk"]), int(saved["overlap"]), str(saved["view_fusion"])) == (12, 4, "none")
     assert json.loads(str(saved["settings"]))["checkpoint_sha256"] == str(saved["checkpoint_sha256"])
     stored = yaml.safe_load(str(saved["config"]))["infer"]  # the config that ran: --chunk 12 --overlap 4
-    assert (stored["chunk_size"], stored["chunk_overlap"]) == (12, 4) != (cfg.infer.chunk_size,
-                                                                     cfg.infer.chunk_overlap)
+    assert (stored["chunk_size"], stored["chunk_overlap"]) == (12, 4) != (cfg.infer.chunk_size, cfg.infer.chunk_overlap)
     # a direct forward of the same frames: decoded at evaluation's geometry, the first and the last chunk
     transform = ClipTransform(dataclasses.replace(cfg.data, test_crops=1), training=False)
     plan = transform.plan([(reader_info.height, reader_info.width)], None)[0]
@@ -103,7 +113,9 @@ def test_a_rerun_skips_what_was_done_and_other_settings_or_checkpoints_recompute
     state["global_step"] += 1
     torch.save(state, other)
     mixed = infer(*[str(other) if a == best else a for a in args], "--shard", "0/2")
-    assert "train_0001.npz (" in mixed.stdout and "written with other settings (checkpoint_sha256, chunk)" in mixed.stdout
+    assert (
+        "train_0001.npz (" in mixed.stdout and "written with other settings (checkpoint_sha256, chunk)" in mixed.stdout
+    )
 
 
 def test_equal_stems_get_distinct_names_and_shards_cover_the_list_once():
@@ -117,11 +129,14 @@ def test_equal_stems_get_distinct_names_and_shards_cover_the_list_once():
     assert parse_shard("2/3") == (2, 3) and parse_shard(None) == (0, 1)
 
 
-@pytest.mark.parametrize("flag, message", [
-    ("3/3", "--shard 3/3: i must be below N (3 shards are numbered 0 to 2)"),
-    ("1", "--shard 1: expected i/N with 0 <= i < N, e.g. --shard 0/4 (the first of 4 shards)"),
-    ("a/b", "--shard a/b: expected i/N with 0 <= i < N, e.g. --shard 0/4 (the first of 4 shards)"),
-])
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("3/3", "--shard 3/3: i must be below N (3 shards are numbered 0 to 2)"),
+        ("1", "--shard 1: expected i/N with 0 <= i < N, e.g. --shard 0/4 (the first of 4 shards)"),
+        ("a/b", "--shard a/b: expected i/N with 0 <= i < N, e.g. --shard 0/4 (the first of 4 shards)"),
+    ],
+)
 def test_bad_shards_are_one_line_and_exit_2(flag, message):
     result = infer("--shard", flag)
     assert result.returncode == 2 and result.stderr == f"error: {message}\n"
@@ -131,16 +146,20 @@ def test_a_features_directory_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "f").write_text("")
     result = infer("--features", str(tmp_path / "f"))
     assert result.returncode == 2
-    assert result.stderr == f"error: --features {tmp_path / 'f'}: a file, not a directory; give a directory (created " \
-                            f"if missing)\n"
+    assert (
+        result.stderr == f"error: --features {tmp_path / 'f'}: a file, not a directory; give a directory (created "
+        f"if missing)\n"
+    )
     assert (tmp_path / "f").read_text() == ""  # nothing the user gave is changed
     shutil.rmtree(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------- evaluation views
 
+
 def test_evaluation_clips_are_evenly_spaced_over_the_window():
     from datasets.windows import clip_indices
+
     # window [0, 100), 4 frames at stride 2 (a span of 7): the first clip at the start, the last at the end
     starts = [int(clip_indices(0, 100, 4, 2, None, test_clip, 4)[0]) for test_clip in range(4)]
     assert starts == [0, 31, 62, 93]
@@ -159,11 +178,23 @@ def test_clips_times_crops_views_read_the_right_frames_and_average_by_hand(barco
     from engine.evaluate import evaluate_dataset
 
     path, frames = barcode_videos["mpeg4_avi"]
-    cfg = load_config(None, ["data.num_workers=0", "data.sample_timeout_s=null", "data.num_frames=4",
-                             "data.frame_stride=3", "data.test_clips=3", "data.test_crops=3", "data.resize=stretch",
-                             "data.img_size=[48, 120]", "infer.chunk_size=-1"])
-    dataset = VideoWindowDataset([VideoRecord({"video": path}, label="b", where="v")], ["a", "b"], cfg.data,
-                                 training=False)
+    cfg = load_config(
+        None,
+        [
+            "data.num_workers=0",
+            "data.sample_timeout_s=null",
+            "data.num_frames=4",
+            "data.frame_stride=3",
+            "data.test_clips=3",
+            "data.test_crops=3",
+            "data.resize=stretch",
+            "data.img_size=[48, 120]",
+            "infer.chunk_size=-1",
+        ],
+    )
+    dataset = VideoWindowDataset(
+        [VideoRecord({"video": path}, label="b", where="v")], ["a", "b"], cfg.data, training=False
+    )
     assert len(dataset) == 9  # 3 clips x 3 crops of the one window
     span = 3 * 3 + 1
     expected_starts = [round(k * (frames - span) / 2) for k in range(3)]
@@ -186,20 +217,45 @@ def test_clips_times_crops_views_read_the_right_frames_and_average_by_hand(barco
     metrics, view_rows, video_rows = evaluate_dataset(Brightness(), dataset, cfg, runtime, ["a", "b"])
     assert metrics["num_clips"] == 9 and len(view_rows) == 9
     prepare = InputPreparer(torch.device("cpu"), cfg.data.mean, cfg.data.std)
-    by_hand = torch.stack([Brightness()(prepare({"video": dataset[v]["video"].unsqueeze(0)}))[0].softmax(0)
-                           for v in range(9)]).mean(dim=0)
+    by_hand = torch.stack(
+        [Brightness()(prepare({"video": dataset[v]["video"].unsqueeze(0)}))[0].softmax(0) for v in range(9)]
+    ).mean(dim=0)
     assert video_rows[0]["probability"] == pytest.approx(float(by_hand.max()), abs=1e-6)
     assert video_rows[0]["predicted"] == ["a", "b"][int(by_hand.argmax())] and video_rows[0]["clips"] == 9
 
 
 def test_eval_batch_auto_sizes_the_forward_for_every_view_of_a_window(trained_run):
     best = os.path.join(trained_run[0], "checkpoints", "best.pt")
-    result = subprocess.run([sys.executable, "eval.py", "--checkpoint", best, "--split", "val", "--clips", "2",
-                             "--crops", "3", "--batch", "auto", "--memory-budget-gb", "0.05"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "eval.py",
+            "--checkpoint",
+            best,
+            "--split",
+            "val",
+            "--clips",
+            "2",
+            "--crops",
+            "3",
+            "--batch",
+            "auto",
+            "--memory-budget-gb",
+            "0.05",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     fitted = int(result.stdout.split("--batch auto: ")[1].split(" chunks")[0])  # chunks for all 6 views at once
     assert fitted >= 6 and "(36 clips, 6 videos)" in result.stdout  # 2 clips x 3 crops of each of 6 videos
-    refused = subprocess.run([sys.executable, "eval.py", "--checkpoint", best, "--batch", "many"], cwd=ROOT,
-                             capture_output=True, text=True, timeout=600)
+    refused = subprocess.run(
+        [sys.executable, "eval.py", "--checkpoint", best, "--batch", "many"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert refused.returncode == 2 and refused.stderr == "error: --batch many: expected a number of chunks, or auto\n"

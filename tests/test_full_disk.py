@@ -5,6 +5,7 @@ nothing it wrote before is torn, and after space is freed the run, the next cron
 Where the test runs as root it fills a real filesystem (a small tmpfs); each writer is also covered by making the
 write itself fail (os.write for appends, os.fsync for atomic writes: where a filesystem with delayed allocation
 reports a full disk), which runs anywhere."""
+
 from __future__ import annotations
 
 import csv
@@ -45,6 +46,7 @@ class FailingWrites:
         def fsync(fd):
             self._check(fd)
             return real_fsync(fd)
+
         monkeypatch.setattr(os, "write", write)
         monkeypatch.setattr(os, "fsync", fsync)
 
@@ -84,8 +86,9 @@ def test_a_failed_append_leaves_the_file_as_it_was(tmp_path, monkeypatch):
     def half_then_full(fd, data):  # the disk fills in the middle of the row
         calls.append(len(data))
         if len(calls) == 1:
-            return real_write(fd, bytes(data[:len(data) // 2]))
+            return real_write(fd, bytes(data[: len(data) // 2]))
         raise OSError(errno.ENOSPC, "No space left on device")
+
     monkeypatch.setattr(os, "write", half_then_full)
     with pytest.raises(DiskFullError, match=r"rows\.csv: cannot write it: the disk is full \(.* MB free there\)"):
         append_whole(path, b"3,4,5,6,7,8\n")
@@ -118,12 +121,16 @@ def test_torch_save_on_a_full_disk_names_the_file_and_keeps_the_old_one(tmp_path
 
         def __getattr__(self, name):
             return getattr(self.file, name)
+
     import core.files
+
     real_recorder = core.files._WriteRecorder.__init__
-    monkeypatch.setattr(core.files._WriteRecorder, "__init__",
-                        lambda self, file: real_recorder(self, Full(file)))
-    reason = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is reached",
-              errno.EIO: "the device failed to write"}[code]
+    monkeypatch.setattr(core.files._WriteRecorder, "__init__", lambda self, file: real_recorder(self, Full(file)))
+    reason = {
+        errno.ENOSPC: "the disk is full",
+        errno.EDQUOT: "the disk quota is reached",
+        errno.EIO: "the device failed to write",
+    }[code]
     with pytest.raises(DiskFullError, match=rf"last\.pt: cannot write it: {reason}"):
         with atomic_open(path) as f:
             torch.save({"step": 2, "weights": torch.zeros(1000)}, f)
@@ -132,6 +139,7 @@ def test_torch_save_on_a_full_disk_names_the_file_and_keeps_the_old_one(tmp_path
 
 def test_the_log_file_raises_once_then_writes_nothing(tmp_path, monkeypatch, capsys):
     import logging
+
     logger = logging.getLogger("longvideo.test_full_disk")
     handler = WholeLineFileHandler(str(tmp_path / "train.log"))
     logger.addHandler(handler)
@@ -149,13 +157,20 @@ def test_the_log_file_raises_once_then_writes_nothing(tmp_path, monkeypatch, cap
 
 # --------------------------------------------------------------------------------------- every writer of a run
 # (the file, the write that fails: later ones leave whole rows before them, and a checkpoint written before)
-WRITERS = [("config.yaml", 1), ("train.log", 6), ("memory.csv", 4), ("last.pt", 2), ("metrics.csv", 2),
-           ("training_curves.png", 1)]
+WRITERS = [
+    ("config.yaml", 1),
+    ("train.log", 6),
+    ("memory.csv", 4),
+    ("last.pt", 2),
+    ("metrics.csv", 2),
+    ("training_curves.png", 1),
+]
 
 
 @pytest.mark.parametrize("name,nth", WRITERS)
-def test_every_writer_of_a_run_stops_it_with_one_line_and_resume_continues(synthetic_root, tmp_path, monkeypatch,
-                                                                           capsys, name, nth):
+def test_every_writer_of_a_run_stops_it_with_one_line_and_resume_continues(
+    synthetic_root, tmp_path, monkeypatch, capsys, name, nth
+):
     out = tmp_path / "runs"
     args = overrides(synthetic_root, out)
     failing = FailingWrites(monkeypatch, name, nth)
@@ -169,9 +184,10 @@ def test_every_writer_of_a_run_stops_it_with_one_line_and_resume_continues(synth
     assert "No space left" not in capsys.readouterr().err  # no "--- Logging error ---" of a failed log write
     last = os.path.join(run_dir, "checkpoints", "last.pt")
     if os.path.exists(last):  # the checkpoint from before the failure loads
-        assert message.endswith("the last checkpoint written is intact: free space there, then continue with: "
-                                f"python train.py --config {args[1]} " + " ".join(f"--set {a}" for a in args[3::2])
-                                + " --resume auto")
+        assert message.endswith(
+            "the last checkpoint written is intact: free space there, then continue with: "
+            f"python train.py --config {args[1]} " + " ".join(f"--set {a}" for a in args[3::2]) + " --resume auto"
+        )
         assert load_checkpoint(last)["epoch"] >= 1
         assert_whole_rows(run_dir)
         assert train.main(args + ["--resume", "auto"]) == 0
@@ -192,11 +208,13 @@ def small_disk(tmp_path):
         pytest.skip("mounting a small tmpfs needs root; the writers are covered by failing writes instead")
     mount = tmp_path / "disk"
     mount.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip()}); the writers are covered by failing "
-                    f"writes instead")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({result.stderr.strip()}); the writers are covered by failing writes instead"
+        )
     yield mount
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
@@ -204,6 +222,7 @@ def small_disk(tmp_path):
 def fill(disk, leave: int) -> str:
     """Fill ``disk`` until ``leave`` bytes are free; returns the filler's path (remove it to free the space)."""
     import shutil
+
     path = os.path.join(disk, "filler")
     with open(path, "ab") as f:
         free = shutil.disk_usage(disk).free
@@ -254,8 +273,18 @@ def test_a_real_full_disk_training_evaluation_and_features(synthetic_root, small
 
     # --features: a file that cannot be written is not taken as done; the rerun writes it, the next skips it
     features = str(small_disk / "features")
-    command = ["--checkpoint", os.path.join(run_dir, "checkpoints", "best.pt"), "--input",
-               os.path.join(synthetic_root, "long.jsonl"), "--chunk", "4", "--overlap", "0", "--features", features]
+    command = [
+        "--checkpoint",
+        os.path.join(run_dir, "checkpoints", "best.pt"),
+        "--input",
+        os.path.join(synthetic_root, "long.jsonl"),
+        "--chunk",
+        "4",
+        "--overlap",
+        "0",
+        "--features",
+        features,
+    ]
     filler = fill(small_disk, 0)
     with pytest.raises(DiskFullError, match=r"\.npz: cannot write it: the disk is full"):
         infer_chunked.main(command)
@@ -273,12 +302,16 @@ def test_loaders_leave_no_stall_folder_behind(synthetic_root, tmp_path, monkeypa
     loaders go (and at exit, errors included), and removes those that dead runs left."""
     import gc
     import tempfile
+
     stale = os.path.join(tempfile.gettempdir(), "longvideo-stalls-999999999-abcdefgh")  # a pid no process has
     os.makedirs(stale, exist_ok=True)
     before = set(glob.glob(os.path.join(tempfile.gettempdir(), "longvideo-stalls-*"))) - {stale}
     import engine.data
+
     made = []
-    monkeypatch.setattr(engine.data, "process_temp_dir", lambda prefix: made.append(process_temp_dir(prefix)) or made[-1])
+    monkeypatch.setattr(
+        engine.data, "process_temp_dir", lambda prefix: made.append(process_temp_dir(prefix)) or made[-1]
+    )
     args = overrides(synthetic_root, tmp_path / "runs", "trainer.max_epochs=1", "data.sample_timeout_s=60")
     assert train.main(args + ["--stop-after-steps", "1"]) == 0
     assert len(made) == 2 and not os.path.exists(stale)  # the training and the validation loader's
@@ -288,24 +321,31 @@ def test_loaders_leave_no_stall_folder_behind(synthetic_root, tmp_path, monkeypa
 
 
 # ------------------------------------------------------------------------------------------------ the disk plan
-def test_training_states_the_disk_it_needs_and_warns_when_it_is_short(synthetic_root, tmp_path, monkeypatch, caplog,
-                                                                      capsys):
+def test_training_states_the_disk_it_needs_and_warns_when_it_is_short(
+    synthetic_root, tmp_path, monkeypatch, caplog, capsys
+):
     import logging
     import re
 
     import planner.disk
+
     args = overrides(synthetic_root, tmp_path / "runs", "trainer.max_epochs=1", "train.keep_last_k=4")
-    monkeypatch.setattr(planner.disk, "free_bytes", lambda path: 2 ** 20)  # 1 MB free
+    monkeypatch.setattr(planner.disk, "free_bytes", lambda path: 2**20)  # 1 MB free
     with caplog.at_level(logging.INFO, logger="longvideo"):
         assert train.main(args + ["--stop-after-steps", "1"]) == 0
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("disk: ")]
-    planned = re.match(r"disk: the run needs about (\d+) MB \(7 checkpoints of ([\d.]+) MB, the one being written "
-                       r"included, and ([\d.]+) MB of logs and plots\) under .*runs \(1 MB free\)$", lines[0])
+    planned = re.match(
+        r"disk: the run needs about (\d+) MB \(7 checkpoints of ([\d.]+) MB, the one being written "
+        r"included, and ([\d.]+) MB of logs and plots\) under .*runs \(1 MB free\)$",
+        lines[0],
+    )
     assert planned, lines
     saved = os.path.getsize(glob.glob(str(tmp_path / "runs" / "e2e" / "2*" / "checkpoints" / "last.pt"))[0])
-    assert saved / 2 ** 20 <= float(planned.group(2)) <= saved / 2 ** 20 + 0.3  # the estimate holds the real one
-    assert lines[1] == (f"disk: {tmp_path / 'runs'} has 1 MB free, less than the {planned.group(1)} MB this run "
-                        f"still needs: free space there, lower train.keep_last_k (4), or set trainer.output_dir to "
-                        f"a larger disk")
+    assert saved / 2**20 <= float(planned.group(2)) <= saved / 2**20 + 0.3  # the estimate holds the real one
+    assert lines[1] == (
+        f"disk: {tmp_path / 'runs'} has 1 MB free, less than the {planned.group(1)} MB this run "
+        f"still needs: free space there, lower train.keep_last_k (4), or set trainer.output_dir to "
+        f"a larger disk"
+    )
     assert train.main(args + ["--probe-memory"]) == 0
     assert re.search(r"^disk: the run needs about \d+ MB \(7 checkpoints", capsys.readouterr().out, re.M)

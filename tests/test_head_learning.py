@@ -1,6 +1,7 @@
 """The temporal head learns long-range tasks with its defaults: small versions of python -m bench.long_range, each
 a few training runs of the long-range preset at 16x16 (the slow tests of the head, in a file of their own so that
 make test's workers share them)."""
+
 import csv
 import os
 
@@ -23,10 +24,22 @@ def best_accuracy(data: str, tmp_path, variants: dict, *settings: str, epochs: i
     accuracy = {}
     for name, changes in variants.items():
         out = tmp_path / name
-        args = ["--config", os.path.join(ROOT, "configs", "long-range.yaml"), "--set", f"data.data_dir={data}",
-                "--set", f"trainer.output_dir={out}", "--set", f"train.chunk_train_size={chunk}", "--set",
-                f"infer.chunk_size={chunk}", "--set", f"trainer.max_epochs={epochs}", "--set",
-                "data.img_size=16"] + [item for s in (*settings, *changes) for item in ("--set", s)]
+        args = [
+            "--config",
+            os.path.join(ROOT, "configs", "long-range.yaml"),
+            "--set",
+            f"data.data_dir={data}",
+            "--set",
+            f"trainer.output_dir={out}",
+            "--set",
+            f"train.chunk_train_size={chunk}",
+            "--set",
+            f"infer.chunk_size={chunk}",
+            "--set",
+            f"trainer.max_epochs={epochs}",
+            "--set",
+            "data.img_size=16",
+        ] + [item for s in (*settings, *changes) for item in ("--set", s)]
         assert train.main(args) == 0
         with open(os.path.join(out, "long_range", "latest", "metrics.csv")) as f:
             accuracy[name] = max(float(row["val_clip_acc"]) for row in csv.DictReader(f))
@@ -37,8 +50,9 @@ def test_on_the_order_task_the_transformer_head_learns_what_mean_pooled_chunks_c
     """A small long-range setup (64 videos of 512 frames at 16x16, clips of 128 frames at stride 4 in chunks of
     16, 10 epochs: about 25 s each here): the order-blind baseline stays near chance, the transformer head learns
     the order (python -m bench.long_range is the full comparison)."""
-    data = generate_long_range(str(tmp_path / "order"), num_train=64, num_val=32, frames=512, event_frames=16,
-                               min_gap=160, size=16, quiet=True)
+    data = generate_long_range(
+        str(tmp_path / "order"), num_train=64, num_val=32, frames=512, event_frames=16, min_gap=160, size=16, quiet=True
+    )
     accuracy = best_accuracy(data, tmp_path, WITH_AND_WITHOUT_A_HEAD, "data.num_frames=128")
     assert accuracy["none"] <= 0.70, accuracy
     assert accuracy["transformer"] >= 0.85 and accuracy["transformer"] >= accuracy["none"] + 0.2, accuracy
@@ -50,10 +64,26 @@ def test_on_another_task_family_the_head_learns_with_its_defaults(tmp_path):
     whole video at stride 4 in 5 chunks, 10 epochs (about 13 s each here), the long-range preset with nothing
     about the head set: the defaults (train.temporal_lr_scale, train.temporal_grad_clip, model.temporal_width,
     model.temporal_attention) must learn it."""
-    data = generate_task(str(tmp_path / "last"), "last", num_train=64, num_val=32, frames=320, event_frames=8,
-                         min_gap=32, size=16, quiet=True)
-    accuracy = best_accuracy(data, tmp_path, WITH_AND_WITHOUT_A_HEAD, "data.train_manifest=last_train.jsonl",
-                             "data.val_manifest=last_val.jsonl", "data.class_names=null", "data.num_frames=80")
+    data = generate_task(
+        str(tmp_path / "last"),
+        "last",
+        num_train=64,
+        num_val=32,
+        frames=320,
+        event_frames=8,
+        min_gap=32,
+        size=16,
+        quiet=True,
+    )
+    accuracy = best_accuracy(
+        data,
+        tmp_path,
+        WITH_AND_WITHOUT_A_HEAD,
+        "data.train_manifest=last_train.jsonl",
+        "data.val_manifest=last_val.jsonl",
+        "data.class_names=null",
+        "data.num_frames=80",
+    )
     assert accuracy["none"] <= 0.70, accuracy
     assert accuracy["transformer"] >= 0.85 and accuracy["transformer"] >= accuracy["none"] + 0.2, accuracy
 
@@ -64,12 +94,29 @@ def test_at_32_chunks_the_default_directional_attention_learns_the_order(tmp_pat
     attention, learns the order without the contrast (model.temporal_contrast, which has a test of its own), so
     that the attention is what learns it. How bidirectional attention fares (it fitted the training clips at chance
     at 64 chunks) is a comparison, in python -m bench.long_range (bench/RESULTS.md), not a promise."""
-    data = generate_task(str(tmp_path / "distractors"), "distractors", num_train=64, num_val=32, frames=512,
-                         event_frames=6, min_gap=24, size=16, quiet=True)
-    accuracy = best_accuracy(data, tmp_path, {"directional": []},
-                             "data.train_manifest=distractors_train.jsonl", "data.val_manifest=distractors_val.jsonl",
-                             "data.class_names=null", "data.num_frames=128", "model.temporal_contrast=false",
-                             epochs=8, chunk=4)
+    data = generate_task(
+        str(tmp_path / "distractors"),
+        "distractors",
+        num_train=64,
+        num_val=32,
+        frames=512,
+        event_frames=6,
+        min_gap=24,
+        size=16,
+        quiet=True,
+    )
+    accuracy = best_accuracy(
+        data,
+        tmp_path,
+        {"directional": []},
+        "data.train_manifest=distractors_train.jsonl",
+        "data.val_manifest=distractors_val.jsonl",
+        "data.class_names=null",
+        "data.num_frames=128",
+        "model.temporal_contrast=false",
+        epochs=8,
+        chunk=4,
+    )
     assert accuracy["directional"] >= 0.75, accuracy
 
 
@@ -83,7 +130,7 @@ def shared_scene_events(count: int, chunks: int, generator: torch.Generator, sce
         first, second = torch.randperm(len(colours) + 2, generator=generator)[:2].sort().values.tolist()
         colours.insert(first, 0 if labels[i] == 0 else 1)
         colours.insert(second, 1 if labels[i] == 0 else 0)
-        at = torch.randperm(chunks, generator=generator)[:len(colours)].sort().values
+        at = torch.randperm(chunks, generator=generator)[: len(colours)].sort().values
         for chunk, colour in zip(at.tolist(), colours):
             features[i, chunk, colour] += 1.0
     return features, labels

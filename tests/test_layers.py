@@ -2,6 +2,7 @@
 inside a package and of imports of a script are import-linter's contracts in ``.importlinter`` (make test runs
 ``lint-imports``; the README's Layers section draws them). Here: the contracts hold, each fails when broken, and
 the one rule of ours import-linter has no contract for: a function-level import says why it is there."""
+
 from __future__ import annotations
 
 import ast
@@ -20,8 +21,9 @@ LINT_IMPORTS = os.path.join(os.path.dirname(sys.executable), "lint-imports")
 
 
 def lint_imports(root: str) -> subprocess.CompletedProcess:
-    return subprocess.run([LINT_IMPORTS, "--no-cache", "--no-logo"], cwd=root, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [LINT_IMPORTS, "--no-cache", "--no-logo"], cwd=root, capture_output=True, text=True, timeout=120
+    )
 
 
 def copy_of_the_tree(folder) -> str:
@@ -38,12 +40,15 @@ def test_the_import_contracts_hold():
     assert "3 kept, 0 broken" in result.stdout
 
 
-@pytest.mark.parametrize("change, extra, broken", [
-    ("config/__init__.py", "import engine.loop\n", "Layers"),                    # an upward import
-    ("datasets/manifest.py", "import models.registry\n", "Layers"),             # a sibling package of its layer
-    ("core/files.py", "from core import errors\n", "No cycle"),                 # with errors importing files
-    ("engine/loop.py", "import train\n", "No package imports a script"),
-])
+@pytest.mark.parametrize(
+    "change, extra, broken",
+    [
+        ("config/__init__.py", "import engine.loop\n", "Layers"),  # an upward import
+        ("datasets/manifest.py", "import models.registry\n", "Layers"),  # a sibling package of its layer
+        ("core/files.py", "from core import errors\n", "No cycle"),  # with errors importing files
+        ("engine/loop.py", "import train\n", "No package imports a script"),
+    ],
+)
 def test_each_contract_fails_when_broken(tmp_path, change, extra, broken):
     root = copy_of_the_tree(tmp_path)
     path = tmp_path / change
@@ -60,9 +65,16 @@ def function_level_imports_without_reason(root: str = ROOT) -> list[str]:
     why on its line."""
     found = []
     for name in PACKAGES + SCRIPTS:
-        paths = [os.path.join(root, f"{name}.py")] if name in SCRIPTS else [
-            os.path.join(folder, f) for folder, _, files in os.walk(os.path.join(root, name))
-            for f in files if f.endswith(".py")]
+        paths = (
+            [os.path.join(root, f"{name}.py")]
+            if name in SCRIPTS
+            else [
+                os.path.join(folder, f)
+                for folder, _, files in os.walk(os.path.join(root, name))
+                for f in files
+                if f.endswith(".py")
+            ]
+        )
         for path in paths:
             source = open(path).read()
             lines = source.splitlines()
@@ -85,11 +97,17 @@ def test_function_level_imports_say_why(tmp_path):
 
 def test_every_package_is_under_the_contracts():
     import configparser  # only this test reads the contract file itself
+
     contracts = configparser.ConfigParser()
     contracts.read(os.path.join(ROOT, ".importlinter"))
     checked = set(contracts["importlinter"]["root_packages"].split())
-    packages = {name for name in os.listdir(ROOT) if not name.startswith(".") and os.path.isdir(os.path.join(ROOT, name))
-                and any(f.endswith(".py") for f in os.listdir(os.path.join(ROOT, name)))}
+    packages = {
+        name
+        for name in os.listdir(ROOT)
+        if not name.startswith(".")
+        and os.path.isdir(os.path.join(ROOT, name))
+        and any(f.endswith(".py") for f in os.listdir(os.path.join(ROOT, name)))
+    }
     assert packages - {"tests", "bench"} == checked == set(PACKAGES)  # tests and bench sit above every layer
 
 
@@ -98,8 +116,11 @@ def modules_in_the_tree(root: str = ROOT) -> set[str]:
     found = set()
     for name in PACKAGES:
         for folder, _, files in os.walk(os.path.join(root, name)):
-            found |= {os.path.relpath(os.path.join(folder, f), root) for f in files
-                      if f.endswith(".py") and f != "__init__.py"}
+            found |= {
+                os.path.relpath(os.path.join(folder, f), root)
+                for f in files
+                if f.endswith(".py") and f != "__init__.py"
+            }
     return found
 
 

@@ -1,5 +1,6 @@
 """The memory estimator: exact on a hand-computed model, equal to a real CPU step under the same tracker, the
 right direction and size for checkpointing, precision and chunking, and the budget decisions built on it."""
+
 import math
 import os
 import subprocess
@@ -34,22 +35,37 @@ def test_a_stack_of_two_convolutions_gives_the_peak_computed_by_hand(fake):
     The peak is in backward at the second conv: parameters 1,024 + optimizer state 2,048 + input 3,072 + the
     first conv's output (saved) 8,192 + the loss 512 + its seed 512 + the gradient of that output 8,192 + the
     second weight's gradient 512 = 24,064 B (the second output, 8,192 B, was freed after the forward)."""
-    estimate = me.estimate_training_step(conv_stack, lambda: {"x": torch.zeros(1, 3, 4, 8, 8)},
-                                         lambda model, inputs: model(inputs["x"]).sum(), fake=fake)
-    assert estimate == me.StepEstimate(peak=24064, parameters=1024, gradients=512, optimizer_state=2048,
-                                       inputs=3072, activations=8192 + 512 + 512 + 8192, before_step=6144)
+    estimate = me.estimate_training_step(
+        conv_stack, lambda: {"x": torch.zeros(1, 3, 4, 8, 8)}, lambda model, inputs: model(inputs["x"]).sum(), fake=fake
+    )
+    assert estimate == me.StepEstimate(
+        peak=24064,
+        parameters=1024,
+        gradients=512,
+        optimizer_state=2048,
+        inputs=3072,
+        activations=8192 + 512 + 512 + 8192,
+        before_step=6144,
+    )
 
 
 def quickstart(*changes):
     return load_config(os.path.join(ROOT, "configs", "quickstart.yaml"), ["trainer.memory_budget_gb=1", *changes])
 
 
-@pytest.mark.parametrize("changes", [
-    [], ["model.grad_checkpointing=true"], ["train.chunk_train_size=4", "train.chunk_train_overlap=1"],
-    ["model.input_type=rgb_kpt", "data.load_kpt=true"], ["model.view_fusion=mean"],
-    ["train.optimizer=sgd", "train.accumulate_grad_batches=2"], ["model.norm=group"],
-    ["model.norm=frozen", "model.pretrained=w.pt", "model.norm_frozen_affine=true"],
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        [],
+        ["model.grad_checkpointing=true"],
+        ["train.chunk_train_size=4", "train.chunk_train_overlap=1"],
+        ["model.input_type=rgb_kpt", "data.load_kpt=true"],
+        ["model.view_fusion=mean"],
+        ["train.optimizer=sgd", "train.accumulate_grad_batches=2"],
+        ["model.norm=group"],
+        ["model.norm=frozen", "model.pretrained=w.pt", "model.norm_frozen_affine=true"],
+    ],
+)
 def test_the_fake_step_equals_the_real_cpu_step_under_the_same_tracker(changes):
     cfg = quickstart(*changes)
     views = 2 if "model.view_fusion=mean" in changes else 1
@@ -66,7 +82,9 @@ def test_the_fake_step_equals_the_real_cpu_step_under_the_same_tracker(changes):
 def test_checkpointing_per_block_and_half_precision_shrink_the_activations():
     cfg = load_config(None, ["model.backbone=r3d_18", "data.img_size=112", "data.num_frames=16"])
     plain = project.config_training_estimate(cfg, 16, 4, precision="32")
-    ckpt = project.config_training_estimate(derive(cfg, {"model.grad_checkpointing": True}, "a test"), 16, 4, precision="32")
+    ckpt = project.config_training_estimate(
+        derive(cfg, {"model.grad_checkpointing": True}, "a test"), 16, 4, precision="32"
+    )
     half = project.config_training_estimate(cfg, 16, 4, precision="16")
     # the same parameters, gradients and optimizer state: only what the step keeps changes
     assert plain.parameters == ckpt.parameters == half.parameters and plain.optimizer_state == half.optimizer_state
@@ -80,12 +98,22 @@ def test_the_estimate_knows_each_norm_mode():
     group = project.config_training_estimate(derive(cfg, {"model.norm": "group"}, "a test"), 16, 2, precision="16")
     # CUDA's autocast runs group_norm in fp32 (batch_norm in its input's fp16): more activations kept
     assert group.peak > 1.2 * batch.peak and group.parameters < batch.parameters  # (no running statistics)
-    frozen = load_config(None, ["model.backbone=r3d_18", "data.img_size=112", "data.num_frames=16",
-                                "model.norm=frozen", "model.pretrained=w.pt", "model.norm_frozen_affine=true"])
+    frozen = load_config(
+        None,
+        [
+            "model.backbone=r3d_18",
+            "data.img_size=112",
+            "data.num_frames=16",
+            "model.norm=frozen",
+            "model.pretrained=w.pt",
+            "model.norm_frozen_affine=true",
+        ],
+    )
     fixed = project.config_training_estimate(frozen, 16, 2, precision="16")
     # no AdamW state (2 tensors each) for the BatchNorm scales and shifts: C floats each, in 512-byte blocks
-    affine = sum(2 * math.ceil(norm.num_features * 4 / me.BLOCK) * me.BLOCK
-                 for norm in batch_norms(build_model(cfg.model, 10)))
+    affine = sum(
+        2 * math.ceil(norm.num_features * 4 / me.BLOCK) * me.BLOCK for norm in batch_norms(build_model(cfg.model, 10))
+    )
     assert fixed.parameters == batch.parameters and batch.optimizer_state - fixed.optimizer_state == 2 * affine > 0
 
 
@@ -133,10 +161,15 @@ def test_when_nothing_fits_the_error_names_each_switch_with_its_estimate():
     with pytest.raises(ConfigError) as info:
         fit(cfg, one_clip - 64 * KiB)
     message = str(info.value)
-    assert message.startswith(f"data.batch_size: even 1 clip of 64 frames at 32x32 is estimated at "
-                              f"{one_clip / me.GiB:.2f} GiB, over the ")
-    for switch in ("model.grad_checkpointing: true", "train.chunk_train_size: 16 ", "data.num_frames: 32 ",
-                   "data.img_size: [24, 24] "):
+    assert message.startswith(
+        f"data.batch_size: even 1 clip of 64 frames at 32x32 is estimated at {one_clip / me.GiB:.2f} GiB, over the "
+    )
+    for switch in (
+        "model.grad_checkpointing: true",
+        "train.chunk_train_size: 16 ",
+        "data.num_frames: 32 ",
+        "data.img_size: [24, 24] ",
+    ):
         assert switch in message
     assert "train.chunk_train_size: 16 0.00 GiB (fits)" in message or "(fits)" in message.split("chunk_train_size")[1]
 
@@ -144,8 +177,10 @@ def test_when_nothing_fits_the_error_names_each_switch_with_its_estimate():
 def test_auto_batch_trains_and_writes_the_decision_into_the_run_config(synthetic_root, tmp_path, caplog):
     import yaml
     from conftest import overrides
-    args = overrides(synthetic_root, tmp_path, "data.batch_size=auto", "trainer.memory_budget_gb=0.05",
-                     "train.global_batch_size=4") + ["--stop-after-steps", "1"]
+
+    args = overrides(
+        synthetic_root, tmp_path, "data.batch_size=auto", "trainer.memory_budget_gb=0.05", "train.global_batch_size=4"
+    ) + ["--stop-after-steps", "1"]
     with caplog.at_level("INFO", logger="longvideo"):
         assert train.main(args) == 0
     with open(os.path.join(tmp_path, "e2e", "latest", "config.yaml")) as f:
@@ -161,9 +196,25 @@ def test_batch_auto_without_a_budget_is_a_config_error():
 
 
 def test_probe_memory_prints_the_estimated_grid_without_a_gpu():
-    result = subprocess.run([sys.executable, "train.py", "--config", "configs/quickstart.yaml", "--set",
-                             "trainer.memory_budget_gb=0.5", "--probe-memory", "--probe-frames", "8,16",
-                             "--probe-batches", "1,4"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--config",
+            "configs/quickstart.yaml",
+            "--set",
+            "trainer.memory_budget_gb=0.5",
+            "--probe-memory",
+            "--probe-frames",
+            "8,16",
+            "--probe-batches",
+            "1,4",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "estimated, no GPU" in result.stdout and ", norm batch, adamw," in result.stdout
     rows = [line.split() for line in result.stdout.splitlines() if line.strip() and line.split()[0].isdigit()]
@@ -175,8 +226,9 @@ def test_probe_memory_prints_the_estimated_grid_without_a_gpu():
     assert f"that fits: {best}" in result.stdout
 
 
-@pytest.mark.parametrize("overrides", [[], ["model.width=64", "train.accumulate_grad_batches=2"],
-                                       ["train.optimizer=sgd"]])
+@pytest.mark.parametrize(
+    "overrides", [[], ["model.width=64", "train.accumulate_grad_batches=2"], ["train.optimizer=sgd"]]
+)
 def test_several_processes_add_a_bucket_that_leaves_the_peak_unchanged(overrides):
     """Under torchrun the gradients are averaged in place through one bucket (25 MiB at most, the gradients' size
     at most) after backward, when the activations are gone: below the optimizer step's parameter-sized
@@ -199,13 +251,24 @@ def test_with_overlapped_all_reduce_the_estimate_holds_ddp_buckets_of_the_gradie
 
 
 def test_probe_memory_says_what_several_processes_hold():
-    command = [sys.executable, "train.py", "--config", "configs/quickstart.yaml", "--probe-memory", "--probe-frames",
-               "16", "--probe-batches", "4"]
+    command = [
+        sys.executable,
+        "train.py",
+        "--config",
+        "configs/quickstart.yaml",
+        "--probe-memory",
+        "--probe-frames",
+        "16",
+        "--probe-batches",
+        "4",
+    ]
     result = subprocess.run(command + ["--world-size", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert ("2 processes: gradients averaged in place after backward through one bucket of 0 MiB (counted above; "
-            "below the peak, which it leaves unchanged); no DistributedDataParallel buckets, no second copy of the "
-            "0 MiB of gradients") in result.stdout
+    assert (
+        "2 processes: gradients averaged in place after backward through one bucket of 0 MiB (counted above; "
+        "below the peak, which it leaves unchanged); no DistributedDataParallel buckets, no second copy of the "
+        "0 MiB of gradients"
+    ) in result.stdout
     wrong = subprocess.run(command + ["--world-size", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert (wrong.returncode, wrong.stderr) == (2, "error: --world-size 0: the number of processes must be 1 or more\n")
 
@@ -213,29 +276,58 @@ def test_probe_memory_says_what_several_processes_hold():
 def test_infer_batch_auto_picks_the_most_chunks_that_fit(trained_run, synthetic_root):
     from artifacts.checkpoint import load_checkpoint
     from config import saved_config
+
     checkpoint = os.path.join(trained_run[0], "checkpoints", "best.pt")
     cfg = saved_config(load_checkpoint(checkpoint)["config"])
     peaks = {n: project.config_inference_estimate(cfg, 16, n, num_classes=6) for n in (5, 6)}
     assert peaks[6] > peaks[5]
     budget_gb = (peaks[5] + peaks[6]) / 2 / (1 - me.SAFETY_MARGIN) / me.GiB  # on the CPU: no CUDA context
-    command = [sys.executable, "infer_chunked.py", "--checkpoint", checkpoint, "--input",
-               os.path.join(synthetic_root, "long.jsonl"), "--chunk", "16", "--overlap", "4", "--max-videos", "1",
-               "--device", "cpu", "--batch", "auto"]
-    result = subprocess.run(command + ["--memory-budget-gb", repr(budget_gb)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300)
+    command = [
+        sys.executable,
+        "infer_chunked.py",
+        "--checkpoint",
+        checkpoint,
+        "--input",
+        os.path.join(synthetic_root, "long.jsonl"),
+        "--chunk",
+        "16",
+        "--overlap",
+        "4",
+        "--max-videos",
+        "1",
+        "--device",
+        "cpu",
+        "--batch",
+        "auto",
+    ]
+    result = subprocess.run(
+        command + ["--memory-budget-gb", repr(budget_gb)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     assert "--batch auto: 5 chunks of 16 frames per forward" in result.stdout
     assert "batch 5 on cpu" in result.stdout
     no_budget = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert no_budget.returncode == 2
-    assert no_budget.stderr.strip() == ("error: --batch auto needs a memory budget: --memory-budget-gb N (the "
-                                        "checkpoint's config has no trainer.memory_budget_gb)")
+    assert no_budget.stderr.strip() == (
+        "error: --batch auto needs a memory budget: --memory-budget-gb N (the "
+        "checkpoint's config has no trainer.memory_budget_gb)"
+    )
 
 
 def test_the_loader_host_estimate_equals_a_hand_computation():
     from planner.host import DECODER_PROCESS_BYTES, loader_host_bytes
-    cfg = load_config(None, ["data.img_size=32", "data.num_frames=16", "data.batch_size=4", "data.num_workers=2",
-                             "data.prefetch_factor=3", "train.accumulate_grad_batches=2"])
+
+    cfg = load_config(
+        None,
+        [
+            "data.img_size=32",
+            "data.num_frames=16",
+            "data.batch_size=4",
+            "data.num_workers=2",
+            "data.prefetch_factor=3",
+            "train.accumulate_grad_batches=2",
+        ],
+    )
     batch = 4 * 3 * 16 * 32 * 32  # uint8 clips
     cpu, cuda = loader_host_bytes(cfg, DataShape(6), cuda=False), loader_host_bytes(cfg, DataShape(6), cuda=True)
     assert (cpu.batch, cpu.in_flight, cpu.pinned, cpu.group) == (batch, 2 * 3 * batch, 0, 2 * batch)
@@ -244,21 +336,27 @@ def test_the_loader_host_estimate_equals_a_hand_computation():
     assert views.batch == 3 * batch
 
 
-def test_training_warns_when_the_loader_needs_more_host_memory_than_is_available(synthetic_root, tmp_path,
-                                                                                  monkeypatch, caplog):
+def test_training_warns_when_the_loader_needs_more_host_memory_than_is_available(
+    synthetic_root, tmp_path, monkeypatch, caplog
+):
     from conftest import overrides
 
     from core import memory_monitor
+
     args = overrides(synthetic_root, tmp_path, "data.num_workers=0") + ["--stop-after-steps", "1"]
-    monkeypatch.setattr(memory_monitor, "available_host_bytes", lambda: 40 * 2 ** 20)  # a fake MemAvailable: 40 MB
+    monkeypatch.setattr(memory_monitor, "available_host_bytes", lambda: 40 * 2**20)  # a fake MemAvailable: 40 MB
     with caplog.at_level("WARNING", logger="longvideo"):
         assert train.main(args) == 0
-    assert ("host memory: the training loader is estimated at 0.09 GB = 0.00 GB of batches in flight + 0.00 GB "
-            "pinned copies + 0.00 GB kept for the step + 0.08 GB of decoders") in caplog.text
-    assert ("than the 0.04 GB this machine has available; lower data.num_workers (0), data.prefetch_factor (2), "
-            "data.batch_size (4) or the clip (data.num_frames 8, data.max_video_frames None)") in caplog.text
+    assert (
+        "host memory: the training loader is estimated at 0.09 GB = 0.00 GB of batches in flight + 0.00 GB "
+        "pinned copies + 0.00 GB kept for the step + 0.08 GB of decoders"
+    ) in caplog.text
+    assert (
+        "than the 0.04 GB this machine has available; lower data.num_workers (0), data.prefetch_factor (2), "
+        "data.batch_size (4) or the clip (data.num_frames 8, data.max_video_frames None)"
+    ) in caplog.text
     caplog.clear()
-    monkeypatch.setattr(memory_monitor, "available_host_bytes", lambda: 64 * 2 ** 30)
+    monkeypatch.setattr(memory_monitor, "available_host_bytes", lambda: 64 * 2**30)
     with caplog.at_level("WARNING", logger="longvideo"):
         assert train.main(args) == 0
     assert "host memory" not in caplog.text

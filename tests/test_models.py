@@ -7,7 +7,9 @@ from models import build_model, build_rgb_backbone, registered_names
 
 
 def model_cfg(**changes):
-    return load_config(None, [f"model.{k}={v}" for k, v in changes.items()] + ["model.width=4", "data.load_kpt=true"]).model
+    return load_config(
+        None, [f"model.{k}={v}" for k, v in changes.items()] + ["model.width=4", "data.load_kpt=true"]
+    ).model
 
 
 @pytest.mark.parametrize("input_type", ["rgb", "kpt", "rgb_kpt"])
@@ -74,6 +76,7 @@ def test_pretrained_true_without_network_says_how_to_pass_a_file(monkeypatch):
 
     def offline(self, *args, **kwargs):
         raise OSError("[Errno -3] Temporary failure in name resolution")
+
     monkeypatch.setattr(type(get_model_weights("r3d_18").DEFAULT), "get_state_dict", offline)
     with pytest.raises(ValueError) as info:
         build_model(model_cfg(backbone="r3d_18", pretrained="true"), 5)
@@ -92,8 +95,10 @@ def test_a_clip_of_the_wrong_shape_for_mvit_names_the_shape_it_needs():
     model = build_model(model_cfg(backbone="mvit_v2_s"), 3).eval()
     with pytest.raises(ValueError) as info, torch.no_grad():
         model({"video": torch.randn(1, 3, 8, 112, 112)})
-    assert str(info.value) == ("mvit_v2_s needs clips of exactly 16 frames at 224x224, got 8x112x112; set "
-                               "data.num_frames: 16, data.img_size: [224, 224] and infer.chunk_size: 16")
+    assert str(info.value) == (
+        "mvit_v2_s needs clips of exactly 16 frames at 224x224, got 8x112x112; set "
+        "data.num_frames: 16, data.img_size: [224, 224] and infer.chunk_size: 16"
+    )
 
 
 def test_weighted_fusion_learns_a_weighting_of_both_branches():

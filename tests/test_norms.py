@@ -1,4 +1,5 @@
 """model.norm (batch, frozen, sync, group) and precise BN (train.precise_bn_batches)."""
+
 import dataclasses
 import math
 import os
@@ -22,7 +23,9 @@ from models.norms import FrozenBatchNorm, SyncBatchNorm, batch_norms, convert_no
 
 
 def model_cfg(**changes):
-    return load_config(None, [f"model.{k}={v}" for k, v in changes.items()] + ["model.width=4", "data.load_kpt=true"]).model
+    return load_config(
+        None, [f"model.{k}={v}" for k, v in changes.items()] + ["model.width=4", "data.load_kpt=true"]
+    ).model
 
 
 def config_error(*sets: str) -> str:
@@ -79,6 +82,7 @@ def test_a_backbone_without_batch_norm_refuses_other_norms(name, norm, tmp_path)
 
 # ------------------------------------------------------------------------------------------------ frozen
 
+
 def pretrained_tiny3d(path) -> str:
     """A tiny3d state dict whose BatchNorm statistics are not the initial ones."""
     torch.manual_seed(3)
@@ -93,8 +97,9 @@ def pretrained_tiny3d(path) -> str:
 
 @pytest.mark.parametrize("frozen_affine", [True, False])
 def test_frozen_keeps_statistics_and_where_asked_the_affine_bit_identical(tmp_path, frozen_affine):
-    cfg = model_cfg(norm="frozen", pretrained=pretrained_tiny3d(tmp_path / "w.pt"),
-                    norm_frozen_affine=str(frozen_affine).lower())
+    cfg = model_cfg(
+        norm="frozen", pretrained=pretrained_tiny3d(tmp_path / "w.pt"), norm_frozen_affine=str(frozen_affine).lower()
+    )
     model = build_model(cfg, 3)
     norms = batch_norms(model.rgb)
     assert norms and all(isinstance(m, FrozenBatchNorm) for m in norms)
@@ -107,12 +112,18 @@ def test_frozen_keeps_statistics_and_where_asked_the_affine_bit_identical(tmp_pa
     after = model.state_dict()
     for key, value in before.items():
         norm_key = key.startswith("rgb.") and key.rsplit(".", 1)[1] in (
-            "running_mean", "running_var", "num_batches_tracked", *(("weight", "bias") if frozen_affine else ()))
+            "running_mean",
+            "running_var",
+            "num_batches_tracked",
+            *(("weight", "bias") if frozen_affine else ()),
+        )
         if norm_key and isinstance(model.get_submodule(key.rsplit(".", 1)[0]), FrozenBatchNorm):
             assert torch.equal(after[key], value), key
     affine = [norm.weight for norm in norms]
-    changed = [not torch.equal(w, before[name + ".weight"]) for name, w in
-               ((n, m.weight) for n, m in model.named_modules() if isinstance(m, FrozenBatchNorm))]
+    changed = [
+        not torch.equal(w, before[name + ".weight"])
+        for name, w in ((n, m.weight) for n, m in model.named_modules() if isinstance(m, FrozenBatchNorm))
+    ]
     assert all(not w.requires_grad for w in affine) if frozen_affine else all(changed)
     assert not torch.equal(after["rgb.stages.0.0.weight"], before["rgb.stages.0.0.weight"])  # the convolutions learn
 
@@ -128,15 +139,22 @@ def test_frozen_normalizes_with_the_running_statistics_in_training_mode():
 
 # -------------------------------------------------------------------------------------------- config errors
 
+
 def test_unknown_norm_and_impossible_combinations_are_config_errors_naming_key_and_fix():
-    assert config_error("model.norm=layer") == ("--set model.norm=layer: model.norm: 'layer' is not one of batch, "
-                                                "frozen, sync, group")
+    assert config_error("model.norm=layer") == (
+        "--set model.norm=layer: model.norm: 'layer' is not one of batch, frozen, sync, group"
+    )
     message = config_error("model.norm=frozen")
     assert "model.norm: frozen" in message and "model.pretrained is null" in message and "norm: group" in message
     message = config_error("model.norm=group", "model.pretrained=true")
     assert "model.norm: group" in message and "model.pretrained: null" in message
-    message = config_error("model.norm=frozen", "model.pretrained=w.pt", "model.input_type=kpt", "data.load_kpt=true",
-                           "data.load_rgb=false")
+    message = config_error(
+        "model.norm=frozen",
+        "model.pretrained=w.pt",
+        "model.input_type=kpt",
+        "data.load_kpt=true",
+        "data.load_rgb=false",
+    )
     assert "keypoint branch" in message
     for norm, extra in (("group", []), ("frozen", ["model.pretrained=w.pt"])):
         message = config_error(f"model.norm={norm}", "train.precise_bn_batches=4", *extra)
@@ -152,6 +170,7 @@ def test_group_with_pretrained_batch_norm_weights_is_refused_at_loading(tmp_path
 
 # --------------------------------------------------------------------------------------------------- sync
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -166,8 +185,17 @@ def _sync_rank(rank: int, port: int, x: torch.Tensor, weights: dict, out: str) -
         part = x.tensor_split(2)[rank].clone().requires_grad_()
         y = norm(part)
         (y * torch.arange(1.0, 1 + y.numel()).view_as(y) / y.numel()).sum().backward()
-        torch.save({"y": y.detach(), "grad": part.grad, "weight_grad": norm.weight.grad, "bias_grad": norm.bias.grad,
-                    "running_mean": norm.running_mean, "running_var": norm.running_var}, out.format(rank))
+        torch.save(
+            {
+                "y": y.detach(),
+                "grad": part.grad,
+                "weight_grad": norm.weight.grad,
+                "bias_grad": norm.bias.grad,
+                "running_mean": norm.running_mean,
+                "running_var": norm.running_var,
+            },
+            out.format(rank),
+        )
     finally:
         torch.distributed.destroy_process_group()
 
@@ -210,6 +238,7 @@ def test_sync_on_one_process_is_batch_norm_and_converts_with_the_weights():
 
 # ----------------------------------------------------------------------------------------------- precise BN
 
+
 class TwoNorms(nn.Module):
     """bn2(2 * bn1(video) + 1), pooled, classified: each BatchNorm input computable by hand."""
 
@@ -239,11 +268,12 @@ def test_precise_bn_gives_the_exact_mean_and_variance_over_the_batches_chunks_an
     for batch in batches[:2]:
         for piece in batch["video"].tensor_split(2):
             for start in (0, 2):  # training chunks [0, 2) and [2, 4)
-                x = trainer.prepare.normalize({"video": piece[:, :, start:start + 2]})["video"]
+                x = trainer.prepare.normalize({"video": piece[:, :, start : start + 2]})["video"]
                 var, mean = torch.var_mean(x, dim=(0, 2, 3, 4), correction=0, keepdim=True)
                 shape = (1, 3, 1, 1, 1)
-                y = (x - mean) / (var + model.bn1.eps).sqrt() * weights["bn1.weight"].view(shape) \
-                    + weights["bn1.bias"].view(shape)
+                y = (x - mean) / (var + model.bn1.eps).sqrt() * weights["bn1.weight"].view(shape) + weights[
+                    "bn1.bias"
+                ].view(shape)
                 bn1_inputs.append(x.transpose(0, 1).reshape(3, -1))
                 bn2_inputs.append((2 * y + 1).transpose(0, 1).reshape(3, -1))
     for norm, inputs in ((model.bn1, bn1_inputs), (model.bn2, bn2_inputs)):
@@ -271,8 +301,9 @@ def test_precise_bn_in_a_run_changes_only_the_running_statistics(synthetic_root,
     common = ["trainer.max_epochs=1", "train.chunk_train_size=4"]
     assert train.main(overrides(synthetic_root, tmp_path / "off", *common)) == 0
     assert train.main(overrides(synthetic_root, tmp_path / "on", *common, "train.precise_bn_batches=3")) == 0
-    off, on = (load_checkpoint(str(tmp_path / name / "e2e" / "latest" / "checkpoints" / "last.pt"))
-               for name in ("off", "on"))
+    off, on = (
+        load_checkpoint(str(tmp_path / name / "e2e" / "latest" / "checkpoints" / "last.pt")) for name in ("off", "on")
+    )
     statistics = [k for k in off["model"] if "running_" in k]
     assert statistics
     for key, value in off["model"].items():

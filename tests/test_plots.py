@@ -1,5 +1,6 @@
 """What the pictures show: the monitored metric's curve, long timelines in rows with their errors marked, one colour
 per class in every picture."""
+
 import matplotlib
 import numpy as np
 import pytest
@@ -10,16 +11,36 @@ from artifacts.timeline_plot import MAX_ROWS, class_colours, disagreements, row_
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend)
 
-CLASSES = ["red", "green", "blue", "red_after_green", "red_after_blue", "green_after_red", "green_after_blue",
-           "blue_after_red", "blue_after_green"]
+CLASSES = [
+    "red",
+    "green",
+    "blue",
+    "red_after_green",
+    "red_after_blue",
+    "green_after_red",
+    "green_after_blue",
+    "blue_after_red",
+    "blue_after_green",
+]
 
 
 def metrics_rows(f1: list[float]) -> list[dict]:
     """metrics.csv's rows as csv.DictReader gives them: a timeline run with one clip per video."""
-    return [{"epoch": str(e), "train_loss": str(2.0 / e), "val_clip_acc": "1.0", "val_video_acc": "1.0",
-             "val_top5": "1.0", "val_seg_frame_acc": str(0.4 + 0.1 * e), "val_seg_edit": str(10.0 * e),
-             "val_seg_f1@10": str(12.0 * e), "val_seg_f1@25": str(11.0 * e), "val_seg_f1@50": str(value)}
-            for e, value in enumerate(f1, start=1)]
+    return [
+        {
+            "epoch": str(e),
+            "train_loss": str(2.0 / e),
+            "val_clip_acc": "1.0",
+            "val_video_acc": "1.0",
+            "val_top5": "1.0",
+            "val_seg_frame_acc": str(0.4 + 0.1 * e),
+            "val_seg_edit": str(10.0 * e),
+            "val_seg_f1@10": str(12.0 * e),
+            "val_seg_f1@25": str(11.0 * e),
+            "val_seg_f1@50": str(value),
+        }
+        for e, value in enumerate(f1, start=1)
+    ]
 
 
 def test_the_curves_draw_the_monitored_metric_and_the_timeline_scores_not_the_accuracies_that_cannot_move():
@@ -38,8 +59,16 @@ def test_the_curves_draw_the_monitored_metric_and_the_timeline_scores_not_the_ac
 
 
 def test_a_constant_metric_is_named_and_not_drawn_and_a_run_without_segments_shows_its_accuracies():
-    rows = [{"epoch": str(e), "train_loss": "1.0", "val_clip_acc": str(0.1 * e), "val_video_acc": str(0.2 * e),
-             "val_top5": "1.0"} for e in (1, 2, 3)]
+    rows = [
+        {
+            "epoch": str(e),
+            "train_loss": "1.0",
+            "val_clip_acc": str(0.1 * e),
+            "val_video_acc": str(0.2 * e),
+            "val_top5": "1.0",
+        }
+        for e in (1, 2, 3)
+    ]
     figure = plots.curves_figure(plt, rows, "val_video_acc", "run")
     _, monitored, others = figure.axes
     assert list(monitored.get_lines()[0].get_ydata()) == pytest.approx([0.2, 0.4, 0.6])
@@ -54,7 +83,7 @@ def hour_of_labels(frames: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     truth[:10] = -1  # not annotated: never a disagreement
     predicted = truth.copy()
     for start in rng.integers(0, frames - 40, 30):
-        predicted[start:start + int(rng.integers(1, 40))] = rng.integers(0, len(CLASSES))
+        predicted[start : start + int(rng.integers(1, 40))] = rng.integers(0, len(CLASSES))
     predicted[:10] = 0
     return predicted, truth
 
@@ -85,7 +114,7 @@ def test_the_disagreement_marks_cover_exactly_the_annotated_frames_predicted_wro
             if collection.get_label() == "disagree":
                 for path in collection.get_paths():
                     xs = path.vertices[:, 0]
-                    marked[int(round(xs.min() * fps)):int(round(xs.max() * fps))] = True
+                    marked[int(round(xs.min() * fps)) : int(round(xs.max() * fps))] = True
     expected = (truth >= 0) & (predicted != truth)
     assert expected.sum() > 100 and np.array_equal(marked, expected)
     assert disagreements(np.array([0, 1, 1, 2]), np.array([-1, 1, 2, 1])) == [(2, 4)]
@@ -101,8 +130,12 @@ def test_a_class_has_one_colour_in_every_picture_and_a_colour_name_is_drawn_in_i
         predicted = np.repeat([CLASSES.index(name) for name in kept], 100)
         figure = timeline_figure(plt, predicted, predicted.copy(), CLASSES, 25.0, "video")
         legend = figure.axes[0].get_legend()
-        pictures.append({text.get_text(): tuple(patch.get_facecolor())
-                         for text, patch in zip(legend.get_texts(), legend.get_patches())})
+        pictures.append(
+            {
+                text.get_text(): tuple(patch.get_facecolor())
+                for text, patch in zip(legend.get_texts(), legend.get_patches())
+            }
+        )
         plt.close(figure)
     for name in ("blue_after_red", "green"):
         assert pictures[0][name] == pictures[1][name] == pytest.approx(colours[name])

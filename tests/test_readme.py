@@ -1,6 +1,7 @@
 """The README's and the docs' commands, run as written, in order, in a fresh workspace: after the demo's steps (the
 Makefile's demo recipe), the everyday commands, the memory planner's and the feature extraction's; the two-stage
 timeline path of docs/timelines.md, with what its runs must show. So the docs cannot drift from the code."""
+
 import csv
 import json
 import os
@@ -50,8 +51,9 @@ def demo_recipe() -> list[str]:
     """The Makefile's demo recipe, its variables filled in."""
     text = open(os.path.join(ROOT, "Makefile")).read().replace("\\\n", " ")
     recipe = re.search(r"^demo:.*?\n((?:\t.*\n)+)", text, flags=re.M).group(1)
-    return [line.strip().replace("$(PY)", "python").replace("$(DATA)", "data/synthetic")
-            for line in recipe.splitlines()]
+    return [
+        line.strip().replace("$(PY)", "python").replace("$(DATA)", "data/synthetic") for line in recipe.splitlines()
+    ]
 
 
 def fresh_workspace(tmp_path_factory):
@@ -119,9 +121,15 @@ def two_stage(tmp_path_factory):
         assert results[-1].returncode == 0, (command, results[-1].stderr[-2000:])
     runs, data = folder / "runs", str(folder / "data" / "segmentation")
     head_run = ["--set", f"data.data_dir={data}", "--set", f"data.features_dir={data}/features"]
-    return {"data": data, "runs": runs, "folder": folder, "results": results, "head_run": head_run,
-            "backbone": str(runs / "timelines" / "latest" / "checkpoints" / "best.pt"),
-            "head": str(runs / "timelines_head" / "latest" / "checkpoints" / "best.pt")}
+    return {
+        "data": data,
+        "runs": runs,
+        "folder": folder,
+        "results": results,
+        "head_run": head_run,
+        "backbone": str(runs / "timelines" / "latest" / "checkpoints" / "best.pt"),
+        "head": str(runs / "timelines_head" / "latest" / "checkpoints" / "best.pt"),
+    }
 
 
 def last_row(run_dir) -> dict:
@@ -169,8 +177,17 @@ def test_a_mismatched_backbone_is_refused_with_one_line(two_stage, tmp_path):
     state = load_checkpoint(two_stage["backbone"])
     state["history"] = state["history"] + [{"epoch": 99}]  # the same network, another file: another sha256
     torch.save(state, other)
-    done = run_python(["infer_chunked.py", "--checkpoint", two_stage["head"], "--backbone", str(other), "--input",
-                       os.path.join(two_stage["data"], "seg_val.jsonl")])
+    done = run_python(
+        [
+            "infer_chunked.py",
+            "--checkpoint",
+            two_stage["head"],
+            "--backbone",
+            str(other),
+            "--input",
+            os.path.join(two_stage["data"], "seg_val.jsonl"),
+        ]
+    )
     assert done.returncode == 2
     [line] = error_lines(done.stderr)
     assert "refused: its temporal head was trained on the features of backbone sha256" in line
@@ -179,8 +196,15 @@ def test_a_mismatched_backbone_is_refused_with_one_line(two_stage, tmp_path):
 
 def test_training_on_features_resumes_exactly(two_stage, tmp_path):
     runs = ["--set", f"trainer.output_dir={tmp_path}", "--set", "trainer.max_epochs=4"]
-    args = ["train.py", "--config", "configs/timelines-head.yaml", *two_stage["head_run"], *runs,
-            "--set", "experiment=whole"]
+    args = [
+        "train.py",
+        "--config",
+        "configs/timelines-head.yaml",
+        *two_stage["head_run"],
+        *runs,
+        "--set",
+        "experiment=whole",
+    ]
     assert run_python(args).returncode == 0
     whole = last_row(tmp_path / "whole")
     assert run_python(args + ["--set", "experiment=parts", "--stop-after-steps", "5"]).returncode == 0
@@ -195,6 +219,7 @@ def test_the_features_trained_head_starts_end_to_end_training(two_stage, tmp_pat
     from config import load_config
     from engine.build import init_temporal_head
     from models import build_model
+
     cfg = load_config("configs/timelines.yaml", ["model.temporal_head=tcn"])
     model = build_model(cfg.model, num_classes=9)
     init_temporal_head(model, two_stage["head"])
@@ -202,18 +227,24 @@ def test_the_features_trained_head_starts_end_to_end_training(two_stage, tmp_pat
     for name, value in model.temporal.state_dict().items():
         assert torch.equal(value, trained[f"temporal.{name}"]), name
     with pytest.raises(Exception, match="does not fit this one"):
-        init_temporal_head(build_model(load_config("configs/timelines.yaml", ["model.temporal_head=transformer"]).model,
-                                       num_classes=9), two_stage["head"])
+        init_temporal_head(
+            build_model(
+                load_config("configs/timelines.yaml", ["model.temporal_head=transformer"]).model, num_classes=9
+            ),
+            two_stage["head"],
+        )
 
 
 def test_features_of_videos_with_one_label_train_every_chunk_on_it(two_stage, tmp_path):
     """A manifest line with a label and no segments: every chunk carries the video's label, no timeline is scored."""
     from datasets.manifest import read_manifest
     from engine.feature_data import FeaturesDataset, index_features
+
     videos = [json.loads(line)["video"] for line in open(os.path.join(two_stage["data"], "seg_val.jsonl"))]
     manifest = tmp_path / "labels.jsonl"
-    manifest.write_text("".join(json.dumps({"video": os.path.join(two_stage["data"], v), "label": "green"}) + "\n"
-                                for v in videos))
+    manifest.write_text(
+        "".join(json.dumps({"video": os.path.join(two_stage["data"], v), "label": "green"}) + "\n" for v in videos)
+    )
     files, _ = index_features(os.path.join(two_stage["data"], "features"))
     classes = ["red", "green"]
     sample = FeaturesDataset(read_manifest(str(manifest)), files, classes, "val", "features")[0]

@@ -1,6 +1,7 @@
 """Files as phones, cameras and interrupted copies make them: a display rotation or mirror, a file cut short, a header
 whose duration lies. Every decoder, the dataset (training and evaluation geometry) and the streaming reader must see
 the frames a viewer sees, or say clearly that they cannot."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,8 @@ def marked_frame(index: int) -> np.ndarray:
     frame = np.zeros((STORED_H, STORED_W, 3), np.uint8)
     h, w = STORED_H // 2, STORED_W // 2
     for (row, col), name in np.ndenumerate(LAYOUT):
-        frame[row * h:(row + 1) * h, col * w:(col + 1) * w] = COLOURS[name]
-    frame[h - 4:h + 4, :12 + 6 * (index % 8)] = 200  # a bar whose length changes frame to frame
+        frame[row * h : (row + 1) * h, col * w : (col + 1) * w] = COLOURS[name]
+    frame[h - 4 : h + 4, : 12 + 6 * (index % 8)] = 200  # a bar whose length changes frame to frame
     return frame
 
 
@@ -57,7 +58,7 @@ def quadrants(frame: np.ndarray) -> np.ndarray:
     names = np.empty((2, 2), object)
     for row in range(2):
         for col in range(2):
-            block = frame[row * h + h // 4:(row + 1) * h - h // 4, col * w + w // 4:(col + 1) * w - w // 4]
+            block = frame[row * h + h // 4 : (row + 1) * h - h // 4, col * w + w // 4 : (col + 1) * w - w // 4]
             mean = block.reshape(-1, 3).mean(0)
             names[row, col] = min(COLOURS, key=lambda n: np.abs(mean - COLOURS[n]).sum())
     return names
@@ -105,8 +106,9 @@ def test_every_decoder_gives_the_frames_upright(turned, case, decoder):
 def dataset_of(path: str, tmp_path, decoder: str, training: bool, **data) -> VideoWindowDataset:
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(json.dumps({"video": path, "label": "a"}) + "\n")
-    cfg = load_config(None, ["data.num_workers=0", f"data.decoder={decoder}"] +
-                      [f"data.{k}={json.dumps(v)}" for k, v in data.items()])
+    cfg = load_config(
+        None, ["data.num_workers=0", f"data.decoder={decoder}"] + [f"data.{k}={json.dumps(v)}" for k, v in data.items()]
+    )
     return VideoWindowDataset(read_manifest(str(manifest)), ["a"], cfg.data, training=training)
 
 
@@ -118,15 +120,25 @@ def test_training_evaluation_and_streaming_see_the_same_upright_pixels_whatever_
     evaluation, training, streamed = {}, {}, {}
     for decoder in ("opencv", "pyav", "auto"):
         evaluation[decoder] = dataset_of(path, tmp_path, decoder, False, num_frames=-1, img_size=size)[0]["video"]
-        augmented = dataset_of(path, tmp_path, decoder, True, num_frames=8, img_size=size, augment=True,
-                               crop_scale=[0.6, 1.0], color_jitter=0.2)
+        augmented = dataset_of(
+            path,
+            tmp_path,
+            decoder,
+            True,
+            num_frames=8,
+            img_size=size,
+            augment=True,
+            crop_scale=[0.6, 1.0],
+            color_jitter=0.2,
+        )
         augmented.set_epoch(1)
         training[decoder] = augmented[0]["video"]
         data = load_config(None, [f"data.decoder={decoder}", f"data.img_size={json.dumps(size)}"]).data
         stream = ChunkStream(VideoRecord({"video": path}, where="test"), data, InferenceSpec(chunk=8, overlap=0))
         try:
-            streamed[decoder] = np.concatenate([t["video"][k].numpy() for _, t in stream for k in range(len(t["video"]))],
-                                               axis=1)
+            streamed[decoder] = np.concatenate(
+                [t["video"][k].numpy() for _, t in stream for k in range(len(t["video"]))], axis=1
+            )
         finally:
             stream.close()
     for decoder in ("pyav", "auto"):
@@ -170,7 +182,7 @@ def cut_files(tmp_path_factory) -> dict:
     files = {}
     for name, share in CUTS.items():
         path = folder / f"cut_{int(share * 100)}.mp4"
-        path.write_bytes(data[:int(len(data) * share)])
+        path.write_bytes(data[: int(len(data) * share)])
         files[name] = str(path)
     return files
 
@@ -199,6 +211,7 @@ def test_pyav_errors_while_decoding_become_the_real_end(cut_files, monkeypatch):
     """Whatever PyAV raises while it decodes (here: InvalidDataError once frame 20 is out), the reader
     learns the real end and warns; it never lets PyAV's exception out."""
     from datasets.video.pyav_reader import PyAVReader
+
     path = cut_files["in the middle"]
     real_decode = PyAVReader._decode
 
@@ -207,6 +220,7 @@ def test_pyav_errors_while_decoding_become_the_real_end(cut_files, monkeypatch):
             if self._last_out >= 20:
                 raise av.error.InvalidDataError(1094995529, "Invalid data found when processing input")
             yield frame
+
     monkeypatch.setattr(PyAVReader, "_decode", failing)
     monkeypatch.setattr(PyAVReader, "_count_frames", lambda self, limit: min(limit, 22))
     reader = PyAVReader(path)
@@ -219,8 +233,17 @@ def test_pyav_errors_while_decoding_become_the_real_end(cut_files, monkeypatch):
 def test_cut_files_through_the_dataset(cut_files, tmp_path, decoder, on_bad_video):
     lines = [{"video": cut_files[name], "label": "a"} for name in CUTS]
     (tmp_path / "m.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    cfg = load_config(None, ["data.num_workers=0", f"data.decoder={decoder}", f"data.on_bad_video={on_bad_video}",
-                             "data.num_frames=16", "data.max_video_frames=64", "data.img_size=[48, 120]"]).data
+    cfg = load_config(
+        None,
+        [
+            "data.num_workers=0",
+            f"data.decoder={decoder}",
+            f"data.on_bad_video={on_bad_video}",
+            "data.num_frames=16",
+            "data.max_video_frames=64",
+            "data.img_size=[48, 120]",
+        ],
+    ).data
     records = read_manifest(str(tmp_path / "m.jsonl"))
     if on_bad_video == "raise":
         with pytest.raises(VideoReadError, match=r"cut_5\.mp4: OpenCV cannot open this file .* \(sample at .*:3\)"):
@@ -230,8 +253,9 @@ def test_cut_files_through_the_dataset(cut_files, tmp_path, decoder, on_bad_vide
     assert list(dataset.skipped) == [cut_files["inside the header"]]
     for index in range(len(dataset)):
         sample = dataset[index]
-        assert [read_barcode(f) for f in sample["video"].permute(1, 2, 3, 0).numpy()] == \
-            sample["frame_indices"].tolist()
+        assert [read_barcode(f) for f in sample["video"].permute(1, 2, 3, 0).numpy()] == sample[
+            "frame_indices"
+        ].tolist()
     lengths = {w.end for w in dataset.windows}
     assert max(lengths) < 200
 
@@ -244,15 +268,32 @@ def test_cut_files_through_infer_chunked(cut_files, trained_run, tmp_path):
     for path in cut_files.values():
         (folder / path.rsplit("/", 1)[1]).symlink_to(path)
     checkpoint = f"{trained_run[0]}/checkpoints/best.pt"
-    result = subprocess.run([sys.executable, "infer_chunked.py", "--checkpoint", checkpoint, "--input", str(folder),
-                             "--chunk", "4", "--overlap", "1", "--output", str(tmp_path / "out.jsonl")],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "infer_chunked.py",
+            "--checkpoint",
+            checkpoint,
+            "--input",
+            str(folder),
+            "--chunk",
+            "4",
+            "--overlap",
+            "1",
+            "--output",
+            str(tmp_path / "out.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "Traceback" not in result.stderr, result.stderr
     assert result.returncode == 1 and "cut_5.mp4: OpenCV cannot open this file" in result.stderr
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     lengths = {line["video"].rsplit("/", 1)[1]: line.get("num_frames") for line in lines}
-    assert lengths == {name: len(decode_sequentially(str(folder / name)))
-                       for name in ("cut_97.mp4", "cut_50.mp4")} | {"cut_5.mp4": None}
+    assert lengths == {name: len(decode_sequentially(str(folder / name))) for name in ("cut_97.mp4", "cut_50.mp4")} | {
+        "cut_5.mp4": None
+    }
 
 
 # ------------------------------------------------------------------------------------------------ lengths that lie
@@ -262,8 +303,8 @@ def with_mkv_duration(path: str, factor: float) -> str:
     at = data.find(b"\x44\x89")
     size = data[at + 2] & 0x7F
     fmt = ">d" if size == 8 else ">f"
-    value = struct.unpack(fmt, data[at + 3:at + 3 + size])[0]
-    data[at + 3:at + 3 + size] = struct.pack(fmt, value * factor)
+    value = struct.unpack(fmt, data[at + 3 : at + 3 + size])[0]
+    data[at + 3 : at + 3 + size] = struct.pack(fmt, value * factor)
     out = path.replace(".mkv", f"_x{factor:g}.mkv")
     open(out, "wb").write(bytes(data))
     return out

@@ -1,5 +1,6 @@
 """The files of a run directory: temporary files of killed writers, the user's umask, metrics.csv across a resume
 (core/files.py, artifacts/csv_log.py)."""
+
 import csv
 import os
 import shutil
@@ -39,6 +40,7 @@ def test_stale_temporary_files_of_killed_writers_are_removed_on_start(trained_ru
 @pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
 def test_written_files_get_the_mode_of_the_users_umask(tmp_path, umask, mode):
     from core.files import atomic_write_bytes
+
     previous = os.umask(umask)
     try:
         save_checkpoint({"model": {}}, str(tmp_path / "c.pt"))
@@ -59,14 +61,18 @@ def test_metrics_csv_after_a_resume_equals_the_uninterrupted_run(trained_run, sy
     def rows(directory):
         with open(os.path.join(directory, "metrics.csv")) as f:
             return [(r["epoch"], r["train_loss"], r.get("val_video_acc")) for r in csv.DictReader(f)]
+
     assert rows(os.path.join(tmp_path, "e2e", "latest")) == rows(run_dir)
 
 
 def test_a_column_that_appears_later_is_kept(tmp_path):
     from artifacts.csv_log import CsvLog
+
     log = CsvLog(str(tmp_path / "metrics.csv"))
     log.write({"epoch": 1, "train_loss": 1.5})
     log.write({"epoch": 2, "train_loss": 1.2, "val_top1": 0.5})  # validation every second epoch
     with open(tmp_path / "metrics.csv") as f:
-        assert list(csv.DictReader(f)) == [{"epoch": "1", "train_loss": "1.5", "val_top1": ""},
-                                           {"epoch": "2", "train_loss": "1.2", "val_top1": "0.5"}]
+        assert list(csv.DictReader(f)) == [
+            {"epoch": "1", "train_loss": "1.5", "val_top1": ""},
+            {"epoch": "2", "train_loss": "1.2", "val_top1": "0.5"},
+        ]

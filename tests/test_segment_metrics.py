@@ -1,4 +1,5 @@
 """The temporal action segmentation metrics (engine/segment_metrics.py) against cases computed by hand."""
+
 import pytest
 
 from engine.segment_metrics import SegmentationScores, edit_score, f1_counts, segments_of
@@ -55,9 +56,19 @@ def test_background_is_left_out_of_edit_and_f1_but_not_of_frame_accuracy():
 
 def test_a_single_segment_video():
     assert SegmentationScores().add(frames(("A", 8)), frames(("A", 8))) == {
-        "frame_acc": 1.0, "edit": 100.0, "f1@10": 100.0, "f1@25": 100.0, "f1@50": 100.0}
+        "frame_acc": 1.0,
+        "edit": 100.0,
+        "f1@10": 100.0,
+        "f1@25": 100.0,
+        "f1@50": 100.0,
+    }
     assert SegmentationScores().add(frames(("B", 8)), frames(("A", 8))) == {
-        "frame_acc": 0.0, "edit": 0.0, "f1@10": 0.0, "f1@25": 0.0, "f1@50": 0.0}
+        "frame_acc": 0.0,
+        "edit": 0.0,
+        "f1@10": 0.0,
+        "f1@25": 0.0,
+        "f1@50": 0.0,
+    }
     assert edit_score([], []) == 100.0
 
 
@@ -77,9 +88,12 @@ def test_over_a_split_f1_sums_the_counts_and_edit_averages_the_videos():
 def test_background_labels_are_checked_against_the_classes():
     from core.errors import ConfigError
     from engine.segment_metrics import background_indices
+
     assert background_indices(["idle"], ["walk", "idle", "run"]) == (1,)
     assert background_indices([], ["walk"]) == ()
     with pytest.raises(ConfigError) as info:
         background_indices(["idle", "sit"], ["walk", "run"])
-    assert str(info.value) == ("data.background_labels names idle, sit, not a class of this model (walk, run); give "
-                               "labels from that list, or [] for none")
+    assert str(info.value) == (
+        "data.background_labels names idle, sit, not a class of this model (walk, run); give "
+        "labels from that list, or [] for none"
+    )

@@ -5,6 +5,7 @@ forever (in pause(), as a process waiting on a dead NFS server does) while stat(
 and the block comes inside FFmpeg's open. Each run must end within data.sample_timeout_s plus a margin, say which
 file, and leave no process behind.
 """
+
 import json
 import os
 import shutil
@@ -63,8 +64,11 @@ def shim(tmp_path_factory):
         pytest.skip("no C compiler to build the LD_PRELOAD shim that simulates a stalled mount")
     folder = tmp_path_factory.mktemp("shim")
     (folder / "stall.c").write_text(SHIM)
-    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(folder / "stall.so"), str(folder / "stall.c"),
-                    "-ldl"], check=True, capture_output=True)
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", "-O1", "-o", str(folder / "stall.so"), str(folder / "stall.c"), "-ldl"],
+        check=True,
+        capture_output=True,
+    )
     return str(folder / "stall.so")
 
 
@@ -100,8 +104,9 @@ def run_with_stall(shim, stalled, args, tmp_path):
     marker = f"STALL_TEST_MARKER={tmp_path.name}"
     env = {**os.environ, "LD_PRELOAD": shim, "STALLED_PATH": stalled, "STALL_TEST_MARKER": tmp_path.name}
     start = time.monotonic()
-    result = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, env=env,
-                            timeout=TIMEOUT_S + MARGIN_S + 60)
+    result = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=TIMEOUT_S + MARGIN_S + 60
+    )
     elapsed = time.monotonic() - start
     time.sleep(0.5)
     assert our_processes(marker) == [], "a process of the run was left behind"
@@ -109,17 +114,31 @@ def run_with_stall(shim, stalled, args, tmp_path):
 
 
 def training_args(data, tmp_path, workers, policy, *extra):
-    args = overrides(str(data), tmp_path / "runs", f"data.num_workers={workers}", f"data.on_bad_video={policy}",
-                     f"data.sample_timeout_s={TIMEOUT_S}", "data.val_manifest=val.jsonl", "trainer.max_epochs=1",
-                     "data.batch_size=2", f"data.index_cache={tmp_path / 'index.json'}", *extra)
+    args = overrides(
+        str(data),
+        tmp_path / "runs",
+        f"data.num_workers={workers}",
+        f"data.on_bad_video={policy}",
+        f"data.sample_timeout_s={TIMEOUT_S}",
+        "data.val_manifest=val.jsonl",
+        "trainer.max_epochs=1",
+        "data.batch_size=2",
+        f"data.index_cache={tmp_path / 'index.json'}",
+        *extra,
+    )
     return ["train.py", *args]
 
 
 def index_without_stall(data, tmp_path):
     """The main process indexes from the cache: the stall then comes in a DataLoader worker's open."""
     cfg = load_config(None, [f"data.data_dir={data}", f"data.index_cache={tmp_path / 'index.json'}"])
-    VideoWindowDataset(read_manifest(str(data / "train.jsonl")), ["down", "grow", "left", "right", "shrink", "up"],
-                       cfg.data, training=True, index_cache=index_cache_for(cfg))
+    VideoWindowDataset(
+        read_manifest(str(data / "train.jsonl")),
+        ["down", "grow", "left", "right", "shrink", "up"],
+        cfg.data,
+        training=True,
+        index_cache=index_cache_for(cfg),
+    )
 
 
 def train_with_a_stalled_worker(shim, stalled_data, tmp_path, workers, policy):
@@ -168,26 +187,43 @@ def test_a_header_that_never_comes_at_indexing_is_bounded_too(shim, stalled_data
         assert f"skipping {data / 'train.jsonl'}:5: {message}" in result.stdout + result.stderr
 
 
-def test_streaming_inference_stops_at_a_stalled_video_and_says_what_was_not_run(shim, stalled_data, tmp_path,
-                                                                                trained_run):
+def test_streaming_inference_stops_at_a_stalled_video_and_says_what_was_not_run(
+    shim, stalled_data, tmp_path, trained_run
+):
     data, stalled = stalled_data
     run_dir, _ = trained_run
     best = os.path.join(run_dir, "checkpoints", "best.pt")
     manifest = tmp_path / "infer.jsonl"
     first = read_manifest(str(data / "train.jsonl"))[0].first_path
-    manifest.write_text(json.dumps({"video": stalled, "label": "up"}) + "\n"
-                        + json.dumps({"video": first, "label": "up"}) + "\n")
+    manifest.write_text(
+        json.dumps({"video": stalled, "label": "up"}) + "\n" + json.dumps({"video": first, "label": "up"}) + "\n"
+    )
     # the checkpoint's config has the default 300 s: --sample-timeout sets a shorter one
-    result, elapsed = run_with_stall(shim, stalled, ["infer_chunked.py", "--checkpoint", best, "--input",
-                                                     str(manifest), "--chunk", "4", "--sample-timeout",
-                                                     str(TIMEOUT_S)], tmp_path)
+    result, elapsed = run_with_stall(
+        shim,
+        stalled,
+        [
+            "infer_chunked.py",
+            "--checkpoint",
+            best,
+            "--input",
+            str(manifest),
+            "--chunk",
+            "4",
+            "--sample-timeout",
+            str(TIMEOUT_S),
+        ],
+        tmp_path,
+    )
     assert elapsed < TIMEOUT_S + MARGIN_S
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors[0].startswith(f"error: {stalled}: no answer within {TIMEOUT_S:g} s while reading its header")
     # OpenCV's open holds a process-wide lock that the blocked thread keeps: the next video could never open
-    assert errors[1] == ("error: the other 1 videos are not run: a stalled file keeps the decoder blocked in this "
-                         "process; run infer_chunked.py again without it")
+    assert errors[1] == (
+        "error: the other 1 videos are not run: a stalled file keeps the decoder blocked in this "
+        "process; run infer_chunked.py again without it"
+    )
     assert f"{first}: " not in result.stdout
 
 
@@ -195,9 +231,12 @@ def test_eval_on_a_stalled_file_ends_with_one_line(shim, stalled_data, tmp_path,
     """eval.py (and --watch, which evaluates through the same loader) with the checkpoint's config."""
     data, stalled = stalled_data
     best = os.path.join(trained_run[0], "checkpoints", "best.pt")
-    result, elapsed = run_with_stall(shim, stalled, ["eval.py", "--checkpoint", best, "--data",
-                                                     str(data / "train.jsonl"), "--sample-timeout", str(TIMEOUT_S)],
-                                     tmp_path)
+    result, elapsed = run_with_stall(
+        shim,
+        stalled,
+        ["eval.py", "--checkpoint", best, "--data", str(data / "train.jsonl"), "--sample-timeout", str(TIMEOUT_S)],
+        tmp_path,
+    )
     assert elapsed < TIMEOUT_S + MARGIN_S
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]

@@ -1,6 +1,7 @@
 """Evaluation of whole sample windows (data.num_frames -1: a head on features paired with its backbone, eval.py
 --num-frames -1) streams each window from its file, as infer_chunked.py streams a video: the results of the
 loader's whole-clip path, without the whole clip in memory."""
+
 import logging
 import os
 
@@ -22,17 +23,41 @@ from models import build_model
 
 @pytest.fixture(scope="module")
 def segments_root(tmp_path_factory):
-    return generate_segmentation(str(tmp_path_factory.mktemp("streamed")), seed=1, num_train=2, num_val=3,
-                                 frames=150, shortest=20, longest=50, quiet=True)
+    return generate_segmentation(
+        str(tmp_path_factory.mktemp("streamed")),
+        seed=1,
+        num_train=2,
+        num_val=3,
+        frames=150,
+        shortest=20,
+        longest=50,
+        quiet=True,
+    )
 
 
 def whole_window_cfg(root, *extra):
-    return load_config(None, [f"data.data_dir={root}", "data.train_manifest=seg_train.jsonl",
-                              "data.val_manifest=seg_val.jsonl", "data.class_names=null", "data.num_frames=-1",
-                              "data.frame_stride=2", "data.img_size=24", "data.num_workers=0",
-                              "data.sample_timeout_s=null", "model.width=4", "model.temporal_width=16",
-                              "model.temporal_attention_heads=2", "infer.chunk_size=8", "infer.chunk_overlap=2",
-                              "infer.chunks_per_forward=3", "trainer.device=cpu", *extra])
+    return load_config(
+        None,
+        [
+            f"data.data_dir={root}",
+            "data.train_manifest=seg_train.jsonl",
+            "data.val_manifest=seg_val.jsonl",
+            "data.class_names=null",
+            "data.num_frames=-1",
+            "data.frame_stride=2",
+            "data.img_size=24",
+            "data.num_workers=0",
+            "data.sample_timeout_s=null",
+            "model.width=4",
+            "model.temporal_width=16",
+            "model.temporal_attention_heads=2",
+            "infer.chunk_size=8",
+            "infer.chunk_overlap=2",
+            "infer.chunks_per_forward=3",
+            "trainer.device=cpu",
+            *extra,
+        ],
+    )
 
 
 def evaluated(cfg, streamed: bool, monkeypatch, dataset=None):
@@ -48,20 +73,31 @@ def evaluated(cfg, streamed: bool, monkeypatch, dataset=None):
         loader = make_loader(dataset, cfg.data, 0, runtime, dataset.samples_per_window, shuffle=False, pad=False)
         clips = []
         metrics = evaluation.evaluate(
-            model, loader, InputPreparer(runtime.device, cfg.data.mean, cfg.data.std), runtime, cfg.infer,
-            len(dataset.class_names), BadInputReport(dataset),
-            on_clips=lambda batch, logits: clips.extend(zip(batch["video_index"].tolist(),
-                                                            batch["window"].tolist(), logits)),
+            model,
+            loader,
+            InputPreparer(runtime.device, cfg.data.mean, cfg.data.std),
+            runtime,
+            cfg.infer,
+            len(dataset.class_names),
+            BadInputReport(dataset),
+            on_clips=lambda batch, logits: clips.extend(
+                zip(batch["video_index"].tolist(), batch["window"].tolist(), logits)
+            ),
             frame_stride=cfg.data.frame_stride,
-            background=background_indices(cfg.data.background_labels, dataset.class_names))
+            background=background_indices(cfg.data.background_labels, dataset.class_names),
+        )
     return metrics, clips
 
 
-@pytest.mark.parametrize("settings", [
-    ["model.temporal_head=transformer"],  # the head once over every chunk of the window
-    ["model.temporal_head=tcn", "data.max_video_frames=60", "data.test_crops=3"],  # sample windows, 3 crops each
-    ["model.temporal_head=none", "infer.chunk_aggregation=prob"],  # chunk logits aggregated as they come
-], ids=["transformer", "tcn-windows-crops", "no-head"])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ["model.temporal_head=transformer"],  # the head once over every chunk of the window
+        ["model.temporal_head=tcn", "data.max_video_frames=60", "data.test_crops=3"],  # sample windows, 3 crops each
+        ["model.temporal_head=none", "infer.chunk_aggregation=prob"],  # chunk logits aggregated as they come
+    ],
+    ids=["transformer", "tcn-windows-crops", "no-head"],
+)
 def test_streamed_whole_windows_give_the_loaders_results(segments_root, monkeypatch, settings):
     cfg = whole_window_cfg(segments_root, *settings)
     streamed, streamed_clips = evaluated(cfg, True, monkeypatch)
@@ -75,8 +111,9 @@ def test_streamed_whole_windows_give_the_loaders_results(segments_root, monkeypa
         torch.testing.assert_close(logits, logits_b, atol=1e-5, rtol=1e-5)
 
 
-def test_a_file_that_fails_while_streamed_is_skipped_or_named_as_data_on_bad_video_says(segments_root, tmp_path,
-                                                                                        monkeypatch, caplog):
+def test_a_file_that_fails_while_streamed_is_skipped_or_named_as_data_on_bad_video_says(
+    segments_root, tmp_path, monkeypatch, caplog
+):
     cfg = whole_window_cfg(segments_root, "model.temporal_head=tcn", "data.on_bad_video=skip")
     raising = whole_window_cfg(segments_root, "model.temporal_head=tcn", "data.on_bad_video=raise")
     skipping_set, raising_set = (build_dataset(c, "val", list(SEGMENT_CLASSES), training=False) for c in (cfg, raising))

@@ -11,8 +11,19 @@ from engine.metrics import ClassificationMeter
 
 
 def small(root, seed):
-    return generate(str(root), seed=seed, size=24, num_train=6, num_val=0, num_test=0, short_frames=12, num_long=1,
-                    long_frames=100, num_multiview=2, quiet=True)
+    return generate(
+        str(root),
+        seed=seed,
+        size=24,
+        num_train=6,
+        num_val=0,
+        num_test=0,
+        short_frames=12,
+        num_long=1,
+        long_frames=100,
+        num_multiview=2,
+        quiet=True,
+    )
 
 
 def decode(path):
@@ -28,10 +39,12 @@ def test_generation_is_deterministic_and_complete(tmp_path):
     a, b, c = small(tmp_path / "a", 5), small(tmp_path / "b", 5), small(tmp_path / "c", 6)
     for name in ("train.jsonl", "long.jsonl", "multiview_train.jsonl"):
         assert open(os.path.join(a, name)).read() == open(os.path.join(b, name)).read()
-    np.testing.assert_array_equal(decode(os.path.join(a, "videos", "train_0000.mp4")),
-                                  decode(os.path.join(b, "videos", "train_0000.mp4")))
-    assert not np.array_equal(decode(os.path.join(a, "videos", "train_0000.mp4")),
-                              decode(os.path.join(c, "videos", "train_0000.mp4")))
+    np.testing.assert_array_equal(
+        decode(os.path.join(a, "videos", "train_0000.mp4")), decode(os.path.join(b, "videos", "train_0000.mp4"))
+    )
+    assert not np.array_equal(
+        decode(os.path.join(a, "videos", "train_0000.mp4")), decode(os.path.join(c, "videos", "train_0000.mp4"))
+    )
     lines = [json.loads(t) for t in open(os.path.join(a, "train.jsonl"))]
     assert [line["label"] for line in lines] == list(CLASSES)  # balanced, every class
     kpt_files = sorted(os.listdir(os.path.join(a, "keypoints", "train_0000")))
@@ -40,15 +53,28 @@ def test_generation_is_deterministic_and_complete(tmp_path):
     assert long["segments"][0]["start"] == 0 and long["segments"][-1]["end"] == 100
     assert all(s["end"] == t["start"] for s, t in zip(long["segments"], long["segments"][1:]))
     assert np.load(os.path.join(a, "keypoints", "long_00.npy")).shape == (100, 5, 3)
-    assert set(json.loads(open(os.path.join(a, "multiview_train.jsonl")).readline())["views"]) == {"front", "left",
-                                                                                                  "right"}
+    assert set(json.loads(open(os.path.join(a, "multiview_train.jsonl")).readline())["views"]) == {
+        "front",
+        "left",
+        "right",
+    }
 
 
 def test_a_complete_dataset_is_not_rewritten_and_a_foreign_one_is_refused(tmp_path, capsys):
     root = small(tmp_path / "d", 1)
     before = os.path.getmtime(os.path.join(root, "train.jsonl"))
-    generate(root, seed=1, size=24, num_train=6, num_val=0, num_test=0, short_frames=12, num_long=1, long_frames=100,
-             num_multiview=2)
+    generate(
+        root,
+        seed=1,
+        size=24,
+        num_train=6,
+        num_val=0,
+        num_test=0,
+        short_frames=12,
+        num_long=1,
+        long_frames=100,
+        num_multiview=2,
+    )
     assert "already in" in capsys.readouterr().out
     assert os.path.getmtime(os.path.join(root, "train.jsonl")) == before
     with pytest.raises(SystemExit, match="made with other arguments"):
@@ -57,8 +83,19 @@ def test_a_complete_dataset_is_not_rewritten_and_a_foreign_one_is_refused(tmp_pa
 
 def test_a_single_frame_does_not_tell_the_class(tmp_path):
     """Every class starts from shapes of overlapping sizes at random places: the first frames look alike."""
-    root = generate(str(tmp_path / "s"), seed=0, size=32, num_train=60, num_val=0, num_test=0, short_frames=10,
-                    num_long=0, long_frames=10, num_multiview=0, quiet=True)
+    root = generate(
+        str(tmp_path / "s"),
+        seed=0,
+        size=32,
+        num_train=60,
+        num_val=0,
+        num_test=0,
+        short_frames=10,
+        num_long=0,
+        long_frames=10,
+        num_multiview=0,
+        quiet=True,
+    )
     lines = [json.loads(t) for t in open(os.path.join(root, "train.jsonl"))]
     areas = {}
     for line in lines:

@@ -1,4 +1,5 @@
 """The temporal head: a model over a clip's chunk features, trained end to end through the recomputed chunks."""
+
 import copy
 import dataclasses
 import json
@@ -39,9 +40,17 @@ MEAN, STD = [0.45] * 3, [0.225] * 3
 
 def head_model(head="transformer", seed=0, views=1, dropout=0.0, **changes):
     torch.manual_seed(seed)
-    cfg = load_config(None, ["model.width=4", f"model.temporal_head={head}", "model.temporal_width=16",
-                             "model.temporal_attention_heads=2", f"model.temporal_dropout={dropout}",
-                             *[f"model.{k}={v}" for k, v in changes.items()]]).model
+    cfg = load_config(
+        None,
+        [
+            "model.width=4",
+            f"model.temporal_head={head}",
+            "model.temporal_width=16",
+            "model.temporal_attention_heads=2",
+            f"model.temporal_dropout={dropout}",
+            *[f"model.{k}={v}" for k, v in changes.items()],
+        ],
+    ).model
     return build_model(cfg, num_classes=3, num_views=views)
 
 
@@ -95,8 +104,9 @@ def reference_encoder_head(head: TemporalHead) -> TemporalHead:
     with a built [B * H, n, n] mask (directional) or a key padding mask (bidirectional)."""
     reference = copy.deepcopy(head)
     width, heads = head.width, head.heads
-    layer = nn.TransformerEncoderLayer(width, heads, dim_feedforward=2 * width, dropout=0.0, batch_first=True,
-                                       norm_first=True)
+    layer = nn.TransformerEncoderLayer(
+        width, heads, dim_feedforward=2 * width, dropout=0.0, batch_first=True, norm_first=True
+    )
     encoder = nn.TransformerEncoder(layer, len(head.encoder.layers), enable_nested_tensor=False)
     encoder.load_state_dict(head.encoder.state_dict())
 
@@ -146,8 +156,9 @@ def test_attention_in_recomputed_query_blocks_equals_the_fused_kernel(monkeypatc
     q, k, v = (torch.randn(2, 4, 11, 8, requires_grad=True) for _ in range(3))
     keys = (torch.arange(11) < torch.tensor([[11], [6]])) if padded else None
     ours = temporal.attention_with_dropout(q, k, v, causal, keys, 0.0)
-    fused = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                       attn_mask=None if keys is None else keys[:, None, None])
+    fused = nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=causal, attn_mask=None if keys is None else keys[:, None, None]
+    )
     torch.testing.assert_close(ours, fused)
     grads = torch.autograd.grad(ours.square().sum(), (q, k, v))
     for ours_grad, fused_grad in zip(grads, torch.autograd.grad(fused.square().sum(), (q, k, v))):
@@ -161,7 +172,7 @@ def test_dropped_attention_blocks_recomputed_in_backward_give_the_gradients_of_b
     torch.manual_seed(5)
     ours = temporal.attention_with_dropout(q, k, v, True, None, 0.5)
     torch.manual_seed(5)
-    kept = torch.cat([temporal._attention_block(q[:, :, s:s + 4], k, v, s, True, None, 0.5) for s in (0, 4, 8)], 2)
+    kept = torch.cat([temporal._attention_block(q[:, :, s : s + 4], k, v, s, True, None, 0.5) for s in (0, 4, 8)], 2)
     torch.testing.assert_close(ours, kept)
     assert not torch.allclose(ours, temporal.attention_with_dropout(q, k, v, True, None, 0.0))  # it did drop
     for a, b in zip(torch.autograd.grad(ours.sum(), (q, k, v)), torch.autograd.grad(kept.sum(), (q, k, v))):
@@ -188,8 +199,9 @@ def test_the_forward_heads_of_directional_attention_see_no_later_chunk(attention
     output projection zeroed, a chunk's logits do not move when later chunks change (they do, bidirectionally).
     Without the contrast, whose clip mean sees every chunk by design."""
     torch.manual_seed(0)
-    head = temporal_head(8, 2, kind="transformer", width=16, layers=2, heads=2, dropout=0.0,
-                        attention=attention, contrast=False).eval()
+    head = temporal_head(
+        8, 2, kind="transformer", width=16, layers=2, heads=2, dropout=0.0, attention=attention, contrast=False
+    ).eval()
     with torch.no_grad():
         for layer in head.encoder.layers:
             layer.self_attn.out_proj.weight[:, 8:] = 0  # head 1 (the backward one when directional) silenced
@@ -264,16 +276,18 @@ def gradients(model, inputs, spec, loss="clip", seed=5):
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("head, loss, changes", [
-    ("transformer", "clip", {}),
-    ("attention", "clip", {"dropout": 0.5}),
-    ("transformer", "dense", {"grad_checkpointing": True}),  # both recomputations nested
-])
+@pytest.mark.parametrize(
+    "head, loss, changes",
+    [
+        ("transformer", "clip", {}),
+        ("attention", "clip", {"dropout": 0.5}),
+        ("transformer", "dense", {"grad_checkpointing": True}),  # both recomputations nested
+    ],
+)
 def test_recomputed_chunks_with_a_head_give_the_gradients_of_chunks_kept_in_memory(head, loss, changes):
     dropout = changes.pop("dropout", 0.0)
     inputs = clip_batch()
-    recomputed = gradients(head_model(head, dropout=dropout, **changes), inputs, ChunkSpec(8, 2, recompute=True),
-                           loss)
+    recomputed = gradients(head_model(head, dropout=dropout, **changes), inputs, ChunkSpec(8, 2, recompute=True), loss)
     kept = gradients(head_model(head, dropout=dropout, **changes), inputs, ChunkSpec(8, 2, recompute=False), loss)
     assert recomputed.keys() == kept.keys()
     assert any(name.startswith("temporal.") for name in recomputed) and any(n.startswith("rgb.") for n in recomputed)
@@ -301,8 +315,13 @@ def test_a_head_trained_on_short_windows_runs_on_a_video_ten_times_longer():
     train_cfg = load_config(None).train
     for step in range(3):  # chunks of 32 frames, windows of 64
         inputs = prepare.transfer(clip_batch(length=64, batch=2, seed=step))
-        loss = training_loss(forward(inputs, ChunkSpec(32, 0)), {"label": torch.tensor([0, 1])}, ChunkSpec(32, 0),
-                             train_cfg, nn.CrossEntropyLoss())
+        loss = training_loss(
+            forward(inputs, ChunkSpec(32, 0)),
+            {"label": torch.tensor([0, 1])},
+            ChunkSpec(32, 0),
+            train_cfg,
+            nn.CrossEntropyLoss(),
+        )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -337,7 +356,7 @@ def test_a_head_counts_its_training_chunks_and_runs_longer_clips_in_windows_of_t
         out = head(video, at)
         starts = temporal.window_starts(45, 14)
         assert starts == [0, 7, 14, 21, 28, 31]  # overlapping by half, the last ending with the video
-        windows = [head._forward(video[:, s:s + 14], at[s:s + 14] - at[s, 0]) for s in starts]
+        windows = [head._forward(video[:, s : s + 14], at[s : s + 14] - at[s, 0]) for s in starts]
         # a chunk's outputs are those of the window it is most central in, that window's positions from its start
         for chunk, window in ((0, 0), (3, 0), (10, 0), (11, 1), (20, 2), (25, 3), (38, 5), (44, 5)):  # ties: the first
             expected = windows[window].chunks[0, chunk - starts[window]]
@@ -394,15 +413,25 @@ def test_streaming_inference_with_a_head_equals_the_whole_forward(tmp_path):
     for frame in frames:
         writer.write(frame)
     writer.release()
-    cfg = load_config(None, ["data.img_size=32", "data.frame_stride=2", "model.width=4",
-                             "model.temporal_head=transformer", "model.temporal_width=16", "model.temporal_attention_heads=2"])
+    cfg = load_config(
+        None,
+        [
+            "data.img_size=32",
+            "data.frame_stride=2",
+            "model.width=4",
+            "model.temporal_head=transformer",
+            "model.temporal_width=16",
+            "model.temporal_attention_heads=2",
+        ],
+    )
     torch.manual_seed(0)
     model = build_model(cfg.model, num_classes=2).eval()
     prepare = InputPreparer(torch.device("cpu"), cfg.data.mean, cfg.data.std)
     runtime = Runtime(torch.device("cpu"), "32")
     spec = InferenceSpec(chunk=8, overlap=2, batch=3, timeline=True)
-    streamed = classify_video(model, VideoRecord({"video": path}, where=path), cfg.data, spec, runtime, prepare,
-                              list(ORDER_CLASSES))
+    streamed = classify_video(
+        model, VideoRecord({"video": path}, where=path), cfg.data, spec, runtime, prepare, list(ORDER_CLASSES)
+    )
     # the same frames read at once: every second frame, the whole clip through forward_chunked
     reader = open_reader(path, (32, 32))
     clip = torch.from_numpy(reader.read(range(0, reader.num_frames, 2))).permute(3, 0, 1, 2).unsqueeze(0)
@@ -459,8 +488,9 @@ def test_the_oom_back_off_halves_the_chunks_under_a_head(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="longvideo"):
         loop.train_one_epoch(backed_off, loader)
     assert "now chunks of 2 frames" in caplog.text and backed_off.state.chunk_train_size == 2
-    reference, loader = make_trainer(group_norm_head_model(), 2, 1, tmp_path / "b", count=8,
-                                     **{"train.chunk_train_size": 2})
+    reference, loader = make_trainer(
+        group_norm_head_model(), 2, 1, tmp_path / "b", count=8, **{"train.chunk_train_size": 2}
+    )
     reference.state.micro_splits = 2  # where the back-off went first: 1 clip per forward
     loop.train_one_epoch(reference, loader)
     for a, b in zip(weights(backed_off.model), weights(reference.model)):
@@ -481,27 +511,45 @@ def test_a_head_trains_under_autocast():
 
 
 def test_a_head_with_last_aggregation_or_late_fusion_is_refused_with_the_reason():
-    with pytest.raises(ConfigError, match="infer.chunk_aggregation: last runs only the last chunk, but "
-                                          "model.temporal_head=attention needs every chunk's features"):
+    with pytest.raises(
+        ConfigError,
+        match="infer.chunk_aggregation: last runs only the last chunk, but "
+        "model.temporal_head=attention needs every chunk's features",
+    ):
         load_config(None, ["model.temporal_head=attention", "infer.chunk_aggregation=last"])
     with pytest.raises(ConfigError, match="model.view_fusion: late keeps one feature vector per view"):
         load_config(None, ["model.temporal_head=transformer", "model.view_fusion=late"])
     with pytest.raises(ConfigError, match="model.temporal_attention_heads=3 must divide model.temporal_width=64"):
         load_config(None, ["model.temporal_head=transformer", "model.temporal_attention_heads=3"])
-    with pytest.raises(ConfigError, match="model.temporal_attention: directional gives half the attention heads "
-                                          "to earlier chunks and half to later ones, but model.temporal_attention_heads is 1"):
+    with pytest.raises(
+        ConfigError,
+        match="model.temporal_attention: directional gives half the attention heads "
+        "to earlier chunks and half to later ones, but model.temporal_attention_heads is 1",
+    ):
         load_config(None, ["model.temporal_head=transformer", "model.temporal_attention_heads=1"])
-    assert load_config(None, ["model.temporal_head=transformer", "model.temporal_attention_heads=1",
-                              "model.temporal_attention=bidirectional"]).model.temporal_attention_heads == 1
+    assert (
+        load_config(
+            None,
+            [
+                "model.temporal_head=transformer",
+                "model.temporal_attention_heads=1",
+                "model.temporal_attention=bidirectional",
+            ],
+        ).model.temporal_attention_heads
+        == 1
+    )
     with pytest.raises(ConfigError) as info:
         load_config(None, ["model.temporal_head=transformer", "infer.head_window=0"])
-    assert str(info.value) == ("--set infer.head_window=0: infer.head_window: 0 chunks cannot hold a chunk; "
-                               "give a number of chunks, -1 (the whole video) or auto (the head's longest training "
-                               "clip)")
+    assert str(info.value) == (
+        "--set infer.head_window=0: infer.head_window: 0 chunks cannot hold a chunk; "
+        "give a number of chunks, -1 (the whole video) or auto (the head's longest training "
+        "clip)"
+    )
 
 
 def test_a_head_checkpoint_from_before_the_head_defaults_evaluates_and_resumes_as_it_was_trained():
     from config import defaults, saved_config
+
     old = defaults()
     del old["model"]["temporal_attention"]
     del old["model"]["temporal_input_norm"]
@@ -523,7 +571,13 @@ def test_resuming_a_checkpoint_from_before_the_head_defaults_names_the_settings_
     would change its schedule is a warning with the --set that keeps it."""
     from artifacts.checkpoint import CheckpointError, restore_training, save_checkpoint, training_checkpoint
     from engine.optim import build_optimizer, build_scheduler
-    head = ["model.width=4", "model.temporal_head=transformer", "model.temporal_width=16", "model.temporal_attention_heads=2"]
+
+    head = [
+        "model.width=4",
+        "model.temporal_head=transformer",
+        "model.temporal_width=16",
+        "model.temporal_attention_heads=2",
+    ]
     then = load_config(None, [*head, "model.temporal_contrast=false"])
     saved = then.to_dict()
     del saved["model"]["temporal_contrast"], saved["train"]["temporal_warmup_epochs"]  # written before the keys
@@ -537,12 +591,21 @@ def test_resuming_a_checkpoint_from_before_the_head_defaults_names_the_settings_
 
     model, optimizer, scheduler, scaler = parts(then)
     path = str(tmp_path / "last.pt")
-    save_checkpoint({**training_checkpoint(model, optimizer, scheduler, scaler, TrainState(), then, ["a", "b", "c"],
-                                           {}), "config": saved}, path)
+    save_checkpoint(
+        {
+            **training_checkpoint(model, optimizer, scheduler, scaler, TrainState(), then, ["a", "b", "c"], {}),
+            "config": saved,
+        },
+        path,
+    )
     with pytest.raises(CheckpointError) as error:
         restore_training(path, *parts(load_config(None, head)), load_config(None, head))
-    assert "its model does not fit this config's (model.temporal_contrast); resume with the checkpoint's settings: " \
-           "--set model.temporal_contrast=false" in str(error.value) and "\n" not in str(error.value)
+    assert (
+        "its model does not fit this config's (model.temporal_contrast); resume with the checkpoint's settings: "
+        "--set model.temporal_contrast=false"
+        in str(error.value)
+        and "\n" not in str(error.value)
+    )
     now = load_config(None, [*head, "model.temporal_contrast=false"])
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         restore_training(path, *parts(now), now)
@@ -553,9 +616,16 @@ def test_resuming_a_checkpoint_from_before_the_head_defaults_names_the_settings_
 @pytest.fixture(scope="module")
 def head_run(synthetic_root, tmp_path_factory):
     out = tmp_path_factory.mktemp("head_runs")
-    args = overrides(synthetic_root, out, "model.temporal_head=transformer", "model.temporal_width=32",
-                     "train.chunk_train_size=8", "train.chunk_train_overlap=0", "infer.chunk_size=8",
-                     "infer.chunk_overlap=0")
+    args = overrides(
+        synthetic_root,
+        out,
+        "model.temporal_head=transformer",
+        "model.temporal_width=32",
+        "train.chunk_train_size=8",
+        "train.chunk_train_overlap=0",
+        "infer.chunk_size=8",
+        "infer.chunk_overlap=0",
+    )
     assert train.main(args) == 0
     return os.path.join(out, "e2e", "latest", "checkpoints", "best.pt")
 
@@ -574,10 +644,22 @@ def test_eval_and_infer_load_the_head_with_no_flags_and_refuse_agg(head_run, syn
     assert bad.stderr == "error: --head-window half: expected a number of chunks, -1 (the whole video) or auto\n"
     refused = subprocess.run(run + ["--agg", "max"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2
-    assert refused.stderr == ("error: --agg max: this model has a temporal head (model.temporal_head: transformer), "
-                              "which is the aggregation over its chunks; leave --agg out\n")
-    infer = [sys.executable, "infer_chunked.py", "--checkpoint", head_run, "--input",
-             os.path.join(synthetic_root, "long.jsonl"), "--chunk", "16", "--max-videos", "1"]
+    assert refused.stderr == (
+        "error: --agg max: this model has a temporal head (model.temporal_head: transformer), "
+        "which is the aggregation over its chunks; leave --agg out\n"
+    )
+    infer = [
+        sys.executable,
+        "infer_chunked.py",
+        "--checkpoint",
+        head_run,
+        "--input",
+        os.path.join(synthetic_root, "long.jsonl"),
+        "--chunk",
+        "16",
+        "--max-videos",
+        "1",
+    ]
     result = subprocess.run(infer + ["--timeline"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "temporal head transformer" in result.stdout
@@ -587,8 +669,13 @@ def test_eval_and_infer_load_the_head_with_no_flags_and_refuse_agg(head_run, syn
 
 def test_the_cron_evaluator_uses_the_head(head_run):
     experiment = os.path.dirname(os.path.dirname(os.path.dirname(head_run)))
-    result = subprocess.run([sys.executable, "eval.py", "--watch", experiment, "--settle", "0"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "eval.py", "--watch", experiment, "--settle", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     entries = [json.loads(line) for line in open(os.path.join(experiment, "eval.jsonl"))]
     assert entries and all(e["status"] == "ok" for e in entries)
@@ -610,20 +697,37 @@ def test_the_order_task_puts_two_events_far_apart_the_same_way_for_both_labels()
 
 def test_the_long_range_bench_names_an_unknown_family_or_preset():
     for option, value in (("--families", "middle,midle"), ("--presets", "quickstart")):
-        done = subprocess.run([sys.executable, "-m", "bench.long_range", "--part", "families", option, value],
-                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.long_range", "--part", "families", option, value],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(
-            f"python -m bench.long_range: error: {option}: unknown "), done.stderr
+            f"python -m bench.long_range: error: {option}: unknown "
+        ), done.stderr
 
 
 def test_the_length_bench_names_an_unknown_family_and_the_scale_bench_measures_a_head_step_alone():
-    done = subprocess.run([sys.executable, "-m", "bench.length", "--families", "order,odrer"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.length", "--families", "order,odrer"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.splitlines()[-1] == (
-        "python -m bench.length: error: --families: unknown odrer; choose from order, middle, last, distractors")
-    step = subprocess.run([sys.executable, "-m", "bench.scale", "--step-worker", "transformer", "3000", "64"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
+        "python -m bench.length: error: --families: unknown odrer; choose from order, middle, last, distractors"
+    )
+    step = subprocess.run(
+        [sys.executable, "-m", "bench.scale", "--step-worker", "transformer", "3000", "64"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"},
+    )
     assert step.returncode == 0, step.stderr
     measured = json.loads(step.stdout.strip().splitlines()[-1])
     # the planner's estimate of the step against the step's own resident growth (bench/RESULTS.md: 1.00 at 5,625)
@@ -636,6 +740,7 @@ def test_each_task_family_gives_every_label_the_same_events_and_puts_the_label_i
     label (an order-blind pooling of chunks sees the same bag), their times do not depend on the label, and the
     label follows from their order alone."""
     from datasets.long_range_tasks import TASKS  # the families (only this test reads their table)
+
     args = dict(size=8, num_train=24, num_val=6, frames=160, event_frames=4, min_gap=8, quiet=True)
     data = generate_task(str(tmp_path / task), task, **args)
     assert generate_task(str(tmp_path / task), task, **args) == data  # complete with these arguments: kept
@@ -673,9 +778,11 @@ def decode_frames(path: str) -> list:
 # ------------------------------------------------------------------------------- the head's training defaults
 def test_the_head_trains_in_parameter_groups_of_its_own_at_the_configured_rate():
     from engine.optim import build_optimizer, build_scheduler, max_grad_norm
+
     model = head_model()
-    train_cfg = load_config(None, ["train.lr=0.004", "train.temporal_lr_scale=0.25", "train.warmup_epochs=1",
-                                   "train.weight_decay=0.02"]).train
+    train_cfg = load_config(
+        None, ["train.lr=0.004", "train.temporal_lr_scale=0.25", "train.warmup_epochs=1", "train.weight_decay=0.02"]
+    ).train
     optimizer = build_optimizer(model, train_cfg)
     head_ids = {id(p) for p in model.temporal.parameters()}
     by_name = {}
@@ -728,34 +835,46 @@ def test_with_a_head_the_warm_up_lasts_at_least_its_own_epochs_and_the_run_says_
     train_cfg = load_config(None, ["train.lr=0.004", "train.temporal_lr_scale=0.25", "train.warmup_epochs=0.5"]).train
     with caplog.at_level(logging.INFO, logger="longvideo"):
         _log_temporal_head_settings(build_optimizer(model, train_cfg), train_cfg)
-    assert ("learning rates: backbone 4.00e-03, temporal head 1.00e-03 (train.temporal_lr_scale 0.25); gradient "
-            "norm clip 1; warm-up 2 epochs") in caplog.text
+    assert (
+        "learning rates: backbone 4.00e-03, temporal head 1.00e-03 (train.temporal_lr_scale 0.25); gradient "
+        "norm clip 1; warm-up 2 epochs"
+    ) in caplog.text
 
 
 def test_without_a_head_the_optimizer_is_the_one_of_before():
     """model.temporal_head: none (and a scale of 1) gives the two groups the optimizer always had, so training is
     unchanged bit for bit: the same parameters in the same order, the same rates and decays."""
     from engine.optim import build_optimizer
+
     for model, scale in ((head_model("none"), 0.25), (head_model("transformer"), 1.0)):
         train_cfg = load_config(None, [f"train.temporal_lr_scale={scale}"]).train
         groups = build_optimizer(model, train_cfg).param_groups
         before = [[p for p in model.parameters() if p.dim() > 1], [p for p in model.parameters() if p.dim() <= 1]]
         assert [g["params"] for g in groups] == before
-        assert [(g["lr"], g["weight_decay"]) for g in groups] == [(train_cfg.lr, train_cfg.weight_decay),
-                                                                  (train_cfg.lr, 0.0)]
+        assert [(g["lr"], g["weight_decay"]) for g in groups] == [
+            (train_cfg.lr, train_cfg.weight_decay),
+            (train_cfg.lr, 0.0),
+        ]
 
 
 def _trainer_at(history, classes=("a", "b", "c"), overrides=("train.temporal_lr_scale=0.5",)):
     from types import SimpleNamespace
 
     from engine.trainer import RunReport
-    return SimpleNamespace(report=RunReport(), has_temporal_head=True, runtime=SimpleNamespace(is_main=True),
-                           class_names=list(classes), state=SimpleNamespace(history=history, epoch=len(history)),
-                           cfg=load_config(None, list(overrides)))
+
+    return SimpleNamespace(
+        report=RunReport(),
+        has_temporal_head=True,
+        runtime=SimpleNamespace(is_main=True),
+        class_names=list(classes),
+        state=SimpleNamespace(history=history, epoch=len(history)),
+        cfg=load_config(None, list(overrides)),
+    )
 
 
 def _head_warnings(caplog, trainer, histories) -> list[str]:
     import logging
+
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         for history in histories:
@@ -765,14 +884,18 @@ def _head_warnings(caplog, trainer, histories) -> list[str]:
 
 
 def test_a_head_at_chance_is_said_once_with_the_switches(caplog):
-    history = [{"epoch": e, "val_clip_acc": acc, "train_loss": 1.1}
-               for e, acc in enumerate([0.34, 0.333, 0.36, 0.333], start=1)]
+    history = [
+        {"epoch": e, "val_clip_acc": acc, "train_loss": 1.1}
+        for e, acc in enumerate([0.34, 0.333, 0.36, 0.333], start=1)
+    ]
     trainer = _trainer_at(history[:2])
     # two validations: not yet; three: said; four: not again
     warnings = _head_warnings(caplog, trainer, [history[:2], history[:3], history])
-    assert len(warnings) == 1 and warnings[0].startswith("epoch 3: validation accuracy has stayed at chance (0.333) "
-                                                         "for 3 validations with the temporal head on; a head that "
-                                                         "does not learn usually trains too fast")
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "epoch 3: validation accuracy has stayed at chance (0.333) "
+        "for 3 validations with the temporal head on; a head that "
+        "does not learn usually trains too fast"
+    )
     assert "train.temporal_lr_scale (now 0.5)" in warnings[0] and "model.temporal_width (now 64" in warnings[0]
     assert "train.temporal_warmup_epochs (now 2)" in warnings[0]
     learning = history[:2] + [{"epoch": 3, "val_clip_acc": 0.5, "train_loss": 1.0}]
@@ -782,15 +905,19 @@ def test_a_head_at_chance_is_said_once_with_the_switches(caplog):
 def test_a_head_that_fits_its_training_clips_at_chance_is_told_so_once_more(caplog):
     """Training loss under half of chance's (ln classes) while validation stays at chance: the head fits the
     training clips, and the advice is data and chunking, not the learning rate; said once, after the first."""
-    rows = [{"epoch": e, "val_clip_acc": 0.333, "train_loss": loss}
-            for e, loss in enumerate([1.1, 1.1, 1.05, 0.8, 0.5, 0.3, 0.2], start=1)]
+    rows = [
+        {"epoch": e, "val_clip_acc": 0.333, "train_loss": loss}
+        for e, loss in enumerate([1.1, 1.1, 1.05, 0.8, 0.5, 0.3, 0.2], start=1)
+    ]
     trainer = _trainer_at(rows[:3], overrides=["train.chunk_train_size=4"])
     warnings = _head_warnings(caplog, trainer, [rows[:k] for k in range(3, 8)])
     assert len(warnings) == 2
     assert "trains too fast" in warnings[0] and "fits the training clips" not in warnings[0]
-    assert warnings[1].startswith("epoch 5: validation accuracy has stayed at chance (0.333) for 3 validations with "
-                                  "the temporal head on while its training loss fell to 0.500 (chance: 1.099): it "
-                                  "fits the training clips, not the task")
+    assert warnings[1].startswith(
+        "epoch 5: validation accuracy has stayed at chance (0.333) for 3 validations with "
+        "the temporal head on while its training loss fell to 0.500 (chance: 1.099): it "
+        "fits the training clips, not the task"
+    )
     assert "more training videos" in warnings[1] and "train.chunk_train_size, now 4" in warnings[1]
     # a head on features: its chunks are the ones the features were written with, not train.chunk_train_size
     on_features = _trainer_at(rows, overrides=["data.features_dir=feats"])
@@ -802,33 +929,45 @@ def test_a_head_that_fits_its_training_clips_at_chance_is_told_so_once_more(capl
 def test_a_transformer_head_at_chance_is_told_to_make_its_attention_directional_and_contrasted(caplog):
     rows = [{"epoch": e, "val_clip_acc": 0.5, "train_loss": loss} for e, loss in enumerate([0.7, 0.7, 0.69], 1)]
     for attention, told in (("bidirectional", True), ("directional", False)):
-        trainer = _trainer_at(rows, ("a", "b"), ["model.temporal_head=transformer",
-                                                 f"model.temporal_attention={attention}"])
+        trainer = _trainer_at(
+            rows, ("a", "b"), ["model.temporal_head=transformer", f"model.temporal_attention={attention}"]
+        )
         warnings = _head_warnings(caplog, trainer, [rows])
         assert len(warnings) == 1 and "trains too fast" in warnings[0]
         assert ("first set model.temporal_attention: directional (now bidirectional" in warnings[0]) == told
     # a transformer without its contrast is told to turn it on first, beside the attention when both are off
-    for changes, first in ((["model.temporal_contrast=false"], "first set model.temporal_contrast: true (now false"),
-                           (["model.temporal_contrast=false", "model.temporal_attention=bidirectional"],
-                            "first set model.temporal_attention: directional (now bidirectional) and "
-                            "model.temporal_contrast: true (now false) (docs/long-videos.md, Temporal context across "
-                            "chunks)")):
-        warnings = _head_warnings(caplog, _trainer_at(rows, ("a", "b"), ["model.temporal_head=transformer",
-                                                                         *changes]), [rows])
+    for changes, first in (
+        (["model.temporal_contrast=false"], "first set model.temporal_contrast: true (now false"),
+        (
+            ["model.temporal_contrast=false", "model.temporal_attention=bidirectional"],
+            "first set model.temporal_attention: directional (now bidirectional) and "
+            "model.temporal_contrast: true (now false) (docs/long-videos.md, Temporal context across "
+            "chunks)",
+        ),
+    ):
+        warnings = _head_warnings(
+            caplog, _trainer_at(rows, ("a", "b"), ["model.temporal_head=transformer", *changes]), [rows]
+        )
         assert len(warnings) == 1 and first in warnings[0]
-    attention_head = _head_warnings(caplog, _trainer_at(rows, ("a", "b"), ["model.temporal_head=attention",
-                                                                            "model.temporal_contrast=false"]), [rows])
+    attention_head = _head_warnings(
+        caplog,
+        _trainer_at(rows, ("a", "b"), ["model.temporal_head=attention", "model.temporal_contrast=false"]),
+        [rows],
+    )
     assert "temporal_contrast" not in attention_head[0]  # the transformer's only
 
 
 def test_chance_allows_for_the_luck_of_a_small_validation_set(caplog):
     """48 clips of 2 classes: two standard errors of a guess are 0.144, so 0.58 is chance and 0.66 is not; with
     4,800 clips the 0.05 floor holds (0.58 is learning)."""
+
     def history(acc, clips):
         return [{"epoch": e, "val_clip_acc": acc, "val_num_clips": clips, "train_loss": 0.69} for e in (1, 2, 3)]
-    said = {(acc, clips): bool(_head_warnings(caplog, _trainer_at(history(acc, clips), ("a", "b")),
-                                              [history(acc, clips)]))
-            for acc, clips in [(0.58, 48), (0.66, 48), (0.54, 4800), (0.58, 4800)]}
+
+    said = {
+        (acc, clips): bool(_head_warnings(caplog, _trainer_at(history(acc, clips), ("a", "b")), [history(acc, clips)]))
+        for acc, clips in [(0.58, 48), (0.66, 48), (0.54, 4800), (0.58, 4800)]
+    }
     assert said == {(0.58, 48): True, (0.66, 48): False, (0.54, 4800): True, (0.58, 4800): False}
 
 
@@ -837,13 +976,18 @@ def test_resuming_with_the_other_group_layout_says_which_setting_to_use(tmp_path
     (the head's own groups): one clear error naming the key, not torch's "different number of parameter groups"."""
     from artifacts.checkpoint import CHECKPOINT_FORMAT, CheckpointError, restore_training, save_checkpoint
     from engine.optim import build_optimizer
+
     model = head_model()
     one_rate = build_optimizer(model, load_config(None, ["train.temporal_lr_scale=1"]).train)
     path = str(tmp_path / "last.pt")
-    save_checkpoint({"format": CHECKPOINT_FORMAT, "model": model.state_dict(), "optimizer": one_rate.state_dict()},
-                    path)
+    save_checkpoint(
+        {"format": CHECKPOINT_FORMAT, "model": model.state_dict(), "optimizer": one_rate.state_dict()}, path
+    )
     own_rate = build_optimizer(model, load_config(None, []).train)
-    with pytest.raises(CheckpointError, match=r"last\.pt: its optimizer has 2 parameter groups, this config's has 4 "
-                                              r"\(.*\); resume with the checkpoint's setting, e\.g\. --set "
-                                              r"train\.temporal_lr_scale=1"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"last\.pt: its optimizer has 2 parameter groups, this config's has 4 "
+        r"\(.*\); resume with the checkpoint's setting, e\.g\. --set "
+        r"train\.temporal_lr_scale=1",
+    ):
         restore_training(path, model, own_rate, None, None)

@@ -1,5 +1,6 @@
 """Per-frame timelines, the tcn head, batches of whole videos' features, the planner's estimate of a run on them.
 The two-stage path itself (docs/timelines.md's commands, run as written) is tests/test_readme.py's."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -38,9 +39,11 @@ def test_every_frame_is_covered_and_each_row_is_a_distribution():
 
 def test_segments_of_frames_are_runs_in_frames_and_seconds_without_the_unannotated():
     segments = segments_of_frames(np.array([-1, 0, 0, 1, 1, 1, -1, 0]), fps=2.0, class_names=["a", "b"])
-    assert segments == [{"start": 1, "end": 3, "start_sec": 0.5, "end_sec": 1.5, "label": "a"},
-                        {"start": 3, "end": 6, "start_sec": 1.5, "end_sec": 3.0, "label": "b"},
-                        {"start": 7, "end": 8, "start_sec": 3.5, "end_sec": 4.0, "label": "a"}]
+    assert segments == [
+        {"start": 1, "end": 3, "start_sec": 0.5, "end_sec": 1.5, "label": "a"},
+        {"start": 3, "end": 6, "start_sec": 1.5, "end_sec": 3.0, "label": "b"},
+        {"start": 7, "end": 8, "start_sec": 3.5, "end_sec": 4.0, "label": "a"},
+    ]
 
 
 # ------------------------------------------------------------------------------------------- the tcn head
@@ -70,9 +73,18 @@ def test_tcn_padding_changes_nothing_in_the_real_chunks_and_its_loss_counts_ever
 
 
 def test_feature_batches_pad_with_a_mask_and_label_padding_minus_one():
-    samples = [{"features": torch.ones(n, 4), "windows": torch.ones(n, 2), "chunk_labels": torch.zeros(n).long(),
-                "frame_labels": torch.zeros(3 * n).long(), "label": 1, "video_index": i, "has_segments": i == 0}
-               for i, n in enumerate((2, 5))]
+    samples = [
+        {
+            "features": torch.ones(n, 4),
+            "windows": torch.ones(n, 2),
+            "chunk_labels": torch.zeros(n).long(),
+            "frame_labels": torch.zeros(3 * n).long(),
+            "label": 1,
+            "video_index": i,
+            "has_segments": i == 0,
+        }
+        for i, n in enumerate((2, 5))
+    ]
     batch = collate_features(samples)
     assert batch["features"].shape == (2, 5, 4) and batch["mask"].sum(dim=1).tolist() == [2, 5]
     assert batch["chunk_labels"][0].tolist() == [0, 0, -1, -1, -1]
@@ -85,6 +97,7 @@ def test_the_tcn_step_memory_the_planner_estimates_is_linear_in_video_length():
     the chunks, linearly (a transformer's attention would grow with their square)."""
     from config import load_config
     from planner.features import feature_training_estimate
+
     cfg = load_config("configs/timelines-head.yaml")
     short, long = (feature_training_estimate(cfg, 512, chunks, 1, 9) for chunks in (1000, 2000))
     assert long.parameters == short.parameters
@@ -96,6 +109,7 @@ def test_a_head_trained_alone_on_features_trains_at_train_lr():
     from config import load_config
     from engine.optim import build_optimizer
     from models import build_feature_head
+
     cfg = load_config("configs/timelines-head.yaml", ["train.lr=0.002", "train.temporal_lr_scale=0.3"])
     optimizer = build_optimizer(build_feature_head(cfg.model, 64, 9), cfg.train)
     assert [group["lr"] for group in optimizer.param_groups] == [0.002, 0.002]
@@ -107,24 +121,31 @@ def test_bad_features_directories_and_flags_say_what_to_do(tmp_path):
     from core.errors import ConfigError, UsageError
     from datasets.manifest import VideoRecord
     from engine.feature_data import FeaturesDataset, index_features
+
     with pytest.raises(ConfigError) as info:
         index_features(str(tmp_path))
-    assert str(info.value) == (f"data.features_dir={tmp_path}: no .npz features files there; write them with python "
-                               f"infer_chunked.py --checkpoint BACKBONE.pt --input MANIFEST --features {tmp_path}")
+    assert str(info.value) == (
+        f"data.features_dir={tmp_path}: no .npz features files there; write them with python "
+        f"infer_chunked.py --checkpoint BACKBONE.pt --input MANIFEST --features {tmp_path}"
+    )
     np.savez(tmp_path / "other.npz", x=np.zeros(3))
-    with pytest.raises(UsageError, match=f"^{tmp_path / 'other.npz'}: not a features file of this tool .*; write it "
-                                         f"with infer_chunked.py --features$"):
+    with pytest.raises(
+        UsageError,
+        match=f"^{tmp_path / 'other.npz'}: not a features file of this tool .*; write it "
+        f"with infer_chunked.py --features$",
+    ):
         index_features(str(tmp_path))
     record = VideoRecord({"video": str(tmp_path / "a.mp4")}, label="red", where="val.jsonl:1")
     with pytest.raises(ConfigError) as info:
         FeaturesDataset([record], {}, ["red"], "val", "feats")
-    assert str(info.value) == (f"data.features_dir=feats: no features file for 1 of the 1 val videos (first: "
-                               f"{tmp_path / 'a.mp4'}, val.jsonl:1); write them with: python infer_chunked.py "
-                               f"--checkpoint BACKBONE.pt --input <the val manifest> --features feats")
+    assert str(info.value) == (
+        f"data.features_dir=feats: no features file for 1 of the 1 val videos (first: "
+        f"{tmp_path / 'a.mp4'}, val.jsonl:1); write them with: python infer_chunked.py "
+        f"--checkpoint BACKBONE.pt --input <the val manifest> --features feats"
+    )
     with pytest.raises(UsageError) as info:
         infer_chunked.parse_args(["--plot", "pictures"])
     assert str(info.value) == "--plot pictures: plots a timeline; add --timeline"
     with pytest.raises(UsageError) as info:
         infer_chunked.parse_args(["--timeline", "--plot", "pictures", "--plot-row-minutes", "0"])
-    assert str(info.value) == ("--plot-row-minutes 0: give the minutes of video a row shows, more than 0 "
-                               "(default 5)")
+    assert str(info.value) == ("--plot-row-minutes 0: give the minutes of video a row shows, more than 0 (default 5)")

@@ -1,4 +1,5 @@
 """The training loop's memory and safety mechanics, on the CPU with small models."""
+
 import logging
 import os
 import signal
@@ -53,21 +54,45 @@ class NoBatchNorm(nn.Module):
 
 def samples(count: int) -> list[dict]:
     generator = torch.Generator().manual_seed(1)
-    return [{"video": torch.randint(0, 255, (3, 4, 8, 8), generator=generator, dtype=torch.uint8),
-             "label": i % 3, "skipped": ""} for i in range(count)]
+    return [
+        {
+            "video": torch.randint(0, 255, (3, 4, 8, 8), generator=generator, dtype=torch.uint8),
+            "label": i % 3,
+            "skipped": "",
+        }
+        for i in range(count)
+    ]
 
 
 def make_trainer(model, batch_size, accumulate, tmp_path, count=8, **cfg_changes):
-    cfg = load_config(None, [f"train.accumulate_grad_batches={accumulate}", f"data.batch_size={batch_size}",
-                             "train.weight_decay=0", *[f"{k}={v}" for k, v in cfg_changes.items()]])
+    cfg = load_config(
+        None,
+        [
+            f"train.accumulate_grad_batches={accumulate}",
+            f"data.batch_size={batch_size}",
+            "train.weight_decay=0",
+            *[f"{k}={v}" for k, v in cfg_changes.items()],
+        ],
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     runtime = Runtime(torch.device("cpu"), "32")
     os.makedirs(tmp_path / "checkpoints", exist_ok=True)
     prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
-    trainer = Trainer(ChunkedTrainingForward(model, prepare.normalize), optimizer, scheduler,
-                      runtime.grad_scaler(), prepare, runtime, cfg, RunDirectory(str(tmp_path)), ["a", "b", "c"],
-                      DataShape(3), nn.CrossEntropyLoss(), TrainState())
+    trainer = Trainer(
+        ChunkedTrainingForward(model, prepare.normalize),
+        optimizer,
+        scheduler,
+        runtime.grad_scaler(),
+        prepare,
+        runtime,
+        cfg,
+        RunDirectory(str(tmp_path)),
+        ["a", "b", "c"],
+        DataShape(3),
+        nn.CrossEntropyLoss(),
+        TrainState(),
+    )
     loader = DataLoader(samples(count), batch_size=batch_size, shuffle=False)
     return trainer, loader
 
@@ -118,10 +143,12 @@ def test_out_of_memory_at_one_clip_saves_and_gives_the_ordered_advice(tmp_path):
         loop.train_one_epoch(trainer, loader)
     message = str(info.value)
     # the back-off went 4 -> 2 -> 1 clips per forward, then chunks of 4 -> 2 -> 1 frames, before giving up
-    assert message.startswith(f"out of memory with 1 clip per forward pass in chunks of 1 frame (the model's "
-                              f"shortest); saved {tmp_path}/checkpoints/last.pt. To fit, in this order: 1) smaller "
-                              f"frames (data.img_size=[112, 112]), 2) model.grad_checkpointing: true (now false), "
-                              f"3) trainer.precision 16/bf16 (now 32), 4) a smaller model or preset")
+    assert message.startswith(
+        f"out of memory with 1 clip per forward pass in chunks of 1 frame (the model's "
+        f"shortest); saved {tmp_path}/checkpoints/last.pt. To fit, in this order: 1) smaller "
+        f"frames (data.img_size=[112, 112]), 2) model.grad_checkpointing: true (now false), "
+        f"3) trainer.precision 16/bf16 (now 32), 4) a smaller model or preset"
+    )
     saved = load_checkpoint(str(tmp_path / "checkpoints" / "last.pt"))
     assert saved["micro_splits"] == 4 and saved["chunk_train_size"] == 1
 
@@ -168,10 +195,12 @@ def test_leak_detector_fires_on_steady_growth_only():
     flat = memory_monitor.LeakDetector(epochs=3, tolerance_mb=50)
     messages, quiet = [], []
     for epoch in range(5):
-        messages.append(leaky.observe({"host_rss_mb": 800 + 40 * epoch, "workers_rss_mb": 300,
-                                       "num_workers_alive": 2}))
-        quiet.append(flat.observe({"host_rss_mb": 800 + (7 if epoch % 2 else -5), "workers_rss_mb": 300 + epoch,
-                                   "num_workers_alive": 2}))
+        messages.append(leaky.observe({"host_rss_mb": 800 + 40 * epoch, "workers_rss_mb": 300, "num_workers_alive": 2}))
+        quiet.append(
+            flat.observe(
+                {"host_rss_mb": 800 + (7 if epoch % 2 else -5), "workers_rss_mb": 300 + epoch, "num_workers_alive": 2}
+            )
+        )
     assert messages[:3] == [None, None, None] and "the main process (host RSS) grew 120 MB" in messages[3]
     assert "outputs or losses kept across steps" in messages[3]
     assert quiet == [None] * 5
@@ -182,11 +211,17 @@ def test_leak_detector_on_a_real_leaking_validation(synthetic_root, tmp_path, mo
     real_evaluate = loop.evaluate
 
     def leaking_evaluate(*args, **kwargs):
-        kept.append(torch.ones(40 * 2 ** 20 // 4))  # 40 MB kept per validation, like outputs kept with history
+        kept.append(torch.ones(40 * 2**20 // 4))  # 40 MB kept per validation, like outputs kept with history
         return real_evaluate(*args, **kwargs)
 
-    args = overrides(synthetic_root, tmp_path, "trainer.max_epochs=5", "trainer.leak_check_epochs=3",
-                     "trainer.leak_tolerance_mb=90", "data.num_workers=1")
+    args = overrides(
+        synthetic_root,
+        tmp_path,
+        "trainer.max_epochs=5",
+        "trainer.leak_check_epochs=3",
+        "trainer.leak_tolerance_mb=90",
+        "data.num_workers=1",
+    )
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         assert train.main(args) == 0
     assert "possible memory leak" not in caplog.text  # a clean run stays silent
@@ -214,43 +249,80 @@ for step in range(1, 10_000):
 @pytest.mark.parametrize("delay", [0.05, 0.2, 0.45])
 def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
     path = str(tmp_path / "last.pt")
-    process = subprocess.Popen([sys.executable, "-c", KILLER.format(path=path)], cwd=ROOT, stdout=subprocess.PIPE,
-                               text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", KILLER.format(path=path)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     assert process.stdout.readline().strip() == "first"
     time.sleep(delay)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     state = load_checkpoint(path)
     assert state["model"]["w"].shape == (8_000_000,)
-    torch.testing.assert_close(state["model"]["w"] - state["step"], state["model"]["w"][:1].expand(8_000_000)
-                               - state["step"], rtol=0, atol=10)  # a consistent state, not a torn one
+    torch.testing.assert_close(
+        state["model"]["w"] - state["step"], state["model"]["w"][:1].expand(8_000_000) - state["step"], rtol=0, atol=10
+    )  # a consistent state, not a torn one
 
 
-@pytest.mark.parametrize("chunks", [["model.norm=group"],
-                                    ["model.norm=group", "train.chunk_train_size=4", "train.chunk_train_overlap=1"],
-                                    ["model.norm=group", "train.chunk_train_size=4", "train.chunk_train_overlap=1",
-                                     "model.temporal_head=transformer", "model.temporal_width=16",
-                                     "model.temporal_dropout=0"],
-                                    ["model.norm=sync", "train.chunk_train_size=4", "train.chunk_train_overlap=1",
-                                     "train.precise_bn_batches=2"],
-                                    ["model.norm=group", "train.chunk_train_size=4", "train.chunk_train_overlap=1",
-                                     "train.ddp_sync=overlap", "train.accumulate_grad_batches=2",
-                                     "trainer.memory_budget_gb=2"]],
-                         ids=["whole-clips", "chunked-training", "temporal-head", "sync-batchnorm-precise-bn",
-                              "overlapped-all-reduce-accumulated"])
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        ["model.norm=group"],
+        ["model.norm=group", "train.chunk_train_size=4", "train.chunk_train_overlap=1"],
+        [
+            "model.norm=group",
+            "train.chunk_train_size=4",
+            "train.chunk_train_overlap=1",
+            "model.temporal_head=transformer",
+            "model.temporal_width=16",
+            "model.temporal_dropout=0",
+        ],
+        ["model.norm=sync", "train.chunk_train_size=4", "train.chunk_train_overlap=1", "train.precise_bn_batches=2"],
+        [
+            "model.norm=group",
+            "train.chunk_train_size=4",
+            "train.chunk_train_overlap=1",
+            "train.ddp_sync=overlap",
+            "train.accumulate_grad_batches=2",
+            "trainer.memory_budget_gb=2",
+        ],
+    ],
+    ids=[
+        "whole-clips",
+        "chunked-training",
+        "temporal-head",
+        "sync-batchnorm-precise-bn",
+        "overlapped-all-reduce-accumulated",
+    ],
+)
 def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
     # GroupNorm and SGD: the per-sample model and the linear optimizer make one process and two comparable
     # to float rounding (BatchNorm would see 2 clips per process instead of 4; SyncBatchNorm sees the 4, and
     # precise BN pools both ranks' batches: the 8 clips of one process's 2 batches). With chunked training, every
     # chunk is recomputed in backward, and the gradients are averaged once per step.
     common = ["trainer.max_epochs=1", "model.dropout=0", "train.optimizer=sgd", "train.lr=0.05", *chunks]
-    one = subprocess.run([sys.executable, "train.py", *overrides(synthetic_root, tmp_path / "one", *common,
-                                                                   "data.batch_size=4")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    one = subprocess.run(
+        [sys.executable, "train.py", *overrides(synthetic_root, tmp_path / "one", *common, "data.batch_size=4")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert one.returncode == 0, one.stderr
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          "train.py", *overrides(synthetic_root, tmp_path / "two", *common, "data.batch_size=2")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "train.py",
+            *overrides(synthetic_root, tmp_path / "two", *common, "data.batch_size=2"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     mode = "overlap" if "train.ddp_sync=overlap" in chunks else "agreed"
     assert f"2 processes, train.ddp_sync: {mode}" in two.stderr

@@ -26,8 +26,15 @@ def test_frames_are_exact_after_seeks_grabs_and_backward_jumps(barcode_videos, n
     reader = open_reader(path, decoder=decoder)
     assert reader.num_frames == n
     # far seeks (across GOPs), short gaps read through with grab(), backward jumps, repeats and disorder
-    requests = [[0, 1, 2], [300, 301, 310], [5, 7, 9], [399], [120, 240, 360, 250], list(range(200, 232, 2)),
-                [17, 17, 3]]
+    requests = [
+        [0, 1, 2],
+        [300, 301, 310],
+        [5, 7, 9],
+        [399],
+        [120, 240, 360, 250],
+        list(range(200, 232, 2)),
+        [17, 17, 3],
+    ]
     rng = np.random.default_rng(0)
     requests += [sorted(rng.choice(n, size=8, replace=False)) for _ in range(6)]
     for indices in requests:
@@ -58,12 +65,14 @@ def test_pyav_does_not_decode_the_non_reference_frames_before_a_clip(barcode_vid
     assert skipping.stats["grabbed"] <= 0.75 * 240, skipping.stats  # the B-frames nothing refers to: not decoded
 
 
-def test_pyav_falls_back_to_opencv_when_timestamps_do_not_number_frames(barcode_videos, monkeypatch, caplog,
-                                                                          tmp_path):
+def test_pyav_falls_back_to_opencv_when_timestamps_do_not_number_frames(barcode_videos, monkeypatch, caplog, tmp_path):
     path = str(shutil.copy(barcode_videos["h264_mkv"][0], tmp_path / "jump.mkv"))
     real_number = PyAVReader._frame_number
-    monkeypatch.setattr(PyAVReader, "_frame_number",  # timestamps that jump over frame 150
-                        lambda self, pts: real_number(self, pts) + (real_number(self, pts) >= 150))
+    monkeypatch.setattr(
+        PyAVReader,
+        "_frame_number",  # timestamps that jump over frame 150
+        lambda self, pts: real_number(self, pts) + (real_number(self, pts) >= 150),
+    )
     reader = PyAVReader(path)
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         frames = reader.read(range(140, 160))
@@ -71,8 +80,10 @@ def test_pyav_falls_back_to_opencv_when_timestamps_do_not_number_frames(barcode_
     assert [read_barcode(f) for f in frames] == list(range(140, 160))
     assert [read_barcode(f) for f in frames_again] == [300, 20]
     warnings = [r.getMessage() for r in caplog.records if "reading this file with OpenCV" in r.getMessage()]
-    assert warnings == [f"{path}: frame timestamps jump from frame 149 to 151; reading this file with OpenCV from "
-                        f"now on (exact, slower seeks)"]
+    assert warnings == [
+        f"{path}: frame timestamps jump from frame 149 to 151; reading this file with OpenCV from "
+        f"now on (exact, slower seeks)"
+    ]
 
 
 def write_with_dropped_frames(path: str, num_frames: int, dropped_at: int) -> str:
@@ -80,6 +91,7 @@ def write_with_dropped_frames(path: str, num_frames: int, dropped_at: int) -> st
     from fractions import Fraction
 
     import av
+
     with av.open(path, "w") as container:
         stream = container.add_stream("libx264", rate=25)
         stream.width, stream.height, stream.pix_fmt = WIDTH, HEIGHT, "yuv420p"
@@ -150,8 +162,9 @@ class LyingCapture:
         return getattr(self.cap, name)
 
 
-def test_an_inexact_seek_is_detected_once_and_reading_falls_back_to_sequential(barcode_videos, monkeypatch, caplog,
-                                                                              tmp_path):
+def test_an_inexact_seek_is_detected_once_and_reading_falls_back_to_sequential(
+    barcode_videos, monkeypatch, caplog, tmp_path
+):
     path = shutil.copy(barcode_videos["h264_bframes_mp4"][0], tmp_path / "lying.mp4")
     monkeypatch.setattr(capture, "open_capture", lambda p, threads: LyingCapture(p))
     reader = OpenCVReader(str(path))
@@ -192,12 +205,14 @@ def test_a_cut_file_is_indexed_at_its_whole_frames_and_reads_past_the_end_get_th
     path = write_with_opencv(str(tmp_path / "cut.avi"), 200, "MJPG")
     data = open(path, "rb").read()
     with open(path, "wb") as f:
-        f.write(data[:len(data) // 2])
+        f.write(data[: len(data) // 2])
     info = probe(path)
     sequential = decode_sequentially(path)  # OpenCV decodes the half frame too
     assert info.header_frames == 200 and info.num_frames == len(sequential) - 1
-    assert info.header_note() == (f"{path}: the header says 200 frames but the file holds {info.num_frames} (cut "
-                                  f"short, or a wrong duration in its header); using {info.num_frames}")
+    assert info.header_note() == (
+        f"{path}: the header says 200 frames but the file holds {info.num_frames} (cut "
+        f"short, or a wrong duration in its header); using {info.num_frames}"
+    )
     reader = open_reader(path, decoder=decoder)
     frames = reader.read([10, 150, 199, info.num_frames - 1])
     assert [read_barcode(f) for f in frames] == [10] + [info.num_frames - 1] * 3
@@ -212,7 +227,7 @@ def test_a_reader_told_a_longer_length_learns_the_real_end(tmp_path, caplog, dec
     whole = probe(path)
     data = open(path, "rb").read()
     with open(path, "wb") as f:
-        f.write(data[:int(len(data) * 0.6)])
+        f.write(data[: int(len(data) * 0.6)])
     reader = open_reader(path, decoder=decoder, info=whole)
     assert reader.num_frames == 200
     with caplog.at_level(logging.WARNING, logger="longvideo"):
@@ -240,9 +255,11 @@ def test_an_undecodable_codec_is_a_clear_error(av1_file):
     path = av1_file
     with pytest.raises(VideoReadError) as info:
         probe(path)
-    assert str(info.value) == (f"{path}: OpenCV opens this file but cannot decode its 'AV01' video (its FFmpeg "
-                               f"build lacks a decoder); re-encode it, e.g. ffmpeg -i in.mkv -c:v libx264 "
-                               f"-pix_fmt yuv420p out.mp4, or set data.decoder: pyav if PyAV decodes it")
+    assert str(info.value) == (
+        f"{path}: OpenCV opens this file but cannot decode its 'AV01' video (its FFmpeg "
+        f"build lacks a decoder); re-encode it, e.g. ffmpeg -i in.mkv -c:v libx264 "
+        f"-pix_fmt yuv420p out.mp4, or set data.decoder: pyav if PyAV decodes it"
+    )
 
 
 def test_the_pyav_decoder_reads_a_codec_only_pyav_decodes(av1_file, tmp_path):
@@ -262,6 +279,7 @@ def test_the_pyav_decoder_reads_a_codec_only_pyav_decodes(av1_file, tmp_path):
 def test_both_decoders_give_the_same_pixels_on_10_bit_video(tmp_path, codec):
     """They differed by up to 23 (mean 0.9) on 10-bit H.264: PyAV converted straight to RGB, bilinearly."""
     import av
+
     path = str(tmp_path / "ten.mp4")
     with av.open(path, "w") as container:
         stream = container.add_stream(codec, rate=25)
@@ -272,18 +290,20 @@ def test_both_decoders_give_the_same_pixels_on_10_bit_video(tmp_path, codec):
             image = np.zeros((96, 160, 3), np.uint8)
             image[..., 0] = np.arange(160)[None, :]
             image[..., 1] = np.arange(96)[:, None] * 2
-            image[30:60, i * 4:i * 4 + 30] = [250, 20, 180]  # sharp colour edges: where chroma filters differ
+            image[30:60, i * 4 : i * 4 + 30] = [250, 20, 180]  # sharp colour edges: where chroma filters differ
             for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
     for size in (None, (64, 80)):
-        np.testing.assert_array_equal(OpenCVReader(path, size).read([0, 13, 29]),
-                                      PyAVReader(path, size).read([0, 13, 29]))
+        np.testing.assert_array_equal(
+            OpenCVReader(path, size).read([0, 13, 29]), PyAVReader(path, size).read([0, 13, 29])
+        )
 
 
-SHARED_CLIP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data",
-                           "nasa_13013.mp4")
+SHARED_CLIP = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "nasa_13013.mp4"
+)
 
 
 @pytest.mark.skipif(not os.path.exists(SHARED_CLIP), reason="../shared/data/nasa_13013.mp4 is not there")
@@ -300,31 +320,45 @@ def test_a_file_with_two_video_streams_is_read_from_its_first_by_both_decoders(d
         np.testing.assert_array_equal(got, sequential[index])
     from datasets.manifest import VideoRecord
     from datasets.video_dataset import VideoWindowDataset
+
     with caplog.at_level(logging.WARNING, logger="longvideo"):
-        VideoWindowDataset([VideoRecord({"video": SHARED_CLIP}, label="a", where="m.jsonl:1")], ["a"],
-                           dataclasses.replace(data_cfg_for_streams(), decoder=decoder), training=False)
+        VideoWindowDataset(
+            [VideoRecord({"video": SHARED_CLIP}, label="a", where="m.jsonl:1")],
+            ["a"],
+            dataclasses.replace(data_cfg_for_streams(), decoder=decoder),
+            training=False,
+        )
     [note] = [r.getMessage() for r in caplog.records if "video streams" in r.getMessage()]
-    assert note == (f"{SHARED_CLIP}: 2 video streams (#0 320x180 (325 frames), #1 480x270 (390 frames)); both "
-                    f"decoders read #0, the first (OpenCV's FFmpeg backend reads no other); FFmpeg's tools would "
-                    f"pick #1, the largest: extract it with ffmpeg -i in.mp4 -map 0:v:1 -c copy out.mp4")
+    assert note == (
+        f"{SHARED_CLIP}: 2 video streams (#0 320x180 (325 frames), #1 480x270 (390 frames)); both "
+        f"decoders read #0, the first (OpenCV's FFmpeg backend reads no other); FFmpeg's tools would "
+        f"pick #1, the largest: extract it with ffmpeg -i in.mp4 -map 0:v:1 -c copy out.mp4"
+    )
 
 
 def data_cfg_for_streams() -> dict:
     from config import load_config
+
     return load_config(None, ["data.img_size=64", "data.num_frames=8"]).data
 
 
 def test_missing_empty_and_non_video_files(tmp_path):
-    with pytest.raises(VideoReadError, match=r"missing\.mp4: file not found; check the path in the manifest "
-                                             r"\(relative paths are resolved against the manifest's folder\)$"):
+    with pytest.raises(
+        VideoReadError,
+        match=r"missing\.mp4: file not found; check the path in the manifest "
+        r"\(relative paths are resolved against the manifest's folder\)$",
+    ):
         probe(str(tmp_path / "missing.mp4"))
     (tmp_path / "empty.mp4").write_bytes(b"")
     with pytest.raises(VideoReadError, match=r"empty\.mp4: empty file \(0 bytes\)$"):
         probe(str(tmp_path / "empty.mp4"))
     (tmp_path / "notes.mp4").write_text("this is not a video\n" * 50)
-    with pytest.raises(VideoReadError, match=r"notes\.mp4: OpenCV cannot open this file as a video .*; check it "
-                                             r"with ffprobe, re-encode it, e.g. ffmpeg .*, or remove it from the "
-                                             r"manifest$"):
+    with pytest.raises(
+        VideoReadError,
+        match=r"notes\.mp4: OpenCV cannot open this file as a video .*; check it "
+        r"with ffprobe, re-encode it, e.g. ffmpeg .*, or remove it from the "
+        r"manifest$",
+    ):
         probe(str(tmp_path / "notes.mp4"))
 
 
@@ -353,8 +387,10 @@ def test_a_file_removed_after_indexing_is_a_clear_error(barcode_videos, tmp_path
     assert str(info.value).startswith(f"{path}: {name} can no longer open this file (moved or truncated?)")
 
 
-@pytest.mark.parametrize("codec, ext, random_choice", [("h264", "mp4", "pyav"), ("hevc", "mp4", "pyav"),
-                                                        ("vp9", "webm", "pyav"), ("mpeg4", "avi", "pyav")])
+@pytest.mark.parametrize(
+    "codec, ext, random_choice",
+    [("h264", "mp4", "pyav"), ("hevc", "mp4", "pyav"), ("vp9", "webm", "pyav"), ("mpeg4", "avi", "pyav")],
+)
 def test_auto_picks_the_measured_decoder_for_each_access_pattern(tmp_path, codec, ext, random_choice):
     """data.decoder: auto (the default): PyAV for random clips where bench/loader.py measured it faster, OpenCV
     for every sequential pass; the frames are the same either way."""
@@ -362,6 +398,7 @@ def test_auto_picks_the_measured_decoder_for_each_access_pattern(tmp_path, codec
     from datasets.video.choice import choose_decoder
     from datasets.video.pyav_reader import PyAVReader
     from datasets.video_files import write_h264
+
     assert load_config(None, []).data.decoder == "auto"
     path = write_h264(str(tmp_path / f"v.{ext}"), 40, 160, 96, codec=codec)
     info = probe(path, "auto")
@@ -380,6 +417,7 @@ def test_auto_picks_the_measured_decoder_for_each_access_pattern(tmp_path, codec
 def test_auto_reads_a_codec_only_pyav_decodes_with_pyav():
     from datasets.video.choice import choose_decoder
     from datasets.video.info import VideoInfo
+
     only_pyav = VideoInfo("a.mkv", 10, 25.0, 64, 64, "av01", opencv_decodes=False)
     assert choose_decoder("auto", only_pyav, "sequential") == "pyav" == choose_decoder("auto", only_pyav, "random")
 
@@ -389,12 +427,13 @@ def test_pyav_reads_an_avi_with_b_frames_exactly_by_seeking_earlier(tmp_path):
     before it, so a seek to frame i can land on the keyframe after i. The reader seeks again from earlier (it
     used to give the file up to OpenCV, whose seek goes a whole 12-frame GOP back before every clip)."""
     from datasets.video_files import write_h264
+
     path = write_h264(str(tmp_path / "b_frames.avi"), 120, 160, 96, codec="mpeg4")  # GOP 12, 2 B-frames
     sequential = decode_sequentially(path)
     reader = open_reader(path, decoder="pyav")
     order = np.random.default_rng(0).permutation(120)
     for start in range(0, 120, 8):
-        indices = sorted(order[start:start + 8])
+        indices = sorted(order[start : start + 8])
         for got, index in zip(reader.read(indices), indices):
             np.testing.assert_array_equal(got, sequential[index])
     assert path not in pyav_reader._PYAV_UNRELIABLE  # read by PyAV throughout, no fall-back
@@ -414,6 +453,7 @@ def test_pyav_tries_every_seek_margin_before_giving_a_file_up(barcode_videos, mo
 
     def until(self, index, dst):  # lands "after" the frame until seeked from the last margin
         return real_until(self, index, dst) if margins[-1] == pyav_reader.SEEK_MARGINS[-1] else None
+
     monkeypatch.setattr(PyAVReader, "_seek", seek)
     monkeypatch.setattr(PyAVReader, "_decode_until", until)
     frame = reader.read([200])

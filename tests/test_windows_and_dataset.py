@@ -62,16 +62,27 @@ def long_video(tmp_path_factory):
 
 
 def data_cfg(**changes):
-    cfg = load_config(None, ["data.num_workers=0", "data.load_kpt=true"] +
-                      [f"data.{k}={json.dumps(v)}" for k, v in changes.items()])
+    cfg = load_config(
+        None, ["data.num_workers=0", "data.load_kpt=true"] + [f"data.{k}={json.dumps(v)}" for k, v in changes.items()]
+    )
     return cfg.data
 
 
 def test_timeline_is_clipped_to_each_window_and_keypoints_align(long_video, caplog):
-    manifest = write_manifest(long_video / "m.jsonl", [{
-        "video": "long.avi", "keypoints": "kpt",
-        "segments": [{"start": 0, "end": 60, "label": "a"}, {"start": 60, "end": 180, "label": "b"},
-                     {"start_sec": 7.2, "end_sec": 10.0, "label": "c"}]}])
+    manifest = write_manifest(
+        long_video / "m.jsonl",
+        [
+            {
+                "video": "long.avi",
+                "keypoints": "kpt",
+                "segments": [
+                    {"start": 0, "end": 60, "label": "a"},
+                    {"start": 60, "end": 180, "label": "b"},
+                    {"start_sec": 7.2, "end_sec": 10.0, "label": "c"},
+                ],
+            }
+        ],
+    )
     cfg = data_cfg(max_video_frames=100, video_chunk_overlap=20, num_frames=-1, img_size=[48, 120])
     with caplog.at_level(logging.INFO, logger="longvideo"):
         dataset = VideoWindowDataset(read_manifest(manifest), ["a", "b", "c"], cfg, training=False)
@@ -102,8 +113,10 @@ def test_bad_manifest_lines_name_the_file_and_line(tmp_path):
         ('{"video": "a.mp4"', "not valid JSON"),
         ('{"label": "x"}', "give exactly one of 'video' (one file) or 'views' ({name: file})"),
         ('{"video": "a.mp4"}', "missing 'label' (or 'segments')"),
-        ('{"video": "a.mp4", "segments": [{"start": 10, "end": 5, "label": "x"}]}',
-         "segments[0]: needs 0 <= start < end, got 10, 5"),
+        (
+            '{"video": "a.mp4", "segments": [{"start": 10, "end": 5, "label": "x"}]}',
+            "segments[0]: needs 0 <= start < end, got 10, 5",
+        ),
         ('{"video": 3, "label": "x"}', "'video' must be a path (a non-empty string), got 3"),
     ]
     for text, expected in cases:
@@ -116,14 +129,17 @@ def test_bad_manifest_lines_name_the_file_and_line(tmp_path):
 def test_bad_videos_raise_with_the_manifest_line_or_are_skipped(tmp_path, long_video, caplog):
     (tmp_path / "empty.mp4").write_bytes(b"")
     good = str(long_video / "long.avi")
-    manifest = write_manifest(tmp_path / "m.jsonl", [{"video": good, "label": "a"}, {"video": "empty.mp4", "label": "a"},
-                                                     {"video": "gone.mp4", "label": "a"}])
+    manifest = write_manifest(
+        tmp_path / "m.jsonl",
+        [{"video": good, "label": "a"}, {"video": "empty.mp4", "label": "a"}, {"video": "gone.mp4", "label": "a"}],
+    )
     with pytest.raises(VideoReadError) as info:
         VideoWindowDataset(read_manifest(manifest), ["a"], data_cfg(load_kpt=False), training=False)
     assert str(info.value) == f"{tmp_path}/empty.mp4: empty file (0 bytes) (sample at {manifest}:2)"
     with caplog.at_level(logging.WARNING, logger="longvideo"):
-        dataset = VideoWindowDataset(read_manifest(manifest), ["a"], data_cfg(load_kpt=False, on_bad_video="skip"),
-                                     training=False)
+        dataset = VideoWindowDataset(
+            read_manifest(manifest), ["a"], data_cfg(load_kpt=False, on_bad_video="skip"), training=False
+        )
     # files, not manifest lines, each with its reason and line
     assert len(dataset) == 1 and sorted(dataset.skipped) == [f"{tmp_path}/empty.mp4", f"{tmp_path}/gone.mp4"]
     assert dataset.skipped[f"{tmp_path}/gone.mp4"].endswith(f"(sample at {manifest}:3)")
@@ -131,9 +147,18 @@ def test_bad_videos_raise_with_the_manifest_line_or_are_skipped(tmp_path, long_v
 
 
 def test_segments_outside_the_video_and_unknown_labels(long_video):
-    manifest = write_manifest(long_video / "m.jsonl", [{"video": "long.avi", "segments": [
-        {"start": 0, "end": 100, "label": "a"}, {"start": 300, "end": 400, "label": "a"}]}])
-    with pytest.raises(ManifestError, match=r"m\.jsonl:1: segment \[300, 400\) 'a' starts after the video's 250 frames"):
+    manifest = write_manifest(
+        long_video / "m.jsonl",
+        [
+            {
+                "video": "long.avi",
+                "segments": [{"start": 0, "end": 100, "label": "a"}, {"start": 300, "end": 400, "label": "a"}],
+            }
+        ],
+    )
+    with pytest.raises(
+        ManifestError, match=r"m\.jsonl:1: segment \[300, 400\) 'a' starts after the video's 250 frames"
+    ):
         VideoWindowDataset(read_manifest(manifest), ["a"], data_cfg(load_kpt=False), training=False)
     manifest = write_manifest(long_video / "n.jsonl", [{"video": "long.avi", "label": "zebra"}])
     with pytest.raises(ManifestError, match=r"n\.jsonl:1: label 'zebra' is not a known class \(a\)"):
@@ -186,14 +211,17 @@ def test_windows_past_the_real_end_of_a_short_video_shrink_or_fail_clearly(tmp_p
     dataset = VideoWindowDataset(read_manifest(manifest), ["a"], cfg, training=False)
     assert [(w.start, w.end) for w in dataset.windows] == [(0, 80), (80, 160), (160, 200)]
     with open(path, "wb") as f:
-        f.write(data[:len(data) // 2])  # cut after indexing: the header still says 200 frames
+        f.write(data[: len(data) // 2])  # cut after indexing: the header still says 200 frames
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         second = dataset[1]
     real = int(second["frame_indices"][-1]) + 1
     assert 80 < real < 160 and second["video"].shape[1] == real - 80  # shrunk to the frames that exist
     assert "decoding ends at frame" in caplog.text and "cut.avi" in caplog.text
-    with pytest.raises(VideoReadError, match=r"cut\.avi: the video ends at frame \d+, before this sample window "
-                                             r"\[160, 200\) \(sample at .*m\.jsonl:1\)"):
+    with pytest.raises(
+        VideoReadError,
+        match=r"cut\.avi: the video ends at frame \d+, before this sample window "
+        r"\[160, 200\) \(sample at .*m\.jsonl:1\)",
+    ):
         dataset[2]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="longvideo"):  # indexed now: its whole frames, said once
@@ -204,18 +232,23 @@ def test_windows_past_the_real_end_of_a_short_video_shrink_or_fail_clearly(tmp_p
 
 
 def test_a_sample_that_fails_while_loading_is_replaced_when_skipping(tmp_path, long_video, monkeypatch):
-    manifest = write_manifest(tmp_path / "m.jsonl", [{"video": str(long_video / "long.avi"), "label": "a"},
-                                                     {"video": str(long_video / "long.avi"), "label": "b"}])
-    dataset = VideoWindowDataset(read_manifest(manifest), ["a", "b"], data_cfg(load_kpt=False, on_bad_video="skip"),
-                                 training=False)
+    manifest = write_manifest(
+        tmp_path / "m.jsonl",
+        [{"video": str(long_video / "long.avi"), "label": "a"}, {"video": str(long_video / "long.avi"), "label": "b"}],
+    )
+    dataset = VideoWindowDataset(
+        read_manifest(manifest), ["a", "b"], data_cfg(load_kpt=False, on_bad_video="skip"), training=False
+    )
     real_load = dataset._load
 
     def flaky(index):
         if index == 0:
             raise VideoReadError("long.avi: decoding failed half-way")
         return real_load(index)
+
     monkeypatch.setattr(dataset, "_load", flaky)
     sample = dataset[0]
     # the file and its reason, for the main process to report once per run
-    assert sample["label"] == 1 and sample["skipped"] == {str(long_video / "long.avi"): f"long.avi: decoding failed "
-                                                                                f"half-way (sample at {manifest}:1)"}
+    assert sample["label"] == 1 and sample["skipped"] == {
+        str(long_video / "long.avi"): f"long.avi: decoding failed half-way (sample at {manifest}:1)"
+    }

@@ -1,5 +1,6 @@
 """Bad videos and DataLoader workers: one line for a worker's error or a truncated file, workers forked after the
 main process read, skipped files reported once per run (datasets/workers.py, datasets/bad_input.py)."""
+
 import json
 import os
 import shutil
@@ -20,8 +21,14 @@ def test_an_error_in_a_dataloader_worker_is_the_same_one_line(synthetic_root, tm
     for folder in (data / "keypoints").iterdir():  # every clip loses its keypoint frames after frame 3
         for name in sorted(os.listdir(folder))[4:] if folder.is_dir() else []:
             os.unlink(folder / name)
-    result = run_python(["train.py", *overrides(str(data), tmp_path / "runs", "data.load_kpt=true",
-                                         "model.input_type=rgb_kpt", "data.num_workers=2")])
+    result = run_python(
+        [
+            "train.py",
+            *overrides(
+                str(data), tmp_path / "runs", "data.load_kpt=true", "model.input_type=rgb_kpt", "data.num_workers=2"
+            ),
+        ]
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and "Caught" not in result.stderr
     [line] = error_lines(result.stderr)
@@ -33,8 +40,20 @@ def test_a_truncated_mp4_gives_one_line_without_ffmpeg_noise(synthetic_root, tmp
     (tmp_path / "cut.mp4").write_bytes(open(video, "rb").read()[:2000])  # the moov atom is gone
     (tmp_path / "train.jsonl").write_text(json.dumps({"video": "cut.mp4", "label": "up"}) + "\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENCV_")}
-    result = run_python(["train.py", "--config", BASE_CONFIG, "--set", f"data.data_dir={tmp_path}", "--set",
-                  "data.val_manifest=null", "--set", f"trainer.output_dir={tmp_path / 'runs'}"], env=env)
+    result = run_python(
+        [
+            "train.py",
+            "--config",
+            BASE_CONFIG,
+            "--set",
+            f"data.data_dir={tmp_path}",
+            "--set",
+            "data.val_manifest=null",
+            "--set",
+            f"trainer.output_dir={tmp_path / 'runs'}",
+        ],
+        env=env,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == error_lines(result.stderr)  # nothing but the one line
     assert "cut.mp4: OpenCV cannot open this file as a video" in result.stderr
@@ -73,19 +92,32 @@ def test_workers_forked_after_the_main_process_read_get_the_same_frames_and_do_n
 
 def test_skipped_files_and_data_warnings_are_reported_once_per_run(synthetic_root, tmp_path):
     from conftest import write_with_pyav
+
     data = tmp_path / "data"
     shutil.copytree(synthetic_root, data)
     # H.264 with B-frames whose header lists 200 frames, cut inside its last group of B-frames: the index counts
     # 190 whole packets, decoding ends at 189 (found by a worker)
     cut = write_with_pyav(str(data / "cut.mp4"), 200, "libx264", gop=50, container_options={"movflags": "faststart"})
     content = open(cut, "rb").read()
-    open(cut, "wb").write(content[:int(len(content) * 0.97)])
+    open(cut, "wb").write(content[: int(len(content) * 0.97)])
     lines = (data / "train.jsonl").read_text().splitlines()[:8]
     lines += [json.dumps({"video": "cut.mp4", "label": "up"}), json.dumps({"video": "missing.mp4", "label": "up"})]
     (data / "train.jsonl").write_text("\n".join(lines) + "\n")
-    result = run_python(["train.py", *overrides(str(data), tmp_path / "runs", "data.on_bad_video=skip",
-                                         "data.num_workers=2", "data.max_video_frames=40", "data.num_frames=-1",
-                                         "data.frame_stride=1", "data.batch_size=1")])
+    result = run_python(
+        [
+            "train.py",
+            *overrides(
+                str(data),
+                tmp_path / "runs",
+                "data.on_bad_video=skip",
+                "data.num_workers=2",
+                "data.max_video_frames=40",
+                "data.num_frames=-1",
+                "data.frame_stride=1",
+                "data.batch_size=1",
+            ),
+        ]
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     log = result.stdout + result.stderr
     assert log.count("cut.mp4: the header says 200 frames but the file holds 190") == 1  # at indexing
@@ -93,8 +125,10 @@ def test_skipped_files_and_data_warnings_are_reported_once_per_run(synthetic_roo
     for epoch in (1, 2):  # worker and epoch
         [line] = [t for t in log.splitlines() if t.startswith(f"epoch {epoch}: ") and "skipped" in t]
         # rejected while indexing
-        assert line == f"epoch {epoch}: 1 file(s) skipped: {data / 'missing.mp4'} ({data / 'missing.mp4'}: file not " \
-                       f"found; check the path in the manifest (relative paths are resolved against the manifest's " \
-                       f"folder) (sample at {data / 'train.jsonl'}:10))"
+        assert (
+            line == f"epoch {epoch}: 1 file(s) skipped: {data / 'missing.mp4'} ({data / 'missing.mp4'}: file not "
+            f"found; check the path in the manifest (relative paths are resolved against the manifest's "
+            f"folder) (sample at {data / 'train.jsonl'}:10))"
+        )
     [summary] = [t for t in log.splitlines() if t.startswith("run: ")]
     assert summary.startswith("run: 1 file(s) skipped (data.on_bad_video: skip): ")

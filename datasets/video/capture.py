@@ -1,4 +1,5 @@
 """OpenCV's capture of a file, opened one way for every path of the project."""
+
 from __future__ import annotations
 
 import importlib.util

@@ -1,5 +1,6 @@
 """``data.decoder``: which exact decoder reads a file (``auto`` picks by codec and access pattern), and the reader
 that does."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -13,8 +14,13 @@ from datasets.video.pyav_reader import PyAVReader
 
 DECODERS = ("opencv", "pyav")  # the two exact decoders; data.decoder may also say auto (choose_decoder)
 # Codec families by the FourCC OpenCV reports (the probe's VideoInfo.codec)
-_CODEC_FAMILIES = {"h264": ("h264", "avc1", "avc3", "x264", "davc"), "hevc": ("hevc", "hev1", "hvc1", "h265"),
-                   "mpeg4": ("fmp4", "xvid", "divx", "dx50", "mp4v"), "vp9": ("vp90", "vp09"), "vp8": ("vp80",)}
+_CODEC_FAMILIES = {
+    "h264": ("h264", "avc1", "avc3", "x264", "davc"),
+    "hevc": ("hevc", "hev1", "hvc1", "h265"),
+    "mpeg4": ("fmp4", "xvid", "divx", "dx50", "mp4v"),
+    "vp9": ("vp90", "vp09"),
+    "vp8": ("vp80",),
+}
 # data.decoder: auto, from bench/loader.py --part codecs (2-core CPU, one decoder thread, 2026-11-22; pyav's
 # frames/s over opencv's, random 16-frame clips / 64-frame windows): random reads go to PyAV, whose seek to the
 # right keyframe and skipped non-reference frames win on H.264 (360p 1.59x / 1.30x, 720p 1.51x / 1.48x), H.265
@@ -40,9 +46,15 @@ def choose_decoder(decoder: str, info: VideoInfo, access: str = "random") -> str
     return choice if choice == "opencv" or importlib.util.find_spec("av") is not None else "opencv"
 
 
-def open_reader(path: str, size: Sequence[int] | None = None, threads: int | None = None,
-                info: VideoInfo | None = None, decoder: str = "opencv", access: str = "random",
-                autorotate: bool = True) -> FrameReader:
+def open_reader(
+    path: str,
+    size: Sequence[int] | None = None,
+    threads: int | None = None,
+    info: VideoInfo | None = None,
+    decoder: str = "opencv",
+    access: str = "random",
+    autorotate: bool = True,
+) -> FrameReader:
     """The reader of ``data.decoder``: ``opencv`` (OpenCVReader), ``pyav`` (PyAVReader), or ``auto`` (the faster
     of the two for the file's codec and ``access``: random clips or a sequential pass). Either gives the same
     pixels, turned as displayed unless ``autorotate`` is False (data.autorotate)."""
@@ -51,5 +63,6 @@ def open_reader(path: str, size: Sequence[int] | None = None, threads: int | Non
     if decoder == "auto":
         info = info or probe(path, "auto")
         decoder = choose_decoder(decoder, info, access)
-    return (PyAVReader if decoder == "pyav" else OpenCVReader)(path, size, threads=threads, info=info,
-                                                               autorotate=autorotate)
+    return (PyAVReader if decoder == "pyav" else OpenCVReader)(
+        path, size, threads=threads, info=info, autorotate=autorotate
+    )

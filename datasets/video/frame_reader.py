@@ -1,6 +1,7 @@
 """What both exact decoders share (``FrameReader``): the read of chosen frames into one array, a decoded frame
 stored as displayed at the reader's size (so both give the same pixels), and a file found shorter than its header
 says. The decoders: ``opencv_reader.OpenCVReader`` and ``pyav_reader.PyAVReader``."""
+
 from __future__ import annotations
 
 import logging
@@ -25,8 +26,15 @@ class FrameReader:
 
     decoder = ""
 
-    def __init__(self, path: str, size: Sequence[int] | None = None, threads: int | None = None,
-                 info: VideoInfo | None = None, seek_threshold: int = 48, autorotate: bool = True):
+    def __init__(
+        self,
+        path: str,
+        size: Sequence[int] | None = None,
+        threads: int | None = None,
+        info: VideoInfo | None = None,
+        seek_threshold: int = 48,
+        autorotate: bool = True,
+    ):
         """size: (height, width) of the returned frames, None = as displayed (as stored with autorotate False).
         threads: FFmpeg decoder threads (None = the library's choice; 1 inside DataLoader workers). seek_threshold:
         read through gaps up to this many frames rather than seek (a seek decodes from the previous keyframe).
@@ -120,9 +128,16 @@ class FrameReader:
         self.num_frames = length
         if self.path not in _SHORT_FILES:
             _SHORT_FILES[self.path] = length
-            log.warning("%s: the file says %d frames but decoding ends at frame %d (damaged or cut short); the "
-                        "windows past frame %d shrink", self.path, self.info.num_frames, length, length)
+            log.warning(
+                "%s: the file says %d frames but decoding ends at frame %d (damaged or cut short); the "
+                "windows past frame %d shrink",
+                self.path,
+                self.info.num_frames,
+                length,
+                length,
+            )
         return False
+
 
 def resize_frame(frame: np.ndarray, height: int, width: int) -> np.ndarray:
     """Downscale by exact 2x box filters (INTER_AREA's fast path), then bilinear for the last < 2x step.

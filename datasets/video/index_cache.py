@@ -1,4 +1,5 @@
 """Video metadata cached across runs (``data.index_cache``)."""
+
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ from datasets.video import probe as probing
 from datasets.video.info import VideoInfo
 
 log = logging.getLogger("longvideo." + __name__)  # printed through the project logger
+
 
 class VideoIndexCache:
     """Video metadata per file, keyed by path, size and mtime, in a JSON file written atomically.

@@ -1,4 +1,5 @@
 """What is known of a video file before reading it (``VideoInfo``), and the errors a read can end in."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -39,17 +40,25 @@ class VideoInfo:
 
     def frame_size(self, autorotate: bool = True) -> tuple[int, int]:
         """(height, width) of the frames read with ``data.autorotate``: as displayed, or as stored."""
-        return (self.height, self.width) if autorotate else Orientation.named(self.orientation).stored(
-            (self.height, self.width))
+        return (
+            (self.height, self.width)
+            if autorotate
+            else Orientation.named(self.orientation).stored((self.height, self.width))
+        )
 
     def header_note(self) -> str | None:
         """The warning for a header whose frame count is wrong, or None."""
         if abs(self.header_frames - self.num_frames) <= 1:  # a duration rounded to a frame: not worth a line
             return None
-        which = ("cut short, or a wrong duration in its header" if self.header_frames > self.num_frames
-                 else "a wrong duration in its header")
-        return (f"{self.path}: the header says {self.header_frames} frames but the file holds {self.num_frames} "
-                f"({which}); using {self.num_frames}")
+        which = (
+            "cut short, or a wrong duration in its header"
+            if self.header_frames > self.num_frames
+            else "a wrong duration in its header"
+        )
+        return (
+            f"{self.path}: the header says {self.header_frames} frames but the file holds {self.num_frames} "
+            f"({which}); using {self.num_frames}"
+        )
 
 
 def several_streams_note(info: VideoInfo) -> str | None:
@@ -59,6 +68,13 @@ def several_streams_note(info: VideoInfo) -> str | None:
         return None
     largest = max(range(len(streams)), key=lambda i: streams[i][0] * streams[i][1])
     listed = ", ".join(f"#{i} {w}x{h} ({n} frames)" for i, (w, h, n) in enumerate(streams))
-    return (f"{info.path}: {len(streams)} video streams ({listed}); both decoders read #0, the first (OpenCV's FFmpeg "
-            f"backend reads no other)" + (f"; FFmpeg's tools would pick #{largest}, the largest: extract it with "
-                                          f"ffmpeg -i in.mp4 -map 0:v:{largest} -c copy out.mp4" if largest else ""))
+    return (
+        f"{info.path}: {len(streams)} video streams ({listed}); both decoders read #0, the first (OpenCV's FFmpeg "
+        f"backend reads no other)"
+        + (
+            f"; FFmpeg's tools would pick #{largest}, the largest: extract it with "
+            f"ffmpeg -i in.mp4 -map 0:v:{largest} -c copy out.mp4"
+            if largest
+            else ""
+        )
+    )

@@ -8,6 +8,7 @@ every seek the reader compares the timestamp of the frame it got with the one ex
 it decodes the same frame sequentially once to decide. If the seek was wrong the file is read
 sequentially from then on (logged once): never a wrong frame in silence.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,9 +38,11 @@ class OpenCVReader(FrameReader):
         self._bgr: np.ndarray | None = None  # decode buffer, reused frame after frame
         if not self.info.regular_timestamps and self.path not in _INEXACT_SEEK_FILES:
             _INEXACT_SEEK_FILES.add(self.path)
-            log.warning("%s: its timestamps skip frames or vary (dropped frames, variable frame rate), so a seek "
-                        "would not find frame i of a sequential decode; reading it sequentially (slower, but exact)",
-                        self.path)
+            log.warning(
+                "%s: its timestamps skip frames or vary (dropped frames, variable frame rate), so a seek "
+                "would not find frame i of a sequential decode; reading it sequentially (slower, but exact)",
+                self.path,
+            )
 
     def close(self) -> None:
         if self._cap is not None:
@@ -106,9 +109,13 @@ class OpenCVReader(FrameReader):
             self._timestamp_offset_ms = got_ms - index * frame_ms
             return True
         _INEXACT_SEEK_FILES.add(self.path)
-        log.warning("%s: OpenCV's seek is not frame-exact for this file (asked for frame %d, timestamps say "
-                    "%.1f); reading it sequentially from now on (slower, but exact)", self.path, index,
-                    got_ms / frame_ms)
+        log.warning(
+            "%s: OpenCV's seek is not frame-exact for this file (asked for frame %d, timestamps say "
+            "%.1f); reading it sequentially from now on (slower, but exact)",
+            self.path,
+            index,
+            got_ms / frame_ms,
+        )
         self.close()
         return False
 

@@ -1,5 +1,6 @@
 """A video's header read (``probe``): frame count, rate, displayed size, codec, streams, orientation, whether its
 timestamps allow frame-exact seeks; checked against the file's packets, since headers misstate lengths."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -17,6 +18,7 @@ from datasets.video.info import REENCODE_HINT, VideoInfo, VideoReadError
 @dataclass(frozen=True)
 class _PyAVHeader:
     """What PyAV reads of a file in one pass over its packets (demuxed; decoded only up to the first frame)."""
+
     streams: list  # [width, height, frames] of each video stream, from the container's header
     first_size: tuple[int, int] | None  # the first stream's first decoded frame's (height, width), as stored
     orientation: Orientation | None  # from that frame's display matrix: none if it has none, None if not right-angled
@@ -29,10 +31,14 @@ class _PyAVHeader:
 def _read_pyav_header(path: str) -> _PyAVHeader:
     """The first video stream's _PyAVHeader; PyAV's own errors (av.FFmpegError) pass through."""
     import av  # lazy: PyAV is optional at run time (the opencv decoder works without it)
+
     with av.open(path) as container:
         stream = container.streams.video[0]
-        streams, rate, header_frames = _stream_list(container), stream.guessed_rate or stream.average_rate, \
-            int(stream.frames)
+        streams, rate, header_frames = (
+            _stream_list(container),
+            stream.guessed_rate or stream.average_rate,
+            int(stream.frames),
+        )
         first, whole = None, 0
         for packet in container.demux(stream):
             if packet.is_corrupt:
@@ -42,8 +48,14 @@ def _read_pyav_header(path: str) -> _PyAVHeader:
                 first = next(iter(packet.decode()), None)
         if first is None:  # a decoder that holds every frame back until the end: flushed
             first = next(iter(stream.decode(None)), None)
-    return _PyAVHeader(streams, None if first is None else (first.height, first.width), _orientation_of_frame(first),
-                       whole, float(rate) if rate else None, header_frames)
+    return _PyAVHeader(
+        streams,
+        None if first is None else (first.height, first.width),
+        _orientation_of_frame(first),
+        whole,
+        float(rate) if rate else None,
+        header_frames,
+    )
 
 
 def _pyav_header(path: str) -> _PyAVHeader | None:
@@ -71,16 +83,20 @@ def probe(path: str, decoder: str = "opencv") -> VideoInfo:
     """Frame count, fps, size and codec from the container, plus one decoded frame to prove the codec works.
     With ``decoder`` pyav, a codec that OpenCV's FFmpeg build cannot decode but PyAV can is accepted."""
     if not os.path.exists(path):
-        raise VideoReadError(f"{path}: file not found; check the path in the manifest (relative paths are resolved "
-                             f"against the manifest's folder)")
+        raise VideoReadError(
+            f"{path}: file not found; check the path in the manifest (relative paths are resolved "
+            f"against the manifest's folder)"
+        )
     if os.path.getsize(path) == 0:
         raise VideoReadError(f"{path}: empty file (0 bytes)")
     cap = capture.open_capture(path, threads=1)
     try:
         if not cap.isOpened():
-            raise VideoReadError(f"{path}: OpenCV cannot open this file as a video (not a video, or truncated "
-                                 f"before its header ends); check it with ffprobe, {REENCODE_HINT}, or remove it "
-                                 f"from the manifest")
+            raise VideoReadError(
+                f"{path}: OpenCV cannot open this file as a video (not a video, or truncated "
+                f"before its header ends); check it with ffprobe, {REENCODE_HINT}, or remove it "
+                f"from the manifest"
+            )
         count = int(round(cap.get(cv2.CAP_PROP_FRAME_COUNT)))
         fps = float(cap.get(cv2.CAP_PROP_FPS))
         codec = capture.fourcc(cap)
@@ -90,9 +106,11 @@ def probe(path: str, decoder: str = "opencv") -> VideoInfo:
         if not ok or frame is None:
             if decoder in ("pyav", "auto"):
                 return _probe_with_pyav(path, codec)
-            raise VideoReadError(f"{path}: OpenCV opens this file but cannot decode its '{codec}' video "
-                                 f"(its FFmpeg build lacks a decoder); {REENCODE_HINT}, or set data.decoder: "
-                                 f"pyav if PyAV decodes it")
+            raise VideoReadError(
+                f"{path}: OpenCV opens this file but cannot decode its '{codec}' video "
+                f"(its FFmpeg build lacks a decoder); {REENCODE_HINT}, or set data.decoder: "
+                f"pyav if PyAV decodes it"
+            )
         header = _pyav_header(path)
         orientation = header.orientation if header else None
         if orientation is None or (orientation == NONE and cap.get(cv2.CAP_PROP_ORIENTATION_META) % 360):
@@ -101,8 +119,18 @@ def probe(path: str, decoder: str = "opencv") -> VideoInfo:
         regular, packets = _scan_packets(path)
         if header and header.whole_packets:
             packets = min(packets, header.whole_packets)
-        return VideoInfo(path, packets or count, fps if fps > 0 else 25.0, width, height, codec, regular,
-                         header.streams if header else [], orientation=orientation.name, header_frames=count)
+        return VideoInfo(
+            path,
+            packets or count,
+            fps if fps > 0 else 25.0,
+            width,
+            height,
+            codec,
+            regular,
+            header.streams if header else [],
+            orientation=orientation.name,
+            header_frames=count,
+        )
     finally:
         cap.release()
 
@@ -110,18 +138,31 @@ def probe(path: str, decoder: str = "opencv") -> VideoInfo:
 def _probe_with_pyav(path: str, codec: str) -> VideoInfo:
     """The probe of a file only PyAV decodes: its first video stream's header, and one decoded frame."""
     import av  # lazy: PyAV is optional at run time (the opencv decoder works without it)
+
     try:
         header = _read_pyav_header(path)
     except av.FFmpegError as e:
         raise VideoReadError(f"{path}: neither OpenCV nor PyAV decodes its '{codec}' video ({e}); {REENCODE_HINT}")
     count = header.whole_packets  # the frames the file holds
     if header.first_size is None or not header.rate or count <= 0:
-        raise VideoReadError(f"{path}: PyAV finds no decodable frame, frame rate or frame count in its '{codec}' "
-                             f"video; {REENCODE_HINT}")
+        raise VideoReadError(
+            f"{path}: PyAV finds no decodable frame, frame rate or frame count in its '{codec}' video; {REENCODE_HINT}"
+        )
     orientation = header.orientation or NONE
     height, width = orientation.displayed(header.first_size)
-    return VideoInfo(path, count, header.rate, width, height, codec, _scan_packets(path)[0], header.streams,
-                     opencv_decodes=False, orientation=orientation.name, header_frames=header.header_frames or count)
+    return VideoInfo(
+        path,
+        count,
+        header.rate,
+        width,
+        height,
+        codec,
+        _scan_packets(path)[0],
+        header.streams,
+        opencv_decodes=False,
+        orientation=orientation.name,
+        header_frames=header.header_frames or count,
+    )
 
 
 def _scan_packets(path: str) -> tuple[bool, int]:

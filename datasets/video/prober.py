@@ -1,4 +1,5 @@
 """``probe`` with a deadline, in a child process that can be killed when a file stalls."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -29,8 +30,10 @@ class Prober:
             return future.result(timeout=self.timeout)
         except concurrent.futures.TimeoutError:
             self.close(kill=True)
-            raise StalledFile(f"{path}: no answer within {self.timeout:g} s while reading its header "
-                              f"(data.sample_timeout_s): a stalled mount or a corrupt file?") from None
+            raise StalledFile(
+                f"{path}: no answer within {self.timeout:g} s while reading its header "
+                f"(data.sample_timeout_s): a stalled mount or a corrupt file?"
+            ) from None
 
     def close(self, kill: bool = False) -> None:
         if self._pool is not None:

@@ -1,5 +1,6 @@
 """The same frame-exact reads decoded with PyAV (``data.decoder: pyav``), faster for random clips; a file PyAV cannot
 read frame-exactly goes to the OpenCV path."""
+
 from __future__ import annotations
 
 import itertools
@@ -45,6 +46,7 @@ class PyAVReader(FrameReader):
         super().__init__(*args, **kwargs)
         # lazy: PyAV is optional at run time; without it this fails here, at open, with a clear ImportError
         import av  # noqa: F401
+
         self._container = None
         self._frames = None  # iterator over the decoded frames from the current position
         self._wanted: frozenset[int] = frozenset()  # frames of the current read()
@@ -77,6 +79,7 @@ class PyAVReader(FrameReader):
             self._opencv_must_decode("its frame timestamps do not number the frames one by one")
             return self._opencv_reads(index, dst)
         import av  # lazy: PyAV is optional at run time (imported by __init__ already)
+
         try:
             return self._decode_one(index, dst)
         except _TimestampsUnreliable as why:
@@ -100,8 +103,9 @@ class PyAVReader(FrameReader):
         """The OpenCV reader of this file (same size, orientation, pixels), opened when first needed; its
         statistics are this reader's."""
         if self._opencv is None:
-            self._opencv = OpenCVReader(self.path, self.size, self.threads, self.info, self.seek_threshold,
-                                        self.autorotate)
+            self._opencv = OpenCVReader(
+                self.path, self.size, self.threads, self.info, self.seek_threshold, self.autorotate
+            )
             self._opencv.stats = self.stats
         return self._opencv
 
@@ -117,6 +121,7 @@ class PyAVReader(FrameReader):
         if self.path in _PYAV_UNRELIABLE or not self.info.regular_timestamps:
             return self._fallback()._count_frames(limit)
         import av  # lazy: PyAV is optional at run time (imported by __init__ already)
+
         length = 0
         try:
             with av.open(self.path) as container:
@@ -131,8 +136,10 @@ class PyAVReader(FrameReader):
     def _opencv_must_decode(self, why: str) -> None:
         """Before falling back to OpenCV's exact path: a file only PyAV decodes has none."""
         if not self.info.opencv_decodes:
-            raise VideoReadError(f"{self.path}: {why}, so PyAV cannot read it frame-exactly, and OpenCV cannot "
-                                 f"decode its '{self.info.codec}' video; {REENCODE_HINT}")
+            raise VideoReadError(
+                f"{self.path}: {why}, so PyAV cannot read it frame-exactly, and OpenCV cannot "
+                f"decode its '{self.info.codec}' video; {REENCODE_HINT}"
+            )
 
     def _decode_one(self, index: int, dst: np.ndarray) -> bool:
         if index not in self._wanted:  # e.g. the last frame, read for indices past the real end
@@ -151,8 +158,9 @@ class PyAVReader(FrameReader):
             # the decode time of the B-frames shown before it. Seek earlier, as OpenCV does (16 frames), but only
             # when needed.
             self._seek(index, margin)
-        raise _TimestampsUnreliable(f"seeking to frame {index} landed after it, even from {SEEK_MARGINS[-1]} frames "
-                                    f"earlier")
+        raise _TimestampsUnreliable(
+            f"seeking to frame {index} landed after it, even from {SEEK_MARGINS[-1]} frames earlier"
+        )
 
     def _decode_until(self, index: int, dst: np.ndarray) -> bool | None:
         """Decode up to frame ``index`` into ``dst``: True, False if the stream ended first, None if the first
@@ -181,6 +189,7 @@ class PyAVReader(FrameReader):
     def _open(self) -> None:
         import av  # lazy: PyAV is optional at run time (the opencv decoder works without it)
         from av.video.reformatter import VideoReformatter  # (the same)
+
         try:
             self._container = av.open(self.path)
         except (av.FFmpegError, OSError) as e:

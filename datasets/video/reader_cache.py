@@ -1,4 +1,5 @@
 """The open readers of one process, reused across the windows a DataLoader worker reads."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,9 @@ class ReaderCache:
         self._readers: OrderedDict = OrderedDict()
         self._pid = os.getpid()
 
-    def get(self, path: str, size, info: VideoInfo | None = None, decoder: str = "opencv",
-            autorotate: bool = True) -> FrameReader:
+    def get(
+        self, path: str, size, info: VideoInfo | None = None, decoder: str = "opencv", autorotate: bool = True
+    ) -> FrameReader:
         if os.getpid() != self._pid:  # a forked DataLoader worker: the parent's readers are not ours (_FORKED_READERS)
             _FORKED_READERS.extend(self._readers.values())
             self._readers.clear()
