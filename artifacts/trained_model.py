@@ -40,8 +40,8 @@ class CheckpointSummary(NamedTuple):
     backbone: str | None = None  # a head trained on features: the backbone checkpoint it runs with
 
     @classmethod
-    def of(cls, state: dict, shape: DataShape | None = None, backbone: str | None = None) -> CheckpointSummary:
-        return cls(state.get("epoch"), state.get("global_step"), shape or DataShape.of_checkpoint(state), backbone)
+    def of(cls, ckpt: dict, shape: DataShape | None = None, backbone: str | None = None) -> CheckpointSummary:
+        return cls(ckpt.get("epoch"), ckpt.get("global_step"), shape or DataShape.of_checkpoint(ckpt), backbone)
 
 
 class TrainedModel(NamedTuple):
@@ -57,29 +57,29 @@ def load_trained_model(path: str, device: torch.device, backbone: str | None = N
     """The checkpoint at ``path`` as a model in eval mode on ``device``, with its config, class names and summary. A
     head trained on features is paired with its backbone: ``backbone`` (--backbone), else the checkpoint it
     records."""
-    state = load_checkpoint(path)
-    cfg = _config_of(path, state)
-    if "features_source" in state:
-        return _paired(path, state, cfg, device, backbone)
+    ckpt = load_checkpoint(path)
+    cfg = _config_of(path, ckpt)
+    if "features_source" in ckpt:
+        return _paired(path, ckpt, cfg, device, backbone)
     if backbone is not None:
         raise CheckpointError(
             f"{path}: --backbone {backbone} pairs a temporal head trained on features with its "
             f"backbone, but this checkpoint is a whole model; leave --backbone out"
         )
-    summary = CheckpointSummary.of(state)
+    summary = CheckpointSummary.of(ckpt)
     model = _built(path, cfg, summary.shape)
     try:
-        model.load_state_dict(state["model"])
+        model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
         raise CheckpointError(
             f"{path}: weights do not match model.backbone={cfg.model.backbone}: {str(e).splitlines()[0]}"
         )
-    return TrainedModel(model.to(device).eval(), cfg, list(state["class_names"]), summary)
+    return TrainedModel(model.to(device).eval(), cfg, list(ckpt["class_names"]), summary)
 
 
-def _config_of(path: str, state: dict) -> Config:
+def _config_of(path: str, ckpt: dict) -> Config:
     try:
-        return saved_config(state["config"])
+        return saved_config(ckpt["config"])
     except (ConfigError, KeyError) as e:
         raise CheckpointError(f"{path}: its config does not fit this version of the code: {e}")
 

@@ -46,13 +46,13 @@ def slice_time(inputs: dict, start: int, end: int, min_frames: int = 1) -> dict:
 
 
 class LogitAggregator:
-    """Running aggregation of window logits [n, B, K] into [B, K]; holds one [B, K] state, not all windows."""
+    """Running aggregation of window logits [n, B, K] into [B, K]; holds one running [B, K], not all windows."""
 
     def __init__(self, aggregation: str):
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"unknown aggregation '{aggregation}'; expected one of {', '.join(AGGREGATIONS)}")
         self.aggregation = aggregation
-        self.state: torch.Tensor | None = None
+        self.running: torch.Tensor | None = None
         self.count = 0
 
     def update(self, logits: torch.Tensor) -> None:
@@ -65,22 +65,22 @@ class LogitAggregator:
             part = logits[-1]
         else:
             part = logits.sum(dim=0)
-        if self.state is None or self.aggregation == "last":
-            self.state = part
+        if self.running is None or self.aggregation == "last":
+            self.running = part
         elif self.aggregation == "max":
-            self.state = torch.maximum(self.state, part)
+            self.running = torch.maximum(self.running, part)
         else:
-            self.state = self.state + part
+            self.running = self.running + part
         self.count += logits.shape[0]
 
     def result(self) -> torch.Tensor:
-        if self.state is None:
+        if self.running is None:
             raise ValueError("no window was aggregated")
         if self.aggregation == "mean":
-            return self.state / self.count
+            return self.running / self.count
         if self.aggregation == "prob":
-            return (self.state / self.count).clamp_min(1e-12).log()
-        return self.state
+            return (self.running / self.count).clamp_min(1e-12).log()
+        return self.running
 
 
 def chunk_positions(windows: list[tuple[int, int]], frame_stride: int = 1) -> torch.Tensor:
