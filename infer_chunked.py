@@ -42,7 +42,7 @@ from engine.features import (
 from engine.inference import InferenceSpec, how_it_runs
 from engine.video_outputs import Outputs
 from engine.video_runs import run_videos
-from models import set_temporal_window
+from models import set_head_window
 from planner.batch_size import inference_batch_for_budget
 
 
@@ -188,7 +188,7 @@ def main(argv=None) -> int:
         why += f"; its backbone: {saved.backbone}"
     runtime = setup_runtime(cfg.trainer, device=str(device), precision=args.precision)
     cfg = inference_config(args, cfg, runtime, saved.shape)
-    head_reach = set_temporal_window(model, cfg.infer.head_window)
+    head_reach = set_head_window(model, cfg.infer.head_window)
     spec = InferenceSpec.of_config(cfg.infer, args.topk, args.timeline, args.decode_threads or None)
     source, records, names, part = input_records(args, cfg)
     print(

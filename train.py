@@ -19,11 +19,12 @@ import torch
 from artifacts.checkpoint import CheckpointError
 from artifacts.run_dir import resolve_resume
 from config import Config, dump, load_config
+from core import watchdog
 from core.cli import add_config_arguments, exit_on_usage_error
 from core.errors import ConfigError
 from core.files import DiskFullError
 from core.logs import detach_log_file, setup_logging
-from core.runtime import setup_runtime, unwrap_model
+from core.runtime import elastic_restart, setup_runtime, unwrap_model
 from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.records import DATA_LAYOUTS
 from datasets.shape import DataShape
@@ -120,9 +121,9 @@ def main(argv=None) -> int:
         return probe_memory(cfg, args.device, args.probe_frames, args.probe_batches, args.world_size)
     refuse_gpu_preset_without_cuda(cfg, args.config, args.device)
     refuse_demo_data_for_gpu_preset(cfg, origins, args.config)
-    resume_path = resolve_resume(args.resume, cfg) if args.resume else None
     runtime = setup_runtime(cfg.trainer, device=args.device)
     setup_logging(runtime.is_main)
+    resume_path = resolve_resume(args.resume, cfg, elastic_restart()) if args.resume else None
     cfg, kept_chunks, features_index = memory_decisions(cfg, runtime, args.fit_budget)
     plan = None
     try:
@@ -146,6 +147,7 @@ def main(argv=None) -> int:
     finally:
         detach_log_file(trainer.report.log_file)
         if runtime.distributed:
+            watchdog.stop()
             torch.distributed.destroy_process_group()
     return 0
 

@@ -13,6 +13,7 @@ Nobody else joins path strings under a run directory.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import time
 
@@ -21,6 +22,7 @@ from config import Config
 from core.errors import ConfigError, UsageError
 from core.files import atomic_link, atomic_symlink
 
+log = logging.getLogger("longvideo")
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 
@@ -145,10 +147,27 @@ def most_recent_best(runs_root: str) -> str:
     return max(candidates, key=os.path.getmtime)
 
 
-def resolve_resume(resume: str, cfg: Config) -> str:
-    """--resume auto|PATH: the checkpoint to continue from."""
+def resolve_resume(resume: str, cfg: Config, restart: int | None = None) -> str | None:
+    """--resume auto|PATH: the checkpoint to continue from. Under torchrun (``restart``: its attempt, 0 for the
+    first) ``auto`` is the one command of every attempt: the first starts a new run when the experiment has no
+    last.pt, every restart continues it; a restart that finds none is an error, never a silent new run."""
     if resume == "auto":
-        return ExperimentDirectory.of_config(cfg).resume_checkpoint()
+        experiment = ExperimentDirectory.of_config(cfg)
+        if restart is None:
+            return experiment.resume_checkpoint()
+        path = experiment.latest.checkpoint("last.pt")
+        if os.path.exists(path):
+            return path
+        if restart == 0:
+            log.info(
+                "--resume auto under torchrun: no %s yet, so a new run starts; torchrun's restarts continue it", path
+            )
+            return None
+        raise UsageError(
+            f"--resume auto: torchrun's restart {restart} found no {path} to continue from (the group stopped before "
+            f"its first last.pt; train.checkpoint_every_steps writes one every N steps); start the command again "
+            f"without --max-restarts, or give a checkpoint path"
+        )
     if not os.path.exists(resume):
         raise UsageError(f"--resume {resume}: checkpoint not found")
     return resume

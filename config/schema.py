@@ -513,6 +513,16 @@ class TrainerConfig:
         "instead of a hang",
         minimum=1.0,
     )
+    stall_timeout_s: float | None = setting(
+        180.0,
+        "float",
+        "several processes (torchrun): a rank that makes no progress for this long (joining the group, the weights "
+        "broadcast, training and validation batches after its first step; waits for data not counted) says where "
+        "it waits and ends, so torchrun restarts the group from last.pt; null = off (only "
+        "process_group_timeout_s bounds a collective)",
+        minimum=1.0,
+        nullable=True,
+    )
     max_nonfinite_steps: int = setting(20, "int", "consecutive non-finite losses that stop the run", minimum=1)
     leak_check_epochs: int = setting(3, "int", "epochs of steady memory growth before the leak warning", minimum=1)
     leak_tolerance_mb: float = setting(

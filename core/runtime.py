@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from core import watchdog
 from core.errors import ConfigError, UsageError
 
 log = logging.getLogger("longvideo")
@@ -101,6 +102,38 @@ class RuntimeSettings(Protocol):
     precision: str
     allow_tf32: bool
     process_group_timeout_s: float
+    stall_timeout_s: float | None
+
+
+def elastic_restart() -> int | None:
+    """Under torchrun, which attempt this is (0: the first start; N: its N-th restart of the workers); None
+    outside torchrun. Each agent counts its own: on several nodes, only the node whose worker failed counts one."""
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    return None if count is None else int(count)
+
+
+def _join_process_group(backend: str, timeout: datetime.timedelta) -> None:
+    """init_process_group, in a store of this attempt's own under torchrun's restarts. torchrun's agent keeps one
+    store across the restarts of its workers, and the group's keys are the same at every attempt, so a restarted
+    group could read the dead one's addresses (a reset connection, or a hang in init_process_group). One agent
+    (one node) gives all its workers the same restart count: the attempt's prefix. Several agents count apart,
+    and there TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 makes each attempt's store new (docs/training.md)."""
+    restart, max_restarts = elastic_restart(), int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    fresh_stores = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1"
+    if restart is None or max_restarts == 0 or fresh_stores:
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    if nodes > 1:
+        raise UsageError(
+            f"torchrun with {nodes} nodes and --max-restarts {max_restarts}: a restarted group would read the dead "
+            f"group's addresses from the store torchrun keeps; start torchrun with "
+            f"TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment on every node (docs/training.md, Restarts under "
+            f"torchrun)"
+        )
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+    store = dist.PrefixStore(f"longvideo/attempt_{restart}", store)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
 def setup_runtime(trainer_cfg: RuntimeSettings, device: str | None = None, precision: str | None = None) -> Runtime:
@@ -109,7 +142,9 @@ def setup_runtime(trainer_cfg: RuntimeSettings, device: str | None = None, preci
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() and (device or trainer_cfg.device) != "cpu" else "gloo"
         # a collective that waits past it (a rank died or stopped) raises on every rank instead of hanging
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=trainer_cfg.process_group_timeout_s))
+        watchdog.start(trainer_cfg.stall_timeout_s, rank)
+        with watchdog.armed():  # a restarted group that cannot join says so within the stall bound
+            _join_process_group(backend, datetime.timedelta(seconds=trainer_cfg.process_group_timeout_s))
     dev = resolve_device(device or trainer_cfg.device)
     if dev.type == "cuda" and world_size > 1:
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))

@@ -15,6 +15,7 @@ from artifacts.checkpoint import CheckpointError, TrainState, load_checkpoint, r
 from artifacts.csv_log import CsvLog
 from artifacts.run_dir import ExperimentDirectory, RunDirectory
 from config import Config, TrainConfig, derive, dump
+from core import watchdog
 from core.errors import ConfigError
 from core.files import atomic_write_bytes, remove_stale_temp_files
 from core.logs import attach_log_file, detach_log_file
@@ -27,7 +28,7 @@ from engine.data import build_data, cap_workers, make_loader
 from engine.feature_data import build_feature_data, feature_loader
 from engine.optim import build_optimizer, build_scheduler, max_grad_norm, warmup_epochs
 from engine.trainer import RunReport, Trainer
-from models import ModelConfigError, build_feature_head, build_model, set_temporal_window, temporal_head_of
+from models import ModelConfigError, build_feature_head, build_model, set_head_window, temporal_head_of
 from models.norms import convert_norms
 
 log = logging.getLogger("longvideo")
@@ -167,16 +168,17 @@ def wrap_for_training(model: torch.nn.Module, prepare: InputPreparer, cfg: Confi
             cfg.train.ddp_sync,
             DDP_SYNC_WORDS[cfg.train.ddp_sync],
         )
-    if runtime.distributed and cfg.train.ddp_sync == "overlap":
-        return DistributedDataParallel(
-            wrapped,
-            broadcast_buffers=False,
-            gradient_as_bucket_view=True,
-            device_ids=[runtime.device.index] if runtime.device.type == "cuda" else None,
-        )
-    if runtime.distributed:
-        for tensor in [*model.parameters(), *model.buffers()]:  # what DDP does at its construction
-            torch.distributed.broadcast(tensor.data, src=0)
+    with watchdog.armed():  # the weights broadcast: a group that cannot communicate says so within the bound
+        if runtime.distributed and cfg.train.ddp_sync == "overlap":
+            return DistributedDataParallel(
+                wrapped,
+                broadcast_buffers=False,
+                gradient_as_bucket_view=True,
+                device_ids=[runtime.device.index] if runtime.device.type == "cuda" else None,
+            )
+        if runtime.distributed:
+            for tensor in [*model.parameters(), *model.buffers()]:  # what DDP does at its construction
+                torch.distributed.broadcast(tensor.data, src=0)
     return wrapped
 
 
@@ -186,7 +188,7 @@ def _feature_head_on_device(cfg: Config, runtime: Runtime, feature_dim: int, num
     except ModelConfigError as e:
         raise ConfigError(str(e))
     init_temporal_head(model, cfg.model.temporal_head_init)
-    set_temporal_window(model, cfg.infer.head_window)  # validation runs the head as eval.py will
+    set_head_window(model, cfg.infer.head_window)  # validation runs the head as eval.py will
     return model.to(runtime.device)
 
 
@@ -224,7 +226,7 @@ def _model_on_device(cfg: Config, runtime: Runtime, shape: DataShape) -> tuple:
         raise ConfigError(str(e))
     if cfg.model.temporal_head != "none":
         init_temporal_head(model, cfg.model.temporal_head_init)
-        set_temporal_window(model, cfg.infer.head_window)  # validation runs the head as eval.py will
+        set_head_window(model, cfg.infer.head_window)  # validation runs the head as eval.py will
     if cfg.model.norm == "sync":
         _synchronize_norms(model, cfg, runtime)
     model.to(runtime.device)

@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from config import Config, DataConfig, apply_flags
+from core import watchdog
 from core.errors import ConfigError
 from core.files import process_temp_dir, remove_own_temp_dir
 from core.runtime import Runtime, available_cores
@@ -93,7 +94,8 @@ class GuardedBatches:
     def __next__(self) -> dict:
         while True:
             try:
-                batch = next(self.iterator)
+                with watchdog.not_counting():  # a sample has its own deadline: waiting for one is not a stall
+                    batch = next(self.iterator)
             except RuntimeError:
                 report = take_stall_report(self.loader.dataset)
                 if report is None:

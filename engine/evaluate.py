@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 
 from artifacts.trained_model import CheckpointSummary, load_trained_model
 from config import Config, InferConfig, apply_inference_flags
+from core import watchdog
 from core.files import atomic_write_bytes
 from core.runtime import Runtime, resolve_device, setup_runtime, unwrap_model
 from datasets.bad_input import BAD_INPUT_ERRORS, BadInputReport
@@ -29,7 +30,7 @@ from engine.inference import InferenceSpec, run_stream
 from engine.metrics import ClassificationMeter
 from engine.segment_metrics import SegmentationScores, background_indices, format_scores
 from engine.timeline import annotated, frame_probabilities
-from models import set_temporal_window
+from models import set_head_window
 
 log = logging.getLogger("longvideo")
 
@@ -66,6 +67,7 @@ def evaluate(
     for batch, logits, chunked in clip_predictions(
         model, loader, prepare, runtime, infer_cfg, bad_inputs, frame_stride
     ):
+        watchdog.beat()  # a validation batch under torchrun: progress
         meter.update(logits, batch["label"], batch["video_index"])
         if chunked is not None:
             score_clip_timelines(timelines, chunked, batch["frame_labels"])
@@ -303,7 +305,7 @@ def evaluate_checkpoint(path: str, spec: EvaluationSpec) -> EvaluationResult:
     device = resolve_device(spec.device or "auto")
     model, cfg, class_names, checkpoint = load_trained_model(path, device, spec.backbone)
     cfg = cap_workers(apply_inference_flags(cfg, spec.overrides))
-    head_reach = set_temporal_window(model, cfg.infer.head_window)
+    head_reach = set_head_window(model, cfg.infer.head_window)
     runtime = setup_runtime(cfg.trainer, device=str(device), precision=spec.precision)
     if spec.fit_batch is not None:
         batch = spec.fit_batch(cfg, checkpoint.shape, runtime)

@@ -20,7 +20,7 @@ from artifacts.checkpoint import restore_rng_state
 from artifacts.csv_log import CsvLog
 from artifacts.plots import training_plots
 from config import TrainerConfig
-from core import memory_monitor
+from core import memory_monitor, watchdog
 from engine.data import GuardedBatches
 from engine.evaluate import evaluate
 from engine.interrupt import next_batch, stop_if_asked
@@ -62,13 +62,16 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
         group_size = min(accumulate, num_batches - group_start)
         need_update = batch_index + 1 == group_start + group_size
         group.append(batch)
-        loss_sum, clips = train_batch(trainer, group, group_size, need_update)
+        with watchdog.warming_up():  # the first steps may compile and search algorithms: not a stall
+            loss_sum, clips = train_batch(trainer, group, group_size, need_update)
         if batch_index == num_batches // 2:  # the same point of every epoch, workers alive: for the leak check
             mid_epoch_memory = memory_monitor.snapshot(runtime.device)
         totals["clips"] += _count_loss(trainer, loss_sum, clips)
         if need_update:
-            optimizer_step(trainer)
+            with watchdog.warming_up():
+                optimizer_step(trainer)
             group_start, group = batch_index + 1, []
+        watchdog.beat(state.global_step)
         state.batches_done = batch_index + 1
         progress.update(1)
         _stop_after_nonfinite_losses(trainer)
@@ -198,7 +201,7 @@ def fit(
 ) -> None:
     """Epochs of training and validation to trainer.max_epochs; an abnormal end saves last.pt (saved_on_stop)
     and raises; ``resume_command`` is what the Ctrl-C message says to run to continue."""
-    with saved_on_stop(trainer, resume_command):
+    with saved_on_stop(trainer, resume_command), watchdog.armed():  # under torchrun: a stalled rank says where
         _fit(trainer, train_loader, val_loader)
 
 

@@ -20,6 +20,7 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from artifacts.checkpoint import restore_rng_state, rng_state
+from core import watchdog
 from core.runtime import unwrap_model
 from engine.data import GuardedBatches, make_loader
 from engine.step import micro_batches
@@ -57,6 +58,7 @@ def precise_batch_norm(trainer: Trainer, batches, limit: int) -> int:
                 if used == limit:
                     break
                 _forward_in_pieces(trainer, forward, batch)
+                watchdog.beat()
                 used += 1
     finally:
         for hook in hooks:

@@ -27,7 +27,7 @@ __all__ = [
     "build_model",
     "build_rgb_backbone",
     "registered_names",
-    "set_temporal_window",
+    "set_head_window",
     "temporal_head_of",
 ]
 
@@ -97,7 +97,7 @@ def temporal_head_of(model: nn.Module) -> TemporalHead | None:
     return getattr(unwrap_model(model), "temporal", None)
 
 
-def set_temporal_window(model: nn.Module, window: int | str) -> str:
+def set_head_window(model: nn.Module, window: int | str) -> str:
     """Set the most chunks ``model``'s temporal head sees at once at inference (infer.head_window); what it
     will do, in words ("" without a head)."""
     head = temporal_head_of(model)

@@ -30,7 +30,7 @@ from engine.inference import InferenceSpec, classify_video
 from engine.oom import OutOfMemoryError
 from engine.step import training_loss
 from models import build_model, temporal
-from models import set_temporal_window as models_window
+from models import set_head_window as models_window
 from models.temporal import TemporalHead, clip_contrast, directional_attention, temporal_head
 from planner import project
 

@@ -1,0 +1,244 @@
+"""One rank killed under torchrun, again and again: does the group restart, resume and finish bit-identically?
+
+    python -m bench.elastic                     # 20 kills: both train.ddp_sync modes, one node and two agents
+    python -m bench.elastic --kills 4 --modes agreed --layouts one-node
+
+Each kill is a fresh run of the one command torchrun reruns (``train.py ... --resume auto``) under
+``torchrun --max-restarts 1`` on the small synthetic dataset (2 gloo processes, tiny3d at 32x32), with rank 1
+SIGKILLed at a random optimizer step after the first last.pt; the final weights are compared with an
+uninterrupted run of the same command, bit for bit. ``two-agents`` runs two torchrun agents on localhost (a c10d
+rendezvous, ``--nnodes 2``, one process each), the second agent's worker killed. It prints a row per kill and the
+count that finished bit-identically; a kill that fails prints why (exit code, the last lines of stderr).
+
+The same helpers drive tests/test_elastic.py. Load: the 2 cores run both workers, the agents and the decoders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAYOUTS = ("one-node", "two-agents")
+MODES = ("agreed", "overlap")
+
+
+def settings(data: str, out: str, mode: str, *extra: str) -> list[str]:
+    """train.py's flags for a small CPU run: 2 epochs of 5 steps (18 clips, 2 processes of batch 2), last.pt every
+    step, --resume auto."""
+    values = [
+        f"data.data_dir={data}",
+        f"trainer.output_dir={out}",
+        "data.img_size=32",
+        "data.num_frames=8",
+        "data.frame_stride=2",
+        "data.batch_size=2",
+        "data.num_workers=0",
+        "data.sample_timeout_s=null",
+        "model.width=8",
+        "model.dropout=0",
+        "trainer.device=cpu",
+        "trainer.max_epochs=2",
+        "train.log_every=1",
+        "train.checkpoint_every_steps=1",
+        f"train.ddp_sync={mode}",
+        "experiment=elastic",
+        *extra,
+    ]
+    flags = ["--config", os.path.join(ROOT, "configs", "base.yaml")]
+    for value in values:
+        flags += ["--set", value]
+    return flags + ["--resume", "auto"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(layout: str, train_flags: list[str], log_dir: str) -> list[subprocess.Popen]:
+    """The torchrun agents of ``layout`` (each in a process group of its own, so a cleanup can end everything
+    they started), with their output in ``log_dir``."""
+    base = [sys.executable, "-m", "torch.distributed.run", "--max-restarts", "1", "--monitor-interval", "0.5"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    if layout == "one-node":
+        commands = [base + ["--standalone", "--nproc-per-node", "2", "train.py", *train_flags]]
+    else:
+        endpoint = f"127.0.0.1:{free_port()}"
+        rendezvous = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
+        rendezvous += ["--rdzv-id", f"elastic-{os.getpid()}-{time.time_ns()}"]
+        commands = [base + rendezvous + ["train.py", *train_flags] for _ in range(2)]
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # several agents: each attempt's store is new
+    agents = []
+    for i, command in enumerate(commands):
+        out = open(os.path.join(log_dir, f"agent{i}.log"), "w")
+        agents.append(
+            subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        )
+    return agents
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for path in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            fields = open(path).read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(path.split("/")[2]))
+    return found
+
+
+def worker_of(agents: list[subprocess.Popen], rank: int) -> int | None:
+    """The pid of the worker with ``rank`` under any of the agents (its RANK in /proc/PID/environ)."""
+    for agent in agents:
+        for pid in children(agent.pid):
+            try:
+                environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if f"RANK={rank}".encode() in environ and b"TORCHELASTIC_RUN_ID" in b" ".join(environ):
+                return pid
+    return None
+
+
+def logged_step(out: str) -> int:
+    """The latest optimizer step rank 0 logged in the run's train.log (0 before any)."""
+    steps = [0]
+    for path in glob.glob(os.path.join(out, "elastic", "*", "train.log")):
+        for line in open(path, errors="replace"):
+            if " step " in line and line.split(" step ")[1].split()[0].isdigit():
+                steps.append(int(line.split(" step ")[1].split()[0]))
+    return max(steps)
+
+
+def wait(agents: list[subprocess.Popen], timeout: float) -> list[int | None]:
+    end = time.monotonic() + timeout
+    for agent in agents:
+        try:
+            agent.wait(max(end - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            pass
+    return [agent.poll() for agent in agents]
+
+
+def stop(agents: list[subprocess.Popen]) -> None:
+    for agent in agents:
+        if agent.poll() is None:
+            try:
+                os.killpg(agent.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        agent.wait()
+
+
+def final_weights(out: str) -> dict:
+    return torch.load(os.path.join(out, "elastic", "latest", "checkpoints", "last.pt"), weights_only=True)["model"]
+
+
+def run(data: str, out: str, layout: str, mode: str, kill_at: int | None = None, timeout: float = 300.0) -> dict:
+    """One run of the command; with ``kill_at``, rank 1 SIGKILLed once rank 0 has logged that step. The result:
+    agents' exit codes, whether the kill happened, the seconds, leftovers (temp files, processes)."""
+    log_dir = tempfile.mkdtemp(prefix="elastic-logs-")
+    start, killed = time.monotonic(), None
+    agents = launch(layout, settings(data, out, mode), log_dir)
+    try:
+        while kill_at is not None and killed is None and time.monotonic() - start < timeout:
+            if all(agent.poll() is not None for agent in agents):
+                break
+            if logged_step(out) >= kill_at:
+                pid = worker_of(agents, 1)
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    killed = logged_step(out)
+            time.sleep(0.05)
+        codes = wait(agents, timeout - (time.monotonic() - start))
+        left = [pid for agent in agents for pid in children(agent.pid)]
+    finally:
+        stop(agents)
+    temps = [p for p in glob.glob(os.path.join(out, "**", "*"), recursive=True) if ".tmp" in os.path.basename(p)]
+    logs = "".join(open(os.path.join(log_dir, name), errors="replace").read() for name in sorted(os.listdir(log_dir)))
+    return {
+        "codes": codes,
+        "killed_at": killed,
+        "seconds": time.monotonic() - start,
+        "temps": temps,
+        "left": left,
+        "log": logs,
+    }
+
+
+def identical(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kills", type=int, default=20, help="kills in all, spread over the modes and layouts")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    from datasets.synthetic import generate  # the bench writes its own small dataset
+
+    modes, layouts = args.modes.split(","), args.layouts.split(",")
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory() as root:
+        data = os.path.join(root, "data")
+        generate(
+            data,
+            seed=3,
+            size=32,
+            num_train=18,
+            num_val=6,
+            num_test=6,
+            short_frames=20,
+            num_long=1,
+            long_frames=300,
+            num_multiview=6,
+            quiet=True,
+        )
+        references = {}
+        for mode in modes:
+            result = run(data, os.path.join(root, f"reference-{mode}"), "one-node", mode)
+            assert result["codes"] == [0], result["log"][-2000:]
+            references[mode] = final_weights(os.path.join(root, f"reference-{mode}"))
+        good = 0
+        print(f"{'kill':>4s} {'layout':>10s} {'mode':>7s} {'step':>4s} {'exit':>6s} {'s':>5s}  result")
+        for kill in range(args.kills):
+            layout, mode = layouts[kill % len(layouts)], modes[(kill // len(layouts)) % len(modes)]
+            out = os.path.join(root, f"kill-{kill}")
+            result = run(data, out, layout, mode, kill_at=rng.randint(2, 9))
+            ok = (
+                all(code == 0 for code in result["codes"])
+                and result["killed_at"] is not None
+                and not result["temps"]
+                and not result["left"]
+                and identical(final_weights(out), references[mode])
+            )
+            good += ok
+            print(
+                f"{kill:>4d} {layout:>10s} {mode:>7s} {str(result['killed_at']):>4s} "
+                f"{','.join(map(str, result['codes'])):>6s} {result['seconds']:5.1f}  "
+                f"{'bit-identical' if ok else 'FAILED'}",
+                flush=True,
+            )
+            if not ok:
+                print("\n".join("      " + line for line in result["log"].splitlines()[-15:]), flush=True)
+        print(f"{good} of {args.kills} kills finished bit-identically")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""One rank killed under torchrun: the one command torchrun reruns (train.py ... --resume auto) starts a run, the
+restarted group joins, resumes mid-epoch from last.pt and finishes with the weights of an uninterrupted run, bit
+for bit; a killed agent is resumed by running the command again; a group without progress says where it waits.
+2 gloo processes, tiny shapes (bench/elastic.py has the harness and the 20-kill count)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench import elastic
+from core.errors import UsageError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def references(synthetic_root, tmp_path_factory):
+    """The final weights of an uninterrupted run of the command, in each train.ddp_sync mode."""
+    found = {}
+    for mode in elastic.MODES:
+        out = str(tmp_path_factory.mktemp(f"reference-{mode}"))
+        result = elastic.run(synthetic_root, out, "one-node", mode)
+        assert result["codes"] == [0], result["log"][-3000:]
+        assert "no " in result["log"] and "a new run starts" in result["log"]  # --resume auto began a new run
+        found[mode] = elastic.final_weights(out)
+    return found
+
+
+def assert_resumed_and_identical(result: dict, out: str, reference: dict) -> None:
+    assert all(code == 0 for code in result["codes"]), result["log"][-3000:]
+    assert result["killed_at"] is not None and "resumed from" in result["log"], result["log"][-3000:]
+    assert result["temps"] == [] and result["left"] == []
+    assert elastic.identical(elastic.final_weights(out), reference)
+
+
+@pytest.mark.parametrize("mode", elastic.MODES)
+def test_a_rank_killed_mid_epoch_restarts_and_finishes_bit_identically(synthetic_root, tmp_path, references, mode):
+    result = elastic.run(synthetic_root, str(tmp_path), "one-node", mode, kill_at=4)  # 5 steps an epoch
+    assert_resumed_and_identical(result, str(tmp_path), references[mode])
+
+
+def test_two_agents_with_a_c10d_rendezvous_survive_a_killed_worker(synthetic_root, tmp_path, references):
+    result = elastic.run(synthetic_root, str(tmp_path), "two-agents", "agreed", kill_at=6)
+    assert_resumed_and_identical(result, str(tmp_path), references["agreed"])
+
+
+def test_a_killed_agent_is_resumed_by_running_the_same_command_again(synthetic_root, tmp_path, references):
+    """The whole node: torchrun's agent and its workers killed; the same command continues from last.pt."""
+    logs = str(tmp_path / "logs")
+    os.makedirs(logs)
+    agents = elastic.launch("one-node", elastic.settings(synthetic_root, str(tmp_path), "agreed"), logs)
+    try:
+        deadline = time.monotonic() + 240
+        while elastic.logged_step(str(tmp_path)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(agents[0].pid, signal.SIGKILL)
+    finally:
+        elastic.stop(agents)
+    again = elastic.run(synthetic_root, str(tmp_path), "one-node", "agreed")
+    assert again["codes"] == [0], again["log"][-3000:]
+    assert "resumed from" in again["log"] and again["temps"] == [] and again["left"] == []
+    assert elastic.identical(elastic.final_weights(str(tmp_path)), references["agreed"])
+
+
+def test_a_restart_that_finds_no_checkpoint_is_an_error_and_a_first_start_a_new_run(tmp_path):
+    from artifacts.run_dir import resolve_resume
+    from config import load_config
+
+    cfg = load_config(None, [f"trainer.output_dir={tmp_path}", "experiment=elastic"])
+    assert resolve_resume("auto", cfg, restart=0) is None
+    with pytest.raises(UsageError) as info:
+        resolve_resume("auto", cfg, restart=1)
+    assert str(info.value).startswith(
+        f"--resume auto: torchrun's restart 1 found no {tmp_path}/elastic/latest/checkpoints/last.pt to continue from"
+    )
+    with pytest.raises(UsageError, match="^--resume auto: no .* to continue from; start without --resume"):
+        resolve_resume("auto", cfg)  # outside torchrun, as before
+
+
+def test_several_agents_with_restarts_need_fresh_stores(monkeypatch):
+    """Agents count their restarts apart, so no prefix of one attempt is common to every node: the documented
+    variable is asked for, in one line, before anything connects."""
+    from core.runtime import _join_process_group
+
+    for name, value in {
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "1",
+        "GROUP_WORLD_SIZE": "2",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
+    with pytest.raises(UsageError, match="^torchrun with 2 nodes and --max-restarts 1: .*TORCH_DISABLE_SHARE_RDZV"):
+        _join_process_group("gloo", None)
+
+
+STALLED = r"""
+import sys, time
+sys.path.insert(0, {root!r})
+from core import watchdog
+
+def wait_for_a_peer():
+    time.sleep(60)
+
+watchdog.start(0.5, rank=1)
+watchdog.beat(step=7)
+with watchdog.armed():
+    with watchdog.not_counting():  # waiting for data: not a stall
+        time.sleep(1.0)
+    wait_for_a_peer()
+"""
+
+
+def test_a_rank_without_progress_says_where_it_waits_and_ends(tmp_path):
+    script = tmp_path / "stalled.py"
+    script.write_text(STALLED.format(root=ROOT))
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - start
+    assert result.returncode == 3 and 1.5 < took < 20, (result.returncode, took, result.stderr)
+    [line] = result.stderr.splitlines()
+    assert line.startswith("error: rank 1: no progress for 0.5 s after step 7 (trainer.stall_timeout_s), waiting in ")
+    assert f"waiting in wait_for_a_peer ({script}:" in line  # the main thread's innermost Python call
+    assert line.endswith("; this process ends so torchrun restarts the group from last.pt")
