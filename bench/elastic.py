@@ -19,6 +19,7 @@ import argparse
 import glob
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -170,6 +171,7 @@ def run(data: str, out: str, layout: str, mode: str, kill_at: int | None = None,
         stop(agents)
     temps = [p for p in glob.glob(os.path.join(out, "**", "*"), recursive=True) if ".tmp" in os.path.basename(p)]
     logs = "".join(open(os.path.join(log_dir, name), errors="replace").read() for name in sorted(os.listdir(log_dir)))
+    shutil.rmtree(log_dir)
     return {
         "codes": codes,
         "killed_at": killed,

@@ -268,9 +268,8 @@ def _warn_if_head_at_chance(trainer: Trainer) -> None:
     training loss and each said once a run (bench/RESULTS.md, "Long-range tasks"): near chance's loss (ln classes),
     the head is not learning, which a slower head fixed; under half of it, the head fits the training clips but not
     the validation ones, which no learning rate fixed, and more training videos or fewer, longer chunks did. A
-    transformer head with bidirectional attention is told to make it directional first: that took a 64-chunk task
-    that no rate, normalization or chunk count had moved off chance to 1.000 (seed 0); one without its contrast is
-    told to turn it on first."""
+    transformer head with bidirectional attention is told to make it directional first, and one without its
+    contrast to turn it on first (docs/long-videos.md has the measurements behind each advice)."""
     if not trainer.has_temporal_head or not trainer.runtime.is_main:
         return
     chance = 1.0 / len(trainer.class_names)
