@@ -70,6 +70,7 @@ class RunDirectory:
     memory_csv = property(lambda self: self.file("memory.csv"))
     curves_png = property(lambda self: self.file("training_curves.png"))
     confusion_png = property(lambda self: self.file("confusion_matrix.png"))
+    memory_snapshot = property(lambda self: self.file("memory_snapshot.pickle"))  # trainer.memory_snapshot
     checkpoints = property(lambda self: self.file(CHECKPOINTS))
 
     def checkpoint(self, name: str) -> str:

@@ -513,6 +513,14 @@ class TrainerConfig:
         "instead of a hang",
         minimum=1.0,
     )
+    memory_snapshot: str = setting(
+        "off",
+        "choice",
+        "on_oom: on CUDA, record the allocator's history (each allocation's stack: slower allocations, host memory "
+        "for up to 100,000 entries) and, at an out-of-memory error in a training step (backed off or fatal), write "
+        "memory_snapshot.pickle to the run directory, for pytorch.org/memory_viz; off: record nothing",
+        choices=("off", "on_oom"),
+    )
     stall_timeout_s: float | None = setting(
         180.0,
         "float",

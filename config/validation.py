@@ -42,6 +42,8 @@ def _check_value(spec: Key, value: Any, where: str) -> Any:
         if not isinstance(value, str) or not value:
             fail("a non-empty string")
     elif kind == "choice":
+        if value is False and "off" in spec.choices:  # YAML reads a bare off as false
+            value = "off"
         if value not in spec.choices:
             raise ConfigError(f"{where}: {value!r} is not one of {', '.join(spec.choices)}")
     elif kind == "list":

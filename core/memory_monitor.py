@@ -99,6 +99,19 @@ def host_peak_rss_mb() -> float:
     return peak / (1024 * 1024 if sys.platform == "darwin" else 1024)
 
 
+ALLOCATOR_HISTORY_ENTRIES = 100_000  # trainer.memory_snapshot: the allocator events kept (several KB each)
+
+
+def record_allocator_history() -> None:
+    """CUDA's caching allocator records each allocation and free with its stack, for ``allocator_snapshot``."""
+    torch.cuda.memory._record_memory_history(max_entries=ALLOCATOR_HISTORY_ENTRIES)
+
+
+def allocator_snapshot() -> dict:
+    """The allocator's segments and recorded history (what pytorch.org/memory_viz draws)."""
+    return torch.cuda.memory._snapshot()
+
+
 def snapshot(device: torch.device) -> dict:
     """Plain floats in MB: host RSS of this process and of its children (DataLoader workers), and device memory."""
     children = _child_pids(os.getpid())

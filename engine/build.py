@@ -26,6 +26,7 @@ from datasets.shape import DataShape
 from engine.chunking import ChunkedTrainingForward, FeatureHeadForward
 from engine.data import build_data, cap_workers, make_loader
 from engine.feature_data import build_feature_data, feature_loader
+from engine.oom import start_memory_history
 from engine.optim import build_optimizer, build_scheduler, max_grad_norm, warmup_epochs
 from engine.trainer import RunReport, Trainer
 from models import ModelConfigError, build_feature_head, build_model, set_head_window, temporal_head_of
@@ -117,6 +118,7 @@ def build_trainer(
     )
     if runtime.is_main:
         _start_run_files(trainer, len(train_set))
+    start_memory_history(trainer)
     return trainer, train_loader, val_loader
 
 

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import logging
 import math
+import pickle
 
 import torch
 
+from core import memory_monitor
+from core.files import atomic_open
 from core.runtime import unwrap_model
 from engine.trainer import RunStopped, Trainer
 
@@ -28,6 +31,52 @@ class SyncedOutOfMemory(OutOfMemoryAdvice):
     its step is half done and the advice says to resume from the last checkpoint."""
 
     saves_checkpoint = False
+
+
+MEMORY_VIEWER = "https://pytorch.org/memory_viz"
+
+
+def start_memory_history(trainer: Trainer) -> None:
+    """trainer.memory_snapshot: on_oom: CUDA's allocator records its history from here on; on another device
+    there is no allocator to record, said once."""
+    if trainer.cfg.trainer.memory_snapshot != "on_oom":
+        return
+    if trainer.runtime.device.type != "cuda":
+        log.info(
+            "trainer.memory_snapshot: on_oom records CUDA's allocator; on %s nothing is recorded",
+            trainer.runtime.device,
+        )
+        return
+    memory_monitor.record_allocator_history()
+    trainer.report.memory_history = True
+
+
+def save_memory_snapshot(trainer: Trainer) -> str | None:
+    """At an out-of-memory error, with the allocator's history recorded: the snapshot as the run's
+    memory_snapshot.pickle (atomically; the latest error's), named in the log with its viewer. A snapshot that
+    cannot be written is said, not raised: the back-off goes on without it."""
+    if not trainer.report.memory_history:
+        return None
+    if trainer.run is None:  # only rank 0 has the run directory
+        log.warning(
+            "rank %d: out of memory; its allocator snapshot is not written (only rank 0 writes the run's files)",
+            trainer.runtime.rank,
+        )
+        return None
+    path = trainer.run.memory_snapshot
+    try:
+        with atomic_open(path) as f:
+            pickle.dump(memory_monitor.allocator_snapshot(), f)
+    except OSError as e:
+        log.warning("the allocator snapshot of this out-of-memory error could not be written to %s: %s", path, e)
+        return None
+    log.warning(
+        "out of memory at step %d: the allocator's snapshot is %s (open it at %s)",
+        trainer.state.global_step,
+        path,
+        MEMORY_VIEWER,
+    )
+    return path
 
 
 def back_off_after_oom(trainer: Trainer, batch_size: int, length: int) -> None:

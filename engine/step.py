@@ -24,6 +24,7 @@ from engine.oom import (
     SyncedOutOfMemory,
     agree_and_reduce,
     back_off_after_oom,
+    save_memory_snapshot,
 )
 from engine.optim import max_grad_norm
 from engine.trainer import Trainer
@@ -64,6 +65,7 @@ def accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size:
         except OutOfMemoryError:
             failed = True
         if failed:  # outside the except block: its traceback no longer holds the step's tensors
+            save_memory_snapshot(trainer)  # trainer.memory_snapshot: on_oom; before the back-off empties the cache
             if trainer.syncs_in_backward:
                 raise SyncedOutOfMemory(
                     f"rank {trainer.runtime.rank}: out of memory with train.ddp_sync: overlap: the other "

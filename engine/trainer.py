@@ -32,6 +32,7 @@ class RunReport:
     last_progress: float = field(default_factory=time.time)  # the last progress line's time
     # the warnings of a temporal head at chance said so far, each once a run: "not learning", "fitting"
     head_at_chance_said: set = field(default_factory=set)
+    memory_history: bool = False  # CUDA's allocator records its history (trainer.memory_snapshot: on_oom)
 
 
 @dataclass

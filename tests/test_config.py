@@ -433,3 +433,10 @@ def test_a_tcn_checkpoint_from_before_its_own_dropout_key_keeps_the_dropout_it_t
     del old["model"]["temporal_tcn_dropout"]
     old["model"].update(temporal_head="tcn", temporal_dropout=dropout)
     assert saved_config(old).model.temporal_tcn_dropout == tcn_dropout
+
+
+def test_memory_snapshot_takes_off_as_yaml_writes_it_and_names_its_choices(tmp_path):
+    assert load_config(write(tmp_path, "a.yaml", "trainer:\n  memory_snapshot: off\n")).trainer.memory_snapshot == "off"
+    assert load_config(None, ["trainer.memory_snapshot=on_oom"]).trainer.memory_snapshot == "on_oom"
+    path = write(tmp_path, "b.yaml", "trainer:\n  memory_snapshot: always\n")
+    assert error_of(path) == f"{path}: trainer.memory_snapshot: 'always' is not one of off, on_oom"

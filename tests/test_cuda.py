@@ -100,3 +100,32 @@ def test_chunked_inference_device_memory_does_not_grow_with_clip_length():
                 forward_chunked(model, {"video": clip["video"][:, :, start : start + 32].cuda()}, 16, 4)
         peaks.append(torch.cuda.max_memory_allocated())
     assert peaks[1] <= peaks[0] * 1.1
+
+
+def test_a_real_cuda_out_of_memory_error_writes_the_allocators_snapshot(tmp_path):
+    """trainer.memory_snapshot: on_oom on a device: the history is recorded, a real OOM in a step (a forward that
+    asks for more than the device has, once) backs off and leaves a snapshot the viewer reads."""
+    import pickle
+
+    from test_training_loop import NoBatchNorm, make_trainer
+
+    from engine import loop, oom
+
+    class AsksTooMuch(NoBatchNorm):
+        def forward(self, inputs):
+            if len(inputs["video"]) > 2:
+                torch.empty(torch.cuda.get_device_properties(0).total_memory * 2, dtype=torch.uint8, device="cuda")
+            return super().forward(inputs)
+
+    trainer, loader = make_trainer(
+        AsksTooMuch().cuda(), 4, 1, tmp_path, count=4, **{"trainer.memory_snapshot": "on_oom"}
+    )
+    trainer.runtime = type(trainer.runtime)(torch.device("cuda"), "32")
+    trainer.prepare = type(trainer.prepare)(torch.device("cuda"), trainer.cfg.data.mean, trainer.cfg.data.std)
+    trainer.model.normalize = trainer.prepare.normalize
+    oom.start_memory_history(trainer)
+    assert trainer.report.memory_history is True
+    loop.train_one_epoch(trainer, loader)
+    snapshot = pickle.loads((tmp_path / "memory_snapshot.pickle").read_bytes())
+    assert "segments" in snapshot and "device_traces" in snapshot
+    torch.cuda.memory._record_memory_history(enabled=None)

@@ -345,3 +345,33 @@ def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
     for key, value in a["model"].items():
         torch.testing.assert_close(b["model"][key], value, rtol=1e-3, atol=5e-4, msg=lambda m, key=key: f"{key}: {m}")
     assert a["history"][0]["val_num_clips"] == b["history"][0]["val_num_clips"] == 6  # gathered, no duplicates
+
+
+def test_an_out_of_memory_step_writes_the_allocator_snapshot_when_recording(tmp_path, caplog, monkeypatch):
+    """trainer.memory_snapshot: on_oom. CUDA's allocator is not on this machine: its snapshot is a stand-in
+    dict; the path it takes (each OOM of a step, backed off, written atomically as the run's
+    memory_snapshot.pickle and named with its viewer) is the one a CUDA run takes."""
+    import pickle
+
+    from engine import oom
+
+    taken = []
+    monkeypatch.setattr(oom.memory_monitor, "allocator_snapshot", lambda: taken.append(1) or {"segments": [1]})
+    trainer, loader = make_trainer(
+        NoBatchNorm(oom_above=2), 8, 1, tmp_path, count=8, **{"trainer.memory_snapshot": "on_oom"}
+    )
+    with caplog.at_level(logging.INFO, logger="longvideo"):
+        oom.start_memory_history(trainer)  # on the CPU: said once, nothing recorded
+    assert "trainer.memory_snapshot: on_oom records CUDA's allocator; on cpu nothing is recorded" in caplog.text
+    assert trainer.report.memory_history is False
+    trainer.report.memory_history = True  # as start_memory_history leaves a CUDA run
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
+        loop.train_one_epoch(trainer, loader)
+    assert len(taken) == 2  # 8 -> 4 -> 2 clips per forward: two out-of-memory errors, a snapshot each
+    path = tmp_path / "memory_snapshot.pickle"
+    assert pickle.loads(path.read_bytes()) == {"segments": [1]}
+    assert (
+        f"out of memory at step 0: the allocator's snapshot is {path} (open it at https://pytorch.org/memory_viz)"
+        in caplog.text
+    )
+    assert sorted(os.listdir(tmp_path)) == ["checkpoints", "memory_snapshot.pickle"]  # no temporary file left
