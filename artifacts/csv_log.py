@@ -10,6 +10,7 @@ import csv
 import io
 import logging
 import os
+from collections.abc import Callable
 
 from core.files import append_whole, atomic_write_bytes, repair_torn_tail
 
@@ -19,8 +20,8 @@ log = logging.getLogger("longvideo")
 class CsvLog:
     """Appends rows of plain values to a CSV file; the header comes from the first row."""
 
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, path: str, mirror: Callable[[dict], None] | None = None):
+        self.path, self.mirror = path, mirror  # mirror: each row appended also goes there (TensorBoard)
         self.fields: list[str] | None = None
         torn = repair_torn_tail(path)
         if torn:
@@ -50,6 +51,8 @@ class CsvLog:
             if new:
                 self.fields = None  # the header was not written either
             raise
+        if self.mirror is not None:
+            self.mirror(row)
 
     def rows(self) -> list[dict]:
         if not os.path.exists(self.path):

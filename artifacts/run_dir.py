@@ -71,6 +71,7 @@ class RunDirectory:
     curves_png = property(lambda self: self.file("training_curves.png"))
     confusion_png = property(lambda self: self.file("confusion_matrix.png"))
     memory_snapshot = property(lambda self: self.file("memory_snapshot.pickle"))  # trainer.memory_snapshot
+    tensorboard = property(lambda self: self.file("tb"))  # trainer.tensorboard
     checkpoints = property(lambda self: self.file(CHECKPOINTS))
 
     def checkpoint(self, name: str) -> str:

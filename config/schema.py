@@ -513,6 +513,14 @@ class TrainerConfig:
         "instead of a hang",
         minimum=1.0,
     )
+    tensorboard: bool | str = setting(
+        "auto",
+        "choice",
+        "also write every scalar of metrics.csv and memory.csv as TensorBoard events in <run>/tb/: auto (when the "
+        "tensorboard package is installed; nothing said when it is not), true (an error without the package) or "
+        "false",
+        choices=("auto", True, False),
+    )
     memory_snapshot: str = setting(
         "off",
         "choice",

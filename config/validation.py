@@ -45,7 +45,8 @@ def _check_value(spec: Key, value: Any, where: str) -> Any:
         if value is False and "off" in spec.choices:  # YAML reads a bare off as false
             value = "off"
         if value not in spec.choices:
-            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(spec.choices)}")
+            names = ", ".join(str(c).lower() if isinstance(c, bool) else c for c in spec.choices)
+            raise ConfigError(f"{where}: {value!r} is not one of {names}")
     elif kind == "list":
         if not isinstance(value, list):
             fail("a list such as [a, b]")
@@ -250,6 +251,11 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
         raise ConfigError(
             f"{origin('data.sample_window_overlap')}: data.sample_window_overlap={window_overlap} "
             f"must be smaller than data.max_video_frames={window}"
+        )
+    if cfg["trainer"]["tensorboard"] is True and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            f"{origin('trainer.tensorboard')}: trainer.tensorboard: true needs the tensorboard package, which is not "
+            f"installed; pip install tensorboard, or set trainer.tensorboard: auto"
         )
     if data["decoder"] == "pyav" and data["load_rgb"] and importlib.util.find_spec("av") is None:
         raise ConfigError(

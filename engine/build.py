@@ -11,6 +11,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from artifacts import tensorboard
 from artifacts.checkpoint import CheckpointError, TrainState, load_checkpoint, restore_training
 from artifacts.csv_log import CsvLog
 from artifacts.run_dir import ExperimentDirectory, RunDirectory
@@ -279,7 +280,12 @@ def _write_first_files(trainer: Trainer, num_samples: int) -> None:
     # as run: the precision resolved for this device (the capped workers and a fitted batch are in cfg already)
     as_run = derive(cfg, {"trainer.precision": runtime.precision}, "the precision this device runs")
     atomic_write_bytes(run.config_yaml, dump(as_run).encode())
-    trainer.report.memory_log = CsvLog(run.memory_csv)
+    if tensorboard.wanted(cfg.trainer.tensorboard):
+        resumed_at = trainer.state.global_step or None
+        trainer.report.tensorboard = tensorboard.TensorBoardLog(run.tensorboard, purge_step=resumed_at)
+        log.info("TensorBoard events: %s (tensorboard --logdir %s)", run.tensorboard, run.path)
+    mirror = trainer.report.tensorboard.mirror("memory/", "step") if trainer.report.tensorboard else None
+    trainer.report.memory_log = CsvLog(run.memory_csv, mirror)
     global_batch = cfg.data.batch_size * cfg.train.accumulate_grad_batches * runtime.world_size
     log.info(
         "run %s | %s on %s, precision %s | %d training samples, %d classes | global batch %d = %d x %d "

@@ -208,7 +208,10 @@ def fit(
 def _fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | None) -> None:
     cfg, state, runtime = trainer.cfg, trainer.state, trainer.runtime
     max_epochs = cfg.trainer.max_epochs
-    metrics_log = CsvLog(trainer.run.metrics_csv) if runtime.is_main else None
+    board = trainer.report.tensorboard
+    metrics_log = (
+        CsvLog(trainer.run.metrics_csv, board.mirror("", "epoch") if board else None) if runtime.is_main else None
+    )
     changed = metrics_log.keep_rows_of(state.history) if metrics_log is not None else 0
     if changed:  # e.g. a run stopped by a full disk between its checkpoint and its row
         log.warning(

@@ -12,6 +12,7 @@ import torch
 from artifacts.checkpoint import TrainState, training_checkpoint
 from artifacts.csv_log import CsvLog
 from artifacts.run_dir import RunDirectory
+from artifacts.tensorboard import TensorBoardLog
 from config import Config
 from core.runtime import Runtime
 from datasets.bad_input import BadInputReport
@@ -33,6 +34,7 @@ class RunReport:
     # the warnings of a temporal head at chance said so far, each once a run: "not learning", "fitting"
     head_at_chance_said: set = field(default_factory=set)
     memory_history: bool = False  # CUDA's allocator records its history (trainer.memory_snapshot: on_oom)
+    tensorboard: TensorBoardLog | None = None  # trainer.tensorboard: metrics.csv's and memory.csv's scalars there
 
 
 @dataclass
