@@ -5,10 +5,11 @@
 
 Each kill is a fresh run of the one command torchrun reruns (``train.py ... --resume auto``) under
 ``torchrun --max-restarts 1`` on the small synthetic dataset (2 gloo processes, tiny3d at 32x32), with rank 1
-SIGKILLed at a random optimizer step after the first last.pt; the final weights are compared with an
-uninterrupted run of the same command, bit for bit. ``two-agents`` runs two torchrun agents on localhost (a c10d
-rendezvous, ``--nnodes 2``, one process each), the second agent's worker killed. It prints a row per kill and the
-count that finished bit-identically; a kill that fails prints why (exit code, the last lines of stderr).
+SIGKILLed at a random optimizer step after the first last.pt (``--any-rank``: rank 0, the one that writes, and
+rank 1 in turn); the final weights are compared with an uninterrupted run of the same command, bit for bit.
+``two-agents`` runs two torchrun agents on localhost (a c10d rendezvous, ``--nnodes 2``, one process each). It
+prints a row per kill and the count that finished bit-identically; a kill that fails prints why (exit code, the
+last lines of its agents' output).
 
 The same helpers drive tests/test_elastic.py. Load: the 2 cores run both workers, the agents and the decoders.
 """
@@ -149,8 +150,10 @@ def final_weights(out: str) -> dict:
     return torch.load(os.path.join(out, "elastic", "latest", "checkpoints", "last.pt"), weights_only=True)["model"]
 
 
-def run(data: str, out: str, layout: str, mode: str, kill_at: int | None = None, timeout: float = 300.0) -> dict:
-    """One run of the command; with ``kill_at``, rank 1 SIGKILLed once rank 0 has logged that step. The result:
+def run(
+    data: str, out: str, layout: str, mode: str, kill_at: int | None = None, timeout: float = 300.0, rank: int = 1
+) -> dict:
+    """One run of the command; with ``kill_at``, ``rank`` SIGKILLed once rank 0 has logged that step. The result:
     agents' exit codes, whether the kill happened, the seconds, leftovers (temp files, processes)."""
     log_dir = tempfile.mkdtemp(prefix="elastic-logs-")
     start, killed = time.monotonic(), None
@@ -160,7 +163,7 @@ def run(data: str, out: str, layout: str, mode: str, kill_at: int | None = None,
             if all(agent.poll() is not None for agent in agents):
                 break
             if logged_step(out) >= kill_at:
-                pid = worker_of(agents, 1)
+                pid = worker_of(agents, rank)
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL)
                     killed = logged_step(out)
@@ -192,6 +195,7 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--any-rank", action="store_true", help="kill rank 0 and rank 1 in turn (default: rank 1)")
     args = parser.parse_args()
     from datasets.synthetic import generate  # the bench writes its own small dataset
 
@@ -218,11 +222,12 @@ def main() -> None:
             assert result["codes"] == [0], result["log"][-2000:]
             references[mode] = final_weights(os.path.join(root, f"reference-{mode}"))
         good = 0
-        print(f"{'kill':>4s} {'layout':>10s} {'mode':>7s} {'step':>4s} {'exit':>6s} {'s':>5s}  result")
+        print(f"{'kill':>4s} {'layout':>10s} {'mode':>7s} {'rank':>4s} {'step':>4s} {'exit':>6s} {'s':>5s}  result")
         for kill in range(args.kills):
             layout, mode = layouts[kill % len(layouts)], modes[(kill // len(layouts)) % len(modes)]
             out = os.path.join(root, f"kill-{kill}")
-            result = run(data, out, layout, mode, kill_at=rng.randint(2, 9))
+            rank = kill // (len(layouts) * len(modes)) % 2 if args.any_rank else 1
+            result = run(data, out, layout, mode, kill_at=rng.randint(2, 9), rank=rank)
             ok = (
                 all(code == 0 for code in result["codes"])
                 and result["killed_at"] is not None
@@ -232,7 +237,7 @@ def main() -> None:
             )
             good += ok
             print(
-                f"{kill:>4d} {layout:>10s} {mode:>7s} {str(result['killed_at']):>4s} "
+                f"{kill:>4d} {layout:>10s} {mode:>7s} {rank:>4d} {str(result['killed_at']):>4s} "
                 f"{','.join(map(str, result['codes'])):>6s} {result['seconds']:5.1f}  "
                 f"{'bit-identical' if ok else 'FAILED'}",
                 flush=True,
