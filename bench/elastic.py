@@ -151,13 +151,22 @@ def final_weights(out: str) -> dict:
 
 
 def run(
-    data: str, out: str, layout: str, mode: str, kill_at: int | None = None, timeout: float = 300.0, rank: int = 1
+    data: str,
+    out: str,
+    layout: str,
+    mode: str,
+    kill_at: int | None = None,
+    timeout: float = 300.0,
+    rank: int = 1,
+    how: signal.Signals = signal.SIGKILL,
+    extra: tuple = (),
 ) -> dict:
-    """One run of the command; with ``kill_at``, ``rank`` SIGKILLed once rank 0 has logged that step. The result:
+    """One run of the command; with ``kill_at``, ``rank`` sent ``how`` (SIGKILL; SIGSTOP: a rank that stops
+    without dying) once rank 0 has logged that step; ``extra``: more --set values. The result:
     agents' exit codes, whether the kill happened, the seconds, leftovers (temp files, processes)."""
     log_dir = tempfile.mkdtemp(prefix="elastic-logs-")
     start, killed = time.monotonic(), None
-    agents = launch(layout, settings(data, out, mode), log_dir)
+    agents = launch(layout, settings(data, out, mode, *extra), log_dir)
     try:
         while kill_at is not None and killed is None and time.monotonic() - start < timeout:
             if all(agent.poll() is not None for agent in agents):
@@ -165,7 +174,7 @@ def run(
             if logged_step(out) >= kill_at:
                 pid = worker_of(agents, rank)
                 if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(pid, how)
                     killed = logged_step(out)
             time.sleep(0.05)
         codes = wait(agents, timeout - (time.monotonic() - start))

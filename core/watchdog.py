@@ -102,10 +102,10 @@ def where_main_waits() -> str:
 
 
 def _short(path: str) -> str:
-    if path.startswith(ROOT + os.sep):
-        return os.path.relpath(path, ROOT)
     parts = path.split(os.sep)
-    return os.sep.join(parts[parts.index("site-packages") + 1 :]) if "site-packages" in parts else path
+    if "site-packages" in parts:  # a library's file: from its package on
+        return os.sep.join(parts[parts.index("site-packages") + 1 :])
+    return os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
 
 
 _watchdog: StallWatchdog | None = None

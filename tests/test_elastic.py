@@ -45,6 +45,28 @@ def test_a_rank_killed_mid_epoch_restarts_and_finishes_bit_identically(
     assert_resumed_and_identical(result, str(tmp_path), references[mode])
 
 
+def test_a_rank_that_stops_without_dying_is_ended_by_the_stall_bound_and_the_group_restarts(
+    synthetic_root, tmp_path, references
+):
+    """A hang torchrun cannot see: rank 1 stopped (SIGSTOP) mid-epoch, rank 0 waiting for it in a collective. Rank
+    0's stall bound ends it with one line saying where it waited; torchrun restarts the group, which resumes and
+    finishes bit-identically (the stopped process is killed by torchrun with its group)."""
+    result = elastic.run(
+        synthetic_root,
+        str(tmp_path),
+        "one-node",
+        "agreed",
+        kill_at=4,
+        how=signal.SIGSTOP,
+        extra=("trainer.stall_timeout_s=3",),
+    )
+    assert_resumed_and_identical(result, str(tmp_path), references["agreed"])
+    [line] = [line for line in result["log"].splitlines() if "no progress" in line]
+    assert line.startswith("error: rank 0: no progress for 3 s after step ")
+    assert "(trainer.stall_timeout_s), waiting in " in line and "torch/distributed/distributed_c10d.py:" in line
+    assert ", called from engine/" in line
+
+
 def test_two_agents_with_a_c10d_rendezvous_survive_a_killed_worker(synthetic_root, tmp_path, references):
     result = elastic.run(synthetic_root, str(tmp_path), "two-agents", "agreed", kill_at=6)
     assert_resumed_and_identical(result, str(tmp_path), references["agreed"])
