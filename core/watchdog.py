@@ -5,7 +5,8 @@ left, the run ends) instead of every rank hanging until the process group's time
 torchrun restarts a group when a worker dies; a group that hangs (every rank waiting in a collective, or in the
 join of a restarted group) kills nothing, so nothing restarts it. The process group's own timeout
 (``trainer.process_group_timeout_s``, 600 s) bounds one collective; this bounds the time between two signs of
-progress, which the training loop gives: each batch trained, each validation batch, each precise-BN batch. It
+progress, which the training loop gives: each batch trained, each validation batch (and each chunk group of a
+window streamed whole), each precise-BN batch. It
 is armed only where every wait is on the group or the model: the join of the group, the weights broadcast, and
 the training loop from its first optimizer step on (the first step may compile and search algorithms); waiting
 for the data loader does not count (a sample has its own deadline, ``data.sample_timeout_s``).

@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from config import Config, DataConfig, InferConfig
-from core import memory_monitor
+from core import memory_monitor, watchdog
 from datasets.chunk_stream import ChunkStream
 from datasets.manifest import VideoRecord
 from datasets.records import check_labels, frame_labels, segment_frames
@@ -153,6 +153,7 @@ def run_stream(
             inputs = prepare(tensors)
             # a video shorter than the model's minimum clip: repeat its last frame (docs/long-videos.md)
             yield windows, slice_time(inputs, 0, clip_length(inputs), getattr(model, "min_frames", 1))
+            watchdog.beat()  # under torchrun, a whole window streamed in validation is progress chunk by chunk
             if count % TRIM_EVERY == 0:  # freed chunk groups back to the system: RSS flat in video length
                 memory_monitor.trim_freed_memory()
 
