@@ -153,9 +153,8 @@ def find_checkpoint(args) -> tuple[str, str]:
     )
 
 
-def input_records(args, cfg: Config) -> tuple[str, list, list[str], str]:
+def input_records(args, cfg: Config, shard_index: int, shard_count: int) -> tuple[str, list, list[str], str]:
     """(where the videos come from, this shard's records, their features files' names, the shard in words)."""
-    shard_index, shard_count = parse_shard(args.shard)
     source, records = resolve_inputs(args.input, cfg.data)
     if args.max_videos:
         records = records[: args.max_videos]
@@ -178,7 +177,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     setup_logging()
     quiet_decoder_logs()
-    parse_shard(args.shard)  # a bad --shard is refused before the model loads
+    shard_index, shard_count = parse_shard(args.shard)  # a bad --shard is refused before the model loads
     if args.features:
         prepare_directory(args.features)
     checkpoint_path, why = find_checkpoint(args)
@@ -190,7 +189,7 @@ def main(argv=None) -> int:
     cfg = inference_config(args, cfg, runtime, saved.shape)
     head_reach = set_head_window(model, cfg.infer.head_window)
     spec = InferenceSpec.of_config(cfg.infer, args.topk, args.timeline, args.decode_threads or None)
-    source, records, names, part = input_records(args, cfg)
+    source, records, names, part = input_records(args, cfg, shard_index, shard_count)
     print(
         f"checkpoint: {checkpoint_path} ({why})\ninput: {source} ({len(records)} videos{part})\n"
         f"{how_it_runs(cfg, head_reach)} batch {spec.batch} on {runtime.device}"

@@ -70,6 +70,7 @@ def build_trainer(
             if val_set is not None
             else None
         )  # in length
+    set_head_window(model, cfg.infer.head_window)  # validation runs a temporal head as eval.py will
     optimizer = build_optimizer(model, cfg.train)
     if runtime.is_main and temporal_head_of(model) is not None:
         _log_temporal_head_settings(optimizer, cfg.train)
@@ -191,7 +192,6 @@ def _feature_head_on_device(cfg: Config, runtime: Runtime, feature_dim: int, num
     except ModelConfigError as e:
         raise ConfigError(str(e))
     init_temporal_head(model, cfg.model.temporal_head_init)
-    set_head_window(model, cfg.infer.head_window)  # validation runs the head as eval.py will
     return model.to(runtime.device)
 
 
@@ -229,7 +229,6 @@ def _model_on_device(cfg: Config, runtime: Runtime, shape: DataShape) -> tuple:
         raise ConfigError(str(e))
     if cfg.model.temporal_head != "none":
         init_temporal_head(model, cfg.model.temporal_head_init)
-        set_head_window(model, cfg.infer.head_window)  # validation runs the head as eval.py will
     if cfg.model.norm == "sync":
         _synchronize_norms(model, cfg, runtime)
     model.to(runtime.device)

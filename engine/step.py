@@ -147,9 +147,9 @@ def training_loss(
     counted = labels >= 0
     if not counted.any():  # no chunk of this piece lies in a segment: nothing to learn, no NaN either
         return chunk_logits.sum() * 0.0
-    stages = None if outputs.stages is None else [stage.transpose(0, 1) for stage in outputs.stages]
-    if stages is None:
+    if outputs.stages is None:
         return criterion(chunk_logits[counted], labels[counted])
+    stages = [stage.transpose(0, 1) for stage in outputs.stages]  # [n, B, K] each, as the labels
     real = (
         piece["mask"].t().to(device) if "mask" in piece else torch.ones(labels.shape, dtype=torch.bool, device=device)
     )
