@@ -276,16 +276,20 @@ def _warn_if_head_at_chance(trainer: Trainer) -> None:
     if not trainer.has_temporal_head or not trainer.runtime.is_main:
         return
     chance = 1.0 / len(trainer.class_names)
-    rows = [row for row in trainer.state.history if "val_clip_acc" in row][-HEAD_AT_CHANCE_VALIDATIONS:]
+    # a timeline (dense chunk labels) is judged by its frames; a clip's one label is then only its majority's
+    dense = trainer.cfg.train.chunk_loss == "dense"
+    accuracy = "val_seg_frame_acc" if dense else "val_clip_acc"
+    rows = [row for row in trainer.state.history if accuracy in row][-HEAD_AT_CHANCE_VALIDATIONS:]
     if len(rows) < HEAD_AT_CHANCE_VALIDATIONS:
         return
-    clips = rows[-1].get("val_num_clips")
+    clips = None if dense else rows[-1].get("val_num_clips")
     margin = 0.05 if not clips else max(0.05, 2 * math.sqrt(chance * (1 - chance) / clips))
-    if max(row["val_clip_acc"] for row in rows) > chance + margin:
+    if max(row[accuracy] for row in rows) > chance + margin:
         return
     train_cfg, said = trainer.cfg.train, trainer.report.head_at_chance_said
     at_chance = (
-        f"epoch {trainer.state.epoch}: validation accuracy has stayed at chance ({chance:.3f}) for "
+        f"epoch {trainer.state.epoch}: validation {'frame ' if dense else ''}accuracy has stayed at chance "
+        f"({chance:.3f}) for "
         f"{len(rows)} validations with the temporal head on"
     )
     train_loss, chance_loss = rows[-1].get("train_loss"), math.log(len(trainer.class_names))

@@ -902,6 +902,16 @@ def test_a_head_at_chance_is_said_once_with_the_switches(caplog):
     assert not _head_warnings(caplog, _trainer_at(learning), [learning])
 
 
+def test_a_timeline_head_is_judged_by_its_frames_not_its_clips_majority_label(caplog):
+    """With dense chunk labels a clip's one label is only its majority's: a head whose frames are right is not at
+    chance when that label is, and one whose frames are at chance is, said of its frame accuracy."""
+    learning = [{"epoch": e, "val_clip_acc": 0.333, "val_seg_frame_acc": 0.75, "train_loss": 1.1} for e in (1, 2, 3)]
+    assert not _head_warnings(caplog, _trainer_at(learning, overrides=["train.chunk_loss=dense"]), [learning])
+    blind = [{**row, "val_clip_acc": 0.9, "val_seg_frame_acc": 0.35} for row in learning]
+    warnings = _head_warnings(caplog, _trainer_at(blind, overrides=["train.chunk_loss=dense"]), [blind])
+    assert len(warnings) == 1 and warnings[0].startswith("epoch 3: validation frame accuracy has stayed at chance")
+
+
 def test_a_head_that_fits_its_training_clips_at_chance_is_told_so_once_more(caplog):
     """Training loss under half of chance's (ln classes) while validation stays at chance: the head fits the
     training clips, and the advice is data and chunking, not the learning rate; said once, after the first."""
