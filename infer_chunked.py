@@ -12,6 +12,8 @@ while the model runs the current ones; frames shared by overlapping chunks are d
 from __future__ import annotations
 
 import argparse
+import os
+from typing import NamedTuple
 
 import torch
 
@@ -27,11 +29,13 @@ from core.files import file_sha256
 from core.logs import setup_logging
 from core.runtime import resolve_device, setup_runtime
 from datasets.bad_input import BAD_INPUT_ERRORS
+from datasets.mstcn import check_one_word
 from datasets.records import resolve_inputs
 from datasets.shape import DataShape
 from datasets.video.capture import quiet_decoder_logs
 from engine.features import (
     FEATURE_DTYPES,
+    FEATURE_LAYOUTS,
     FeatureOutput,
     feature_names,
     parse_shard,
@@ -122,6 +126,20 @@ def add_feature_flags(parser: argparse.ArgumentParser) -> None:
         help="dtype of the stored features (the logits are always float32)",
     )
     parser.add_argument(
+        "--features-layout",
+        choices=FEATURE_LAYOUTS,
+        default="npz",
+        help="npz: DIR/<stem>.npz; mstcn: MS-TCN's layout instead (DIR/features/<stem>.npy [D, n] float32, with "
+        "segments DIR/groundTruth/<stem>.txt and DIR/mapping.txt, DIR/splits/<input>.bundle), for MS-TCN, "
+        "ASFormer or DiffAct code unchanged; both: the two",
+    )
+    parser.add_argument(
+        "--features-bundle",
+        metavar="NAME",
+        help="--features-layout mstcn or both: the bundle's name, DIR/splits/NAME.bundle (e.g. train.split1, "
+        "as MS-TCN's main.py looks for it; default: the --input file's name)",
+    )
+    parser.add_argument(
         "--shard",
         metavar="i/N",
         help="take every N-th video from the i-th (0-based): N processes or machines split the input",
@@ -153,24 +171,37 @@ def find_checkpoint(args) -> tuple[str, str]:
     )
 
 
-def input_records(args, cfg: Config, shard_index: int, shard_count: int) -> tuple[str, list, list[str], str]:
-    """(where the videos come from, this shard's records, their features files' names, the shard in words)."""
+class Inputs(NamedTuple):
+    source: str  # where the videos come from
+    records: list  # this shard's
+    names: list  # their features files' names
+    part: str  # the shard in words
+    all_names: list  # every shard's features files' names
+
+
+def input_records(args, cfg: Config, shard_index: int, shard_count: int) -> Inputs:
     source, records = resolve_inputs(args.input, cfg.data)
     if args.max_videos:
         records = records[: args.max_videos]
-    names = feature_names(records)  # over the whole list: every shard names a file alike
-    records, names = shard(records, shard_index, shard_count), shard(names, shard_index, shard_count)
-    return source, records, names, f", shard {shard_index}/{shard_count}" if shard_count > 1 else ""
+    all_names = feature_names(records)  # over the whole list: every shard names a file alike
+    records, names = shard(records, shard_index, shard_count), shard(all_names, shard_index, shard_count)
+    return Inputs(source, records, names, f", shard {shard_index}/{shard_count}" if shard_count > 1 else "", all_names)
 
 
-def feature_output(args, cfg: Config, checkpoint_path: str) -> FeatureOutput | None:
-    """--features DIR: where each video's file goes and the settings that decide it."""
+def feature_output(args, cfg: Config, checkpoint_path: str, class_names: list, all_names: list) -> FeatureOutput | None:
+    """--features DIR: where each video's file goes, the settings that decide it, the layout; ``all_names``: every
+    video's file name of the input list (all shards)."""
     if not args.features:
         return None
     settings = settings_of(
         cfg, cfg.infer.chunk_size, cfg.infer.chunk_overlap, args.features_dtype, file_sha256(checkpoint_path)
     )
-    return FeatureOutput(args.features, settings, checkpoint_path)
+    if args.features_layout != "npz":
+        check_one_word(class_names)  # before the first video, not after the last
+    bundle = args.features_bundle or (
+        os.path.splitext(os.path.basename(os.path.normpath(args.input)))[0] if args.input else "videos"
+    )
+    return FeatureOutput(args.features, settings, checkpoint_path, args.features_layout, bundle, tuple(all_names))
 
 
 def main(argv=None) -> int:
@@ -183,13 +214,19 @@ def main(argv=None) -> int:
     checkpoint_path, why = find_checkpoint(args)
     device = resolve_device(args.device or "auto")
     model, cfg, class_names, saved = load_trained_model(checkpoint_path, device, args.backbone)
+    if saved.features is not None:
+        raise UsageError(
+            f"{checkpoint_path}: a head trained on the features of an MS-TCN dataset ({saved.features['dataset']}) "
+            f"has no backbone to run videos with; eval.py --checkpoint {checkpoint_path} scores it on its split's "
+            f"test videos"
+        )
     if saved.backbone is not None:
         why += f"; its backbone: {saved.backbone}"
     runtime = setup_runtime(cfg.trainer, device=str(device), precision=args.precision)
     cfg = inference_config(args, cfg, runtime, saved.shape)
     head_reach = set_head_window(model, cfg.infer.head_window)
     spec = InferenceSpec.of_config(cfg.infer, args.topk, args.timeline, args.decode_threads or None)
-    source, records, names, part = input_records(args, cfg, shard_index, shard_count)
+    source, records, names, part, all_names = input_records(args, cfg, shard_index, shard_count)
     print(
         f"checkpoint: {checkpoint_path} ({why})\ninput: {source} ({len(records)} videos{part})\n"
         f"{how_it_runs(cfg, head_reach)} batch {spec.batch} on {runtime.device}"
@@ -198,7 +235,15 @@ def main(argv=None) -> int:
         torch.cuda.reset_peak_memory_stats(runtime.device)
     outputs = Outputs(args.output, args.plot, args.timeline, args.plot_row_minutes)
     failures = run_videos(
-        model, records, names, cfg, spec, runtime, class_names, outputs, feature_output(args, cfg, checkpoint_path)
+        model,
+        records,
+        names,
+        cfg,
+        spec,
+        runtime,
+        class_names,
+        outputs,
+        feature_output(args, cfg, checkpoint_path, class_names, all_names),
     )
     snap = memory_monitor.snapshot(runtime.device)
     peak = f", device peak {snap['device_peak_mb']:.0f} MB" if "device_peak_mb" in snap else ""

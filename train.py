@@ -30,7 +30,7 @@ from datasets.records import DATA_LAYOUTS
 from datasets.shape import DataShape
 from datasets.video.capture import quiet_decoder_logs
 from engine.build import build_trainer
-from engine.feature_data import index_features
+from engine.feature_data import index_feature_data
 from engine.interrupt import stop_on_ctrl_c
 from engine.loop import fit
 from engine.trainer import RunStopped
@@ -159,7 +159,7 @@ def memory_decisions(cfg: Config, runtime, fit_budget: bool) -> tuple[Config, in
     features files' headers of a head trained on features): the planner's decisions before the run is built."""
     shape = DataShape.of_manifest(cfg)  # read once (manifest, keypoints) for both decisions below
     if cfg.data.features_dir is not None:  # a temporal head on features: no clips, no chunks to recompute
-        features_index = index_features(cfg.data.features_dir)  # every file's header, read once for both
+        features_index = index_feature_data(cfg.data)  # every file's header, read once for both
         return plan_feature_training(cfg, runtime, shape.num_classes, features_index), 0, features_index
     if fit_budget or cfg.data.batch_size == "auto":  # the same decision again on resume: deterministic
         cfg = batch_for_budget(cfg, runtime, shape)

@@ -18,7 +18,7 @@ from config import Config, derive, saved_config
 from core.errors import ConfigError
 from core.files import file_sha256
 from datasets.shape import DataShape
-from models import ModelConfigError, build_model
+from models import ModelConfigError, build_feature_head, build_model
 
 HEAD_DATA_KEYS = (
     "data_dir",
@@ -38,10 +38,15 @@ class CheckpointSummary(NamedTuple):
     global_step: int | None
     shape: DataShape  # the data it trained on: classes, camera views, keypoints
     backbone: str | None = None  # a head trained on features: the backbone checkpoint it runs with
+    # a head trained on features that came with their dataset (MS-TCN's layout): where they are, no backbone
+    features: dict | None = None
 
     @classmethod
-    def of(cls, ckpt: dict, shape: DataShape | None = None, backbone: str | None = None) -> CheckpointSummary:
-        return cls(ckpt.get("epoch"), ckpt.get("global_step"), shape or DataShape.of_checkpoint(ckpt), backbone)
+    def of(
+        cls, ckpt: dict, shape: DataShape | None = None, backbone: str | None = None, features: dict | None = None
+    ) -> CheckpointSummary:
+        shape = shape or DataShape.of_checkpoint(ckpt)
+        return cls(ckpt.get("epoch"), ckpt.get("global_step"), shape, backbone, features)
 
 
 class TrainedModel(NamedTuple):
@@ -59,6 +64,8 @@ def load_trained_model(path: str, device: torch.device, backbone: str | None = N
     records."""
     ckpt = load_checkpoint(path)
     cfg = _config_of(path, ckpt)
+    if "features_source" in ckpt and ckpt["features_source"].get("format") == "mstcn":
+        return _head_alone(path, ckpt, cfg, device, backbone)
     if "features_source" in ckpt:
         return _paired(path, ckpt, cfg, device, backbone)
     if backbone is not None:
@@ -151,4 +158,23 @@ def _paired(path: str, head_state: dict, head_cfg: Config, device: torch.device,
             f"{path} with {backbone_path}: the head does not fit the backbone: {str(e).splitlines()[0]}"
         )
     summary = CheckpointSummary.of(head_state, shape, backbone_path)
+    return TrainedModel(model.to(device).eval(), cfg, class_names, summary)
+
+
+def _head_alone(path: str, ckpt: dict, cfg: Config, device: torch.device, backbone: str | None) -> TrainedModel:
+    """A head trained on the features MS-TCN's layout came with: no backbone to pair, it runs on those features
+    (eval.py scores it on its split's test videos)."""
+    source = ckpt["features_source"]
+    if backbone is not None:
+        raise CheckpointError(
+            f"{path}: --backbone {backbone}: this head was trained on the features of an MS-TCN dataset "
+            f"({source['dataset']}), not on a backbone's of this project; leave --backbone out"
+        )
+    class_names = list(ckpt["class_names"])
+    try:
+        model = build_feature_head(cfg.model, int(source["feature_dim"]), len(class_names))
+        model.load_state_dict(ckpt["model"])
+    except (ModelConfigError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: its head cannot be rebuilt: {str(e).splitlines()[0]}")
+    summary = CheckpointSummary.of(ckpt, DataShape(len(class_names)), features=source)
     return TrainedModel(model.to(device).eval(), cfg, class_names, summary)

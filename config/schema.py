@@ -197,6 +197,21 @@ class DataConfig:
         "the manifests), instead of on video clips",
         nullable=True,
     )
+    features_format: str = setting(
+        "npz",
+        "choice",
+        "npz: data.features_dir holds infer_chunked.py --features files, labels from the manifests; mstcn: it "
+        "is a dataset root in MS-TCN's layout (features/*.npy [D, T], groundTruth/*.txt, mapping.txt, "
+        "splits/*.bundle: Breakfast, 50Salads, GTEA), read in place, data.frame_stride its sample_rate",
+        choices=("npz", "mstcn"),
+    )
+    features_split: int = setting(
+        1,
+        "int",
+        "features_format: mstcn: the cross-validation split N: splits/train.splitN.bundle trains, "
+        "test.splitN.bundle validates",
+        minimum=1,
+    )
     background_labels: list = setting(
         [],
         "list",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from datasets.long_range_tasks import EVENT_COLOURS
+from datasets.mstcn import write_index, write_video
 from datasets.video_files import build_once, write_task_splits
 
 SEGMENT_CLASSES = (
@@ -30,21 +31,35 @@ SEGMENT_CLASSES = (
     "blue_after_red",
     "blue_after_green",
 )
+BACKGROUND = "background"  # MS-TCN's background label (datasets.mstcn)
 LOOKS = {"red": "A", "green": "B", "blue": "C"}  # the look's tint (long_range_tasks.EVENT_COLOURS: A red ...)
+
+
+def segment_plan(
+    rng: np.random.Generator, frames: int, shortest: int, longest: int, background: float = 0.0
+) -> list[dict]:
+    """Segments [{"start", "end", "label", "look"}] covering ``frames``; with ``background`` > 0, that share of
+    the segments after the first is ``background`` (look and label), which the next look's label sees past."""
+    segments, start, previous, last = [], 0, None, None
+    while start < frames:
+        length = int(rng.integers(shortest, longest + 1))
+        end = frames if frames - (start + length) < shortest else start + length  # no stub at the end
+        if background and last not in (None, BACKGROUND) and rng.random() < background:
+            look = label = BACKGROUND
+        else:
+            look = str(rng.choice([look for look in LOOKS if look != previous]))  # two segments, not one
+            label = look if previous is None else f"{look}_after_{previous}"
+            previous = look
+        segments.append({"start": start, "end": end, "label": label, "look": look})
+        start, last = end, look
+    return segments
 
 
 def segment_video(
     rng: np.random.Generator, frames: int, size: int, shortest: int, longest: int
 ) -> tuple[list[np.ndarray], list[dict]]:
     """The frames (BGR) of one video and its segments [{"start", "end", "label"}] covering every frame."""
-    segments, start, previous = [], 0, None
-    while start < frames:
-        length = int(rng.integers(shortest, longest + 1))
-        end = frames if frames - (start + length) < shortest else start + length  # no stub at the end
-        look = str(rng.choice([look for look in LOOKS if look != previous]))  # two segments, not one
-        label = look if previous is None else f"{look}_after_{previous}"
-        segments.append({"start": start, "end": end, "label": label, "look": look})
-        start, previous = end, look
+    segments = segment_plan(rng, frames, shortest, longest)
     video = []
     for t in range(frames):
         look = next(s["look"] for s in segments if s["start"] <= t < s["end"])
@@ -97,3 +112,40 @@ def generate_segmentation(
         )
 
     return build_once(out, args, write, quiet)
+
+
+def segment_features(rng: np.random.Generator, frames: int, prototypes: dict, shortest: int, longest: int):
+    """The task as features (``generate_features``): each frame the feature vector of its look, ``prototypes``
+    [look] [D], under unit Gaussian noise (a frame tells its look, never the look before); a quarter of the
+    segments after the first are background. -> (features [T, D], labels [T])."""
+    segments = segment_plan(rng, frames, shortest, longest, background=0.25)
+    dim = len(next(iter(prototypes.values())))
+    features = rng.normal(0.0, 1.0, size=(frames, dim)).astype(np.float32)
+    labels = []
+    for segment in segments:
+        features[segment["start"] : segment["end"]] += prototypes[segment["look"]]
+        labels += [segment["label"]] * (segment["end"] - segment["start"])
+    return features, labels
+
+
+def generate_features(
+    out: str, seed: int = 0, videos: int = 12, frames: int = 600, dim: int = 32, splits: int = 2, quiet=False
+) -> str:
+    """The task in MS-TCN's layout (datasets.mstcn) at ``out``: ``videos`` videos of ``frames`` feature frames,
+    ``dim`` features each, in ``splits`` cross-validation splits (video i is in split i % splits + 1's test set,
+    in every other split's training set), background as class 0. The same seed writes the same files."""
+    rng = np.random.default_rng(seed)
+    prototypes = {look: rng.normal(0.0, 1.0, size=dim).astype(np.float32) * 1.5 for look in (*LOOKS, BACKGROUND)}
+    names = [f"video_{i:03d}" for i in range(videos)]
+    for name in names:
+        features, labels = segment_features(rng, frames, prototypes, 40, 120)
+        write_video(out, name, features, labels)
+    bundles = {}
+    for split in range(1, splits + 1):
+        test = [n for i, n in enumerate(names) if i % splits == split - 1]
+        bundles[f"train.split{split}"] = [n for n in names if n not in test]
+        bundles[f"test.split{split}"] = test
+    write_index(out, [BACKGROUND, *SEGMENT_CLASSES], bundles)
+    if not quiet:
+        print(f"wrote {out}: {videos} videos of {frames} frames x {dim} features in MS-TCN's layout, {splits} splits")
+    return out

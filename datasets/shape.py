@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from config import Config
 from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.keypoints import read_keypoints
+from datasets.mstcn import read_mapping
 from datasets.records import read_split, resolve_class_names
 from datasets.video_dataset import VideoWindowDataset
 
@@ -32,6 +33,8 @@ class DataShape:
     def of_manifest(cls, cfg: Config) -> "DataShape":
         """From the training manifest, no video opened (the planner runs before any decoding); the model's
         defaults, with a warning, where the manifest cannot be read."""
+        if cfg.data.features_dir is not None and cfg.data.features_format == "mstcn":  # no manifest: mapping.txt
+            return cls(len(read_mapping(cfg.data.features_dir)))
         try:
             records = read_split(cfg.data, "train")
             kpt = (

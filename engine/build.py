@@ -290,7 +290,8 @@ def _write_first_files(trainer: Trainer, num_samples: int) -> None:
         "run %s | %s on %s, precision %s | %d training samples, %d classes | global batch %d = %d x %d "
         "accumulated x %d processes",
         run,
-        cfg.model.backbone,
+        # a head trained on features has no backbone in this run
+        f"a {cfg.model.temporal_head} head on features" if cfg.data.features_dir is not None else cfg.model.backbone,
         runtime.device,
         runtime.precision,
         num_samples,

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from artifacts.trained_model import CheckpointSummary, load_trained_model
 from config import Config, InferConfig, apply_inference_flags
 from core import watchdog
+from core.errors import UsageError
 from core.files import atomic_write_bytes
 from core.runtime import Runtime, resolve_device, setup_runtime, unwrap_model
 from datasets.bad_input import BAD_INPUT_ERRORS, BadInputReport
@@ -26,6 +27,7 @@ from datasets.records import frame_labels
 from datasets.video_dataset import VideoWindowDataset, build_dataset, index_cache_for
 from engine.chunking import ChunkedOutput, forward_chunked
 from engine.data import GuardedBatches, cap_workers, make_loader
+from engine.feature_data import feature_loader, test_videos
 from engine.inference import InferenceSpec, run_stream
 from engine.metrics import ClassificationMeter
 from engine.segment_metrics import SegmentationScores, background_indices, format_scores
@@ -304,6 +306,8 @@ class EvaluationSpec:
 def evaluate_checkpoint(path: str, spec: EvaluationSpec) -> EvaluationResult:
     device = resolve_device(spec.device or "auto")
     model, cfg, class_names, checkpoint = load_trained_model(path, device, spec.backbone)
+    if checkpoint.features is not None:  # a head on the features its dataset came with: scored on those
+        return _evaluate_on_features(path, model, cfg, class_names, checkpoint, spec)
     cfg = cap_workers(apply_inference_flags(cfg, spec.overrides))
     head_reach = set_head_window(model, cfg.infer.head_window)
     runtime = setup_runtime(cfg.trainer, device=str(device), precision=spec.precision)
@@ -318,3 +322,32 @@ def evaluate_checkpoint(path: str, spec: EvaluationSpec) -> EvaluationResult:
     if runtime.device.type == "cuda":
         torch.cuda.empty_cache()  # the next checkpoint starts from a clean device
     return EvaluationResult(metrics, cfg, class_names, checkpoint, clip_rows, video_rows, head_reach)
+
+
+def _evaluate_on_features(path: str, model, cfg: Config, class_names, checkpoint, spec) -> EvaluationResult:
+    """A head trained on MS-TCN's layout scored on its split's test videos, whole, one a batch: the validation of
+    its training run, with a row per video."""
+    if spec.data is not None or spec.overrides or spec.fit_batch is not None:
+        raise UsageError(
+            f"{path}: a head trained on the features of an MS-TCN dataset is scored on the test bundle of the split "
+            f"it trained on (data.features_split {cfg.data.features_split}), whole videos: --data, --chunk, "
+            f"--overlap, --agg and --batch do not apply; leave them out"
+        )
+    dataset = test_videos(cfg.data)
+    runtime = setup_runtime(cfg.trainer, device=str(next(model.parameters()).device), precision=spec.precision)
+    loader = feature_loader(dataset, cfg.train.seed, runtime, 1, shuffle=False, pad=False)
+    meter = ClassificationMeter(len(class_names))
+    background = background_indices(cfg.data.background_labels, class_names)
+    prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
+    metrics = evaluate(model, loader, prepare, runtime, cfg.infer, len(class_names), meter=meter, background=background)
+    video_rows = [
+        {
+            "video": dataset.names[v["video_index"]],
+            "label": class_names[v["label"]],
+            "predicted": class_names[v["predicted"]],
+            "probability": round(v["probability"], 6),
+            "clips": v["clips"],
+        }
+        for v in meter.video_predictions()
+    ]
+    return EvaluationResult(metrics, cfg, class_names, checkpoint, [], video_rows, "whole videos")

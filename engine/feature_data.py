@@ -27,14 +27,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from config import Config
+from config import Config, DataConfig
 from core.errors import ConfigError
 from core.runtime import Runtime
 from datasets.manifest import VideoRecord
-from datasets.records import frame_labels, resolve_class_names, segment_frames, training_records
+from datasets.mstcn import MsTcnVideos, bundle_names, feature_shape, read_mapping
+from datasets.records import resolve_class_names, training_records
 from datasets.sampler import EpochSampler
-from engine.chunking import chunk_labels
-from engine.features import read_arrays, read_header
+from engine.features import read_arrays, read_header, video_labels
 
 log = logging.getLogger("longvideo")
 SOURCE_KEYS = ("checkpoint_sha256", "chunk", "overlap", "frame_stride", "feature_dim")  # must agree over files
@@ -68,22 +68,18 @@ class FeaturesDataset(Dataset):
         path, header = self.files[index]
         record = self.records[index]
         features, windows = read_arrays(path)
-        num_frames = int(header["num_frames"])
-        segments = (
-            segment_frames(record, num_frames, float(header["fps"]), self.class_names)
-            if record.segments is not None
-            else None
+        frames, per_chunk = video_labels(
+            record, int(header["num_frames"]), float(header["fps"]), windows, self.class_names
         )
-        label = self.class_names.index(record.label) if record.label is not None else -1
-        frames = frame_labels(segments, np.arange(num_frames), label)
-        per_chunk = chunk_labels(torch.from_numpy(frames)[None], [tuple(w) for w in windows.tolist()])[:, 0]
         annotated = frames[frames >= 0]
-        if record.label is None:  # the label covering most annotated frames
+        if record.label is not None:
+            label = self.class_names.index(record.label)
+        else:  # the label covering most annotated frames
             label = int(np.bincount(annotated).argmax()) if len(annotated) else 0
         return {
             "features": torch.from_numpy(features),
             "windows": torch.from_numpy(windows).float(),
-            "chunk_labels": per_chunk,
+            "chunk_labels": torch.from_numpy(per_chunk),
             "frame_labels": torch.from_numpy(frames),
             "label": label,
             "video_index": index,
@@ -141,11 +137,72 @@ def index_features(features_dir: str) -> tuple[dict, dict]:
     return files, source
 
 
+def index_feature_data(data: DataConfig) -> tuple[dict, dict]:
+    """``index_features`` of data.features_dir in either data.features_format: for mstcn, each video of the
+    split's two bundles by name, with its training sequence's length ("chunks"), and the source every video
+    shares (the dataset, the split, the sample rate and the features' width)."""
+    if data.features_format == "npz":
+        return index_features(data.features_dir)
+    root, rate = data.features_dir, data.frame_stride
+    names = bundle_names(root, "train", data.features_split) + bundle_names(root, "test", data.features_split)
+    files, dims = {}, {}
+    for name in names:
+        dims[name], frames = feature_shape(root, name)
+        files[name] = (os.path.join(root, "features", f"{name}.npy"), {"chunks": -(-frames // rate)})
+    if len(set(dims.values())) > 1:
+        (a, da), (b, db) = next(iter(dims.items())), next((n, d) for n, d in dims.items() if d != dims[names[0]])
+        raise ConfigError(
+            f"data.features_dir={root}: features/{a}.npy has {da} features a frame, features/{b}.npy {db}; a head "
+            f"trains on the features of one extraction"
+        )
+    source = {
+        "format": "mstcn",
+        "dataset": os.path.abspath(root),
+        "split": data.features_split,
+        "sample_rate": rate,
+        "feature_dim": dims[names[0]],
+        "checkpoint_sha256": "",  # no backbone here: the features came with the dataset
+        "checkpoint": "",
+    }
+    return files, source
+
+
+def _mstcn_data(data: DataConfig, source: dict) -> FeatureData:
+    root, split = data.features_dir, data.features_split
+    class_names = read_mapping(root)
+    if data.class_names is not None and [str(n) for n in data.class_names] != class_names:
+        raise ConfigError(
+            f"data.class_names {data.class_names} differ from {os.path.join(root, 'mapping.txt')}'s "
+            f"{class_names}; with data.features_format: mstcn the classes are mapping.txt's: leave data.class_names "
+            f"null"
+        )
+    train_set = MsTcnVideos(root, bundle_names(root, "train", split), class_names, data.frame_stride)
+    val_set = MsTcnVideos(root, bundle_names(root, "test", split), class_names, data.frame_stride)
+    log.info(
+        "training on MS-TCN's layout: %s split %d (%d training, %d test videos), %d-dim features every %d frames, "
+        "%d classes",
+        root,
+        split,
+        len(train_set),
+        len(val_set),
+        source["feature_dim"],
+        data.frame_stride,
+        len(class_names),
+    )
+    return FeatureData(train_set, val_set, class_names, source)
+
+
+def test_videos(data: DataConfig) -> MsTcnVideos:
+    """The test bundle of data.features_split (MS-TCN's layout): what eval.py scores a head trained on it with."""
+    root = data.features_dir
+    return MsTcnVideos(root, bundle_names(root, "test", data.features_split), read_mapping(root), data.frame_stride)
+
+
 class FeatureData(NamedTuple):
     """What a head trained on features trains and validates on (unpacks as the 4-tuple it was)."""
 
-    train_set: FeaturesDataset
-    val_set: FeaturesDataset | None
+    train_set: FeaturesDataset | MsTcnVideos
+    val_set: FeaturesDataset | MsTcnVideos | None
     class_names: list
     source: dict  # the backbone checkpoint and chunking every file shares (index_features)
 
@@ -153,7 +210,9 @@ class FeatureData(NamedTuple):
 def build_feature_data(cfg: Config, index: tuple | None = None) -> FeatureData:
     """The training and validation sets of ``data.features_dir``, their class names and the features' source;
     ``index`` is its ``index_features`` when the caller read it already."""
-    files, source = index or index_features(cfg.data.features_dir)
+    files, source = index or index_feature_data(cfg.data)
+    if cfg.data.features_format == "mstcn":
+        return _mstcn_data(cfg.data, source)
     train_records, val_records = training_records(cfg.data)
     class_names = resolve_class_names(cfg.data, train_records)
     train_set = FeaturesDataset(train_records, files, class_names, "train", cfg.data.features_dir)
@@ -178,7 +237,7 @@ def build_feature_data(cfg: Config, index: tuple | None = None) -> FeatureData:
 
 
 def feature_loader(
-    dataset: FeaturesDataset, seed: int, runtime: Runtime, batch_size: int, shuffle: bool, pad: bool
+    dataset: FeaturesDataset | MsTcnVideos, seed: int, runtime: Runtime, batch_size: int, shuffle: bool, pad: bool
 ) -> DataLoader:
     """The features read in this process: a file is a few MB, no decoding to hide."""
     sampler = EpochSampler(

@@ -29,24 +29,45 @@ from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from config import Config, dump
 from core.errors import UsageError
 from core.files import atomic_open
 from datasets.manifest import VideoRecord
+from datasets.mstcn import BACKGROUND, write_index, write_video
+from datasets.records import frame_labels, segment_frames
+from engine.chunking import chunk_labels
 from engine.video_result import VideoResult
 
 FEATURE_DTYPES = ("float16", "float32")
 
 
+FEATURE_LAYOUTS = ("npz", "mstcn", "both")
+
+
 @dataclass(frozen=True)
 class FeatureOutput:
     """--features DIR: where each video's file goes, what decides its content (``settings_of``: a file written
-    with other settings is recomputed) and the checkpoint that writes it."""
+    with other settings is recomputed) and the checkpoint that writes it; ``layout``: this tool's files, MS-TCN's
+    layout (``write_mstcn``) or both, and for MS-TCN's the bundle's name and every video of the input list."""
 
     directory: str
     settings: dict
     checkpoint: str
+    layout: str = "npz"
+    bundle: str = "videos"
+    all_names: tuple = ()
+
+    def done(self, name: str) -> str | None:
+        """None when the video ``name`` has its files with these settings; else why it is (re)computed. MS-TCN's
+        layout has no room for the settings: alone, every video is computed again."""
+        if self.layout == "mstcn":
+            return "MS-TCN's layout alone records no settings (--features-layout both skips done videos)"
+        reason = done_before(os.path.join(self.directory, name), self.settings)
+        if reason is None and self.layout == "both" and not os.path.exists(mstcn_features_path(self.directory, name)):
+            return "no MS-TCN features file yet"
+        return reason
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
@@ -152,6 +173,53 @@ def write_features(
     }
     with atomic_open(path) as f:
         np.savez(f, **arrays)
+
+
+def mstcn_name(name: str) -> str:
+    """A features file's name in MS-TCN's layout: its loaders take a video's name up to its first dot."""
+    return os.path.splitext(name)[0].replace(".", "_")
+
+
+def mstcn_features_path(directory: str, name: str) -> str:
+    return os.path.join(directory, "features", f"{mstcn_name(name)}.npy")
+
+
+def write_mstcn(directory: str, name: str, result: VideoResult, record: VideoRecord, class_names: list[str]) -> None:
+    """``result``'s chunk features in MS-TCN's layout under ``directory``, one "frame" of it an inference chunk:
+    features/NAME.npy [D, n] float32 and, where the record has segments, groundTruth/NAME.txt with each chunk's
+    label (the segment covering most of its frames; ``background`` where none covers it)."""
+    chunks, labels = result.features, None
+    if record.segments is not None:
+        _, per_chunk = video_labels(record, result.num_frames, result.fps, chunks.frame_windows, class_names)
+        labels = [class_names[i] if i >= 0 else BACKGROUND for i in per_chunk]
+    write_video(directory, mstcn_name(name), chunks.features, labels)
+
+
+def write_mstcn_index(output: FeatureOutput, class_names: list[str], labelled: bool) -> list[str]:
+    """splits/<bundle>.bundle with every video of the input list whose files are there (all shards' so far:
+    the last shard to finish lists them all), and with ``labelled`` videos mapping.txt: the classes, then
+    ``background`` if it is not one. Returns the bundle's names."""
+    done = [
+        mstcn_name(name)
+        for name in output.all_names
+        if os.path.exists(mstcn_features_path(output.directory, name))
+        and (not labelled or os.path.exists(os.path.join(output.directory, "groundTruth", f"{mstcn_name(name)}.txt")))
+    ]
+    classes = [*class_names, BACKGROUND] if BACKGROUND not in class_names else class_names
+    write_index(output.directory, classes if labelled else None, {output.bundle: done})
+    return done
+
+
+def video_labels(
+    record: VideoRecord, num_frames: int, fps: float, windows: np.ndarray, class_names: list[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(each frame's label [num_frames], each chunk's [n]: the label covering most of its frames), as class indices,
+    -1 where none: from the record's segments, else its label for every frame."""
+    segments = segment_frames(record, num_frames, fps, class_names) if record.segments is not None else None
+    label = class_names.index(record.label) if record.label is not None else -1
+    frames = frame_labels(segments, np.arange(num_frames), label)
+    per_chunk = chunk_labels(torch.from_numpy(frames)[None], [tuple(w) for w in np.asarray(windows).tolist()])
+    return frames, per_chunk[:, 0].numpy()
 
 
 HEADER_KEYS = ("video", "settings", "checkpoint_sha256", "fps", "num_frames", "chunk", "overlap", "frame_stride")

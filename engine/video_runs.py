@@ -15,7 +15,7 @@ from config import Config
 from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.device_input import InputPreparer
 from datasets.video.info import StalledFile
-from engine.features import FeatureOutput, done_before, write_features
+from engine.features import FeatureOutput, mstcn_features_path, write_features, write_mstcn, write_mstcn_index
 from engine.inference import InferenceSpec, classify_video
 from engine.segment_metrics import SegmentationScores, background_indices, format_scores
 from engine.video_outputs import Outputs, print_result
@@ -68,10 +68,11 @@ def run_videos(
     outputs.start()
     progress = tqdm(names, desc="videos", disable=not sys.stderr.isatty() or len(records) == 1)
     for number, (record, name) in enumerate(zip(records, progress)):
-        path = os.path.join(features.directory, name) if features else None
-        reason = done_before(path, features.settings) if features else "new"
+        reason = features.done(name) if features else "new"
         if reason is None:
-            print(f"skipped {record.first_path}: {path} exists with the same settings")
+            print(
+                f"skipped {record.first_path}: {os.path.join(features.directory, name)} exists with the same settings"
+            )
             tally.counts["skipped"] += 1
             continue
         try:
@@ -93,13 +94,20 @@ def run_videos(
                 break
             result = VideoResult(record.first_path, error=str(e))
         if features and result.error is None:
-            _save_features(path, result, record, cfg, features, class_names, reason, tally)
+            _save_features(name, result, record, cfg, features, class_names, reason, tally)
         tally.add(result)
         outputs.write(result, name, class_names)
         if result.error is None:  # the console shows the summary with --output too
             print_result(result, spec.timeline)
     for line in tally.summary(scores, features is not None):
         print(line)
+    if features and features.layout != "npz":
+        labelled = any(r.segments is not None for r in records)
+        listed = write_mstcn_index(features, class_names, labelled)
+        print(
+            f"MS-TCN's layout: {features.directory}/splits/{features.bundle}.bundle lists {len(listed)} of the "
+            f"{len(features.all_names)} videos" + (", mapping.txt its classes" if labelled else "")
+        )
     if scores.videos:
         outputs.write_scores(scores.result(), scores.videos)
     return tally.counts["failed"]
@@ -122,11 +130,17 @@ def _go_on_after(error: Exception, left: int, tally: Tally) -> bool:
 
 
 def _save_features(
-    path: str, result: VideoResult, record, cfg: Config, features: FeatureOutput, class_names, reason: str, tally: Tally
+    name: str, result: VideoResult, record, cfg: Config, features: FeatureOutput, class_names, reason: str, tally: Tally
 ) -> None:
-    """A video's features file written (atomically); its arrays then leave the result."""
-    write_features(path, result, record, cfg, features.settings, class_names, features.checkpoint)
-    print(f"features: {path} ({len(result.features.features)} chunks; {reason})")
+    """A video's features files written (atomically), in the layouts asked for; its arrays then leave the result."""
+    written = []
+    if features.layout != "mstcn":
+        written.append(os.path.join(features.directory, name))
+        write_features(written[-1], result, record, cfg, features.settings, class_names, features.checkpoint)
+    if features.layout != "npz":
+        write_mstcn(features.directory, name, result, record, class_names)
+        written.append(mstcn_features_path(features.directory, name))
+    print(f"features: {' and '.join(written)} ({len(result.features.features)} chunks; {reason})")
     tally.chunks += len(result.features.features)
     tally.counts["done"] += 1
     result.features = None
