@@ -15,7 +15,7 @@ $(VENV)/.runtime-installed: requirements.txt $(CONSTRAINTS)
 	$(PY) -m pip install --quiet -r requirements.txt $(PIN)
 	touch $@
 
-$(VENV)/.dev-installed: $(VENV)/.runtime-installed requirements-dev.txt
+$(VENV)/.dev-installed: $(VENV)/.runtime-installed requirements-dev.txt requirements-backbones.txt
 	$(PY) -m pip install --quiet -r requirements-dev.txt $(PIN)
 	touch $@
 

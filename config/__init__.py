@@ -23,6 +23,7 @@ from config.loading import dump, load_config, parse_override
 from config.schema import (
     ALL_KEYS,
     BACKBONES,
+    EXTERNAL_BACKBONES,
     NORMS,
     SCHEMA,
     Config,
@@ -34,12 +35,13 @@ from config.schema import (
     TrainerConfig,
     defaults,
 )
-from config.validation import apply_flags, derive, validate
+from config.validation import apply_flags, derive, external_package_missing, validate
 from core.errors import ConfigError
 
 __all__ = [
     "ALL_KEYS",
     "BACKBONES",
+    "EXTERNAL_BACKBONES",
     "INFERENCE_FLAGS",
     "NORMS",
     "SCHEMA",
@@ -56,6 +58,7 @@ __all__ = [
     "apply_inference_flags",
     "defaults",
     "derive",
+    "external_package_missing",
     "dump",
     "inference_overrides",
     "load_config",

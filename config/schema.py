@@ -33,6 +33,8 @@ BACKBONES = (
     "resnet34",
     "resnet50",
 )
+# Backbones of optional packages (models/external.py): "timm/<model name>", "hf/<local directory or hub name>".
+EXTERNAL_BACKBONES = {"timm/": "timm", "hf/": "transformers"}
 NORMS = ("batch", "frozen", "sync", "group")  # model.norm: models/norms.py converts BatchNorm to each
 
 
@@ -62,7 +64,12 @@ def setting(default: Any, kind: str, help: str, **limits) -> Any:
 class ModelConfig:
     """model: the network: backbone, input, normalization layers and the temporal head."""
 
-    backbone: str = setting("tiny3d", "str", "model name from the registry (python -m models --list)")
+    backbone: str = setting(
+        "tiny3d",
+        "str",
+        "model name from the registry (python -m models --list), timm/<name> (a timm image model on every frame) "
+        "or hf/<directory or hub name> (a transformers video model: VideoMAE, V-JEPA 2)",
+    )
     model_class_num: int | None = setting(
         None, "int", "number of classes; null = from data.class_names or the training labels", minimum=2, nullable=True
     )
@@ -71,6 +78,12 @@ class ModelConfig:
         "none", "choice", "how camera views are combined", choices=("none", "late", "mean", "concat")
     )
     grad_checkpointing: bool = setting(False, "bool", "recompute each stage's activations in backward")
+    freeze_backbone: bool = setting(
+        False,
+        "bool",
+        "the RGB backbone is not trained: no gradients, no optimizer state, its BatchNorm in eval mode, chunks "
+        "forward without a graph (the end-to-end form of training on features: model.pretrained gives it weights)",
+    )
     dropout: float = setting(0.0, "float", "dropout before the classifier", minimum=0.0, maximum=1.0)
     width: int = setting(32, "int", "base channel width of the small models (tiny3d, keypoint branch)", minimum=1)
     pretrained: Any = setting(

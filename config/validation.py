@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Callable
 
-from config.schema import BACKBONES, SCHEMA, Config, Key, did_you_mean
+from config.schema import BACKBONES, EXTERNAL_BACKBONES, SCHEMA, Config, Key, did_you_mean
 from core.errors import ConfigError
 from core.runtime import PRECISION_ALIASES
 
@@ -209,6 +209,11 @@ def _norm_checks(cfg: dict, origin: Callable[[str], str]) -> None:
             f"and the keypoint branch of input_type {model['input_type']} has none (model.pretrained "
             f"loads the RGB backbone); use norm: group, sync or batch"
         )
+    if model["freeze_backbone"] and model["input_type"] == "kpt":
+        raise ConfigError(
+            f"{origin('model.freeze_backbone')}: model.freeze_backbone freezes the RGB backbone, and model.input_type "
+            f"kpt has none; set it to false (the keypoint branch always trains)"
+        )
     if norm == "group" and model["pretrained"] is True:
         raise ConfigError(
             f"{origin('model.norm')}: model.norm: group replaces BatchNorm, whose statistics "
@@ -299,11 +304,31 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
         raise ConfigError(
             f"{origin('trainer.device')}: trainer.device: {device!r} is not one of auto, cpu, cuda, cuda:N"
         )
-    if model["backbone"] not in BACKBONES:
+    backbone = model["backbone"]
+    if backbone.startswith(tuple(EXTERNAL_BACKBONES)):
+        missing = external_package_missing(backbone)
+        if missing:
+            raise ConfigError(f"{origin('model.backbone')}: {missing}")
+    elif backbone not in BACKBONES:
         raise ConfigError(
             f"{origin('model.backbone')}: model.backbone: unknown model '{model['backbone']}'; "
             f"known: {', '.join(sorted(BACKBONES))}"
         )
+
+
+def external_package_missing(backbone: str) -> str | None:
+    """Why ``model.backbone`` (timm/..., hf/...) cannot be built here: its name is empty or its optional package is
+    not installed; None when it can be tried."""
+    prefix = next(p for p in EXTERNAL_BACKBONES if backbone.startswith(p))
+    package = EXTERNAL_BACKBONES[prefix]
+    if backbone == prefix:
+        return f"model.backbone: {backbone} names no model; e.g. {prefix}{'resnet18' if package == 'timm' else 'DIR'}"
+    if importlib.util.find_spec(package) is None:
+        return (
+            f"model.backbone: {backbone} needs the {package} package, which is not installed: pip install -r "
+            f"requirements-backbones.txt (or pip install {package})"
+        )
+    return None
 
 
 def apply_flags(cfg: Config, flags: dict) -> Config:

@@ -229,6 +229,11 @@ def _model_on_device(cfg: Config, runtime: Runtime, shape: DataShape) -> tuple:
         raise ConfigError(str(e))
     if cfg.model.temporal_head != "none":
         init_temporal_head(model, cfg.model.temporal_head_init)
+    if cfg.model.freeze_backbone and cfg.model.pretrained is None and runtime.is_main:
+        log.warning(
+            "model.freeze_backbone with model.pretrained null: the backbone stays as it was initialized at random, "
+            "and only the head learns; give it weights with model.pretrained"
+        )
     if cfg.model.norm == "sync":
         _synchronize_norms(model, cfg, runtime)
     model.to(runtime.device)

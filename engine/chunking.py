@@ -246,11 +246,16 @@ class ChunkedTrainingForward(nn.Module):
         logits = []
         for i, (start, end) in enumerate(windows):
             chunk = slice_time(inputs, start, end, min_frames)
-            if spec.recomputed(i, len(windows)):
+            if self._recomputed(spec, i, len(windows)):
                 logits.append(recompute_in_backward(self.module, self._chunk_logits, chunk))
             else:
                 logits.append(self._chunk_logits(chunk))
         return HeadOutput(None, torch.stack(logits, dim=1))
+
+    def _recomputed(self, spec: ChunkSpec, chunk: int, chunks: int) -> bool:
+        # a frozen backbone (model.freeze_backbone) runs without a graph: nothing of it to recompute, and
+        # recomputing the chunk would run it twice for the head's or classifier's few activations
+        return spec.recomputed(chunk, chunks) and not getattr(unwrap_model(self.module), "frozen_backbone", False)
 
     def _chunk_logits(self, chunk: dict) -> torch.Tensor:
         return self.module(self.normalize(chunk))
@@ -265,7 +270,7 @@ class ChunkedTrainingForward(nn.Module):
         features = []
         for i, (start, end) in enumerate(windows):
             chunk = slice_time(inputs, start, end, min_frames)
-            if spec.recomputed(i, len(windows)):
+            if self._recomputed(spec, i, len(windows)):
                 features.append(recompute_in_backward(self.module, self._chunk_features, chunk))
             else:
                 features.append(self._chunk_features(chunk))

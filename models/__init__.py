@@ -15,10 +15,11 @@ from config import ModelConfig
 from core.runtime import unwrap_model
 from models import tiny3d, torchvision_video, vgg3d  # noqa: F401  (importing them registers the backbones)
 from models.classifier import VideoClassifier
+from models.external import build_external, is_external
 from models.keypoint import KeypointTCN
 from models.norms import batch_norms, convert_norms
 from models.pretrained import load_pretrained
-from models.registry import ModelConfigError, build_rgb_backbone, registered_names
+from models.registry import ModelConfigError, build_registered, registered_names
 from models.temporal import FeatureHead, TemporalHead
 
 __all__ = [
@@ -30,6 +31,12 @@ __all__ = [
     "set_head_window",
     "temporal_head_of",
 ]
+
+
+def build_rgb_backbone(name: str, width: int = 32) -> nn.Module:
+    """A registered backbone (models/registry.py), or one of an optional package: timm/<name>, hf/<directory or
+    hub name> (models/external.py)."""
+    return build_external(name) if is_external(name) else build_registered(name, width)
 
 
 def build_model(model_cfg: ModelConfig, num_classes: int, num_views: int = 1, kpt_shape: tuple[int, int] | None = None):
@@ -68,6 +75,7 @@ def build_model(model_cfg: ModelConfig, num_classes: int, num_views: int = 1, kp
         dropout=model_cfg.dropout,
         fusion=model_cfg.fusion,
         temporal=temporal,
+        freeze_backbone=model_cfg.freeze_backbone,
     )
     model.set_grad_checkpointing(model_cfg.grad_checkpointing)
     return model

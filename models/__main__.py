@@ -8,12 +8,13 @@ checkpointing: estimated on any machine (the memory planner), and with CUDA meas
 """
 
 import argparse
+import importlib.util
 import os
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from config import Config, ModelConfig, derive, load_config
+from config import EXTERNAL_BACKBONES, Config, ModelConfig, derive, load_config
 from models import build_model, build_rgb_backbone, registered_names
 from planner import project  # python -m models is an entry point, like the scripts: it may use the planner
 
@@ -77,6 +78,10 @@ def main() -> None:
         for name in registered_names():
             params = sum(p.numel() for p in build_rgb_backbone(name).parameters())
             print(f"{name:14s} {params / 1e6:8.2f} M parameters (backbone, without the head)")
+        for prefix, package in EXTERNAL_BACKBONES.items():
+            found = importlib.util.find_spec(package) is not None
+            what = "a timm image model on every frame" if package == "timm" else "a transformers video model"
+            print(f"{prefix}<name>{'':6s} {what} ({package} {'installed' if found else 'not installed'})")
         return
     cfg = load_config(args.config)
     cuda = torch.cuda.is_available()

@@ -109,6 +109,7 @@ class VideoClassifier(nn.Module):
         dropout: float = 0.0,
         fusion: str = "concat",
         temporal: dict | None = None,
+        freeze_backbone: bool = False,
     ):
         super().__init__()
         if rgb is None and kpt is None:
@@ -119,6 +120,9 @@ class VideoClassifier(nn.Module):
                 f"set model.view_fusion to mean, concat or late"
             )
         self.rgb, self.kpt = rgb, kpt
+        self.frozen_backbone = freeze_backbone and rgb is not None
+        if self.frozen_backbone:  # model.freeze_backbone: no gradients, so no optimizer state (engine/optim.py)
+            rgb.requires_grad_(False)
         self.view_fusion, self.num_views = view_fusion, num_views
         rgb_dim = 0 if rgb is None else rgb.feature_dim * (num_views if view_fusion == "concat" else 1)
         kpt_dim = 0 if kpt is None else kpt.feature_dim
@@ -143,6 +147,14 @@ class VideoClassifier(nn.Module):
                 )
             self.temporal = temporal_head(self.feature_dim, num_classes, **temporal)
 
+    def train(self, mode: bool = True) -> VideoClassifier:
+        """A frozen backbone stays in eval mode: its BatchNorm normalizes with its pretrained statistics and never
+        updates them, its dropout is off (the features it gives are the ones it was trained to give)."""
+        super().train(mode)
+        if self.frozen_backbone:
+            self.rgb.eval()
+        return self
+
     def set_grad_checkpointing(self, enabled: bool = True) -> None:
         for branch in (self.rgb, self.kpt):
             if branch is not None:
@@ -158,7 +170,8 @@ class VideoClassifier(nn.Module):
             b, v = video.shape[:2]
             if self.view_fusion == "concat" and v != self.num_views:
                 raise ValueError(f"view_fusion=concat was built for {self.num_views} views, got {v}")
-            per_view = self.rgb(video.flatten(0, 1)).view(b, v, -1)
+            with torch.no_grad() if self.frozen_backbone else contextlib.nullcontext():  # no graph to keep
+                per_view = self.rgb(video.flatten(0, 1)).view(b, v, -1)
             if self.view_fusion == "late":
                 parts.append(per_view)
             elif self.view_fusion == "concat":

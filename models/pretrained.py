@@ -42,7 +42,36 @@ def _download(name: str) -> dict:
         )
 
 
+def _hub_weights(backbone: torch.nn.Module, name: str) -> dict:
+    """model.pretrained: true for timm/... and hf/...: the library's own pretrained weights (timm's hub, the
+    Hugging Face hub or its cache, or an hf/ directory's saved weights)."""
+    hub_log = logging.getLogger("huggingface_hub")
+    level = hub_log.level
+    hub_log.setLevel(logging.ERROR)  # its retry lines: the one line below says it all
+    try:
+        return backbone.load_hub_weights()
+    except Exception as e:  # no network, no such weights, a full disk: all end here, in one line
+        raise PretrainedError(
+            f"model.pretrained: true: could not get {name}'s pretrained weights ({str(e).splitlines()[0][:200]}); "
+            f"fetch them on a machine with network and set model.pretrained: /path/to/the weights file "
+            f"(.pth, .bin or .safetensors)"
+        )
+    finally:
+        hub_log.setLevel(level)
+
+
+def _read_safetensors(path: str) -> dict:
+    from safetensors.torch import load_file  # comes with timm and transformers, the files' usual producers
+
+    try:
+        return load_file(path)
+    except Exception as e:  # a truncated or foreign file: safetensors' own error types vary by version
+        raise PretrainedError(f"model.pretrained: {path}: not a readable .safetensors file ({e})")
+
+
 def _read(path: str) -> dict:
+    if path.endswith(".safetensors") and os.path.exists(path):
+        return _read_safetensors(path)
     if not os.path.exists(path):
         raise PretrainedError(
             f"model.pretrained: {path}: file not found; give a weights file that exists, true for "
@@ -68,7 +97,10 @@ def _read(path: str) -> dict:
 
 def load_pretrained(backbone: torch.nn.Module, spec, name: str, norm: str = "batch") -> None:
     """Weights into ``backbone`` (after model.norm's conversion: frozen and sync keep BatchNorm's keys)."""
-    state = _download(name) if spec is True else _read(spec)
+    if spec is True:
+        state = _hub_weights(backbone, name) if hasattr(backbone, "load_hub_weights") else _download(name)
+    else:
+        state = _read(spec)
     target = getattr(backbone, "net", backbone)  # torchvision's module under its own names
     state = {k: v for k, v in state.items() if not k.startswith(CLASSIFIER_PREFIXES)}
     statistics = [k for k in state if k.endswith("running_mean")]

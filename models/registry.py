@@ -1,5 +1,6 @@
 """The backbone registry: each RGB backbone module registers its builder by name (the names config.BACKBONES
-allows), and ``build_rgb_backbone`` builds one."""
+allows), and ``build_registered`` builds one (models.build_rgb_backbone also builds the optional packages'
+timm/... and hf/..., models/external.py)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def registered_names() -> list[str]:
     return sorted(_RGB_BACKBONES)
 
 
-def build_rgb_backbone(name: str, width: int = 32):
+def build_registered(name: str, width: int = 32):
     """The backbone ``name`` with BatchNorm layers (``models.norms.convert_norms`` applies model.norm)."""
     if name not in _RGB_BACKBONES:
         raise ModelConfigError(f"unknown model '{name}'; known: {', '.join(sorted(_RGB_BACKBONES))}")
