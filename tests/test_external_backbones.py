@@ -139,10 +139,12 @@ def test_a_frozen_backbone_has_no_gradients_no_optimizer_state_and_no_graph():
     assert not model.rgb.training  # its BatchNorm normalizes with the statistics it has, and keeps them
 
 
-def test_a_timm_run_trains_resumes_exactly_and_writes_features(synthetic_root, tmp_path):
+@pytest.mark.parametrize("backbone, width", [(TIMM, 96), ("hf/VIDEOMAE", 32)])
+def test_a_run_trains_resumes_exactly_and_writes_features(backbone, width, synthetic_root, tmp_path, videomae):
     import train
 
-    args = overrides(synthetic_root, tmp_path, f"model.backbone={TIMM}", "model.grad_checkpointing=true")
+    backbone = backbone.replace("VIDEOMAE", videomae)
+    args = overrides(synthetic_root, tmp_path, f"model.backbone={backbone}", "model.grad_checkpointing=true")
     assert train.main(args + ["--set", "experiment=whole"]) == 0
     whole = torch.load(tmp_path / "whole" / "latest" / "checkpoints" / "last.pt", weights_only=True)
     assert train.main(args + ["--set", "experiment=parts", "--stop-after-steps", "3"]) == 0
@@ -160,7 +162,7 @@ def test_a_timm_run_trains_resumes_exactly_and_writes_features(synthetic_root, t
     import numpy as np
 
     saved = np.load(tmp_path / "f" / "long_00.npz")
-    assert saved["features"].shape[1] == 96  # test_resnet's width
+    assert saved["features"].shape[1] == width  # the backbone's
 
 
 def test_a_frozen_hf_backbone_trains_only_its_head(synthetic_root, tmp_path, videomae):
