@@ -226,9 +226,14 @@ def evaluate_dataset(model, dataset, cfg: Config, runtime, class_names: list[str
         background=background_indices(cfg.data.background_labels, class_names),
     )
     bad_inputs.end_run()
-    video_rows = [
+    return metrics, clip_rows, per_video_rows(meter, class_names, lambda index: _video_name(dataset, index))
+
+
+def per_video_rows(meter: ClassificationMeter, class_names: list[str], name_of) -> list[dict]:
+    """eval.py's row a video: its name (``name_of(video index)``), label, prediction, probability, clips."""
+    return [
         {
-            "video": _video_name(dataset, v["video_index"]),
+            "video": name_of(v["video_index"]),
             "label": class_names[v["label"]],
             "predicted": class_names[v["predicted"]],
             "probability": round(v["probability"], 6),
@@ -236,7 +241,6 @@ def evaluate_dataset(model, dataset, cfg: Config, runtime, class_names: list[str
         }
         for v in meter.video_predictions()
     ]
-    return metrics, clip_rows, video_rows
 
 
 def _video_name(dataset, video_index: int) -> str:
@@ -340,14 +344,5 @@ def _evaluate_on_features(path: str, model, cfg: Config, class_names, checkpoint
     background = background_indices(cfg.data.background_labels, class_names)
     prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
     metrics = evaluate(model, loader, prepare, runtime, cfg.infer, len(class_names), meter=meter, background=background)
-    video_rows = [
-        {
-            "video": dataset.names[v["video_index"]],
-            "label": class_names[v["label"]],
-            "predicted": class_names[v["predicted"]],
-            "probability": round(v["probability"], 6),
-            "clips": v["clips"],
-        }
-        for v in meter.video_predictions()
-    ]
-    return EvaluationResult(metrics, cfg, class_names, checkpoint, [], video_rows, "whole videos")
+    rows = per_video_rows(meter, class_names, lambda index: dataset.names[index])
+    return EvaluationResult(metrics, cfg, class_names, checkpoint, [], rows, "whole videos")
