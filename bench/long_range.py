@@ -4,8 +4,10 @@
     python -m bench.long_range --epochs 20 --seeds 0,1,2
     python -m bench.long_range --part families --epochs 30   # every task family, two presets' defaults
 
---part families: each task family of ``datasets/long_range_tasks.py`` (the order of two events, the middle colour, the
-last colour, the first of two among distractors: each at chance for any order-blind pooling, by construction),
+--part families: each task family of ``datasets/long_range_tasks.py`` (order: the order of two events, the middle
+colour, the last colour, the first of two among distractors; relations between far events: whether the second
+attempt was like the first, which colour the first half holds more of, whether the end matches the start: each at
+chance for any order-blind pooling, by construction),
 at its own shape (video length, event length, number of chunks), trained with the head's defaults from two
 presets (configs/quickstart.yaml with model.temporal_head: transformer; configs/long-range.yaml) beside the
 order-blind baseline (the long-range preset with chunk logits averaged). Printed: best and last validation
@@ -83,13 +85,22 @@ def train_variant(overrides: list[str], data: str, epochs: int, seed: int, confi
     return {
         "best": max(accuracy),
         "last": accuracy[-1],
+        "train_loss": float(rows[-1]["train_loss"]),
         "to_0.9": reached,
         "epoch_s": (elapsed[-1] - elapsed[0]) / max(len(rows) - 1, 1),
     }
 
 
 # Each family at its own shape: (clip frames at stride 4, training/inference chunk in clip frames)
-FAMILY_SHAPES = {"order": (256, 32), "middle": (96, 16), "last": (160, 8), "distractors": (256, 4)}
+FAMILY_SHAPES = {
+    "order": (256, 32),
+    "middle": (96, 16),
+    "last": (160, 8),
+    "distractors": (256, 4),
+    "twice": (128, 16),
+    "more": (192, 8),
+    "match": (160, 16),
+}
 PRESETS = {
     "quickstart + head": (
         os.path.join(ROOT, "configs", "quickstart.yaml"),
@@ -139,7 +150,16 @@ def families(args) -> None:
         for name, (config, overrides) in PRESETS.items():
             if name not in args.presets.split(","):
                 continue
-            runs = [train_variant(shape + overrides, data, args.epochs, seed, config) for seed in seeds]
+            runs = []
+            for seed in seeds:
+                runs.append(train_variant(shape + overrides + args.set, data, args.epochs, seed, config))
+                if args.verbose:
+                    r = runs[-1]
+                    print(
+                        f"  {family} {name} seed {seed}: best {r['best']:.3f} last {r['last']:.3f} "
+                        f"train loss {r['train_loss']:.3f} to 0.9 {r['to_0.9']}",
+                        flush=True,
+                    )
             reached = [r["to_0.9"] for r in runs]
             each = " ".join(f"{r['best']:.3f},{r['last']:.3f}" for r in runs)
             print(
@@ -161,6 +181,10 @@ def main() -> None:
     parser.add_argument("--seeds", default="0", help="train.seed values, comma-separated: accuracy is averaged")
     parser.add_argument("--families", default=",".join(FAMILY_SHAPES), help="--part families: which, comma-separated")
     parser.add_argument("--presets", default=",".join(PRESETS), help="--part families: which variants, comma-separated")
+    parser.add_argument(
+        "--set", action="append", default=[], help="--part families: a config change for every run (KEY=VALUE)"
+    )
+    parser.add_argument("--verbose", action="store_true", help="--part families: a line for each run as it ends")
     args = parser.parse_args()
     for option, known in (("--families", FAMILY_SHAPES), ("--presets", PRESETS)):
         unknown = [name for name in getattr(args, option[2:]).split(",") if name not in known]

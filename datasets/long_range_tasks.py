@@ -13,10 +13,14 @@ The order of two events (``generate_long_range``, ``python -m datasets.synthetic
   (one with A, one with B, the rest empty) under both labels: at chance too, by construction. Only a model that
   knows which chunk came first can tell.
 
-Three more families (``generate_task``, ``TASKS``), each at chance for order-blind pooling by the same construction.
+More families (``generate_task``, ``TASKS``), each at chance for order-blind pooling by the same construction:
+three more about order and three about a relation between far events (``RELATION_EVENTS``):
+whether two events are alike, which half holds more of one colour, whether the end matches the start.
 """
 
 from __future__ import annotations
+
+from itertools import permutations
 
 import numpy as np
 
@@ -65,20 +69,52 @@ def events_video(
 
 # Long-range task families beside the order of two events. Each draws its event times without looking at the label
 # and gives every label the same multiset of events, so a bag of chunks (mean, max or any order-blind pooling of
-# per-chunk scores) sees the same thing under every label: at chance by construction. The label is in the order.
+# per-chunk scores) sees the same thing under every label: at chance by construction; and a single chunk, which
+# holds one event at a time it cannot tell, sees each colour equally often under every label. The label is in the
+# arrangement of the events.
+# Order:
 #   middle       three events, one of each colour A, B, C, in a random order: the colour of the middle one
 #   last         four events, two A and two B, in a random order: the colour of the last one
 #   distractors  A and B once each among 2 to 4 C events, all in a random order: which of A and B came first
+# Relations between far events (each event's colour only means something beside another's):
+#   twice        two attempts of two events each (A, A, B, B in all): was the second attempt like the first
+#                (the 1st event's colour equals the 3rd's, so the 2nd's the 4th's)
+#   more         six events, three A and three B: which colour the first three events hold more of
+#   match        four events, A, A, B, B: does the last event's colour match the first's
 # Each has its own shape (video length, event length, gap), so no single shape is tuned.
 TASKS = {
     "middle": {"classes": ("middle_A", "middle_B", "middle_C"), "frames": 384, "event_frames": 8, "min_gap": 96},
     "last": {"classes": ("last_A", "last_B"), "frames": 640, "event_frames": 12, "min_gap": 64},
     "distractors": {"classes": ("A_first", "B_first"), "frames": 1024, "event_frames": 6, "min_gap": 48},
+    "twice": {"classes": ("same_attempts", "other_attempts"), "frames": 512, "event_frames": 8, "min_gap": 64},
+    "more": {"classes": ("more_A_first", "more_B_first"), "frames": 768, "event_frames": 6, "min_gap": 48},
+    "match": {"classes": ("ends_match", "ends_differ"), "frames": 640, "event_frames": 10, "min_gap": 80},
 }
+
+
+def arrangements(colours: str) -> list[str]:
+    """Every distinct order of the multiset ``colours`` ('AABB' -> 'AABB', 'ABAB', ...), sorted."""
+    return sorted({"".join(p) for p in permutations(colours)})
+
+
+def relation_holds(task: str, order: str) -> bool:
+    """Whether the events ``order`` (their colours in time order) have ``task``'s relation: the first class."""
+    if task == "twice":
+        return order[0] == order[2]
+    if task == "more":
+        return order[:3].count("A") > order[:3].count("B")
+    return order[0] == order[-1]  # match
+
+
+RELATION_EVENTS = {"twice": "AABB", "more": "AAABBB", "match": "AABB"}
 
 
 def task_events(rng: np.random.Generator, task: str, label: str) -> list[str]:
     """The colours of a ``task`` video's events in time order, for ``label``."""
+    if task in RELATION_EVENTS:
+        holds = label == TASKS[task]["classes"][0]
+        fitting = [o for o in arrangements(RELATION_EVENTS[task]) if relation_holds(task, o) == holds]
+        return list(fitting[int(rng.integers(len(fitting)))])
     if task == "middle":
         others = [c for c in "ABC" if c != label[-1]]
         rng.shuffle(others)
