@@ -3,6 +3,7 @@
     python -m bench.long_range                  # 4 variants on the order task, 12 epochs each (about 5 minutes)
     python -m bench.long_range --epochs 20 --seeds 0,1,2
     python -m bench.long_range --part families --epochs 30   # every task family, two presets' defaults
+    python -m bench.long_range --part head-alone --seeds 0,1,2  # the head alone on each family's chunk features
 
 --part families: each task family of ``datasets/long_range_tasks.py`` (order: the order of two events, the middle
 colour, the last colour, the first of two among distractors; relations between far events: whether the second
@@ -38,8 +39,11 @@ import subprocess
 import sys
 import tempfile
 
+import numpy as np
+import torch
+
 from bench.train_chunked import step_cell
-from datasets.long_range_tasks import generate_long_range, generate_task
+from datasets.long_range_tasks import TASKS, generate_long_range, generate_task, task_events
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "long-range.yaml")
@@ -171,18 +175,98 @@ def families(args) -> None:
             )
 
 
+def event_features(task: str, clips: int, chunks: int, rng: np.random.Generator, scene: torch.Tensor):
+    """``clips`` clips of ``task`` as chunk features, no backbone: every chunk is ``scene`` plus a little noise (a
+    long video's chunks share its scene) and each event adds a unit step in feature 0, 1 or 2 (A, B, C) to one chunk,
+    the events on distinct chunks in time order. Labels are indices into the family's classes."""
+    classes = TASKS[task]["classes"]
+    noise = torch.from_numpy(rng.standard_normal((clips, chunks, scene.numel()))).float()
+    features, labels = scene + 0.05 * noise, torch.zeros(clips, dtype=torch.long)
+    for i in range(clips):
+        labels[i] = int(rng.integers(len(classes)))
+        colours = task_events(rng, task, classes[labels[i]])
+        for chunk, colour in zip(np.sort(rng.choice(chunks, size=len(colours), replace=False)), colours):
+            features[i, chunk, "ABC".index(colour)] += 1.0
+    return features, labels
+
+
+def train_head_alone(task: str, seed: int, train_clips: int = 96, epochs: int = 20, changes: tuple = ()) -> dict:
+    """The temporal head alone (data.features_dir's model, train.py's optimizer, schedule and clipping at the
+    long-range preset's rate) on ``event_features``: is a family hard for the head itself, or for what the backbone
+    gives it?"""
+    from config import load_config
+    from engine.optim import build_optimizer, build_scheduler, max_grad_norm
+    from models import build_feature_head
+
+    frames, chunk = FAMILY_SHAPES[task]
+    chunks, dim, batch = frames // chunk, 8, 8
+    rng = np.random.default_rng(seed)
+    scene = torch.from_numpy(rng.standard_normal(dim)).float()
+    train_x, train_y = event_features(task, train_clips, chunks, rng, scene)
+    val_x, val_y = event_features(task, 400, chunks, rng, scene)
+    windows = torch.stack([torch.arange(chunks) * chunk * 4, (torch.arange(chunks) + 1) * chunk * 4], dim=1)
+    cfg = load_config(CONFIG, ["model.temporal_head=transformer", *changes])
+    torch.manual_seed(seed)
+    head = build_feature_head(cfg.model, dim, len(TASKS[task]["classes"]))
+    optimizer = build_optimizer(head, cfg.train)
+    steps_per_epoch = train_clips // batch
+    schedule = build_scheduler(optimizer, cfg.train, steps_per_epoch, epochs, has_temporal_head=True)
+    clip_norm = max_grad_norm(cfg.train, has_temporal_head=True)
+    best = 0.0
+    for _ in range(epochs):
+        head.train()
+        for order in torch.randperm(train_clips).split(batch):
+            loss = torch.nn.functional.cross_entropy(head(train_x[order], windows).clip, train_y[order])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), clip_norm)
+            optimizer.step()
+            schedule.step()
+        head.eval()
+        with torch.no_grad():
+            best = max(best, (head(val_x, windows).clip.argmax(1) == val_y).float().mean().item())
+            train_logits = head(train_x, windows).clip
+    return {
+        "best": best,
+        "train_acc": (train_logits.argmax(1) == train_y).float().mean().item(),
+        "train_loss": torch.nn.functional.cross_entropy(train_logits, train_y).item(),
+    }
+
+
+def head_alone(args) -> None:
+    seeds = [int(s) for s in args.seeds.split(",")]
+    print(
+        f"the temporal head alone on chunk features (no backbone), {args.train_clips} training clips, 400 validation "
+        f"clips, {args.epochs} epochs, seeds {seeds}, changes: {args.set or 'none'}"
+    )
+    print(f"{'family':12s} {'chunks':>6s} {'best':>6s}  best, train acc, train loss of each seed")
+    for family in args.families.split(","):
+        if family not in TASKS:
+            continue  # the order task's events are not a TASKS family
+        runs = [train_head_alone(family, seed, args.train_clips, args.epochs, tuple(args.set)) for seed in seeds]
+        each = "; ".join(f"{r['best']:.3f}, {r['train_acc']:.3f}, {r['train_loss']:.3f}" for r in runs)
+        frames, chunk = FAMILY_SHAPES[family]
+        print(f"{family:12s} {frames // chunk:6d} {sum(r['best'] for r in runs) / len(runs):6.3f}  {each}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.long_range", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--part", choices=("order", "families"), default="order")
+    parser.add_argument("--part", choices=("order", "families", "head-alone"), default="order")
+    parser.add_argument(
+        "--train-clips", type=int, default=96, help="--part head-alone: training clips a family (96 as the videos)"
+    )
     parser.add_argument("--data", default=os.path.join(ROOT, "data", "long_range"), help="the order task's directory")
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--seeds", default="0", help="train.seed values, comma-separated: accuracy is averaged")
     parser.add_argument("--families", default=",".join(FAMILY_SHAPES), help="--part families: which, comma-separated")
     parser.add_argument("--presets", default=",".join(PRESETS), help="--part families: which variants, comma-separated")
     parser.add_argument(
-        "--set", action="append", default=[], help="--part families: a config change for every run (KEY=VALUE)"
+        "--set",
+        action="append",
+        default=[],
+        help="--part families, head-alone: a config change for every run (KEY=VALUE)",
     )
     parser.add_argument("--verbose", action="store_true", help="--part families: a line for each run as it ends")
     args = parser.parse_args()
@@ -192,6 +276,9 @@ def main() -> None:
             parser.error(f"{option}: unknown {', '.join(repr(n) for n in unknown)}; choose from {', '.join(known)}")
     if args.part == "families":
         families(args)
+        return
+    if args.part == "head-alone":
+        head_alone(args)
         return
     generate_long_range(args.data, quiet=True)
     seeds = [int(s) for s in args.seeds.split(",")]

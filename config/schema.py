@@ -169,6 +169,12 @@ class ModelConfig:
         "difference from the clip's mean chunk, so what changes within a clip stands "
         "out of what every chunk shares",
     )
+    temporal_running: bool = setting(
+        False,
+        "bool",
+        "temporal head (transformer): each token also sees the running sum of its clip's contrast up to its "
+        "chunk: how much of each kind of event has come so far (what came first, more of one than another)",
+    )
     temporal_dropout: float = setting(
         0.1,
         "float",

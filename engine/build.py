@@ -216,7 +216,7 @@ def init_temporal_head(model: torch.nn.Module, path: str | None) -> None:
         raise ConfigError(
             f"model.temporal_head_init: {path}: its temporal head does not fit this one (set "
             f"model.temporal_head, temporal_width, temporal_layers, temporal_input_norm, "
-            f"temporal_contrast... as it was trained, and the same classes): {str(e).splitlines()[0]}"
+            f"temporal_contrast, temporal_running... as it was trained, and the same classes): {str(e).splitlines()[0]}"
         )
     log.info("model.temporal_head_init: the temporal head starts from %s", path)
 

@@ -93,6 +93,7 @@ def temporal_settings(model_cfg: ModelConfig) -> dict:
         "attention": model_cfg.temporal_attention,
         "input_norm": model_cfg.temporal_input_norm,
         "contrast": model_cfg.temporal_contrast,
+        "running": model_cfg.temporal_running,
         "stages": model_cfg.temporal_stages,
         "tcn_layers": model_cfg.temporal_tcn_layers,
     }

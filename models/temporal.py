@@ -278,6 +278,19 @@ def clip_contrast(features: torch.Tensor, mask: torch.Tensor | None) -> torch.Te
     return (centred / (torch.maximum(scale, 1e-3 * size) + 1e-6)).to(features.dtype)
 
 
+def running_contrast(contrast: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """[B, n, D] the contrast of ``clip_contrast`` -> its running sum over the chunks up to each (in time order),
+    divided by the clip's root mean square of it (one scale a clip). How much of each kind of event has come so
+    far: which came first, how many of one before another. Padded chunks (zero contrast) add nothing and are
+    zeroed."""
+    x = contrast.float()
+    real = (torch.ones(x.shape[:2], device=x.device) if mask is None else mask.to(x.device).float()).unsqueeze(-1)
+    running = x.cumsum(dim=1) * real
+    values = real.sum(dim=1, keepdim=True).clamp_min(1) * x.shape[-1]
+    scale = (running.pow(2).sum(dim=(1, 2), keepdim=True) / values).sqrt()
+    return (running / (scale + 1e-6)).to(contrast.dtype)
+
+
 def window_starts(n: int, window: int) -> list[int]:
     """The first chunk of each window of ``window`` chunks over ``n`` (> window), overlapping by half, the last
     ending with the last chunk."""
@@ -392,7 +405,7 @@ class AttentionHead(TemporalHead):
     ):
         super().__init__(window)
         self.width, self.heads = width, heads
-        self.input_norm, self.contrast, self.encoder, self.directional = None, False, None, False
+        self.input_norm, self.contrast, self.running, self.encoder, self.directional = None, False, False, None, False
         self.project = nn.Linear(feature_dim, width)
         self._add_pooling(num_classes, dropout)
 
@@ -414,8 +427,10 @@ class AttentionHead(TemporalHead):
         raw = features
         if self.input_norm is not None:
             features = self.input_norm(features)
-        if self.contrast:
-            features = torch.cat([features, clip_contrast(raw, mask)], dim=-1)
+        if self.contrast or self.running:
+            contrast = clip_contrast(raw, mask)
+            extra = ([contrast] if self.contrast else []) + ([running_contrast(contrast, mask)] if self.running else [])
+            features = torch.cat([features, *extra], dim=-1)
         tokens = self.project(features) + self.positions(windows.to(features.device)).to(features.dtype)
         padding = None if mask is None else ~mask.to(features.device)
         if self.encoder is not None:
@@ -443,6 +458,7 @@ class TransformerHead(AttentionHead):
         input_norm: bool = True,
         contrast: bool = True,
         window: int | str = "auto",
+        running: bool = False,
     ):
         if attention not in ("directional", "bidirectional"):
             raise ValueError(f"unknown temporal attention '{attention}'; expected directional or bidirectional")
@@ -450,9 +466,9 @@ class TransformerHead(AttentionHead):
         # optimizer states) this head has always saved: input norm, projection, encoder, pooling
         TemporalHead.__init__(self, window)
         self.width, self.heads = width, heads
-        self.directional, self.contrast = attention == "directional", contrast
+        self.directional, self.contrast, self.running = attention == "directional", contrast, running
         self.input_norm = nn.LayerNorm(feature_dim) if input_norm else None
-        self.project = nn.Linear(feature_dim * (2 if contrast else 1), width)
+        self.project = nn.Linear(feature_dim * (1 + contrast + running), width)
         self.encoder = Encoder(EncoderLayer(width, heads, dropout), layers)
         self._add_pooling(num_classes, dropout)
 
@@ -511,6 +527,7 @@ def temporal_head(
     input_norm: bool = True,
     contrast: bool = True,
     window: int | str = "auto",
+    running: bool = False,
 ) -> TemporalHead:
     """The head of ``kind`` with the settings that kind has (models.temporal_settings: the model section's); the
     others are not its own and are left out."""
@@ -518,7 +535,7 @@ def temporal_head(
         return AttentionHead(feature_dim, num_classes, width, heads, dropout, window)
     if kind == "transformer":
         return TransformerHead(
-            feature_dim, num_classes, width, heads, dropout, layers, attention, input_norm, contrast, window
+            feature_dim, num_classes, width, heads, dropout, layers, attention, input_norm, contrast, window, running
         )
     if kind == "tcn":
         return TCNHead(feature_dim, num_classes, width, stages, tcn_layers, tcn_dropout, window)

@@ -31,7 +31,7 @@ from engine.oom import OutOfMemoryError
 from engine.step import training_loss
 from models import build_model, temporal
 from models import set_head_window as models_window
-from models.temporal import TemporalHead, clip_contrast, directional_attention, temporal_head
+from models.temporal import TemporalHead, clip_contrast, directional_attention, running_contrast, temporal_head
 from planner import project
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -179,11 +179,12 @@ def test_dropped_attention_blocks_recomputed_in_backward_give_the_gradients_of_b
         torch.testing.assert_close(a, b)
 
 
-def test_a_padded_chunk_anywhere_changes_nothing_in_the_real_ones():
+@pytest.mark.parametrize("running", [False, True])
+def test_a_padded_chunk_anywhere_changes_nothing_in_the_real_ones(running):
     """Padding is not only at the end: a clip whose third chunk is padding gives its other chunks the outputs of
-    the same clip without that chunk (positions kept), in both directions."""
+    the same clip without that chunk (positions kept), in both directions, with the running sum too."""
     torch.manual_seed(0)
-    head = temporal_head(8, 3, width=16, heads=2).eval()
+    head = temporal_head(8, 3, width=16, heads=2, running=running).eval()
     features, windows = torch.randn(1, 5, 8), torch.rand(1, 5, 2).cumsum(dim=1) * 40
     mask = torch.tensor([[True, True, False, True, True]])
     keep = [0, 1, 3, 4]
@@ -250,6 +251,29 @@ def test_the_clip_contrast_is_each_chunk_against_its_clip_and_ignores_what_every
     assert temporal_head(8, 2, kind="attention").contrast is False
     assert temporal_head(8, 2, contrast=False).project.in_features == 8
     assert temporal_head(8, 2).project.in_features == 16  # the chunk's own features beside its contrast
+
+
+def test_the_running_contrast_counts_what_came_before_each_chunk_at_one_scale_a_clip():
+    """model.temporal_running: each chunk's running sum of the clip's contrast, in time order: zero before the
+    first event, a step at each event (so which came first and how many of each so far are in every token), one
+    scale a clip, padded chunks adding nothing and shown as zeros."""
+    features = torch.zeros(1, 12, 3)
+    features[0, 3, 0], features[0, 7, 1], features[0, 9, 0] = 1.0, 1.0, 1.0  # A at 3, B at 7, A again at 9
+    contrast = clip_contrast(features, None)
+    running = running_contrast(contrast, None)
+    expected = contrast.cumsum(dim=1)
+    torch.testing.assert_close(running, expected / expected.pow(2).mean().sqrt(), atol=1e-5, rtol=1e-5)
+    steps = running[0, 1:] - running[0, :-1]
+    assert steps[2, 0] > 0.5 and steps[8, 0] > 0.5 and steps[6, 1] > 0.5  # the events, in their channels
+    assert running[0, 8, 0] < running[0, 10, 0] and running[0, 10, 0] > running[0, 10, 1]  # two A's, then one B
+    padded = torch.cat([features[:, :5], torch.full((1, 2, 3), 9.0), features[:, 5:]], dim=1)
+    mask = torch.tensor([[True] * 5 + [False] * 2 + [True] * 7])
+    with_padding = running_contrast(clip_contrast(padded, mask), mask)
+    keep = [*range(5), *range(7, 14)]
+    torch.testing.assert_close(with_padding[:, keep], running, atol=1e-5, rtol=1e-5)
+    assert (with_padding[:, 5:7] == 0).all()
+    assert temporal_head(8, 2, running=True).project.in_features == 24  # features, contrast, running sum
+    assert temporal_head(8, 2, running=True, contrast=False).project.in_features == 16
 
 
 def test_the_head_output_does_not_depend_on_the_micro_batch_split():
@@ -554,11 +578,13 @@ def test_a_head_checkpoint_from_before_the_head_defaults_evaluates_and_resumes_a
     del old["model"]["temporal_attention"]
     del old["model"]["temporal_input_norm"]
     del old["model"]["temporal_contrast"]
+    del old["model"]["temporal_running"]
     del old["train"]["temporal_warmup_epochs"]  # its warm-up was train.warmup_epochs alone
     assert saved_config(old).train.temporal_warmup_epochs == 0.0
     assert saved_config(old).model.temporal_attention == "bidirectional"
     assert saved_config(old).model.temporal_input_norm is False
     assert saved_config(old).model.temporal_contrast is False
+    assert saved_config(old).model.temporal_running is False
     assert saved_config(defaults()).model.temporal_attention == "directional"
     assert saved_config(defaults()).model.temporal_input_norm is True
     assert saved_config(defaults()).model.temporal_contrast is True
