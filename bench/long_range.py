@@ -278,7 +278,12 @@ def main() -> None:
         families(args)
         return
     if args.part == "head-alone":
-        head_alone(args)
+        from core.errors import ConfigError
+
+        try:
+            head_alone(args)
+        except ConfigError as e:
+            parser.error(str(e))
         return
     generate_long_range(args.data, quiet=True)
     seeds = [int(s) for s in args.seeds.split(",")]
