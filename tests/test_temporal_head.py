@@ -744,7 +744,8 @@ def test_the_length_bench_names_an_unknown_family_and_the_scale_bench_measures_a
         timeout=120,
     )
     assert done.returncode == 2 and done.stderr.splitlines()[-1] == (
-        "python -m bench.length: error: --families: unknown odrer; choose from order, middle, last, distractors"
+        "python -m bench.length: error: --families: unknown odrer; choose from order, middle, last, distractors, twice, "
+        "more, match"
     )
     step = subprocess.run(
         [sys.executable, "-m", "bench.scale", "--step-worker", "transformer", "3000", "64"],
