@@ -225,7 +225,8 @@ def train_head_alone(task: str, seed: int, train_clips: int = 96, epochs: int = 
         head.eval()
         with torch.no_grad():
             best = max(best, (head(val_x, windows).clip.argmax(1) == val_y).float().mean().item())
-            train_logits = head(train_x, windows).clip
+    with torch.no_grad():
+        train_logits = head(train_x, windows).clip
     return {
         "best": best,
         "train_acc": (train_logits.argmax(1) == train_y).float().mean().item(),

@@ -263,22 +263,30 @@ class Encoder(nn.Module):
         return x
 
 
+def real_chunks(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """[B, n, 1] 1.0 at each clip's real chunks of ``mask`` [B, n] (None: all), on ``x``'s device."""
+    return (torch.ones(x.shape[:2], device=x.device) if mask is None else mask.to(x.device).float()).unsqueeze(-1)
+
+
+def clip_rms(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """[B, 1, 1] the root mean square of ``x`` [B, n, D] over each clip's real chunks and features (``x`` is zero
+    at the padded ones)."""
+    values = real.sum(dim=1, keepdim=True).clamp_min(1) * x.shape[-1]
+    return (x.pow(2).sum(dim=(1, 2), keepdim=True) / values).sqrt()
+
+
 def clip_contrast(features: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """[B, n, D] chunk features -> each chunk's difference from its clip's mean chunk, divided by the clip's root
     mean square difference (one scale a clip, so a chunk that differs little stays small beside one that differs
     much). Over the real chunks of ``mask`` [B, n] (padded ones are zero); a clip whose chunks are all alike
     gives (nearly) zeros."""
-    x = features.float()
-    real = (torch.ones(x.shape[:2], device=x.device) if mask is None else mask.to(x.device).float()).unsqueeze(-1)
-    x = x * real
-    count = real.sum(dim=1, keepdim=True).clamp_min(1)
-    centred = (x - x.sum(dim=1, keepdim=True) / count) * real
-    values = count * x.shape[-1]
-    scale = (centred.pow(2).sum(dim=(1, 2), keepdim=True) / values).sqrt()
+    real = real_chunks(features, mask)
+    x = features.float() * real
+    centred = (x - x.sum(dim=1, keepdim=True) / real.sum(dim=1, keepdim=True).clamp_min(1)) * real
     # differences below a thousandth of the features' own size (rounding in a clip where nothing changes) are not
     # blown up to unit size
-    size = (x.pow(2).sum(dim=(1, 2), keepdim=True) / values).sqrt()
-    return (centred / (torch.maximum(scale, 1e-3 * size) + 1e-6)).to(features.dtype)
+    scale = torch.maximum(clip_rms(centred, real), 1e-3 * clip_rms(x, real))
+    return (centred / (scale + 1e-6)).to(features.dtype)
 
 
 def running_contrast(contrast: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -286,12 +294,9 @@ def running_contrast(contrast: torch.Tensor, mask: torch.Tensor | None) -> torch
     divided by the clip's root mean square of it (one scale a clip). How much of each kind of event has come so
     far: which came first, how many of one before another. Padded chunks (zero contrast) add nothing and are
     zeroed."""
-    x = contrast.float()
-    real = (torch.ones(x.shape[:2], device=x.device) if mask is None else mask.to(x.device).float()).unsqueeze(-1)
-    running = x.cumsum(dim=1) * real
-    values = real.sum(dim=1, keepdim=True).clamp_min(1) * x.shape[-1]
-    scale = (running.pow(2).sum(dim=(1, 2), keepdim=True) / values).sqrt()
-    return (running / (scale + 1e-6)).to(contrast.dtype)
+    real = real_chunks(contrast, mask)
+    running = contrast.float().cumsum(dim=1) * real
+    return (running / (clip_rms(running, real) + 1e-6)).to(contrast.dtype)
 
 
 def window_starts(n: int, window: int) -> list[int]:
