@@ -4,6 +4,7 @@
     python -m bench.train_chunked --backbone r3d_18 --size 112 --frames 64,128 --chunks 16
     python -m bench.train_chunked --temporal-head transformer      # with the temporal head over the chunks
     python -m bench.train_chunked --part recompute --frames 256 --chunks 32   # train.recompute: auto vs all
+    python -m bench.train_chunked --part sampled --frames 256,1024 --chunks 32   # train.grad_chunks: K vs all
 
 One training step (forward, backward, AdamW step) of the project's training forward (``ChunkedTrainingForward``,
 the one train.py uses) on a clip of T frames, batch 1, fp32, each cell in a fresh process. Memory: on the CPU
@@ -21,6 +22,10 @@ planner's estimates of those two steps over 1 - its safety margin, as a user wou
 the planner's decisions for them), and all (every chunk recomputed). Time per frame against the plain step;
 memory: the step's peak (the estimate of what the step began with plus the measured growth during it) beside the
 planner's estimate of the peak, and the budget.
+
+``--part sampled``: train.grad_chunks K (--grad-chunks) against every chunk's gradient at each T, in chunks of
+the first --chunks, every chunk recomputed: time per frame against the plain step at T = 64 and against every
+chunk at the same T; memory against every chunk.
 """
 
 from __future__ import annotations
@@ -65,9 +70,10 @@ def measure(args) -> dict:
     clip = {"video": torch.randint(0, 255, (1, 3, args.length, args.size, args.size), dtype=torch.uint8)}
     inputs = prepare.transfer(clip)
     labels = torch.tensor([3], device=device)
-    spec = ChunkSpec(args.chunk, args.overlap, kept=args.kept)
+    steps = iter(range(10**9))
 
     def step():
+        spec = ChunkSpec(args.chunk, args.overlap, kept=args.kept, grad_chunks=int(args.grad_chunks), draw=next(steps))
         outputs = forward(inputs, spec)  # with a temporal head its clip logits, else None
         logits = (
             outputs.clip if outputs.clip is not None else aggregate_chunk_logits(outputs.chunks.transpose(0, 1), "mean")
@@ -113,6 +119,7 @@ def step_cell(
     temporal_head: str = "none",
     temporal_width: int = 64,
     kept: int = 0,
+    grad_chunks: int = 0,
 ) -> dict | str:
     """One cell of the table: {"peak_mb", "step_s", "input_mb"} of one training step, or the error's last line.
     Memory: every allocation above 64 KB its own mapping, returned when freed, so resident memory follows the
@@ -145,6 +152,8 @@ def step_cell(
         str(temporal_width),
         "--kept",
         str(kept),
+        "--grad-chunks",
+        str(grad_chunks),
     ]
     runs = [
         subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
@@ -171,10 +180,12 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument(
         "--part",
-        choices=("growth", "recompute"),
+        choices=("growth", "recompute", "sampled"),
         default="growth",
-        help="growth: memory and time as the clip grows; recompute: train.recompute auto vs all",
+        help="growth: memory and time as the clip grows; recompute: train.recompute auto vs all; sampled: "
+        "train.grad_chunks K against every chunk",
     )
+    parser.add_argument("--grad-chunks", default="2,4,8", help="--part sampled: the K values (train.grad_chunks)")
     args = parse_or_measure(parser, measure, length=int, chunk=int, kept=int)
     if args is None:
         return
@@ -184,6 +195,9 @@ def main() -> None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.part == "recompute":
         recompute_table(args)
+        return
+    if args.part == "sampled":
+        sampled_table(args)
         return
     frames = [int(v) for v in args.frames.split(",")]
     modes = [-1] + [int(v) for v in args.chunks.split(",")]
@@ -237,7 +251,7 @@ def recompute_table(args) -> None:
     """train.recompute: auto (budgets holding every chunk, half of them) and all, against the plain step."""
     from config import load_config
     from planner.estimate import SAFETY_MARGIN
-    from planner.project import config_training_estimate, most_chunks_kept, training_chunk_count
+    from planner.project import config_training_estimate, graph_chunk_count, most_chunks_kept
 
     length, chunk = int(args.frames.split(",")[0]), int(args.chunks.split(",")[0])
     common = [
@@ -251,7 +265,7 @@ def recompute_table(args) -> None:
     ]
     cfg = load_config(None, [*common, f"train.chunk_train_size={chunk}", f"train.chunk_train_overlap={args.overlap}"])
     plain = config_training_estimate(load_config(None, common), length, 1)
-    chunks = training_chunk_count(cfg, length)
+    chunks = graph_chunk_count(cfg, length)
     estimates = {k: config_training_estimate(cfg, length, 1, kept_chunks=k) for k in (0, chunks // 2, chunks)}
     rows = [("whole clip (plain step)", -1, 0, None)]
     for name, held in (("auto, budget holds every chunk", chunks), ("auto, budget holds half", chunks // 2)):
@@ -299,6 +313,70 @@ def recompute_table(args) -> None:
             f"{budget_text:>9s}",
             flush=True,
         )
+
+
+def sampled_table(args) -> None:
+    """train.grad_chunks: the gradient through K chunks of the clip against every chunk's, at each T of --frames
+    in chunks of the first --chunks, with the plain step at T = 64 as the baseline of time per frame."""
+    frames = [int(v) for v in args.frames.split(",")]
+    chunk = int(args.chunks.split(",")[0])
+    samples = [int(k) for k in args.grad_chunks.split(",")]
+    head = "" if args.temporal_head == "none" else f", temporal head {args.temporal_head} (width {args.temporal_width})"
+    memory = "device allocated" if args.device == "cuda" else "host RSS growth"
+    print(
+        f"{args.backbone} (width {args.width}){head} at {args.size}x{args.size}, training chunks of {chunk}, batch 1, "
+        f"fp32, AdamW, every chunk recomputed, on {args.device}, {os.cpu_count()} CPUs; memory: {memory} during one "
+        f"step",
+        flush=True,
+    )
+
+    def cell(length: int, size: int, grad_chunks: int = 0):
+        result = step_cell(
+            args.backbone,
+            args.width,
+            args.size,
+            length,
+            size,
+            args.overlap,
+            args.repeat,
+            args.device,
+            args.temporal_head,
+            args.temporal_width,
+            grad_chunks=grad_chunks,
+        )
+        if isinstance(result, str):
+            print(f"T={length} chunk={size} grad_chunks={grad_chunks or 'all'}: failed: {result}", flush=True)
+            return None
+        return result
+
+    plain = cell(64, -1)
+    if plain is None:
+        return
+    plain_per_frame = plain["step_s"] / 64
+    print(
+        f"{'T':>5s} {'train.grad_chunks':<18s} {'ms/frame':>8s} {'x plain T=64':>12s} {'x all':>6s} "
+        f"{'MB':>8s} {'x all':>6s}"
+    )
+    print(
+        f"{64:>5d} {'(plain, one chunk)':<18s} {1000 * plain_per_frame:>8.2f} {1.0:>11.2f}x {'-':>6s} "
+        f"{plain['peak_mb']:>8.1f} {'-':>6s}",
+        flush=True,
+    )
+    for length in frames:
+        every = cell(length, chunk)
+        rows = [("all", every)] + [(str(k), cell(length, chunk, k)) for k in samples]
+        for name, result in rows:
+            if result is None:
+                print(f"{length:>5d} {name:<18s} failed", flush=True)
+                continue
+            per_frame = result["step_s"] / length
+            time_ratio = f"{result['step_s'] / every['step_s']:.2f}x" if every else "-"
+            memory_ratio = f"{result['peak_mb'] / every['peak_mb']:.2f}x" if every else "-"
+            print(
+                f"{length:>5d} {name:<18s} {1000 * per_frame:>8.2f} {per_frame / plain_per_frame:>11.2f}x "
+                f"{time_ratio:>6s} {result['peak_mb']:>8.1f} {memory_ratio:>6s}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

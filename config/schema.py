@@ -406,6 +406,15 @@ class TrainConfig:
         "and recomputes only the rest; without a budget auto recomputes every chunk, as all",
         choices=("auto", "all"),
     )
+    grad_chunks: int | str = setting(
+        "all",
+        "int",
+        "training chunks of a clip the gradient flows through: all, or K drawn at random each step (one from each "
+        "of K equal parts of the clip, its gradient weighted by the part's size); the others run forward without a "
+        "graph and enter the temporal head or the aggregation detached (less time a frame, the memory of K chunks)",
+        minimum=1,
+        also=("all",),
+    )
     chunk_train_aggregation: str = setting(
         "mean",
         "choice",

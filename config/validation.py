@@ -243,6 +243,12 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
             f"{origin('train.chunk_train_overlap')}: train.chunk_train_overlap={overlap} must be smaller "
             f"than train.chunk_train_size={chunk} (or set chunk_train_size: -1 for no chunking)"
         )
+    if train["grad_chunks"] != "all" and chunk == -1 and not data["features_dir"]:
+        raise ConfigError(
+            f"{origin('train.grad_chunks')}: train.grad_chunks={train['grad_chunks']} draws training chunks, but "
+            f"train.chunk_train_size is -1 (the whole clip is one chunk); set chunk_train_size (e.g. 32), or "
+            f"grad_chunks: all"
+        )
     if model["temporal_head"] != "none":
         _temporal_head_checks(cfg, origin)
     _norm_checks(cfg, origin)

@@ -11,6 +11,8 @@ softmax probabilities, returned as log-probabilities so argmax, softmax and the 
 
 from __future__ import annotations
 
+import hashlib
+import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -198,18 +200,57 @@ class ChunkSpec:
     """How a training clip goes through the model: ``size`` frames per chunk (-1: the whole clip in one
     forward), ``overlap`` frames shared by neighbours, and which chunks' activations are recomputed in backward:
     all but the last ``kept`` (train.recompute: auto, the planner's count), none with ``recompute`` False (to
-    compare gradients in the tests)."""
+    compare gradients in the tests).
+
+    ``grad_chunks`` (train.grad_chunks; 0: all): only that many chunks of the clip carry a gradient, one drawn
+    from each of ``grad_chunks`` equal strata of the clip (``draw`` seeds the draw: the step's, so a resumed run
+    draws the same chunks); the others run forward without a graph. ``kept`` and ``recomputed`` then count the
+    chunks with a graph only."""
 
     size: int = -1
     overlap: int = 0
     recompute: bool = True
     kept: int = 0
+    grad_chunks: int = 0
+    draw: int = 0
 
     def recomputed(self, chunk: int, chunks: int) -> bool:
         """Is chunk ``chunk`` of ``chunks`` recomputed in backward? The kept ones are the last: backward reaches
         them first (autograd runs the latest nodes first) and frees their activations before it recomputes the
         others, so the peak holds ``kept`` chunks' activations or one recomputed chunk's, not both."""
         return self.recompute and chunks > 1 and chunk < chunks - self.kept
+
+    def graph_chunks(self, chunks: int) -> dict[int, float] | None:
+        """The chunks (of ``chunks``) whose forward builds a graph, each with the weight of its gradient; None:
+        every chunk, weight 1. One chunk is drawn uniformly from each of ``grad_chunks`` strata of nearly equal
+        size, and its gradient is multiplied by its stratum's size (the inverse of its chance to be drawn), so
+        the backbone's gradient is on average the one of every chunk (Horvitz-Thompson) and every part of the
+        clip is drawn across steps."""
+        if self.grad_chunks <= 0 or self.grad_chunks >= chunks:
+            return None
+        generator = random.Random(self.draw)  # not torch's: the planner runs this under fake tensors
+        bounds = [round(j * chunks / self.grad_chunks) for j in range(self.grad_chunks + 1)]
+        drawn = {}
+        for low, high in zip(bounds, bounds[1:]):
+            drawn[generator.randrange(low, high)] = float(high - low)
+        return drawn
+
+
+def grad_chunks_of(setting: int | str) -> int:
+    """train.grad_chunks as ChunkSpec.grad_chunks: 0 for all."""
+    return 0 if setting == "all" else int(setting)
+
+
+def seed_of(*key: int) -> int:
+    """A seed from integers: the same on every machine and run (Python's hash of a str is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little")
+
+
+def weighted_gradient(output: torch.Tensor, weight: float) -> torch.Tensor:
+    """``output`` unchanged in value, its gradient multiplied by ``weight`` on the way back."""
+    if weight == 1.0:
+        return output
+    return output.detach() + (output - output.detach()) * weight
 
 
 class ChunkedTrainingForward(nn.Module):
@@ -238,19 +279,12 @@ class ChunkedTrainingForward(nn.Module):
     def forward(self, inputs: dict, spec: ChunkSpec) -> HeadOutput:
         windows = chunk_windows(clip_length(inputs), spec.size, spec.overlap)
         head = temporal_head_of(self.module)
-        if head is not None:
-            return self._through_head(head, inputs, windows, spec)
-        if len(windows) == 1:
+        if head is None and len(windows) == 1:
             return HeadOutput(None, self.module(self.normalize(inputs)).unsqueeze(1))
-        min_frames = getattr(unwrap_model(self.module), "min_frames", 1)
-        logits = []
-        for i, (start, end) in enumerate(windows):
-            chunk = slice_time(inputs, start, end, min_frames)
-            if self._recomputed(spec, i, len(windows)):
-                logits.append(recompute_in_backward(self.module, self._chunk_logits, chunk))
-            else:
-                logits.append(self._chunk_logits(chunk))
-        return HeadOutput(None, torch.stack(logits, dim=1))
+        outputs = self._chunk_outputs(inputs, windows, spec, features=head is not None)
+        if head is not None:
+            return head(torch.stack(outputs, dim=1), chunk_positions(windows, self.frame_stride))
+        return HeadOutput(None, torch.stack(outputs, dim=1))
 
     def _recomputed(self, spec: ChunkSpec, chunk: int, chunks: int) -> bool:
         # a frozen backbone (model.freeze_backbone) runs without a graph: nothing of it to recompute, and
@@ -263,18 +297,29 @@ class ChunkedTrainingForward(nn.Module):
     def _chunk_features(self, chunk: dict) -> torch.Tensor:
         return self.module.features(self.normalize(chunk))
 
-    def _through_head(self, head: nn.Module, inputs: dict, windows: list, spec: ChunkSpec) -> HeadOutput:
-        """Each chunk's features (recomputed in backward: one chunk's activations alive at a time), then the
-        head over all of them; only the [B, n, D] features and the head's own activations stay alive."""
+    def _chunk_outputs(self, inputs: dict, windows: list, spec: ChunkSpec, features: bool) -> list[torch.Tensor]:
+        """Each chunk's logits, or its features for the temporal head (then only the [B, n, D] features and the
+        head's own activations stay alive). A chunk with a graph is recomputed in backward unless it is among
+        the last ``spec.kept`` of them: one chunk's activations alive at a time. With train.grad_chunks the
+        others run without a graph (train-mode BatchNorm, as every chunk) and enter detached."""
         min_frames = getattr(unwrap_model(self.module), "min_frames", 1)
-        features = []
+        function = self._chunk_features if features else self._chunk_logits
+        graph = spec.graph_chunks(len(windows))
+        with_graph = range(len(windows)) if graph is None else sorted(graph)
+        order = {chunk: rank for rank, chunk in enumerate(with_graph)}  # its place among the chunks with a graph
+        outputs = []
         for i, (start, end) in enumerate(windows):
             chunk = slice_time(inputs, start, end, min_frames)
-            if self._recomputed(spec, i, len(windows)):
-                features.append(recompute_in_backward(self.module, self._chunk_features, chunk))
+            if i not in order:
+                with torch.no_grad():
+                    outputs.append(function(chunk))
+            elif self._recomputed(spec, order[i], len(order)):
+                outputs.append(recompute_in_backward(self.module, function, chunk))
             else:
-                features.append(self._chunk_features(chunk))
-        return head(torch.stack(features, dim=1), chunk_positions(windows, self.frame_stride))
+                outputs.append(function(chunk))
+            if graph is not None and i in graph:
+                outputs[-1] = weighted_gradient(outputs[-1], graph[i])
+        return outputs
 
 
 class FeatureHeadForward(nn.Module):

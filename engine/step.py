@@ -60,7 +60,8 @@ def accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size:
         try:
             batches = group if replay else group[-1:]
             for i, batch in enumerate(batches):
-                result = forward_backward(trainer, batch, group_size, ends_group and i == len(batches) - 1)
+                position = len(group) - len(batches) + i  # the batch's place in its group
+                result = forward_backward(trainer, batch, group_size, ends_group and i == len(batches) - 1, position)
             return result
         except OutOfMemoryError:
             failed = True
@@ -86,17 +87,19 @@ def accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size:
             replay = True
 
 
-def forward_backward(trainer: Trainer, batch: dict, group_size: int, ends_group: bool = False) -> tuple[float, int]:
+def forward_backward(
+    trainer: Trainer, batch: dict, group_size: int, ends_group: bool = False, position: int = 0
+) -> tuple[float, int]:
     """One loader batch in ``state.micro_splits`` pieces; returns (sum of the clip losses, clips). Under torchrun
     (train.ddp_sync: agreed) no backward communicates: ``agree_and_reduce`` averages the gradients once the group
     is done on every rank; with overlap, DDP all-reduces during the backward of the group's last piece
     (``ends_group``: this batch is the group's last), the others under no_sync."""
     model, runtime = trainer.model, trainer.runtime
     size = len(batch["label"])
-    spec = trainer.chunk_spec()
     pieces = micro_batches(trainer, batch)
     loss_sum = 0.0
     for i, piece in enumerate(pieces):
+        spec = trainer.chunk_spec(position, i)
         inputs = trainer.prepare.transfer(piece)  # frames stay uint8 until their chunk runs
         clips = len(piece["label"])
         syncs = ends_group and i == len(pieces) - 1

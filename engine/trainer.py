@@ -18,7 +18,7 @@ from core.runtime import Runtime
 from datasets.bad_input import BadInputReport
 from datasets.device_input import InputPreparer
 from datasets.shape import DataShape
-from engine.chunking import ChunkSpec
+from engine.chunking import ChunkSpec, grad_chunks_of, seed_of
 from models import temporal_head_of
 
 
@@ -83,16 +83,19 @@ class Trainer:
             self.model, self.optimizer, self.scheduler, self.scaler, self.state, self.cfg, self.class_names, data_info
         )
 
-    def chunk_spec(self) -> ChunkSpec:
+    def chunk_spec(self, batch_in_group: int = 0, piece: int = 0) -> ChunkSpec:
         """The training chunks now: the config's, or the shorter ones the OOM back-off chose; the chunks kept
-        unrecomputed (train.recompute: auto) as the planner decided and the back-off lowered."""
+        unrecomputed (train.recompute: auto) as the planner decided and the back-off lowered; with
+        train.grad_chunks, the draw of the chunks with a gradient for this step, this rank, the loader batch's
+        place in its accumulation group and the micro-batch's (the same draw when a resumed run replays it)."""
         train_cfg = self.cfg.train
         size = train_cfg.chunk_train_size if self.state.chunk_train_size is None else self.state.chunk_train_size
         overlap = train_cfg.chunk_train_overlap
         if size != -1 and overlap >= size:  # a chunk shortened by the back-off keeps half of itself shared at most
             overlap = size // 2
         kept = self.state.kept_chunks if train_cfg.recompute == "auto" and self.state.kept_chunks else 0
-        return ChunkSpec(size, overlap, kept=kept)
+        draw = seed_of(train_cfg.seed, self.state.global_step, self.runtime.rank, batch_in_group, piece)
+        return ChunkSpec(size, overlap, kept=kept, grad_chunks=grad_chunks_of(train_cfg.grad_chunks), draw=draw)
 
     def save(self, name: str) -> str:
         if not self.runtime.is_main:

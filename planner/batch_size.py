@@ -15,10 +15,10 @@ from planner.memory_table import nothing_fits
 from planner.project import (
     clip_frames,
     config_training_estimate,
+    graph_chunk_count,
     largest_batch,
     largest_inference_batch,
     most_chunks_kept,
-    training_chunk_count,
 )
 
 log = logging.getLogger("longvideo")
@@ -73,7 +73,7 @@ def chunks_to_keep(cfg: Config, runtime: Runtime, data_shape: DataShape) -> int:
     if train_cfg.recompute == "all" or train_cfg.chunk_train_size == -1:
         return 0
     frames = clip_frames(cfg.data)
-    chunks = training_chunk_count(cfg, frames)
+    chunks = graph_chunk_count(cfg, frames)
     if chunks <= 1:
         return 0
     budget = cfg.trainer.memory_budget_gb

@@ -21,10 +21,10 @@ from planner.project import (
     ProjectStep,
     clip_frames,
     config_training_estimate,
+    graph_chunk_count,
     largest_batch,
     measure_training_step_cuda,
     most_chunks_kept,
-    training_chunk_count,
 )
 
 WHY = "--probe-memory's alternative"  # names the change in the error of a config the checks refuse
@@ -161,9 +161,11 @@ def probe(
         recompute_all = (
             peaks.get(0) or config_training_estimate(cfg, frames, batch, world_size=world_size, **shape).peak
         )
-        chunks = training_chunk_count(cfg, frames)
+        chunks = graph_chunk_count(cfg, frames)
+        sampled = "" if train_cfg.grad_chunks == "all" else " with a gradient (train.grad_chunks)"
         out(
-            f"train.recompute: auto at batch {batch}: keeps the activations of {kept} of {chunks} training chunks "
+            f"train.recompute: auto at batch {batch}: keeps the activations of {kept} of {chunks} training chunks"
+            f"{sampled} "
             f"(estimated peak {peaks[kept] / MiB:.0f} MiB; every chunk recomputed: {recompute_all / MiB:.0f} MiB; "
             f"the table's estimates recompute every chunk)"
         )

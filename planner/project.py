@@ -14,7 +14,7 @@ from config import Config, DataConfig
 from core.runtime import Runtime
 from datasets.device_input import InputPreparer
 from datasets.windows import chunk_windows
-from engine.chunking import ChunkedTrainingForward, ChunkSpec
+from engine.chunking import ChunkedTrainingForward, ChunkSpec, grad_chunks_of
 from engine.oom import GRADIENT_BUCKET_BYTES
 from engine.optim import build_optimizer
 from engine.step import step_loss
@@ -40,7 +40,12 @@ class ProjectStep:
     ):
         train_cfg = cfg.train
         self.cfg, self.num_classes, self.num_views, self.kpt_shape = cfg, num_classes, num_views, kpt_shape
-        self.spec = ChunkSpec(train_cfg.chunk_train_size, train_cfg.chunk_train_overlap, kept=kept_chunks)
+        self.spec = ChunkSpec(
+            train_cfg.chunk_train_size,
+            train_cfg.chunk_train_overlap,
+            kept=kept_chunks,
+            grad_chunks=grad_chunks_of(train_cfg.grad_chunks),
+        )
         self.loss_cfg = dataclasses.replace(train_cfg, chunk_loss="clip")
         self.criterion = nn.CrossEntropyLoss(label_smoothing=train_cfg.label_smoothing)
 
@@ -171,9 +176,12 @@ def largest_batch(cfg: Config, num_frames: int, usable: int, limit: int = 1024, 
     return _largest(fits, limit), tried
 
 
-def training_chunk_count(cfg: Config, num_frames: int) -> int:
-    """The training chunks of a clip of ``num_frames`` frames (train.chunk_train_size, chunk_train_overlap)."""
-    return len(chunk_windows(num_frames, cfg.train.chunk_train_size, cfg.train.chunk_train_overlap))
+def graph_chunk_count(cfg: Config, num_frames: int) -> int:
+    """The training chunks of a clip of ``num_frames`` frames (train.chunk_train_size, chunk_train_overlap) whose
+    forward builds a graph: all of them, or train.grad_chunks (the others hold no activations). These are the
+    chunks train.recompute: auto can keep unrecomputed."""
+    chunks = len(chunk_windows(num_frames, cfg.train.chunk_train_size, cfg.train.chunk_train_overlap))
+    return min(chunks, grad_chunks_of(cfg.train.grad_chunks) or chunks)
 
 
 def most_chunks_kept(cfg: Config, num_frames: int, batch_size: int, usable: int, **shape) -> tuple[int, dict]:
@@ -181,7 +189,7 @@ def most_chunks_kept(cfg: Config, num_frames: int, batch_size: int, usable: int,
     with the step's estimate within ``usable`` bytes (0: every chunk recomputed), and the peaks estimated on the
     way ({kept: bytes}, the answer's among them). The peak grows with every chunk kept: all of them are tried
     first, then bisection."""
-    chunks = training_chunk_count(cfg, num_frames)
+    chunks = graph_chunk_count(cfg, num_frames)
     peaks: dict[int, int] = {}
 
     def fits(kept: int) -> bool:

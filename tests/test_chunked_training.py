@@ -1,5 +1,7 @@
 """Chunked training: the clip goes through the model chunk by chunk, each chunk recomputed in backward."""
 
+import csv
+import dataclasses
 import os
 import shutil
 
@@ -189,22 +191,24 @@ def test_chunk_train_aggregation_last_is_refused_with_its_reason():
 
 
 @pytest.mark.parametrize(
-    "dense, head, precise, budget",
+    "dense, head, precise, budget, sampled",
     [
-        (False, "none", False, False),
-        (True, "none", False, False),
-        (True, "transformer", False, False),
-        (False, "none", True, False),
-        (False, "transformer", False, True),
+        (False, "none", False, False, False),
+        (True, "none", False, False, False),
+        (True, "transformer", False, False, False),
+        (False, "none", True, False, False),
+        (False, "transformer", False, True, False),
+        (False, "transformer", False, True, True),
+        (True, "none", False, False, True),
     ],
 )
 def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(
-    synthetic_root, tmp_path, dense, head, precise, budget
+    synthetic_root, tmp_path, dense, head, precise, budget, sampled
 ):
     """From epoch_0001.pt of a 2-epoch run, put as last.pt of a fresh run: the same final weights and BatchNorm
     statistics (with a temporal head too: its dropout and the recomputed chunks' draw from the restored RNG; with
     precise BN: the statistics recomputed before each validation; with a budget: chunks kept unrecomputed,
-    train.recompute: auto)."""
+    train.recompute: auto; with train.grad_chunks: the same chunks drawn for each step)."""
     extra = [
         "model.dropout=0.5",
         "train.chunk_train_size=4",
@@ -222,6 +226,7 @@ def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(
         else []
     )
     extra += ["train.precise_bn_batches=2"] if precise else []
+    extra += ["train.grad_chunks=2"] if sampled else []
     extra += ["trainer.memory_budget_gb=2", "trainer.device=cpu"] if budget else []
     if head != "none":
         extra += [f"model.temporal_head={head}", "model.temporal_dropout=0.3", "model.temporal_width=16"]
@@ -230,7 +235,8 @@ def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(
     checkpoints = os.path.join(reference_dir, "e2e", "latest", "checkpoints")
     reference = load_checkpoint(os.path.join(checkpoints, "last.pt"))
     assert reference["global_step"] > 0 and reference["config"]["train"]["chunk_train_size"] == 4
-    assert reference["kept_chunks"] == (3 if budget else 0)  # 8 frames in chunks of 4 sharing 1: 3 chunks
+    # 8 frames in chunks of 4 sharing 1: 3 chunks, 2 of them with a gradient with train.grad_chunks
+    assert reference["kept_chunks"] == ((2 if sampled else 3) if budget else 0)
     resumed_dir = tmp_path / "resumed" / "e2e" / "run"
     os.makedirs(resumed_dir / "checkpoints")
     shutil.copy(os.path.join(checkpoints, "epoch_0001.pt"), resumed_dir / "checkpoints" / "last.pt")
@@ -370,3 +376,128 @@ def test_probe_memory_states_the_chunks_auto_keeps():
     assert lines[-1].startswith(
         f"train.recompute: auto at batch 2: keeps the activations of {kept} of 4 training chunks (estimated peak "
     )
+
+
+# ------------------------------------------------------------------ train.grad_chunks: gradients through K chunks
+
+HEAD = {"temporal_head": "transformer", "temporal_width": 16, "temporal_attention_heads": 2}
+
+
+def test_the_draw_takes_one_chunk_from_each_part_of_the_clip_weighted_by_the_part():
+    draws = [ChunkSpec(4, 0, grad_chunks=3, draw=seed).graph_chunks(10) for seed in range(200)]
+    for drawn in draws:  # parts [0, 3), [3, 7), [7, 10)
+        assert [(0 <= c < 3, 3 <= c < 7, 7 <= c < 10) for c in sorted(drawn)] == [
+            (True, False, False),
+            (False, True, False),
+            (False, False, True),
+        ]
+        assert [drawn[c] for c in sorted(drawn)] == [3.0, 4.0, 3.0]  # sums to 10 chunks
+    assert set().union(*draws) == set(range(10))  # every chunk is drawn across steps
+    assert ChunkSpec(4, 0, grad_chunks=3, draw=5).graph_chunks(10) == draws[5]  # the same step draws the same
+    assert ChunkSpec(4, 0, grad_chunks=3).graph_chunks(3) is None  # K >= n: every chunk, as all
+    assert ChunkSpec(4, 0).graph_chunks(10) is None
+
+
+@pytest.mark.parametrize("head", [False, True], ids=["aggregated", "temporal-head"])
+def test_sampled_gradients_average_over_the_draws_to_the_gradient_of_every_chunk(head):
+    """6 chunks, 2 with a gradient (one of the first three, one of the last three, each weighted 3): over the 9
+    equally likely draws the gradients average to those of every chunk (the estimate is unbiased). The temporal
+    head's own gradients are exact at every draw: it sees every chunk's features."""
+    changes = HEAD if head else {}
+    inputs = clip_batch(length=48)
+    every = gradients_of(small_model(**changes), inputs, ChunkSpec(8, 0))
+    seeds = {}
+    for seed in range(500):
+        seeds.setdefault(tuple(sorted(ChunkSpec(8, 0, grad_chunks=2, draw=seed).graph_chunks(6))), seed)
+    assert len(seeds) == 9
+    draws = [
+        gradients_of(small_model(**changes), inputs, ChunkSpec(8, 0, grad_chunks=2, draw=s)) for s in seeds.values()
+    ]
+    for name, grad in every.items():
+        torch.testing.assert_close(sum(d[name] for d in draws) / len(draws), grad, rtol=1e-4, atol=1e-6, msg=name)
+        if name.startswith("temporal."):
+            for drawn in draws:
+                torch.testing.assert_close(drawn[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    backbone = "rgb.stages.0.0.weight"
+    assert not torch.allclose(draws[0][backbone], every[backbone], rtol=1e-2)  # one draw alone is not the mean
+
+
+@pytest.mark.parametrize("kept, forwards", [(0, 6), (1, 5), (2, 4)])
+def test_only_the_drawn_chunks_build_a_graph_and_only_they_are_recomputed(kept, forwards):
+    """4 chunks, 2 with a gradient: 4 forwards, plus one per drawn chunk recomputed (``kept`` counts the drawn
+    chunks); the other chunks hold no graph."""
+    from test_training_loop import NoBatchNorm
+
+    model = NoBatchNorm()
+    prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
+    forward = ChunkedTrainingForward(model, prepare.normalize).train()
+    spec = ChunkSpec(4, 0, kept=kept, grad_chunks=2, draw=1)
+    inputs = prepare.transfer(clip_batch(length=16))
+    outputs = forward(inputs, spec)
+    outputs.chunks.mean().backward()
+    assert len(model.chunk_lengths) == forwards
+    chunks = forward(inputs, dataclasses.replace(spec, recompute=False)).chunks  # [B, 4, K]
+    reaches = [
+        bool(torch.autograd.grad(chunks[:, i].sum(), model.conv.weight, retain_graph=True)[0].abs().sum() > 0)
+        for i in range(4)
+    ]
+    assert [i for i, reached in enumerate(reaches) if reached] == sorted(spec.graph_chunks(4))
+
+
+def test_chunks_without_a_gradient_update_batchnorm_as_every_chunk_does():
+    """Train-mode BatchNorm in every chunk, drawn or not: the running statistics after a step are those of the
+    step with every chunk's gradient, and so are the features the head or the loss sees."""
+    inputs = clip_batch(length=48)
+    every, sampled = small_model(), small_model()
+    gradients_of(every, inputs, ChunkSpec(8, 0))
+    gradients_of(sampled, inputs, ChunkSpec(8, 0, grad_chunks=2, draw=3))
+    buffers = dict(sampled.named_buffers())
+    for name, buffer in every.named_buffers():
+        torch.testing.assert_close(buffers[name], buffer, rtol=1e-6, atol=1e-7, msg=name)
+    assert buffers["rgb.stages.0.1.num_batches_tracked"] == 6
+
+
+def test_the_planner_counts_the_activations_of_the_drawn_chunks_only():
+    from planner.project import config_training_estimate, graph_chunk_count, most_chunks_kept
+
+    shape = ["model.width=8", "data.num_frames=64", "data.batch_size=2", "train.chunk_train_size=8"]
+    every, sampled = load_config(None, shape), load_config(None, [*shape, "train.grad_chunks=2"])
+    assert (graph_chunk_count(every, 64), graph_chunk_count(sampled, 64)) == (8, 2)
+    peak = {
+        (name, kept): config_training_estimate(cfg, 64, 2, kept_chunks=kept).peak
+        for name, cfg in (("every", every), ("sampled", sampled))
+        for kept in (0, 2, 8)
+    }
+    assert peak["sampled", 0] == pytest.approx(peak["every", 0], rel=0.01)  # one chunk's activations either way
+    assert peak["sampled", 2] == pytest.approx(peak["every", 2], rel=0.01)
+    assert peak["sampled", 8] == peak["sampled", 2] < peak["every", 8]  # no more than 2 chunks hold a graph
+    assert most_chunks_kept(sampled, 64, 2, 10**12)[0] == 2
+
+
+def test_grad_chunks_without_training_chunks_is_one_line_naming_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"train.grad_chunks=4 draws training chunks, but train.chunk_train_size"):
+        load_config(None, ["train.grad_chunks=4"])
+    with pytest.raises(ConfigError, match="train.grad_chunks"):
+        load_config(None, ["train.chunk_train_size=8", "train.grad_chunks=0"])
+    assert load_config(None, ["train.chunk_train_size=8", "train.grad_chunks=4"]).train.grad_chunks == 4
+
+
+def test_with_gradients_through_half_the_chunks_the_backbone_still_learns_motion(tmp_path):
+    """The synthetic motion task (6 classes; no frame tells the class, so the backbone must learn): 96 clips of 16
+    frames in 4 training chunks, 20 epochs. With train.grad_chunks 2 the run learns (seed 0: 0.604 here, every
+    chunk 0.667); a frozen random backbone, the head alone, stays at chance (0.167)."""
+    from datasets.synthetic import generate
+
+    root = str(tmp_path / "data")
+    generate(
+        root, seed=3, size=32, num_train=96, num_val=48, num_test=6, short_frames=24, num_long=1, long_frames=40,
+        num_multiview=0, quiet=True,
+    )  # fmt: skip
+    accuracy = {}
+    for name, extra in {"sampled": ["train.grad_chunks=2"], "frozen": ["model.freeze_backbone=true"]}.items():
+        out = tmp_path / name
+        chunks = ["data.num_frames=16", "data.frame_stride=1", "train.chunk_train_size=4", "infer.chunk_size=4"]
+        assert train.main(overrides(root, out, *chunks, "trainer.max_epochs=20", *extra)) == 0
+        with open(os.path.join(out, "e2e", "latest", "metrics.csv")) as f:
+            accuracy[name] = max(float(row["val_video_acc"]) for row in csv.DictReader(f))
+    assert accuracy["frozen"] <= 0.25 and accuracy["sampled"] >= 0.45, accuracy
