@@ -86,15 +86,17 @@ class Trainer:
     def chunk_spec(self, batch_in_group: int = 0, piece: int = 0) -> ChunkSpec:
         """The training chunks now: the config's, or the shorter ones the OOM back-off chose; the chunks kept
         unrecomputed (train.recompute: auto) as the planner decided and the back-off lowered; with
-        train.grad_chunks, the draw of the chunks with a gradient for this step, this rank, the loader batch's
-        place in its accumulation group and the micro-batch's (the same draw when a resumed run replays it)."""
+        train.grad_chunks, the draw of the chunks with a gradient for this step, the loader batch's place in its
+        accumulation group and the micro-batch's (the same draw when a resumed run replays it)."""
         train_cfg = self.cfg.train
         size = train_cfg.chunk_train_size if self.state.chunk_train_size is None else self.state.chunk_train_size
         overlap = train_cfg.chunk_train_overlap
         if size != -1 and overlap >= size:  # a chunk shortened by the back-off keeps half of itself shared at most
             overlap = size // 2
         kept = self.state.kept_chunks if train_cfg.recompute == "auto" and self.state.kept_chunks else 0
-        draw = seed_of(train_cfg.seed, self.state.global_step, self.runtime.rank, batch_in_group, piece)
+        # not the rank: every rank draws the same chunks, as one process draws them for its whole batch, so the
+        # step does not depend on how the global batch is spread over processes
+        draw = seed_of(train_cfg.seed, self.state.global_step, batch_in_group, piece)
         return ChunkSpec(size, overlap, kept=kept, grad_chunks=grad_chunks_of(train_cfg.grad_chunks), draw=draw)
 
     def save(self, name: str) -> str:

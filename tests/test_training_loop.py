@@ -285,6 +285,24 @@ def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
             "train.accumulate_grad_batches=2",
             "trainer.memory_budget_gb=2",
         ],
+        [
+            "model.norm=group",
+            "train.chunk_train_size=4",
+            "train.chunk_train_overlap=1",
+            "train.grad_chunks=2",
+            "model.temporal_head=transformer",
+            "model.temporal_width=16",
+            "model.temporal_dropout=0",
+        ],
+        [
+            "model.norm=group",
+            "train.chunk_train_size=4",
+            "train.chunk_train_overlap=1",
+            "train.grad_chunks=2",
+            "train.ddp_sync=overlap",
+            "train.accumulate_grad_batches=2",
+            "trainer.memory_budget_gb=2",
+        ],
     ],
     ids=[
         "whole-clips",
@@ -292,13 +310,16 @@ def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
         "temporal-head",
         "sync-batchnorm-precise-bn",
         "overlapped-all-reduce-accumulated",
+        "sampled-gradients-temporal-head",
+        "sampled-gradients-overlapped-accumulated",
     ],
 )
 def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
     # GroupNorm and SGD: the per-sample model and the linear optimizer make one process and two comparable
     # to float rounding (BatchNorm would see 2 clips per process instead of 4; SyncBatchNorm sees the 4, and
     # precise BN pools both ranks' batches: the 8 clips of one process's 2 batches). With chunked training, every
-    # chunk is recomputed in backward, and the gradients are averaged once per step.
+    # chunk is recomputed in backward, and the gradients are averaged once per step. With train.grad_chunks every
+    # rank draws the chunks one process draws for the whole batch.
     common = ["trainer.max_epochs=1", "model.dropout=0", "train.optimizer=sgd", "train.lr=0.05", *chunks]
     one = subprocess.run(
         [sys.executable, "train.py", *overrides(synthetic_root, tmp_path / "one", *common, "data.batch_size=4")],
@@ -327,7 +348,8 @@ def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
     mode = "overlap" if "train.ddp_sync=overlap" in chunks else "agreed"
     assert f"2 processes, train.ddp_sync: {mode}" in two.stderr
     if "trainer.memory_budget_gb=2" in chunks:  # train.recompute: auto keeps every chunk, on every rank
-        assert "keeping the activations of 3 of 3 training chunks" in one.stderr + two.stderr
+        kept = "2 of 2" if "train.grad_chunks=2" in chunks else "3 of 3"  # only the drawn chunks hold a graph
+        assert f"keeping the activations of {kept} training chunks" in one.stderr + two.stderr
     accumulate = 2 if "train.accumulate_grad_batches=2" in chunks else 1
     assert f"global batch {4 * accumulate} = 2 x {accumulate} accumulated x 2 processes" in two.stdout + two.stderr
     if "model.norm=sync" in chunks:
