@@ -27,16 +27,20 @@ def write_video(path: str, frames_iter, size: int, fps: float) -> None:
         writer.release()
 
 
+def _made_with(marker: str, args: dict) -> bool:
+    with open(marker) as f:
+        return json.load(f) == args
+
+
 def build_once(out: str, args: dict, write, quiet: bool) -> str:
     """``write(directory)`` into a temporary directory renamed to ``out`` when complete; nothing when ``out``
     already holds a complete dataset made with ``args``."""
     marker = os.path.join(out, MARKER)
     if os.path.exists(marker):
-        with open(marker) as f:
-            if json.load(f) == args:
-                if not quiet:
-                    print(f"synthetic dataset already in {out}; skipping generation")
-                return out
+        if _made_with(marker, args):
+            if not quiet:
+                print(f"synthetic dataset already in {out}; skipping generation")
+            return out
         raise SystemExit(
             f"error: {out} holds a synthetic dataset made with other arguments; remove it or choose another --out"
         )
@@ -50,6 +54,9 @@ def build_once(out: str, args: dict, write, quiet: bool) -> str:
         write(tmp)
         with open(os.path.join(tmp, MARKER), "w") as f:
             json.dump(args, f)
+        if os.path.exists(marker) and _made_with(marker, args):  # another process wrote the same meanwhile
+            shutil.rmtree(tmp)
+            return out
         if os.path.exists(out):
             os.rmdir(out)  # empty, checked above
         os.replace(tmp, out)

@@ -81,6 +81,22 @@ def test_a_complete_dataset_is_not_rewritten_and_a_foreign_one_is_refused(tmp_pa
         small(root, 2)
 
 
+def test_two_processes_writing_the_same_dataset_at_once_both_get_it(tmp_path):
+    """Two benchmarks that start together both write the dataset; the one that finishes second finds the first's
+    complete copy and keeps it (it used to fail removing the non-empty directory)."""
+    from datasets.video_files import MARKER, build_once
+
+    out, args = str(tmp_path / "d"), {"seed": 1}
+
+    def write(directory):  # the other process completes while this one writes
+        build_once(out, args, lambda other: open(os.path.join(other, "from_first"), "w").close(), quiet=True)
+        open(os.path.join(directory, "from_second"), "w").close()
+
+    assert build_once(out, args, write, quiet=True) == out
+    assert sorted(os.listdir(out)) == sorted([MARKER, "from_first"])
+    assert [name for name in os.listdir(tmp_path) if name.startswith(".synthetic-")] == []  # no copy left
+
+
 def test_a_single_frame_does_not_tell_the_class(tmp_path):
     """Every class starts from shapes of overlapping sizes at random places: the first frames look alike."""
     root = generate(
