@@ -173,7 +173,8 @@ def state_disk_needs(trainer, loader_batches: int, resumed: bool) -> DiskPlan:
     """The disk the run needs, stated (and a warning if the free space is short) before the first step."""
     cfg = trainer.cfg
     steps_per_epoch = math.ceil(loader_batches / cfg.train.accumulate_grad_batches)
-    plan = disk_plan(cfg, unwrap_model(trainer.model), steps_per_epoch)
+    bank = trainer.bank.nbytes if trainer.bank is not None else 0
+    plan = disk_plan(cfg, unwrap_model(trainer.model), steps_per_epoch, bank)
     state_disk_plan(plan, cfg.trainer.output_dir, written=bytes_written(trainer.run.path) if resumed else 0)
     return plan
 

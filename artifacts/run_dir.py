@@ -5,6 +5,8 @@
         <timestamp>/                    RunDirectory
             config.yaml  train.log  metrics.csv  memory.csv  training_curves.png  confusion_matrix.png
             checkpoints/last.pt  best.pt  epoch_NNNN.pt     (best and epoch files: hard links to a last.pt)
+            checkpoints/<name>.bank.npz                      train.feature_bank: the bank as its checkpoint left it
+            feature_bank.npy                                 train.feature_bank: disk, the live bank
         eval.jsonl  .eval.lock  eval_history.png            WatchedDirectory (also of one run)
 
 Nobody else joins path strings under a run directory.
@@ -25,6 +27,12 @@ from core.files import atomic_link, atomic_symlink
 log = logging.getLogger("longvideo")
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
+CHECKPOINT_SIDECARS = (".bank.npz",)  # files beside a checkpoint that belong to its state: linked and removed with it
+
+
+def sidecar(checkpoint: str, suffix: str) -> str:
+    """checkpoints/last.pt -> checkpoints/last<suffix>."""
+    return os.path.splitext(checkpoint)[0] + suffix
 
 
 class RunDirectory:
@@ -73,6 +81,7 @@ class RunDirectory:
     memory_snapshot = property(lambda self: self.file("memory_snapshot.pickle"))  # trainer.memory_snapshot
     tensorboard = property(lambda self: self.file("tb"))  # trainer.tensorboard
     checkpoints = property(lambda self: self.file(CHECKPOINTS))
+    feature_bank = property(lambda self: self.file("feature_bank.npy"))  # train.feature_bank: disk
 
     def checkpoint(self, name: str) -> str:
         return os.path.join(self.checkpoints, name)
@@ -96,12 +105,23 @@ class RunDirectory:
         go."""
         last = self.checkpoint("last.pt")
         if improved:
+            self._link_sidecars(last, self.checkpoint("best.pt"))
             atomic_link(last, self.checkpoint("best.pt"))
         if keep_last_k > 0:
             atomic_link(last, self.checkpoint(f"epoch_{epoch:04d}.pt"))
+            self._link_sidecars(last, self.checkpoint(f"epoch_{epoch:04d}.pt"))
             epochs = sorted(n for n in os.listdir(self.checkpoints) if n.startswith("epoch_") and n.endswith(".pt"))
             for name in epochs[:-keep_last_k]:
                 os.unlink(self.checkpoint(name))
+                for suffix in CHECKPOINT_SIDECARS:
+                    if os.path.exists(sidecar(self.checkpoint(name), suffix)):
+                        os.unlink(sidecar(self.checkpoint(name), suffix))
+
+    @staticmethod
+    def _link_sidecars(source: str, target: str) -> None:
+        for suffix in CHECKPOINT_SIDECARS:
+            if os.path.exists(sidecar(source, suffix)):
+                atomic_link(sidecar(source, suffix), sidecar(target, suffix))
 
 
 class ExperimentDirectory:

@@ -3,6 +3,7 @@ temporal action segmentation field scores them.
 
     python -m bench.timelines                     # 48 + 16 videos of 600 frames at 64x64, tiny3d width 64 (16 min)
     python -m bench.timelines --size 32 --width 16  # configs/timelines.yaml's own shape (5 minutes)
+    python -m bench.timelines --part sampled --size 32 --width 16   # end to end: every chunk vs train.grad_chunks 4
 
 The speed ratio is the features path's point and depends on the backbone's cost, which end to end pays every epoch
 and the features path once: a tiny backbone (the preset's tiny3d at 32x32) leaves per-operation overhead to
@@ -103,9 +104,21 @@ def main() -> None:
     parser.add_argument("--head-epochs", type=int, default=40, help="the heads trained on features")
     parser.add_argument("--size", type=int, default=64, help="frame size (written and trained)")
     parser.add_argument("--width", type=int, default=64, help="tiny3d's width")
+    parser.add_argument(
+        "--part",
+        choices=("variants", "sampled"),
+        default="variants",
+        help="variants: the four above; sampled: end to end + transformer with every chunk's gradient against "
+        "train.grad_chunks K, over --seeds",
+    )
+    parser.add_argument("--grad-chunks", type=int, default=4, help="--part sampled: K")
+    parser.add_argument("--seeds", default="0,1,2", help="--part sampled: train.seed values, comma-separated")
     args = parser.parse_args()
     data = generate_segmentation(f"{args.data}-{args.size}", size=args.size, quiet=True)
     shape = [f"data.data_dir={data}", f"data.img_size={args.size}", f"model.width={args.width}"]
+    if args.part == "sampled":
+        sampled(args, shape)
+        return
     cfg = load_config(os.path.join(ROOT, "configs", "timelines.yaml"), shape)
     print(
         f"timeline task ({data}): 48 training and 16 validation videos of 600 frames at {args.size}x{args.size}, "
@@ -151,6 +164,30 @@ def main() -> None:
             f"{end_to_end['epoch_s'] / row['epoch_s']:6.1f}x {row['peak'] / 2**20:8.1f} {row['rss_mb']:7.0f}",
             flush=True,
         )
+
+
+def sampled(args, shape: list[str]) -> None:
+    """End to end + transformer (38 chunks a video): every chunk's gradient against train.grad_chunks K, each seed."""
+    seeds = [int(v) for v in args.seeds.split(",")]
+    print(
+        f"timeline task, end to end + transformer head, tiny3d width {args.width} at {args.size}x{args.size}, 38 "
+        f"training chunks a video, {args.backbone_epochs} epochs, seeds {seeds}; on the CPU ({os.cpu_count()} CPUs); "
+        f"scores of the best epoch by F1@50"
+    )
+    print(
+        f"{'train.grad_chunks':18s} {'F1@50':>6s} {'edit':>6s} {'frame acc':>9s} {'train s/ep':>10s}  F1@50, edit a seed"
+    )
+    base = shape + [f"trainer.max_epochs={args.backbone_epochs}", "model.temporal_head=transformer"]
+    with tempfile.TemporaryDirectory() as out:
+        for name, extra in (("all", []), (str(args.grad_chunks), [f"train.grad_chunks={args.grad_chunks}"])):
+            runs = [train(out, f"sampled_{name}_{seed}", base + extra + [f"train.seed={seed}"]) for seed in seeds]
+            mean = {k: sum(r["scores"][k] for r in runs) / len(runs) for k in ("f1@50", "edit", "frame_acc")}
+            each = "; ".join(f"{r['scores']['f1@50']:.1f}, {r['scores']['edit']:.1f}" for r in runs)
+            print(
+                f"{name:18s} {mean['f1@50']:6.1f} {mean['edit']:6.1f} {mean['frame_acc']:9.3f} "
+                f"{sum(r['train_s'] for r in runs) / len(runs):10.2f}  {each}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

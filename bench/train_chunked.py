@@ -24,8 +24,9 @@ memory: the step's peak (the estimate of what the step began with plus the measu
 planner's estimate of the peak, and the budget.
 
 ``--part sampled``: train.grad_chunks K (--grad-chunks) against every chunk's gradient at each T, in chunks of
-the first --chunks, every chunk recomputed: time per frame against the plain step at T = 64 and against every
-chunk at the same T; memory against every chunk.
+the first --chunks, every chunk recomputed, and K = --bank-k with train.feature_bank (host; the warm-up step fills
+the bank, the measured steps compute the K drawn chunks and read the others): time per frame against the plain
+step at T = 64 and against every chunk at the same T; memory against every chunk.
 """
 
 from __future__ import annotations
@@ -71,10 +72,16 @@ def measure(args) -> dict:
     inputs = prepare.transfer(clip)
     labels = torch.tensor([3], device=device)
     steps = iter(range(10**9))
+    bank, samples = None, None
+    if args.bank:  # train.feature_bank: host; the warm-up step fills it, the measured ones read it
+        from datasets.windows import chunk_windows
+        from engine.feature_bank import FeatureBank
+
+        bank, samples = FeatureBank(1, chunk_windows(args.length, args.chunk, args.overlap), "host"), torch.tensor([0])
 
     def step():
         spec = ChunkSpec(args.chunk, args.overlap, kept=args.kept, grad_chunks=int(args.grad_chunks), draw=next(steps))
-        outputs = forward(inputs, spec)  # with a temporal head its clip logits, else None
+        outputs = forward(inputs, spec, bank, samples)  # with a temporal head its clip logits, else None
         logits = (
             outputs.clip if outputs.clip is not None else aggregate_chunk_logits(outputs.chunks.transpose(0, 1), "mean")
         )
@@ -120,6 +127,7 @@ def step_cell(
     temporal_width: int = 64,
     kept: int = 0,
     grad_chunks: int = 0,
+    bank: bool = False,
 ) -> dict | str:
     """One cell of the table: {"peak_mb", "step_s", "input_mb"} of one training step, or the error's last line.
     Memory: every allocation above 64 KB its own mapping, returned when freed, so resident memory follows the
@@ -154,6 +162,8 @@ def step_cell(
         str(kept),
         "--grad-chunks",
         str(grad_chunks),
+        "--bank",
+        str(int(bank)),
     ]
     runs = [
         subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
@@ -186,7 +196,10 @@ def main() -> None:
         "train.grad_chunks K against every chunk",
     )
     parser.add_argument("--grad-chunks", default="2,4,8", help="--part sampled: the K values (train.grad_chunks)")
-    args = parse_or_measure(parser, measure, length=int, chunk=int, kept=int)
+    parser.add_argument(
+        "--bank-k", type=int, default=4, help="--part sampled: K of the row with train.feature_bank (host)"
+    )
+    args = parse_or_measure(parser, measure, length=int, chunk=int, kept=int, bank=int)
     if args is None:
         return
     if args.device is None:
@@ -330,7 +343,7 @@ def sampled_table(args) -> None:
         flush=True,
     )
 
-    def cell(length: int, size: int, grad_chunks: int = 0):
+    def cell(length: int, size: int, grad_chunks: int = 0, bank: bool = False):
         result = step_cell(
             args.backbone,
             args.width,
@@ -343,6 +356,7 @@ def sampled_table(args) -> None:
             args.temporal_head,
             args.temporal_width,
             grad_chunks=grad_chunks,
+            bank=bank,
         )
         if isinstance(result, str):
             print(f"T={length} chunk={size} grad_chunks={grad_chunks or 'all'}: failed: {result}", flush=True)
@@ -365,6 +379,7 @@ def sampled_table(args) -> None:
     for length in frames:
         every = cell(length, chunk)
         rows = [("all", every)] + [(str(k), cell(length, chunk, k)) for k in samples]
+        rows.append((f"{args.bank_k} + bank", cell(length, chunk, args.bank_k, bank=True)))
         for name, result in rows:
             if result is None:
                 print(f"{length:>5d} {name:<18s} failed", flush=True)

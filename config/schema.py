@@ -415,6 +415,15 @@ class TrainConfig:
         minimum=1,
         also=("all",),
     )
+    feature_bank: str = setting(
+        "off",
+        "choice",
+        "with grad_chunks K: keep each training sample's chunk features between epochs (host: in memory; disk: "
+        "memory-mapped in the run directory) and compute only the K drawn chunks a step, reading the others from "
+        "the bank (TALLFormer); needs each sample to be the same frames every epoch (no data.augment, one clip a "
+        "sample window); one process",
+        choices=("off", "host", "disk"),
+    )
     chunk_train_aggregation: str = setting(
         "mean",
         "choice",

@@ -7,6 +7,7 @@ the same frames, the label of the part of the timeline it covers, and where it c
 A sample (``VideoWindowDataset[i]``), T = the clip's frames (``data.num_frames``, or the window's with -1):
 
     "label"          int                      the class of the window (of its mirror class after a flip)
+    "sample"         int                      the sample's index in the dataset (train.feature_bank reads by it)
     "video_index"    int                      which manifest line (video-level metrics sum its clips)
     "window"         int64 [2]                the sample window [start, end) in video frames
     "frame_indices"  int64 [T]                the video frames decoded
@@ -261,6 +262,7 @@ class VideoWindowDataset(Dataset):
             label, labels = int(self.mirror[label]), np.where(labels >= 0, self.mirror[labels], -1)
         sample = {
             "label": label,
+            "sample": index,
             "video_index": window.record,
             "window": torch.tensor([window.start, window.end]),
             "frame_indices": torch.from_numpy(indices),

@@ -20,12 +20,14 @@ from core import watchdog
 from core.errors import ConfigError
 from core.files import atomic_write_bytes, remove_stale_temp_files
 from core.logs import attach_log_file, detach_log_file
-from core.runtime import Runtime
+from core.runtime import Runtime, unwrap_model
 from datasets.bad_input import BadInputReport
 from datasets.device_input import InputPreparer
 from datasets.shape import DataShape
+from datasets.windows import chunk_windows
 from engine.chunking import ChunkedTrainingForward, FeatureHeadForward
 from engine.data import build_data, cap_workers, make_loader
+from engine.feature_bank import FeatureBank, check_fixed_clips
 from engine.feature_data import build_feature_data, feature_loader
 from engine.oom import start_memory_history
 from engine.optim import build_optimizer, build_scheduler, max_grad_norm, warmup_epochs
@@ -118,10 +120,43 @@ def build_trainer(
         report=RunReport(bad_inputs=None if source else BadInputReport(train_set, val_set)),
         features_source=source,
     )
+    if cfg.train.feature_bank != "off":
+        trainer.bank = _feature_bank(trainer, train_set, resume_path)
     if runtime.is_main:
         _start_run_files(trainer, len(train_set))
     start_memory_history(trainer)
     return trainer, train_loader, val_loader
+
+
+def _feature_bank(trainer: Trainer, train_set, resume_path: str | None) -> FeatureBank:
+    """train.feature_bank: the bank over the training set on its chunk grid (restored from the checkpoint's copy
+    on resume), after checking each sample gives the same frames every epoch; its size in one line."""
+    cfg, runtime = trainer.cfg, trainer.runtime
+    if runtime.distributed:
+        raise ConfigError(
+            "train.feature_bank runs in one process: under torchrun each rank would see other samples each epoch "
+            "and keep a bank of its own; set train.feature_bank: off (train.grad_chunks alone works on every rank)"
+        )
+    data = cfg.data
+    check_fixed_clips([w.end - w.start for w in train_set.windows], data.num_frames, data.frame_stride)
+    spec = trainer.chunk_spec()
+    windows = chunk_windows(data.num_frames, spec.size, spec.overlap)
+    classifier = unwrap_model(trainer.model)
+    per_chunk = classifier.feature_dim if temporal_head_of(classifier) is not None else trainer.shape.num_classes
+    bank = FeatureBank(len(train_set), windows, cfg.train.feature_bank, trainer.run.feature_bank, per_chunk)
+    log.info(
+        "train.feature_bank: %s, %s (%d samples x %d chunks x %d float32 values), computing %d chunks a clip a step "
+        "and reading the others; a copy beside each checkpoint",
+        cfg.train.feature_bank,
+        f"{bank.nbytes / 2**20:.1f} MB" if bank.nbytes >= 2**20 else f"{bank.nbytes / 1024:.1f} KB",
+        bank.samples,
+        bank.chunks,
+        per_chunk,
+        spec.grad_chunks,
+    )
+    if resume_path:
+        bank.restore(resume_path, trainer.state.global_step)
+    return bank
 
 
 def _log_temporal_head_settings(optimizer: torch.optim.Optimizer, train_cfg: TrainConfig) -> None:

@@ -276,12 +276,16 @@ class ChunkedTrainingForward(nn.Module):
         self.normalize = normalize
         self.frame_stride = frame_stride  # clip frame i is video frame i * frame_stride (the head's positions)
 
-    def forward(self, inputs: dict, spec: ChunkSpec) -> HeadOutput:
+    def forward(self, inputs: dict, spec: ChunkSpec, bank=None, samples: torch.Tensor | None = None) -> HeadOutput:
+        """``bank`` (train.feature_bank, an ``engine.feature_bank.FeatureBank``) and ``samples`` (the clips' indices
+        in the training set): the chunks without a gradient are read from the bank where it has them."""
         windows = chunk_windows(clip_length(inputs), spec.size, spec.overlap)
         head = temporal_head_of(self.module)
         if head is None and len(windows) == 1:
             return HeadOutput(None, self.module(self.normalize(inputs)).unsqueeze(1))
-        outputs = self._chunk_outputs(inputs, windows, spec, features=head is not None)
+        if bank is not None and not bank.follows(windows):
+            bank.regrid(windows, f"training chunks of {spec.size} frames")
+        outputs = self._chunk_outputs(inputs, windows, spec, head is not None, bank, samples)
         if head is not None:
             return head(torch.stack(outputs, dim=1), chunk_positions(windows, self.frame_stride))
         return HeadOutput(None, torch.stack(outputs, dim=1))
@@ -297,18 +301,27 @@ class ChunkedTrainingForward(nn.Module):
     def _chunk_features(self, chunk: dict) -> torch.Tensor:
         return self.module.features(self.normalize(chunk))
 
-    def _chunk_outputs(self, inputs: dict, windows: list, spec: ChunkSpec, features: bool) -> list[torch.Tensor]:
+    def _chunk_outputs(
+        self, inputs: dict, windows: list, spec: ChunkSpec, features: bool, bank=None, samples=None
+    ) -> list[torch.Tensor]:
         """Each chunk's logits, or its features for the temporal head (then only the [B, n, D] features and the
         head's own activations stay alive). A chunk with a graph is recomputed in backward unless it is among
         the last ``spec.kept`` of them: one chunk's activations alive at a time. With train.grad_chunks the
-        others run without a graph (train-mode BatchNorm, as every chunk) and enter detached."""
+        others run without a graph (train-mode BatchNorm, as every chunk) and enter detached, or come from the
+        bank when it holds them for every clip of the batch (each chunk computed is written to it)."""
         min_frames = getattr(unwrap_model(self.module), "min_frames", 1)
         function = self._chunk_features if features else self._chunk_logits
         graph = spec.graph_chunks(len(windows))
         with_graph = range(len(windows)) if graph is None else sorted(graph)
         order = {chunk: rank for rank, chunk in enumerate(with_graph)}  # its place among the chunks with a graph
-        outputs = []
+        outputs, from_bank = [], []
         for i, (start, end) in enumerate(windows):
+            if i not in order and bank is not None:
+                kept = bank.read(samples, i)
+                if kept is not None:
+                    outputs.append(kept)
+                    from_bank.append(i)
+                    continue
             chunk = slice_time(inputs, start, end, min_frames)
             if i not in order:
                 with torch.no_grad():
@@ -317,8 +330,13 @@ class ChunkedTrainingForward(nn.Module):
                 outputs.append(recompute_in_backward(self.module, function, chunk))
             else:
                 outputs.append(function(chunk))
+            if bank is not None:
+                bank.write(samples, i, outputs[-1])
             if graph is not None and i in graph:
                 outputs[-1] = weighted_gradient(outputs[-1], graph[i])
+        computed = outputs[next(i for i in range(len(outputs)) if i not in from_bank)]  # a drawn chunk at least
+        for i in from_bank:
+            outputs[i] = outputs[i].to(computed.device, computed.dtype, non_blocking=True)
         return outputs
 
 

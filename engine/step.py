@@ -18,6 +18,7 @@ import torch
 from config import TrainConfig
 from core.errors import ConfigError
 from engine.chunking import ChunkSpec, aggregate_chunk_logits, chunk_labels, chunk_windows, clip_length
+from engine.feature_bank import FeatureBank
 from engine.oom import (
     OutOfMemoryAdvice,
     OutOfMemoryError,
@@ -105,7 +106,7 @@ def forward_backward(
         syncs = ends_group and i == len(pieces) - 1
         with model.no_sync() if trainer.syncs_in_backward and not syncs else contextlib.nullcontext():
             with runtime.autocast():
-                loss = step_loss(model, inputs, piece, spec, trainer.cfg.train, trainer.criterion)
+                loss = step_loss(model, inputs, piece, spec, trainer.cfg.train, trainer.criterion, trainer.bank)
             # a piece's mean loss weighted by its share of the batch, over the group: the group's mean loss
             trainer.scaler.scale(loss * (clips / size) / group_size).backward()
         loss_sum += float(loss.detach()) * clips
@@ -176,17 +177,24 @@ def smoothing_loss(chunk_logits: torch.Tensor, real: torch.Tensor) -> torch.Tens
     return squared[pairs].mean()
 
 
-MODEL_KEYS = ("label", "video", "kpt", "frame_labels", "features", "windows", "mask", "chunk_labels")
+MODEL_KEYS = ("label", "video", "kpt", "frame_labels", "features", "windows", "mask", "chunk_labels", "sample")
 # (what a micro-batch split carries)
 
 
 def step_loss(
-    model, inputs: dict, piece: dict, spec: ChunkSpec, train_cfg: TrainConfig, criterion: torch.nn.Module
+    model,
+    inputs: dict,
+    piece: dict,
+    spec: ChunkSpec,
+    train_cfg: TrainConfig,
+    criterion: torch.nn.Module,
+    bank: FeatureBank | None = None,
 ) -> torch.Tensor:
     """The forward and loss of one micro-batch, as the training step and the memory planner both run it:
     ``model`` is a ChunkedTrainingForward, ``inputs`` the uint8 model inputs on the device,
-    ``piece`` the micro-batch's labels."""
-    return training_loss(model(inputs, spec), piece, spec, train_cfg, criterion)
+    ``piece`` the micro-batch's labels (and its clips' indices in the training set, which the bank reads by)."""
+    outputs = model(inputs, spec) if bank is None else model(inputs, spec, bank, piece["sample"])
+    return training_loss(outputs, piece, spec, train_cfg, criterion)
 
 
 def clips_per_forward(trainer: Trainer) -> int:

@@ -19,6 +19,7 @@ from datasets.bad_input import BadInputReport
 from datasets.device_input import InputPreparer
 from datasets.shape import DataShape
 from engine.chunking import ChunkSpec, grad_chunks_of, seed_of
+from engine.feature_bank import FeatureBank
 from models import temporal_head_of
 
 
@@ -60,6 +61,7 @@ class Trainer:
     # training on features: the backbone checkpoint (path, sha256) and chunking they came from; in every checkpoint,
     # so eval.py and infer_chunked.py pair the head with that backbone
     features_source: dict | None = None
+    bank: FeatureBank | None = None  # train.feature_bank: the training samples' chunk outputs between epochs
 
     @property
     def has_temporal_head(self) -> bool:
@@ -102,7 +104,10 @@ class Trainer:
     def save(self, name: str) -> str:
         if not self.runtime.is_main:
             return name
-        return self.run.save(self.checkpoint_dict(), name)  # only a run with a checkpoint becomes "latest"
+        path = self.run.save(self.checkpoint_dict(), name)  # only a run with a checkpoint becomes "latest"
+        if self.bank is not None:
+            self.bank.save(path, self.state.global_step)
+        return path
 
 
 class RunStopped(RuntimeError):

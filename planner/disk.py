@@ -6,6 +6,7 @@ disk or a quota is found at the start, not after hours.
                   can hold different states at once: last.pt, best.pt, train.keep_last_k epoch files, and the one
                   being written (an atomic write keeps the old file until the new one is whole)
     logs          train.log, memory.csv and metrics.csv lines per logged step and per epoch, and the two plots
+    feature bank  train.feature_bank: its copy beside each checkpoint, and with disk storage the live file
 
 A run that fills the disk anyway stops at its first failed write with one line (``core.files.DiskFullError``).
 """
@@ -36,15 +37,19 @@ class DiskPlan:
     checkpoint: int  # bytes of one checkpoint
     checkpoints: int  # checkpoint files that can hold different states at once
     logs: int
+    bank: int = 0  # train.feature_bank: its copy beside each checkpoint
+    live_bank: int = 0  # train.feature_bank: disk, the live file in the run directory
 
     @property
     def total(self) -> int:
-        return self.checkpoint * self.checkpoints + self.logs
+        return (self.checkpoint + self.bank) * self.checkpoints + self.logs + self.live_bank
 
     def text(self) -> str:
+        bank = f" and its feature bank's copy of {self.bank / MiB:.1f} MB" if self.bank else ""
+        live = f", the live feature bank's {self.live_bank / MiB:.1f} MB" if self.live_bank else ""
         return (
-            f"{self.total / MiB:.0f} MB ({self.checkpoints} checkpoints of {self.checkpoint / MiB:.1f} MB, the one "
-            f"being written included, and {self.logs / MiB:.1f} MB of logs and plots)"
+            f"{self.total / MiB:.0f} MB ({self.checkpoints} checkpoints of {self.checkpoint / MiB:.1f} MB{bank}, the "
+            f"one being written included{live}, and {self.logs / MiB:.1f} MB of logs and plots)"
         )
 
 
@@ -55,13 +60,16 @@ def checkpoint_bytes(model: nn.Module, optimizer: str) -> int:
     return state + OPTIMIZER_STATES[optimizer] * trained * 4 + CHECKPOINT_EXTRAS
 
 
-def disk_plan(cfg: Config, model: nn.Module, steps_per_epoch: int) -> DiskPlan:
+def disk_plan(cfg: Config, model: nn.Module, steps_per_epoch: int, bank_bytes: int = 0) -> DiskPlan:
+    """``bank_bytes``: train.feature_bank's size (the run knows it once its training set is read)."""
     train, epochs = cfg.train, cfg.trainer.max_epochs
     logged_steps = epochs * math.ceil(steps_per_epoch / train.log_every)
     return DiskPlan(
         checkpoint_bytes(model, train.optimizer),
         train.keep_last_k + 3,
         logged_steps * LOG_BYTES_PER_STEP + epochs * LOG_BYTES_PER_EPOCH + PLOT_BYTES,
+        bank_bytes,
+        bank_bytes if train.feature_bank == "disk" else 0,
     )
 
 

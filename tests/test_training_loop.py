@@ -275,6 +275,7 @@ def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
             "model.temporal_head=transformer",
             "model.temporal_width=16",
             "model.temporal_dropout=0",
+            "train.grad_chunks=2",
         ],
         ["model.norm=sync", "train.chunk_train_size=4", "train.chunk_train_overlap=1", "train.precise_bn_batches=2"],
         [
@@ -290,15 +291,6 @@ def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
             "train.chunk_train_size=4",
             "train.chunk_train_overlap=1",
             "train.grad_chunks=2",
-            "model.temporal_head=transformer",
-            "model.temporal_width=16",
-            "model.temporal_dropout=0",
-        ],
-        [
-            "model.norm=group",
-            "train.chunk_train_size=4",
-            "train.chunk_train_overlap=1",
-            "train.grad_chunks=2",
             "train.ddp_sync=overlap",
             "train.accumulate_grad_batches=2",
             "trainer.memory_budget_gb=2",
@@ -307,10 +299,9 @@ def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
     ids=[
         "whole-clips",
         "chunked-training",
-        "temporal-head",
+        "temporal-head-sampled-gradients",
         "sync-batchnorm-precise-bn",
         "overlapped-all-reduce-accumulated",
-        "sampled-gradients-temporal-head",
         "sampled-gradients-overlapped-accumulated",
     ],
 )
