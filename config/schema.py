@@ -420,8 +420,8 @@ class TrainConfig:
         "choice",
         "with grad_chunks K: keep each training sample's chunk features between epochs (host: in memory; disk: "
         "memory-mapped in the run directory) and compute only the K drawn chunks a step, reading the others from "
-        "the bank (TALLFormer); needs each sample to be the same frames every epoch (no data.augment, one clip a "
-        "sample window); one process",
+        "the bank (TALLFormer); each sample must be the same frames every epoch: no data.augment, and each "
+        "training clip is placed as evaluation places it (centred in its window); one process",
         choices=("off", "host", "disk"),
     )
     chunk_train_aggregation: str = setting(

@@ -83,6 +83,8 @@ class VideoWindowDataset(Dataset):
         self.records, self.class_names = records, list(class_names)
         self.class_index = {name: i for i, name in enumerate(self.class_names)}
         self.cfg, self.training, self.seed, self.epoch = data_cfg, training, seed, 0
+        # train.feature_bank: each training clip placed as evaluation places it, the same frames every epoch
+        self.fixed_clips = False
         self.transform = ClipTransform(data_cfg, training)  # decode size, crops, augmentation
         self.crops = self.transform.crops  # evaluation crops per sample window (data.test_crops), each a sample
         self.clips = 1 if training else data_cfg.test_clips  # evaluation clips per sample window, each crops
@@ -247,7 +249,8 @@ class VideoWindowDataset(Dataset):
         clip = (index % self.samples_per_window) // self.crops  # which of data.test_clips (evaluation)
 
         def place_clip(end: int) -> np.ndarray:
-            rng = np.random.default_rng([self.seed, self.epoch, index]) if self.training else None
+            random = self.training and not self.fixed_clips
+            rng = np.random.default_rng([self.seed, self.epoch, index]) if random else None
             return clip_indices(window.start, end, self.cfg.num_frames, self.cfg.frame_stride, rng, clip, self.clips)
 
         # augmentation draws its own stream: the clip's placement stays what it was without augmentation

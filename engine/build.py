@@ -27,7 +27,7 @@ from datasets.shape import DataShape
 from datasets.windows import chunk_windows
 from engine.chunking import ChunkedTrainingForward, FeatureHeadForward
 from engine.data import build_data, cap_workers, make_loader
-from engine.feature_bank import FeatureBank, check_fixed_clips
+from engine.feature_bank import FeatureBank
 from engine.feature_data import build_feature_data, feature_loader
 from engine.oom import start_memory_history
 from engine.optim import build_optimizer, build_scheduler, max_grad_norm, warmup_epochs
@@ -130,23 +130,24 @@ def build_trainer(
 
 def _feature_bank(trainer: Trainer, train_set, resume_path: str | None) -> FeatureBank:
     """train.feature_bank: the bank over the training set on its chunk grid (restored from the checkpoint's copy
-    on resume), after checking each sample gives the same frames every epoch; its size in one line."""
+    on resume), each training clip placed in its sample window as evaluation places it (the same frames every
+    epoch); its size in one line."""
     cfg, runtime = trainer.cfg, trainer.runtime
     if runtime.distributed:
         raise ConfigError(
             "train.feature_bank runs in one process: under torchrun each rank would see other samples each epoch "
             "and keep a bank of its own; set train.feature_bank: off (train.grad_chunks alone works on every rank)"
         )
-    data = cfg.data
-    check_fixed_clips([w.end - w.start for w in train_set.windows], data.num_frames, data.frame_stride)
+    train_set.fixed_clips = True  # before the loader's workers copy the dataset, at the first epoch
     spec = trainer.chunk_spec()
-    windows = chunk_windows(data.num_frames, spec.size, spec.overlap)
+    windows = chunk_windows(cfg.data.num_frames, spec.size, spec.overlap)
     classifier = unwrap_model(trainer.model)
     per_chunk = classifier.feature_dim if temporal_head_of(classifier) is not None else trainer.shape.num_classes
     bank = FeatureBank(len(train_set), windows, cfg.train.feature_bank, trainer.run.feature_bank, per_chunk)
     log.info(
         "train.feature_bank: %s, %s (%d samples x %d chunks x %d float32 values), computing %d chunks a clip a step "
-        "and reading the others; a copy beside each checkpoint",
+        "and reading the others; a copy beside each checkpoint; each training clip placed as evaluation places it "
+        "(centred in its sample window), the same frames every epoch",
         cfg.train.feature_bank,
         f"{bank.nbytes / 2**20:.1f} MB" if bank.nbytes >= 2**20 else f"{bank.nbytes / 1024:.1f} KB",
         bank.samples,

@@ -7,12 +7,14 @@ nothing was computed yet). A chunk read from the bank was computed at an earlier
 staleness TALLFormer accepts for its long-term memory. A chunk the bank lacks for some sample of the batch (the
 first epoch) runs forward without a graph and is written. Every drawn chunk refreshes its rows.
 
-It needs a fixed chunk grid: every epoch a sample must give the same frames (no augmentation, no random clip
-placement: ``check_fixed_clips``), cut into the same chunks (a chunk size changed by the out-of-memory back-off
-empties it, with a line). ``host`` keeps it in memory; ``disk`` memory-maps ``feature_bank.npy`` in the run
-directory for sets larger than memory. The bank is part of the run's state: each checkpoint has its copy beside it
-(``<checkpoint stem>.bank.npz``, written atomically, with its step), which resume restores; without one, the bank
-starts empty and the log says this resume is not bit-exact.
+It needs a fixed chunk grid: every epoch a sample must give the same frames (no augmentation, which the config
+refuses; each training clip placed as evaluation places it, centred in its sample window, instead of at random),
+cut into the same chunks (a chunk size changed by the out-of-memory back-off empties it, with a line).
+
+``host`` keeps it in memory; ``disk`` memory-maps ``feature_bank.npy`` in the run directory for sets larger than
+memory. The bank is part of the run's state: each checkpoint has its copy beside it (``<checkpoint
+stem>.bank.npz``, written atomically, with its step), which resume restores; without one, the bank starts empty
+and the log says this resume is not bit-exact.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import numpy as np
 import torch
 
 from artifacts.run_dir import CHECKPOINT_SIDECARS, sidecar
-from core.errors import ConfigError
 from core.files import atomic_open
 
 log = logging.getLogger("longvideo")
@@ -139,18 +140,3 @@ class FeatureBank:
     def nbytes(self) -> int:
         """Its size when full (stated before the run, in the log and the disk plan)."""
         return self.samples * self.chunks * self.per_chunk * 4
-
-
-def check_fixed_clips(window_lengths: list[int], num_frames: int, frame_stride: int) -> None:
-    """The bank reads a sample's chunks from earlier epochs: each epoch must give the sample the same frames, so no
-    sample window may be longer than the clip (its clip would be placed at random). The config's own checks refuse
-    data.augment and data.num_frames -1 with the bank."""
-    span = (num_frames - 1) * frame_stride + 1
-    longer = sum(length > span for length in window_lengths)
-    if longer:
-        raise ConfigError(
-            f"train.feature_bank needs each training sample to be the same frames every epoch, but {longer} of "
-            f"{len(window_lengths)} sample windows are longer than the clip ({span} frames: data.num_frames x "
-            f"data.frame_stride), so their clip is placed at random; set data.max_video_frames to {span} (a sample "
-            f"window a clip), or train.feature_bank: off"
-        )

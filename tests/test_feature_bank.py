@@ -20,13 +20,12 @@ from datasets.device_input import InputPreparer
 from engine.chunking import ChunkedTrainingForward, ChunkSpec, chunk_windows
 from engine.feature_bank import FeatureBank, bank_file
 
-# 8-frame clips at stride 2 span 15 frames: sample windows of 15 give each sample the same clip every epoch
+# 8-frame clips at stride 2 (15 frames) from the 20-frame videos, in 3 chunks, 2 drawn a step
 BANK = [
     "train.chunk_train_size=4",
     "train.chunk_train_overlap=1",
     "train.grad_chunks=2",
     "train.feature_bank=host",
-    "data.max_video_frames=15",
     "infer.chunk_size=4",
 ]
 
@@ -113,15 +112,22 @@ def test_a_bank_that_cannot_serve_is_refused_in_one_line(change, message):
     assert "\n" not in str(error.value) and "train.feature_bank" in str(error.value)
 
 
-def test_a_bank_over_windows_longer_than_the_clip_is_refused_in_one_line(synthetic_root, tmp_path):
-    """20-frame videos, clips spanning 15 frames: each epoch would place the clip elsewhere in its window."""
-    with pytest.raises(ConfigError) as error:
-        train.main(overrides(synthetic_root, tmp_path, *BANK, "data.max_video_frames=null"))
-    assert str(error.value) == (
-        "train.feature_bank needs each training sample to be the same frames every epoch, but 18 of 18 sample windows "
-        "are longer than the clip (15 frames: data.num_frames x data.frame_stride), so their clip is placed at "
-        "random; set data.max_video_frames to 15 (a sample window a clip), or train.feature_bank: off"
-    )
+def test_with_the_bank_each_training_clip_is_the_same_frames_every_epoch(synthetic_root, tmp_path):
+    """20-frame videos, clips spanning 15 frames: without the bank each epoch places the clip anywhere in its
+    window; with it, where evaluation places it (centred)."""
+    from engine.data import build_data
+
+    placed = {}
+    for bank in (False, True):
+        cfg = load_config(None, overrides(synthetic_root, tmp_path, *BANK)[3::2])
+        train_set = build_data(cfg)[0]
+        train_set.fixed_clips = bank
+        placed[bank] = []
+        for epoch in range(4):
+            train_set.set_epoch(epoch)
+            placed[bank].append(tuple(int(train_set[i]["frame_indices"][0]) for i in range(6)))
+    assert len(set(placed[False])) > 1  # at random, epoch by epoch
+    assert len(set(placed[True])) == 1 and placed[True][0] == (2,) * 6  # centred: (20 - 15) // 2
 
 
 def test_resume_with_the_bank_is_exact_and_without_it_says_it_is_not(synthetic_root, tmp_path, caplog):
