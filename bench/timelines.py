@@ -113,6 +113,11 @@ def main() -> None:
     )
     parser.add_argument("--grad-chunks", type=int, default=4, help="--part sampled: K")
     parser.add_argument("--seeds", default="0,1,2", help="--part sampled: train.seed values, comma-separated")
+    parser.add_argument(
+        "--rows",
+        default="all,sampled,bank",
+        help="--part sampled: every chunk (all), train.grad_chunks K (sampled), K with train.feature_bank (bank)",
+    )
     args = parser.parse_args()
     data = generate_segmentation(f"{args.data}-{args.size}", size=args.size, quiet=True)
     shape = [f"data.data_dir={data}", f"data.img_size={args.size}", f"model.width={args.width}"]
@@ -179,8 +184,18 @@ def sampled(args, shape: list[str]) -> None:
     )
     base = shape + [f"trainer.max_epochs={args.backbone_epochs}", "model.temporal_head=transformer"]
     with tempfile.TemporaryDirectory() as out:
-        for name, extra in (("all", []), (str(args.grad_chunks), [f"train.grad_chunks={args.grad_chunks}"])):
-            runs = [train(out, f"sampled_{name}_{seed}", base + extra + [f"train.seed={seed}"]) for seed in seeds]
+        sampled_rows = {
+            "all": ("all", []),
+            "sampled": (str(args.grad_chunks), [f"train.grad_chunks={args.grad_chunks}"]),
+            # the bank needs one chunk grid: 300 clip frames (the whole 600-frame video at stride 2, less its last)
+            "bank": (
+                f"{args.grad_chunks} + bank",
+                [f"train.grad_chunks={args.grad_chunks}", "train.feature_bank=host", "data.num_frames=300"],
+            ),
+        }
+        for name, extra in (sampled_rows[row] for row in args.rows.split(",")):
+            experiment = f"sampled_{name.replace(' + ', '_')}"
+            runs = [train(out, f"{experiment}_{seed}", base + extra + [f"train.seed={seed}"]) for seed in seeds]
             mean = {k: sum(r["scores"][k] for r in runs) / len(runs) for k in ("f1@50", "edit", "frame_acc")}
             each = "; ".join(f"{r['scores']['f1@50']:.1f}, {r['scores']['edit']:.1f}" for r in runs)
             print(

@@ -422,6 +422,23 @@ def test_sampled_gradients_average_over_the_draws_to_the_gradient_of_every_chunk
     assert not torch.allclose(draws[0][backbone], every[backbone], rtol=1e-2)  # one draw alone is not the mean
 
 
+@pytest.mark.parametrize(
+    "changes, autocast",
+    [({}, True), ({"grad_checkpointing": True}, False), ({"dropout": 0.5} | HEAD, True)],
+    ids=["autocast", "grad-checkpointing-inside", "head-dropout-autocast"],
+)
+def test_recomputing_the_drawn_chunks_gives_the_gradients_of_keeping_them(changes, autocast):
+    """The same draw of 2 chunks among 6, recomputed in backward or kept: the same gradients, under autocast (bf16
+    on the CPU), with gradient checkpointing inside the chunks, with a head and dropout."""
+    inputs = clip_batch(length=48)
+    spec = ChunkSpec(8, 0, grad_chunks=2, draw=4)
+    recomputed = gradients_of(small_model(**changes), inputs, spec, autocast=autocast)
+    kept = gradients_of(small_model(**changes), inputs, dataclasses.replace(spec, recompute=False), autocast=autocast)
+    assert recomputed.keys() == kept.keys() and len(kept) > 0
+    for name, grad in kept.items():
+        torch.testing.assert_close(recomputed[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
 @pytest.mark.parametrize("kept, forwards", [(0, 6), (1, 5), (2, 4)])
 def test_only_the_drawn_chunks_build_a_graph_and_only_they_are_recomputed(kept, forwards):
     """4 chunks, 2 with a gradient: 4 forwards, plus one per drawn chunk recomputed (``kept`` counts the drawn
@@ -480,6 +497,8 @@ def test_grad_chunks_without_training_chunks_is_one_line_naming_the_key(tmp_path
     with pytest.raises(ConfigError, match="train.grad_chunks"):
         load_config(None, ["train.chunk_train_size=8", "train.grad_chunks=0"])
     assert load_config(None, ["train.chunk_train_size=8", "train.grad_chunks=4"]).train.grad_chunks == 4
+    # a head on features has no backbone to sample: the key is accepted and changes nothing there
+    assert load_config(None, ["data.features_dir=/features", "train.grad_chunks=4"]).train.grad_chunks == 4
 
 
 def test_with_gradients_through_half_the_chunks_the_backbone_still_learns_motion(tmp_path):
