@@ -176,6 +176,23 @@ def step_cell(
     return {**memory_run, "step_s": time_run["step_s"]}
 
 
+def cell_of(args, length: int, chunk: int, **changes) -> dict | str:
+    """``step_cell`` at the command line's model, size, overlap, repeats and device."""
+    return step_cell(
+        args.backbone,
+        args.width,
+        args.size,
+        length,
+        chunk,
+        args.overlap,
+        args.repeat,
+        args.device,
+        args.temporal_head,
+        args.temporal_width,
+        **changes,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backbone", default="tiny3d")
@@ -223,18 +240,7 @@ def main() -> None:
     results = {}
     for length in frames:  # modes interleaved per length: the shared machine's speed drifts between minutes
         for chunk in modes:
-            result = step_cell(
-                args.backbone,
-                args.width,
-                args.size,
-                length,
-                chunk,
-                args.overlap,
-                args.repeat,
-                args.device,
-                args.temporal_head,
-                args.temporal_width,
-            )
+            result = cell_of(args, length, chunk)
             if isinstance(result, str):
                 results[length, chunk] = None
                 print(f"T={length} chunk={chunk}: failed: {result}", flush=True)
@@ -289,22 +295,7 @@ def recompute_table(args) -> None:
         f"{args.backbone} (width {args.width}) at {args.size}x{args.size}, T={length}, training chunks of {chunk} "
         f"({chunks} chunks), batch 1, fp32, AdamW, on {args.device}, {os.cpu_count()} CPUs"
     )
-    results = [
-        step_cell(
-            args.backbone,
-            args.width,
-            args.size,
-            length,
-            size,
-            args.overlap,
-            args.repeat,
-            args.device,
-            args.temporal_head,
-            args.temporal_width,
-            kept,
-        )
-        for _, size, kept, _ in rows
-    ]
+    results = [cell_of(args, length, size, kept=kept) for _, size, kept, _ in rows]
     whole = results[0]
     print(
         f"{'train.recompute':<32s} {'kept':>6s} {'ms/frame':>8s} {'x plain':>7s} {'measured MB':>11s} "
@@ -344,20 +335,7 @@ def sampled_table(args) -> None:
     )
 
     def cell(length: int, size: int, grad_chunks: int = 0, bank: bool = False):
-        result = step_cell(
-            args.backbone,
-            args.width,
-            args.size,
-            length,
-            size,
-            args.overlap,
-            args.repeat,
-            args.device,
-            args.temporal_head,
-            args.temporal_width,
-            grad_chunks=grad_chunks,
-            bank=bank,
-        )
+        result = cell_of(args, length, size, grad_chunks=grad_chunks, bank=bank)
         if isinstance(result, str):
             print(f"T={length} chunk={size} grad_chunks={grad_chunks or 'all'}: failed: {result}", flush=True)
             return None

@@ -229,6 +229,35 @@ def _norm_checks(cfg: dict, origin: Callable[[str], str]) -> None:
         )
 
 
+def _feature_bank_checks(train: dict, data: dict, origin: Callable[[str], str]) -> None:
+    """train.feature_bank serves chunks without a gradient, from a grid each sample keeps every epoch."""
+    refusals = (
+        (
+            train["grad_chunks"] == "all",
+            "serves the chunks without a gradient, and train.grad_chunks is all (every chunk has one); set "
+            "grad_chunks (e.g. 4)",
+        ),
+        (
+            data["augment"],
+            "needs each training sample to be the same frames every epoch, but data.augment is on (random crop, "
+            "flip, colour jitter); set data.augment: false",
+        ),
+        (
+            data["num_frames"] == -1,
+            "needs one chunk grid for every sample, but data.num_frames is -1 (clips as long as their windows); "
+            "set data.num_frames",
+        ),
+        (
+            data["features_dir"],
+            "keeps a backbone's chunk features, and data.features_dir trains on features already written (no "
+            "backbone in the step); train on the videos (data.features_dir: null)",
+        ),
+    )
+    for refused, why in refusals:
+        if refused:
+            raise ConfigError(f"{origin('train.feature_bank')}: train.feature_bank {why}, or feature_bank: off")
+
+
 def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     data, train, model = cfg["data"], cfg["train"], cfg["model"]
     chunk, overlap = cfg["infer"]["chunk_size"], cfg["infer"]["chunk_overlap"]
@@ -249,27 +278,8 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
             f"train.chunk_train_size is -1 (the whole clip is one chunk); set chunk_train_size (e.g. 32), or "
             f"grad_chunks: all"
         )
-    if train["feature_bank"] != "off" and train["grad_chunks"] == "all":
-        raise ConfigError(
-            f"{origin('train.feature_bank')}: train.feature_bank serves the chunks without a gradient, and "
-            f"train.grad_chunks is all (every chunk has one); set grad_chunks (e.g. 4), or feature_bank: off"
-        )
-    if train["feature_bank"] != "off" and data["augment"]:
-        raise ConfigError(
-            f"{origin('train.feature_bank')}: train.feature_bank needs each training sample to be the same frames "
-            f"every epoch, but data.augment is on (random crop, flip, colour jitter); set data.augment: false, or "
-            f"feature_bank: off"
-        )
-    if train["feature_bank"] != "off" and data["num_frames"] == -1:
-        raise ConfigError(
-            f"{origin('train.feature_bank')}: train.feature_bank needs one chunk grid for every sample, but "
-            f"data.num_frames is -1 (clips as long as their windows); set data.num_frames, or feature_bank: off"
-        )
-    if train["feature_bank"] != "off" and data["features_dir"]:
-        raise ConfigError(
-            f"{origin('train.feature_bank')}: train.feature_bank keeps a backbone's chunk features, and "
-            f"data.features_dir trains on features already written (no backbone); set feature_bank: off"
-        )
+    if train["feature_bank"] != "off":
+        _feature_bank_checks(train, data, origin)
     if model["temporal_head"] != "none":
         _temporal_head_checks(cfg, origin)
     _norm_checks(cfg, origin)
