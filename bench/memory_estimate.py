@@ -37,8 +37,9 @@ CASES = [  # (name, --set overrides, num_frames, batch)
 ]
 
 
-def real_step(overrides: list[str], frames: int, batch: int) -> dict:
-    """Resident memory growth of one real training step on the CPU (fp32)."""
+def real_step(overrides: list[str], frames: int, batch: int, config: str | None = None, kept: int = 0) -> dict:
+    """Resident memory growth of one real training step on the CPU (fp32), of ``config`` (a preset's path) with
+    ``overrides``, ``kept`` training chunks not recomputed."""
     import torch
 
     from config import load_config
@@ -46,9 +47,9 @@ def real_step(overrides: list[str], frames: int, batch: int) -> dict:
     from planner import project as memory_estimate
 
     torch.manual_seed(0)
-    cfg = load_config(None, overrides)
+    cfg = load_config(config, overrides)
     device = torch.device("cpu")
-    project = memory_estimate.ProjectStep(cfg)  # the step the estimate runs, here on real tensors
+    project = memory_estimate.ProjectStep(cfg, kept_chunks=kept)  # the step the estimate runs, on real tensors
     classifier = project.classifier().train()
     optimizer = build_optimizer(classifier, cfg.train)
     for group in optimizer.param_groups:
@@ -66,13 +67,33 @@ def real_step(overrides: list[str], frames: int, batch: int) -> dict:
     return {"rss_growth": growth_since(before)}
 
 
+def cpu_step_growth(overrides: list[str], frames: int, batch: int, config: str | None = None, kept: int = 0) -> int:
+    """``real_step``'s growth in bytes, measured in a fresh process whose allocations above 64 KB are mapped one by
+    one, so resident memory follows the live tensors."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.memory_estimate",
+            "--worker",
+            json.dumps([overrides, frames, batch, config, kept]),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"},
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "the step's process failed")
+    return json.loads(done.stdout.strip().splitlines()[-1])["rss_growth"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        overrides, frames, batch = json.loads(args.worker)
-        print(json.dumps(real_step(overrides, frames, batch)))
+        print(json.dumps(real_step(*json.loads(args.worker))))
         return
     import torch
 
@@ -86,16 +107,7 @@ def main() -> None:
     )
     print(f"{'case':30s} {'T':>4s} {'batch':>5s} {'real MiB':>9s} {'estimated MiB':>13s} {'est/real':>8s}")
     for name, overrides, frames, batch in CASES:
-        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-        done = subprocess.run(
-            [sys.executable, "-m", "bench.memory_estimate", "--worker", json.dumps([overrides, frames, batch])],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            env=env,
-            check=True,
-        )
-        real = json.loads(done.stdout.strip().splitlines()[-1])["rss_growth"]
+        real = cpu_step_growth(overrides, frames, batch)
         estimate = project.config_training_estimate(load_config(None, overrides), frames, batch, precision="32")
         growth = estimate.peak - estimate.before_step
         print(

@@ -110,13 +110,14 @@ def measure_training_step_cuda(
     num_views: int = 1,
     kpt_shape: tuple | None = None,
     precision: str | None = None,
+    kept_chunks: int = 0,
 ) -> dict | None:
     """The same step on the GPU, really allocated: a warm-up step first (cuDNN's algorithm search with
     ``cudnn.benchmark``, the optimizer state), then the measured one. {"allocated", "reserved"} peak bytes of
     the measured step, or None if it ran out of memory."""
     device = torch.device("cuda")
     runtime = Runtime(device, precision or cfg.trainer.precision)
-    step = ProjectStep(cfg, num_classes, num_views, kpt_shape)
+    step = ProjectStep(cfg, num_classes, num_views, kpt_shape, kept_chunks)
     classifier = optimizer = inputs = None
     try:
         classifier = step.classifier().to(device).train()

@@ -12,7 +12,7 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 def pages() -> list[str]:
     """Every markdown page of the project, as paths from the repository's root."""
     docs = sorted(f"docs/{name}" for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md"))
-    return ["README.md", "bench/RESULTS.md"] + docs
+    return ["README.md", "bench/RESULTS.md", "bench/README.md"] + docs
 
 
 def slug(heading: str) -> str:

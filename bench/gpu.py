@@ -1,0 +1,260 @@
+"""The GPU suite: the project's memory promises measured on a CUDA device in one call, each against the project's own
+prediction (#51). Built and tested on the CPU before any GPU is lent.
+
+    python -m bench.gpu --out DIR             # on a CUDA device
+    python -m bench.gpu --out DIR --quick     # tiny shapes; on the CPU this is what make test runs
+
+Writes DIR/gpu.md (markdown tables; the device, driver, CUDA, torch and cuDNN versions at the top) and DIR/gpu.json
+(every figure, and each failure's reason), and prints a line per measurement. A measurement that fails (an OOM, an
+exception) is recorded as failed with its one-line reason, and the suite goes on.
+
+Measurements (each a function below, the same code on both devices; they differ only where a CUDA call is made):
+
+    cuda_tests      tests/test_cuda.py run, its pass / fail / skip counts (all skipped on the CPU)
+    presets         every GPU preset (a trainer.memory_budget_gb) at its own shape, gradient checkpointing off and
+                    on: the planner's estimate against the real training step's peak (CUDA: max_memory_allocated
+                    and max_memory_reserved after a warm-up step; CPU: the growth of resident memory during a step,
+                    against the estimate's growth, fp32)
+    chunked         the rtx5080 preset with training chunks at T = 64, 256, 1,024 (train.recompute: auto at the
+                    preset's budget, the temporal head on): estimate against the real step
+    batch_auto      data.batch_size: auto on each GPU preset: the batch the planner picks, whether that batch runs,
+                    and the headroom left under the budget
+
+With --quick the shapes are tiny (tiny3d width 8, 32x32 frames, 8 frames, batch 2; fp32 on the CPU), one preset
+(rtx5080), T = 16, 32, 64: the same functions, so the suite cannot rot while no GPU is lent. Not built yet (#51 stays open for them): the OOM back-off
+under a memory fraction, training throughput (precisions, checkpointing, chunking, channels_last_3d,
+torch.compile, the data-loading share), the inference and streaming table, and the temporal head on the longest
+video with the timeline path on features.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+from bench.memory_estimate import cpu_step_growth
+from config import Config, load_config
+from core.cli import one_line
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MiB = 2**20
+
+
+def gpu_presets() -> list[str]:
+    """The presets that state a GPU memory budget, by file name."""
+    names = []
+    for name in sorted(os.listdir(os.path.join(ROOT, "configs"))):
+        if name.endswith(".yaml") and load_config(os.path.join(ROOT, "configs", name)).trainer.memory_budget_gb:
+            names.append(name)
+    return names
+
+
+class Suite:
+    """Where the measurements run (``cuda``), at which shapes (``quick``), and what they found."""
+
+    def __init__(self, quick: bool, cuda: bool):
+        self.quick, self.cuda = quick, cuda
+        self.results: dict[str, dict] = {}
+
+    def config(self, preset: str, *changes: str) -> tuple[Config, list[str]]:
+        """A preset with ``changes``, and with --quick the tiny shape: (the config, the overrides applied)."""
+        tiny = ["model.backbone=tiny3d", "model.width=8", "data.img_size=32", "data.num_frames=8", "data.batch_size=2"]
+        tiny = tiny + ([] if self.cuda else ["trainer.precision=32"]) if self.quick else []
+        overrides = [*tiny, *changes]
+        return load_config(os.path.join(ROOT, "configs", preset), overrides), overrides
+
+    def step_peak(self, preset: str, overrides: list[str], frames: int, batch: int, kept: int = 0) -> dict:
+        """The real training step's memory: CUDA, the allocator's peaks after a warm-up step (None if it ran out of
+        memory); CPU, the resident growth during a step (fp32)."""
+        cfg = load_config(os.path.join(ROOT, "configs", preset), overrides)
+        if self.cuda:
+            from planner.project import measure_training_step_cuda
+
+            measured = measure_training_step_cuda(cfg, frames, batch, kept_chunks=kept)
+            return {"oom": True} if measured is None else measured
+        return {"growth": cpu_step_growth(overrides, frames, batch, os.path.join(ROOT, "configs", preset), kept)}
+
+    def compare(self, preset: str, overrides: list[str], frames: int, batch: int, kept: int = 0) -> dict:
+        """The planner's estimate beside the real step (``kept`` training chunks not recomputed), and their
+        ratio."""
+        from planner.project import config_training_estimate
+
+        cfg = load_config(os.path.join(ROOT, "configs", preset), overrides)
+        estimate = config_training_estimate(cfg, frames, batch, kept_chunks=kept)
+        measured = self.step_peak(preset, overrides, frames, batch, kept)
+        row = {"frames": frames, "batch": batch}
+        if measured.get("oom"):
+            return {**row, "estimated_mib": estimate.peak / MiB, "failed": "out of memory"}
+        if self.cuda:
+            return {
+                **row,
+                "estimated_mib": estimate.peak / MiB,
+                "allocated_mib": measured["allocated"] / MiB,
+                "reserved_mib": measured["reserved"] / MiB,
+                "estimate_over_allocated": estimate.peak / measured["allocated"],
+            }
+        growth = estimate.peak - estimate.before_step
+        return {
+            **row,
+            "estimated_growth_mib": growth / MiB,
+            "measured_growth_mib": measured["growth"] / MiB,
+            "estimate_over_measured": growth / measured["growth"],
+            # the step's peak: what it began with (the estimate's, no allocator on the host) plus its measured growth
+            "measured_peak_mib": (estimate.before_step + measured["growth"]) / MiB,
+        }
+
+
+# --------------------------------------------------------------------------------------------- measurements
+
+
+def cuda_tests(suite: Suite) -> list[dict]:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr.strip()[-200:]
+    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?)", summary)}
+    if not counts:
+        raise RuntimeError(f"pytest gave no summary: {summary}")
+    return [{"passed": counts.get("passed", 0), "failed": counts.get("failed", 0) + counts.get("error", 0)
+             + counts.get("errors", 0), "skipped": counts.get("skipped", 0)}]  # fmt: skip
+
+
+def presets(suite: Suite) -> list[dict]:
+    rows = []
+    for preset in ["rtx5080.yaml"] if suite.quick else gpu_presets():
+        for checkpointing in ("false", "true"):
+            cfg, overrides = suite.config(preset, f"model.grad_checkpointing={checkpointing}")
+            row = {"preset": preset, "precision": cfg.trainer.precision, "grad_checkpointing": checkpointing}
+            rows.append({**row, **suite.compare(preset, overrides, cfg.data.num_frames, cfg.data.batch_size)})
+    return rows
+
+
+def chunked(suite: Suite) -> list[dict]:
+    from planner.estimate import usable_bytes
+    from planner.project import most_chunks_kept
+
+    lengths, chunk = ((16, 32, 64), 8) if suite.quick else ((64, 256, 1024), 32)
+    rows = []
+    for frames in lengths:
+        changes = [f"train.chunk_train_size={chunk}", "model.temporal_head=transformer", f"data.num_frames={frames}"]
+        cfg, overrides = suite.config("rtx5080.yaml", *changes)
+        budget = cfg.trainer.memory_budget_gb
+        kept = most_chunks_kept(cfg, frames, cfg.data.batch_size, usable_bytes(budget, suite.cuda))[0]
+        row = {"chunk": chunk, "kept": kept}
+        rows.append({**row, **suite.compare("rtx5080.yaml", overrides, frames, cfg.data.batch_size, kept)})
+    return rows
+
+
+def batch_auto(suite: Suite) -> list[dict]:
+    from planner.estimate import usable_bytes
+    from planner.project import config_training_estimate, largest_batch
+
+    rows = []
+    for preset in ["rtx5080.yaml"] if suite.quick else gpu_presets():
+        cfg, overrides = suite.config(preset)
+        budget = cfg.trainer.memory_budget_gb
+        if suite.quick and not suite.cuda:  # a budget the tiny shape fills: batch 8's estimate and the margin
+            budget = config_training_estimate(cfg, cfg.data.num_frames, 8).peak / usable_bytes(1, cuda=False)
+        usable = usable_bytes(budget, suite.cuda)
+        batch, _ = largest_batch(cfg, cfg.data.num_frames, usable, limit=64 if suite.quick else 1024)
+        row = {"preset": preset, "budget_mib": budget * 1024, "batch": batch}
+        measured = suite.compare(preset, [*overrides, f"data.batch_size={batch}"], cfg.data.num_frames, batch)
+        peak = measured.get("reserved_mib", measured.get("measured_peak_mib"))
+        headroom = None if peak is None else budget * 1024 - peak
+        rows.append({**row, **measured, "runs": "failed" not in measured, "headroom_mib": headroom})
+    return rows
+
+
+MEASUREMENTS = {"cuda_tests": cuda_tests, "presets": presets, "chunked": chunked, "batch_auto": batch_auto}
+
+
+# ---------------------------------------------------------------------------------------------- the report
+
+
+def versions(cuda: bool) -> dict:
+    info = {"torch": torch.__version__, "python": platform.python_version(), "cpus": os.cpu_count()}
+    if not cuda:
+        return {"device": f"CPU ({platform.processor() or platform.machine()}), no CUDA", **info}
+    driver = subprocess.run(
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "device": torch.cuda.get_device_name(),
+        "driver": driver or "unknown",
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        **info,
+    }
+
+
+def markdown(header: dict, results: dict) -> str:
+    lines = ["# GPU suite", "", ", ".join(f"{k}: {v}" for k, v in header.items()), ""]
+    for name, result in results.items():
+        lines.append(f"## {name}")
+        lines.append("")
+        if "failed" in result:
+            lines += [f"failed: {result['failed']}", ""]
+            continue
+        rows = result["rows"]
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        lines.append("| " + " | ".join(columns) + " |")
+        lines.append("|" + "---|" * len(columns))
+        for row in rows:
+            lines.append("| " + " | ".join(_cell(row.get(c, "")) for c in columns) + " |")
+        lines += ["", f"{result['seconds']:.1f} s", ""]
+    return "\n".join(lines)
+
+
+def _cell(value) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.gpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", required=True, help="the folder gpu.md and gpu.json go to")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes (the CPU's test run)")
+    parser.add_argument("--only", default=",".join(MEASUREMENTS), help="which measurements, comma-separated")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.only.split(",") if name not in MEASUREMENTS]
+    if unknown:
+        parser.error(f"--only: unknown {', '.join(unknown)}; choose from {', '.join(MEASUREMENTS)}")
+    suite = Suite(args.quick, torch.cuda.is_available())
+    header = versions(suite.cuda)
+    print(f"GPU suite on {header['device']}{' (--quick)' if args.quick else ''}", flush=True)
+    for name in args.only.split(","):
+        start = time.perf_counter()
+        try:
+            suite.results[name] = {"rows": MEASUREMENTS[name](suite)}
+            status = f"{len(suite.results[name]['rows'])} rows"
+        except Exception as e:  # one measurement's failure is recorded; the suite goes on
+            reason = " ".join((one_line(e) or type(e).__name__).split())  # one line, whatever the error said
+            suite.results[name] = {"failed": reason, "trace": traceback.format_exc(limit=3)}
+            status = f"failed: {suite.results[name]['failed']}"
+        suite.results[name]["seconds"] = time.perf_counter() - start
+        print(f"{name}: {status} ({suite.results[name]['seconds']:.1f} s)", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    from core.files import atomic_write_bytes
+
+    atomic_write_bytes(os.path.join(args.out, "gpu.md"), markdown(header, suite.results).encode())
+    report = {"header": header, "quick": args.quick, "results": suite.results}
+    atomic_write_bytes(os.path.join(args.out, "gpu.json"), json.dumps(report, indent=1).encode())
+    print(f"written: {os.path.join(args.out, 'gpu.md')}, gpu.json", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
