@@ -19,12 +19,17 @@ Measurements (each a function below, the same code on both devices; they differ 
                     preset's budget, the temporal head on): estimate against the real step
     batch_auto      data.batch_size: auto on each GPU preset: the batch the planner picks, whether that batch runs,
                     and the headroom left under the budget
+    inference       the seed guide's table: a 1,000-frame video unchunked and in chunks of 128, 64, 32 with overlap
+                    0 and 8 (peak memory and time, the planner's estimate beside it); streaming 100,000 frames
+                    against 600 (peak memory ratio, target <= 1.1x)
 
 With --quick the shapes are tiny (tiny3d width 8, 32x32 frames, 8 frames, batch 2; fp32 on the CPU), one preset
-(rtx5080), T = 16, 32, 64: the same functions, so the suite cannot rot while no GPU is lent. Not built yet (#51 stays open for them): the OOM back-off
-under a memory fraction, training throughput (precisions, checkpointing, chunking, channels_last_3d,
-torch.compile, the data-loading share), the inference and streaming table, and the temporal head on the longest
-video with the timeline path on features.
+(rtx5080), T = 16, 32, 64, a 200-frame video (streaming 2,000 against 200 frames, in this process on the CPU): the
+same functions, so the suite cannot rot while no GPU is lent.
+
+Not built yet (#51 stays open for them): the OOM back-off under a memory fraction, training throughput
+(precisions, checkpointing, chunking, channels_last_3d, torch.compile, the data-loading share), and the temporal
+head on the longest video with the timeline path on features.
 """
 
 from __future__ import annotations
@@ -177,7 +182,58 @@ def batch_auto(suite: Suite) -> list[dict]:
     return rows
 
 
-MEASUREMENTS = {"cuda_tests": cuda_tests, "presets": presets, "chunked": chunked, "batch_auto": batch_auto}
+def inference(suite: Suite) -> list[dict]:
+    """infer_chunked's streaming path (bench.infer's worker: decode thread, tiny3d) on a 1,000-frame video, the
+    whole video in one chunk and in chunks of 128, 64, 32 with overlap 0 and 8 (peak device memory on CUDA, peak
+    host RSS on the CPU; the planner's estimate of one forward beside it), then streaming 100,000 frames against
+    600 (the target: at most 1.1x the peak). --quick: 200 frames, whole and in chunks of 16, 2,000 against 200."""
+    from types import SimpleNamespace
+
+    from bench.infer import CACHE, measure, run
+    from bench.resident import growth_since, reset_high_water_mark
+    from datasets.video_files import write_h264
+    from planner.project import config_inference_estimate
+
+    length, lengths = (200, (200, 2000)) if suite.quick else (1000, (600, 100_000))
+    chunks = [(length, 0), (16, 8)] if suite.quick else [(length, 0)] + [
+        (c, o) for c in (128, 64, 32) for o in (0, 8)
+    ]  # fmt: skip
+    img, width = (32, 8) if suite.quick else (112, 16)
+    cfg = load_config(None, ["model.backbone=tiny3d", f"model.width={width}", f"data.img_size={img}"])
+    os.makedirs(CACHE, exist_ok=True)
+
+    def streamed(frames: int, chunk: int, overlap: int) -> dict:
+        video = write_h264(os.path.join(CACHE, f"gpu_suite_64x48_{frames}.mp4"), frames, 64, 48)
+        args = SimpleNamespace(chunk=chunk, overlap=overlap, batch=1, img=img, width=width, torch_threads=1,
+                               decode_threads=1, device="cuda" if suite.cuda else "cpu", repeat=1)  # fmt: skip
+        if suite.cuda or not suite.quick:  # a fresh process: its peaks are this run's alone
+            result = run(video, "full", args)
+            return {"peak_mib": result.get("device_peak_mb", result["peak_rss_mb"]), "s": result["wall_s"]}
+        before = reset_high_water_mark()  # --quick on the CPU: in this process, its resident memory's high-water mark
+        result = measure(SimpleNamespace(**vars(args), video=video, mode="full"))
+        return {"peak_mib": (before + growth_since(before)) / MiB, "s": result["wall_s"]}
+
+    rows = []
+    for chunk, overlap in chunks:
+        measured = streamed(length, chunk, overlap)
+        estimate = config_inference_estimate(cfg, chunk, 1, num_classes=6) / MiB
+        name = "unchunked" if chunk == length else f"chunk {chunk} overlap {overlap}"
+        memory = "device_peak_mib" if suite.cuda else "host_peak_rss_mib"
+        rows.append({"run": name, "frames": length, "estimated_mib": estimate, memory: measured["peak_mib"],
+                     "seconds": measured["s"]})  # fmt: skip
+    short, long = (streamed(frames, 32, 8) for frames in lengths)
+    rows.append({"run": f"streaming {lengths[1]} vs {lengths[0]} frames, chunk 32 overlap 8",
+                 "frames": lengths[1], "peak_ratio": long["peak_mib"] / short["peak_mib"], "seconds": long["s"]})  # fmt: skip
+    return rows
+
+
+MEASUREMENTS = {
+    "cuda_tests": cuda_tests,
+    "presets": presets,
+    "chunked": chunked,
+    "batch_auto": batch_auto,
+    "inference": inference,
+}
 
 
 # ---------------------------------------------------------------------------------------------- the report
