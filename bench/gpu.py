@@ -22,14 +22,17 @@ Measurements (each a function below, the same code on both devices; they differ 
     inference       the seed guide's table: a 1,000-frame video unchunked and in chunks of 128, 64, 32 with overlap
                     0 and 8 (peak memory and time, the planner's estimate beside it); streaming 100,000 frames
                     against 600 (peak memory ratio, target <= 1.1x)
+    oom_backoff     train.py on the rtx5080 preset under a memory cap half its batch fits (CUDA:
+                    set_per_process_memory_fraction; CPU: the same error raised above half the batch): the batch it
+                    backs off to, and whether it finishes
 
 With --quick the shapes are tiny (tiny3d width 8, 32x32 frames, 8 frames, batch 2; fp32 on the CPU), one preset
 (rtx5080), T = 16, 32, 64, a 200-frame video (streaming 2,000 against 200 frames, in this process on the CPU): the
 same functions, so the suite cannot rot while no GPU is lent.
 
-Not built yet (#51 stays open for them): the OOM back-off under a memory fraction, training throughput
-(precisions, checkpointing, chunking, channels_last_3d, torch.compile, the data-loading share), and the temporal
-head on the longest video with the timeline path on features.
+Not built yet (#51 stays open for them): training throughput (precisions, checkpointing, chunking,
+channels_last_3d, torch.compile, the data-loading share), and the temporal head on the longest video with the
+timeline path on features.
 """
 
 from __future__ import annotations
@@ -227,12 +230,60 @@ def inference(suite: Suite) -> list[dict]:
     return rows
 
 
+def oom_backoff(suite: Suite) -> list[dict]:
+    """train.py on the rtx5080 preset under a memory cap that half its batch fits and the whole does not: on CUDA
+    torch.cuda.set_per_process_memory_fraction at the planner's estimate of half the batch (a real CUDA OOM); on the
+    CPU, where nothing caps memory, the same out-of-memory error raised by every forward of more clips than that.
+    The run must back off and finish its steps: the batch it settled on (data.batch_size / state.micro_splits)."""
+    import math
+    import tempfile
+
+    import train
+    from artifacts.checkpoint import load_checkpoint
+    from datasets.synthetic import generate
+    from engine.oom import OutOfMemoryError
+    from planner.estimate import CUDA_CONTEXT_BYTES
+    from planner.project import config_training_estimate
+
+    with tempfile.TemporaryDirectory() as work:
+        data = generate(os.path.join(work, "data"), size=32, num_train=8, num_val=2, num_test=0, short_frames=12,
+                        num_long=0, num_multiview=0, quiet=True)  # fmt: skip
+        cfg, overrides = suite.config("rtx5080.yaml", f"data.data_dir={data}", "data.val_fraction=null")
+        batch = cfg.data.batch_size
+        changes = [*overrides, f"trainer.output_dir={work}", "trainer.max_epochs=1", "data.num_workers=0",
+                   "data.sample_timeout_s=null", "experiment=oom", *([] if suite.cuda else ["trainer.device=cpu"])]  # fmt: skip
+        args = ["--config", os.path.join(ROOT, "configs", "rtx5080.yaml")]
+        args += [item for change in changes for item in ("--set", change)] + ["--stop-after-steps", "2"]
+        fits = config_training_estimate(cfg, cfg.data.num_frames, batch // 2).peak
+        if suite.cuda:
+            total = torch.cuda.get_device_properties(0).total_memory
+            torch.cuda.set_per_process_memory_fraction((fits + CUDA_CONTEXT_BYTES) / total)
+            undo = lambda: torch.cuda.set_per_process_memory_fraction(1.0)  # noqa: E731
+        else:
+
+            def cap(module, inputs):
+                video = inputs[0].get("video") if inputs and isinstance(inputs[0], dict) else None
+                if video is not None and len(video) > batch // 2:
+                    raise OutOfMemoryError("out of memory (the suite's cap on the CPU)")
+
+            undo = torch.nn.modules.module.register_module_forward_pre_hook(cap).remove
+        try:
+            code = train.main(args)
+        finally:
+            undo()
+        state = load_checkpoint(os.path.join(work, "oom", "latest", "checkpoints", "last.pt"))
+    settled = math.ceil(batch / state["micro_splits"])
+    return [{"preset": "rtx5080.yaml", "batch": batch, "cap_mib": fits / MiB, "settled_batch": settled,
+             "finished": code == 0 and state["global_step"] == 2}]  # fmt: skip
+
+
 MEASUREMENTS = {
     "cuda_tests": cuda_tests,
     "presets": presets,
     "chunked": chunked,
     "batch_auto": batch_auto,
     "inference": inference,
+    "oom_backoff": oom_backoff,
 }
 
 

@@ -26,6 +26,8 @@ def test_the_quick_suite_writes_every_measurement_as_numbers(tmp_path, capsys):
     assert report["results"]["cuda_tests"]["rows"][0]["skipped"] > 0  # no CUDA here: every CUDA test skips
     ratios = [row["estimate_over_measured"] for row in report["results"]["presets"]["rows"]]
     assert all(0.5 < r < 2.0 for r in ratios), ratios  # the estimate is near the real step, not just a number
+    backed_off = report["results"]["oom_backoff"]["rows"][0]
+    assert backed_off["finished"] is True and backed_off["settled_batch"] < backed_off["batch"]
     streaming = report["results"]["inference"]["rows"][-1]
     assert streaming["run"].startswith("streaming 2000 vs 200 frames") and 0.9 < streaming["peak_ratio"] < 1.1
     markdown = (tmp_path / "gpu.md").read_text()
