@@ -25,14 +25,15 @@ Measurements (each a function below, the same code on both devices; they differ 
     oom_backoff     train.py on the rtx5080 preset under a memory cap half its batch fits (CUDA:
                     set_per_process_memory_fraction; CPU: the same error raised above half the batch): the batch it
                     backs off to, and whether it finishes
+    throughput      the rtx5080 preset's training step: clips/s (and peak memory on CUDA) in fp32, fp16, bf16, with
+                    checkpointing, chunked, channels_last_3d and torch.compile, against the preset as it is
 
 With --quick the shapes are tiny (tiny3d width 8, 32x32 frames, 8 frames, batch 2; fp32 on the CPU), one preset
 (rtx5080), T = 16, 32, 64, a 200-frame video (streaming 2,000 against 200 frames, in this process on the CPU): the
 same functions, so the suite cannot rot while no GPU is lent.
 
-Not built yet (#51 stays open for them): training throughput (precisions, checkpointing, chunking,
-channels_last_3d, torch.compile, the data-loading share), and the temporal head on the longest video with the
-timeline path on features.
+Not built yet (#51 stays open for them): the data-loading share of training (is the GPU starved), and the
+temporal head on the longest video with the timeline path on features.
 """
 
 from __future__ import annotations
@@ -277,6 +278,77 @@ def oom_backoff(suite: Suite) -> list[dict]:
              "finished": code == 0 and state["global_step"] == 2}]  # fmt: skip
 
 
+def timed_steps(suite: Suite, cfg: Config, steps: int) -> dict:
+    """The project's training step (``ProjectStep``: the preset's model, chunks, loss and optimizer, under its
+    precision's autocast and GradScaler), with trainer.channels_last_3d and trainer.compile as train.py applies them:
+    clips/s over ``steps`` steps after two warm-up steps, and on CUDA the peak allocated memory."""
+    from core.runtime import Runtime
+    from datasets.device_input import InputPreparer
+    from engine.chunking import ChunkedTrainingForward
+    from engine.optim import build_optimizer
+    from engine.step import step_loss
+    from planner.project import ProjectStep
+
+    device = torch.device("cuda" if suite.cuda else "cpu")
+    runtime, step = Runtime(device, cfg.trainer.precision), ProjectStep(cfg)
+    classifier = step.classifier().to(device).train()
+    channels_last = cfg.trainer.channels_last_3d and suite.cuda
+    if channels_last:
+        classifier = classifier.to(memory_format=torch.channels_last_3d)
+    module = torch.compile(classifier) if cfg.trainer.compile else classifier
+    prepare = InputPreparer(device, cfg.data.mean, cfg.data.std, channels_last)
+    forward = ChunkedTrainingForward(module, prepare.normalize, cfg.data.frame_stride)
+    optimizer, scaler = build_optimizer(classifier, cfg.train), runtime.grad_scaler()
+    batch = cfg.data.batch_size
+    inputs = step.inputs(cfg.data.num_frames, batch, device)
+    model_inputs = {k: v for k, v in inputs.items() if k in ("video", "kpt")}
+
+    def one() -> None:
+        with runtime.autocast():
+            loss = step_loss(forward, model_inputs, inputs, step.spec, step.loss_cfg, step.criterion)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+
+    one()
+    one()
+    if suite.cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(steps):
+        one()
+    if suite.cuda:
+        torch.cuda.synchronize()
+    result = {"clips_per_s": batch * steps / (time.perf_counter() - start)}
+    if suite.cuda:
+        result["peak_allocated_mib"] = torch.cuda.max_memory_allocated() / MiB
+    return result
+
+
+def throughput(suite: Suite) -> list[dict]:
+    """Training throughput on the rtx5080 preset: fp32, fp16 and bf16 (the preset's is fp16), gradient
+    checkpointing on and off, chunked training on, channels_last_3d, torch.compile; each against the preset as it
+    is. --quick on the CPU: fp32 and bf16 only, and no torch.compile (its compile time alone passes a minute)."""
+    precisions = ("32", "bf16") if suite.quick and not suite.cuda else ("32", "16", "bf16")
+    variants = [(f"precision {p}", [f"trainer.precision={p}"]) for p in precisions]
+    variants += [("checkpointing on", ["model.grad_checkpointing=true"])]
+    variants += [("chunked (4 chunks)", [f"train.chunk_train_size={2 if suite.quick else 10}"])]
+    variants += [("channels_last_3d", ["trainer.channels_last_3d=true"])]
+    if not (suite.quick and not suite.cuda):
+        variants += [("torch.compile", ["trainer.compile=true"])]
+    steps = 3 if suite.quick else 10
+    base_cfg, _ = suite.config("rtx5080.yaml")
+    base = timed_steps(suite, base_cfg, steps)
+    rows = [{"variant": f"preset as it is (precision {base_cfg.trainer.precision})", **base, "x_preset": 1.0}]
+    for name, changes in variants:
+        cfg, _ = suite.config("rtx5080.yaml", *changes)
+        result = timed_steps(suite, cfg, steps)
+        rows.append({"variant": name, **result, "x_preset": result["clips_per_s"] / base["clips_per_s"]})
+    return rows
+
+
 MEASUREMENTS = {
     "cuda_tests": cuda_tests,
     "presets": presets,
@@ -284,6 +356,7 @@ MEASUREMENTS = {
     "batch_auto": batch_auto,
     "inference": inference,
     "oom_backoff": oom_backoff,
+    "throughput": throughput,
 }
 
 
