@@ -27,13 +27,15 @@ Measurements (each a function below, the same code on both devices; they differ 
                     backs off to, and whether it finishes
     throughput      the rtx5080 preset's training step: clips/s (and peak memory on CUDA) in fp32, fp16, bf16, with
                     checkpointing, chunked, channels_last_3d and torch.compile, against the preset as it is
+    head            the temporal head's training step on features (the timeline path) over a minute and over an
+                    hour of chunks (11,250), tcn and transformer: estimate against the measured step
 
 With --quick the shapes are tiny (tiny3d width 8, 32x32 frames, 8 frames, batch 2; fp32 on the CPU), one preset
-(rtx5080), T = 16, 32, 64, a 200-frame video (streaming 2,000 against 200 frames, in this process on the CPU): the
+(rtx5080), T = 16 and 64, a 200-frame video (streaming 2,000 against 200 frames, in this process on the CPU): the
 same functions, so the suite cannot rot while no GPU is lent.
 
-Not built yet (#51 stays open for them): the data-loading share of training (is the GPU starved), and the
-temporal head on the longest video with the timeline path on features.
+Not built yet (#51 stays open for it): the data-loading share of training (is the GPU starved, with the preset's
+workers on the machine's cores).
 """
 
 from __future__ import annotations
@@ -154,7 +156,7 @@ def chunked(suite: Suite) -> list[dict]:
     from planner.estimate import usable_bytes
     from planner.project import most_chunks_kept
 
-    lengths, chunk = ((16, 32, 64), 8) if suite.quick else ((64, 256, 1024), 32)
+    lengths, chunk = ((16, 64), 8) if suite.quick else ((64, 256, 1024), 32)
     rows = []
     for frames in lengths:
         changes = [f"train.chunk_train_size={chunk}", "model.temporal_head=transformer", f"data.num_frames={frames}"]
@@ -349,6 +351,45 @@ def throughput(suite: Suite) -> list[dict]:
     return rows
 
 
+def head(suite: Suite) -> list[dict]:
+    """The temporal head's training step on features (the timeline path's, configs/timelines-head.yaml: dense
+    chunk labels) over a minute of video and over the longest it is meant for (an hour at 25 fps in chunks of 8:
+    11,250 chunks), tcn and transformer: the planner's estimate against the measured step (CUDA: the allocator's
+    peak over what was allocated before the step; CPU: bench.scale's resident growth in a fresh process). --quick:
+    the transformer at 750 chunks."""
+    from bench.scale import STEP_CHUNKS, measure_step
+
+    feature_dim = 64
+    heads, lengths = (("transformer",), (750,)) if suite.quick else (("tcn", "transformer"), (75, STEP_CHUNKS))
+    rows = []
+    for name in heads:
+        for chunks in lengths:
+            step = cuda_head_step(name, chunks, feature_dim) if suite.cuda else measure_step(name, chunks, feature_dim)
+            rows.append({"head": name, "chunks": chunks, "estimated_mib": step["estimated"],
+                         "measured_mib": step["measured"], "estimate_over_measured": step["estimated"] / step["measured"]})  # fmt: skip
+    return rows
+
+
+def cuda_head_step(name: str, chunks: int, feature_dim: int) -> dict:
+    """bench.scale's head step on the GPU: the allocator's peak of the second step over what it began with."""
+    from bench.scale import head_step_parts
+    from datasets.segmentation_task import SEGMENT_CLASSES
+    from planner.features import feature_training_estimate
+
+    cfg, model, optimizer, batch, step = head_step_parts(name, chunks, feature_dim, torch.device("cuda"))
+    step()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    estimate = feature_training_estimate(cfg, feature_dim, chunks, 1, len(SEGMENT_CLASSES))
+    return {
+        "measured": (torch.cuda.max_memory_allocated() - before) / MiB,
+        "estimated": (estimate.peak - estimate.before_step) / MiB,
+    }
+
+
 MEASUREMENTS = {
     "cuda_tests": cuda_tests,
     "presets": presets,
@@ -357,6 +398,7 @@ MEASUREMENTS = {
     "inference": inference,
     "oom_backoff": oom_backoff,
     "throughput": throughput,
+    "head": head,
 }
 
 
@@ -420,7 +462,7 @@ def main(argv=None) -> int:
         try:
             suite.results[name] = {"rows": MEASUREMENTS[name](suite)}
             status = f"{len(suite.results[name]['rows'])} rows"
-        except Exception as e:  # one measurement's failure is recorded; the suite goes on
+        except (Exception, SystemExit) as e:  # one measurement's failure is recorded; the suite goes on
             reason = " ".join((one_line(e) or type(e).__name__).split())  # one line, whatever the error said
             suite.results[name] = {"failed": reason, "trace": traceback.format_exc(limit=3)}
             status = f"failed: {suite.results[name]['failed']}"

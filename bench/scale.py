@@ -175,9 +175,9 @@ def measure(work: str, frames: int) -> dict:
     return {"rows": rows, "estimates": estimates, "steps": steps}
 
 
-def step_worker(head: str, chunks: int, feature_dim: int) -> dict:
-    """In this (fresh) process: one training step of ``head`` (configs/timelines-head.yaml) over one video of
-    ``chunks`` chunks, measured after a warm-up step; and the planner's estimate of it (MiB)."""
+def head_step_parts(head: str, chunks: int, feature_dim: int, device=None):
+    """(config, head, optimizer, batch, one training step) of ``head`` (configs/timelines-head.yaml) over one video
+    of ``chunks`` chunks on ``device`` (the CPU by default)."""
     import torch
 
     from engine.chunking import ChunkSpec, FeatureHeadForward
@@ -191,7 +191,7 @@ def step_worker(head: str, chunks: int, feature_dim: int) -> dict:
         [f"model.temporal_head={head}", "data.features_dir=unused"],
     )
     classes = len(SEGMENT_CLASSES)
-    model = build_feature_head(cfg.model, feature_dim, classes).train()
+    model = build_feature_head(cfg.model, feature_dim, classes).to(device).train()
     optimizer = build_optimizer(model, cfg.train)
     criterion = torch.nn.CrossEntropyLoss()
     starts = torch.arange(chunks, dtype=torch.float32) * 16
@@ -202,6 +202,7 @@ def step_worker(head: str, chunks: int, feature_dim: int) -> dict:
         "chunk_labels": torch.randint(0, classes, (1, chunks)),
         "label": torch.zeros(1, dtype=torch.long),
     }
+    batch = {key: value.to(device) for key, value in batch.items()}
 
     def step() -> None:
         loss = training_loss(FeatureHeadForward(model)(batch, ChunkSpec()), batch, ChunkSpec(), cfg.train, criterion)
@@ -209,6 +210,14 @@ def step_worker(head: str, chunks: int, feature_dim: int) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    return cfg, model, optimizer, batch, step
+
+
+def step_worker(head: str, chunks: int, feature_dim: int) -> dict:
+    """In this (fresh) process: one training step of ``head`` (configs/timelines-head.yaml) over one video of
+    ``chunks`` chunks, measured after a warm-up step; and the planner's estimate of it (MiB)."""
+    cfg, model, optimizer, batch, step = head_step_parts(head, chunks, feature_dim)
+    classes = len(SEGMENT_CLASSES)
     step()  # the optimizer state and the thread pools arrive in the first step
     before = reset_high_water_mark()
     step()
