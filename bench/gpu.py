@@ -29,13 +29,14 @@ Measurements (each a function below, the same code on both devices; they differ 
                     checkpointing, chunked, channels_last_3d and torch.compile, against the preset as it is
     head            the temporal head's training step on features (the timeline path) over a minute and over an
                     hour of chunks (11,250), tcn and transformer: estimate against the measured step
+    data_loading    one epoch of train.py on the rtx5080 preset with its workers: clips/s and the share of time
+                    the step waited for data (is the GPU starved, and by how much)
 
 With --quick the shapes are tiny (tiny3d width 8, 32x32 frames, 8 frames, batch 2; fp32 on the CPU), one preset
 (rtx5080), T = 16 and 64, a 200-frame video (streaming 2,000 against 200 frames, in this process on the CPU): the
 same functions, so the suite cannot rot while no GPU is lent.
 
-Not built yet (#51 stays open for it): the data-loading share of training (is the GPU starved, with the preset's
-workers on the machine's cores).
+On a device (#51, step 5), the suite has not run yet: no GPU has been lent to the project.
 """
 
 from __future__ import annotations
@@ -233,6 +234,24 @@ def inference(suite: Suite) -> list[dict]:
     return rows
 
 
+def train_on_synthetic(suite: Suite, work: str, *changes: str, steps: int | None = None) -> tuple[int, str]:
+    """train.py on the rtx5080 preset (the suite's shape) over a small synthetic set written to ``work``, one
+    epoch (or ``steps`` steps): (its exit code, its run directory)."""
+    import train
+    from datasets.synthetic import generate
+
+    size = 32 if suite.quick else 128  # decoded, then resized to the preset's img_size as any file is
+    data = generate(os.path.join(work, "data"), size=size, num_train=8 if suite.quick else 48, num_val=2,
+                    num_test=0, short_frames=12 if suite.quick else 48, num_long=0, num_multiview=0, quiet=True)  # fmt: skip
+    _, overrides = suite.config("rtx5080.yaml", f"data.data_dir={data}", "data.val_fraction=null", *changes)
+    overrides += [f"trainer.output_dir={work}", "trainer.max_epochs=1", "experiment=suite"]
+    overrides += [] if suite.cuda else ["trainer.device=cpu"]
+    args = ["--config", os.path.join(ROOT, "configs", "rtx5080.yaml")]
+    args += [item for change in overrides for item in ("--set", change)]
+    args += ["--stop-after-steps", str(steps)] if steps else []
+    return train.main(args), os.path.join(work, "suite", "latest")
+
+
 def oom_backoff(suite: Suite) -> list[dict]:
     """train.py on the rtx5080 preset under a memory cap that half its batch fits and the whole does not: on CUDA
     torch.cuda.set_per_process_memory_fraction at the planner's estimate of half the batch (a real CUDA OOM); on the
@@ -241,43 +260,53 @@ def oom_backoff(suite: Suite) -> list[dict]:
     import math
     import tempfile
 
-    import train
     from artifacts.checkpoint import load_checkpoint
-    from datasets.synthetic import generate
     from engine.oom import OutOfMemoryError
     from planner.estimate import CUDA_CONTEXT_BYTES
     from planner.project import config_training_estimate
 
+    cfg, _ = suite.config("rtx5080.yaml")
+    batch = cfg.data.batch_size
+    fits = config_training_estimate(cfg, cfg.data.num_frames, batch // 2).peak
+    if suite.cuda:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction((fits + CUDA_CONTEXT_BYTES) / total)
+        undo = lambda: torch.cuda.set_per_process_memory_fraction(1.0)  # noqa: E731
+    else:
+
+        def cap(module, inputs):
+            video = inputs[0].get("video") if inputs and isinstance(inputs[0], dict) else None
+            if video is not None and len(video) > batch // 2:
+                raise OutOfMemoryError("out of memory (the suite's cap on the CPU)")
+
+        undo = torch.nn.modules.module.register_module_forward_pre_hook(cap).remove
     with tempfile.TemporaryDirectory() as work:
-        data = generate(os.path.join(work, "data"), size=32, num_train=8, num_val=2, num_test=0, short_frames=12,
-                        num_long=0, num_multiview=0, quiet=True)  # fmt: skip
-        cfg, overrides = suite.config("rtx5080.yaml", f"data.data_dir={data}", "data.val_fraction=null")
-        batch = cfg.data.batch_size
-        changes = [*overrides, f"trainer.output_dir={work}", "trainer.max_epochs=1", "data.num_workers=0",
-                   "data.sample_timeout_s=null", "experiment=oom", *([] if suite.cuda else ["trainer.device=cpu"])]  # fmt: skip
-        args = ["--config", os.path.join(ROOT, "configs", "rtx5080.yaml")]
-        args += [item for change in changes for item in ("--set", change)] + ["--stop-after-steps", "2"]
-        fits = config_training_estimate(cfg, cfg.data.num_frames, batch // 2).peak
-        if suite.cuda:
-            total = torch.cuda.get_device_properties(0).total_memory
-            torch.cuda.set_per_process_memory_fraction((fits + CUDA_CONTEXT_BYTES) / total)
-            undo = lambda: torch.cuda.set_per_process_memory_fraction(1.0)  # noqa: E731
-        else:
-
-            def cap(module, inputs):
-                video = inputs[0].get("video") if inputs and isinstance(inputs[0], dict) else None
-                if video is not None and len(video) > batch // 2:
-                    raise OutOfMemoryError("out of memory (the suite's cap on the CPU)")
-
-            undo = torch.nn.modules.module.register_module_forward_pre_hook(cap).remove
-        try:
-            code = train.main(args)
+        try:  # in this process: the cap holds for it
+            code, run = train_on_synthetic(suite, work, "data.num_workers=0", "data.sample_timeout_s=null", steps=2)
         finally:
             undo()
-        state = load_checkpoint(os.path.join(work, "oom", "latest", "checkpoints", "last.pt"))
+        state = load_checkpoint(os.path.join(run, "checkpoints", "last.pt"))
     settled = math.ceil(batch / state["micro_splits"])
     return [{"preset": "rtx5080.yaml", "batch": batch, "cap_mib": fits / MiB, "settled_batch": settled,
              "finished": code == 0 and state["global_step"] == 2}]  # fmt: skip
+
+
+def data_loading(suite: Suite) -> list[dict]:
+    """Is the GPU starved? One epoch of train.py on the rtx5080 preset with its DataLoader workers (capped to this
+    machine's cores, as train.py caps them) over synthetic clips: clips/s and the share of the epoch the
+    step waited for data (metrics.csv's data_time_share: 0 = never starved)."""
+    import csv
+    import tempfile
+
+    cfg, _ = suite.config("rtx5080.yaml")
+    with tempfile.TemporaryDirectory() as work:
+        code, run = train_on_synthetic(suite, work)
+        with open(os.path.join(run, "metrics.csv"), newline="") as f:
+            row = list(csv.DictReader(f))[-1]
+    if code != 0:
+        raise RuntimeError(f"train.py exited {code}")
+    return [{"preset": "rtx5080.yaml", "workers": cfg.data.num_workers, "cpus": os.cpu_count(),
+             "clips_per_s": float(row["train_clips_per_s"]), "data_time_share": float(row["data_time_share"])}]  # fmt: skip
 
 
 def timed_steps(suite: Suite, cfg: Config, steps: int) -> dict:
@@ -399,6 +428,7 @@ MEASUREMENTS = {
     "oom_backoff": oom_backoff,
     "throughput": throughput,
     "head": head,
+    "data_loading": data_loading,
 }
 
 
