@@ -262,7 +262,6 @@ def oom_backoff(suite: Suite) -> list[dict]:
 
     from artifacts.checkpoint import load_checkpoint
     from engine.oom import OutOfMemoryError
-    from planner.estimate import CUDA_CONTEXT_BYTES
     from planner.project import config_training_estimate
 
     cfg, _ = suite.config("rtx5080.yaml")
@@ -270,7 +269,7 @@ def oom_backoff(suite: Suite) -> list[dict]:
     fits = config_training_estimate(cfg, cfg.data.num_frames, batch // 2).peak
     if suite.cuda:
         total = torch.cuda.get_device_properties(0).total_memory
-        torch.cuda.set_per_process_memory_fraction((fits + CUDA_CONTEXT_BYTES) / total)
+        torch.cuda.set_per_process_memory_fraction(fits / total)  # the allocator's share; the context is outside
         undo = lambda: torch.cuda.set_per_process_memory_fraction(1.0)  # noqa: E731
     else:
 
@@ -439,9 +438,12 @@ def versions(cuda: bool) -> dict:
     info = {"torch": torch.__version__, "python": platform.python_version(), "cpus": os.cpu_count()}
     if not cuda:
         return {"device": f"CPU ({platform.processor() or platform.machine()}), no CUDA", **info}
-    driver = subprocess.run(
-        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
-    ).stdout.strip()
+    try:
+        driver = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:  # no nvidia-smi on the PATH
+        driver = ""
     return {
         "device": torch.cuda.get_device_name(),
         "driver": driver or "unknown",
