@@ -42,6 +42,7 @@ On a device (#51, step 5), the suite has not run yet: no GPU has been lent to th
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -128,6 +129,19 @@ class Suite:
 # --------------------------------------------------------------------------------------------- measurements
 
 
+def failure(error: BaseException) -> str:
+    """An error in one line, whatever it said."""
+    return " ".join((one_line(error) or type(error).__name__).split())
+
+
+def attempt(measure, **row) -> dict:
+    """One row: ``row`` with what ``measure()`` gives, or with its failure's reason (the other rows go on)."""
+    try:
+        return {**row, **measure()}
+    except (Exception, SystemExit) as e:
+        return {**row, "failed": failure(e)}
+
+
 def cuda_tests(suite: Suite) -> list[dict]:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py"],
@@ -149,7 +163,8 @@ def presets(suite: Suite) -> list[dict]:
         for checkpointing in ("false", "true"):
             cfg, overrides = suite.config(preset, f"model.grad_checkpointing={checkpointing}")
             row = {"preset": preset, "precision": cfg.trainer.precision, "grad_checkpointing": checkpointing}
-            rows.append({**row, **suite.compare(preset, overrides, cfg.data.num_frames, cfg.data.batch_size)})
+            frames, batch = cfg.data.num_frames, cfg.data.batch_size
+            rows.append(attempt(functools.partial(suite.compare, preset, overrides, frames, batch), **row))
     return rows
 
 
@@ -374,8 +389,12 @@ def throughput(suite: Suite) -> list[dict]:
     rows = [{"variant": f"preset as it is (precision {base_cfg.trainer.precision})", **base, "x_preset": 1.0}]
     for name, changes in variants:
         cfg, _ = suite.config("rtx5080.yaml", *changes)
-        result = timed_steps(suite, cfg, steps)
-        rows.append({"variant": name, **result, "x_preset": result["clips_per_s"] / base["clips_per_s"]})
+
+        def measured(cfg=cfg) -> dict:
+            result = timed_steps(suite, cfg, steps)
+            return {**result, "x_preset": result["clips_per_s"] / base["clips_per_s"]}
+
+        rows.append(attempt(measured, variant=name))
     return rows
 
 
@@ -495,8 +514,7 @@ def main(argv=None) -> int:
             suite.results[name] = {"rows": MEASUREMENTS[name](suite)}
             status = f"{len(suite.results[name]['rows'])} rows"
         except (Exception, SystemExit) as e:  # one measurement's failure is recorded; the suite goes on
-            reason = " ".join((one_line(e) or type(e).__name__).split())  # one line, whatever the error said
-            suite.results[name] = {"failed": reason, "trace": traceback.format_exc(limit=3)}
+            suite.results[name] = {"failed": failure(e), "trace": traceback.format_exc(limit=3)}
             status = f"failed: {suite.results[name]['failed']}"
         suite.results[name]["seconds"] = time.perf_counter() - start
         print(f"{name}: {status} ({suite.results[name]['seconds']:.1f} s)", flush=True)
