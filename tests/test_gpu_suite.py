@@ -21,6 +21,7 @@ def test_the_quick_suite_writes_every_measurement_as_numbers(tmp_path, capsys):
         assert "failed" not in result, (name, result.get("failed"), result.get("trace"))
         assert result["rows"], name
         for row in result["rows"]:
+            assert "failed" not in row, (name, row)
             figures = {k: v for k, v in row.items() if k.endswith("_mib") or k.startswith("estimate_over")}
             assert all(isinstance(v, (int, float)) and math.isfinite(v) for v in figures.values()), (name, row)
     assert report["results"]["cuda_tests"]["rows"][0]["skipped"] > 0  # no CUDA here: every CUDA test skips
