@@ -153,8 +153,10 @@ def cuda_tests(suite: Suite) -> list[dict]:
     counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?)", summary)}
     if not counts:
         raise RuntimeError(f"pytest gave no summary: {summary}")
-    return [{"passed": counts.get("passed", 0), "failed": counts.get("failed", 0) + counts.get("error", 0)
-             + counts.get("errors", 0), "skipped": counts.get("skipped", 0)}]  # fmt: skip
+    failed = counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
+    return [
+        {"tests_passed": counts.get("passed", 0), "tests_failed": failed, "tests_skipped": counts.get("skipped", 0)}
+    ]
 
 
 def presets(suite: Suite) -> list[dict]:

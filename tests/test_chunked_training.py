@@ -513,10 +513,12 @@ def test_with_gradients_through_half_the_chunks_the_backbone_still_learns_motion
         num_multiview=0, quiet=True,
     )  # fmt: skip
     accuracy = {}
-    for name, extra in {"sampled": ["train.grad_chunks=2"], "frozen": ["model.freeze_backbone=true"]}.items():
+    runs = {"sampled": ["train.grad_chunks=2", "trainer.max_epochs=20"]}
+    runs["frozen"] = ["model.freeze_backbone=true", "trainer.max_epochs=5"]  # at chance from its first epoch
+    for name, extra in runs.items():
         out = tmp_path / name
         chunks = ["data.num_frames=16", "data.frame_stride=1", "train.chunk_train_size=4", "infer.chunk_size=4"]
-        assert train.main(overrides(root, out, *chunks, "trainer.max_epochs=20", *extra)) == 0
+        assert train.main(overrides(root, out, *chunks, *extra)) == 0
         with open(os.path.join(out, "e2e", "latest", "metrics.csv")) as f:
             accuracy[name] = max(float(row["val_video_acc"]) for row in csv.DictReader(f))
     assert accuracy["frozen"] <= 0.25 and accuracy["sampled"] >= 0.45, accuracy
