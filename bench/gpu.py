@@ -85,10 +85,10 @@ class Suite:
         overrides = [*tiny, *changes]
         return load_config(os.path.join(ROOT, "configs", preset), overrides), overrides
 
-    def step_peak(self, preset: str, overrides: list[str], frames: int, batch: int, kept: int = 0) -> dict:
-        """The real training step's memory: CUDA, the allocator's peaks after a warm-up step (None if it ran out of
-        memory); CPU, the resident growth during a step (fp32)."""
-        cfg = load_config(os.path.join(ROOT, "configs", preset), overrides)
+    def step_peak(self, cfg: Config, preset: str, overrides: list[str], frames: int, batch: int, kept: int) -> dict:
+        """The real training step's memory (``cfg``: ``preset`` with ``overrides``, which the CPU's fresh process
+        loads again): CUDA, the allocator's peaks after a warm-up step (None if it ran out of memory); CPU, the
+        resident growth during a step (fp32)."""
         if self.cuda:
             from planner.project import measure_training_step_cuda
 
@@ -103,7 +103,7 @@ class Suite:
 
         cfg = load_config(os.path.join(ROOT, "configs", preset), overrides)
         estimate = config_training_estimate(cfg, frames, batch, kept_chunks=kept)
-        measured = self.step_peak(preset, overrides, frames, batch, kept)
+        measured = self.step_peak(cfg, preset, overrides, frames, batch, kept)
         row = {"frames": frames, "batch": batch}
         if measured.get("oom"):
             return {**row, "estimated_mib": estimate.peak / MiB, "failed": "out of memory"}
