@@ -4,6 +4,7 @@
     python -m bench.long_range --epochs 20 --seeds 0,1,2
     python -m bench.long_range --part families --epochs 30   # every task family, two presets' defaults
     python -m bench.long_range --part head-alone --seeds 0,1,2  # the head alone on each family's chunk features
+    python -m bench.long_range --part separability --families twice --checkpoint runs/.../last.pt  # A and B apart?
 
 --part families: each task family of ``datasets/long_range_tasks.py`` (order: the order of two events, the middle
 colour, the last colour, the first of two among distractors; relations between far events: whether the second
@@ -250,11 +251,107 @@ def head_alone(args) -> None:
         print(f"{family:12s} {frames // chunk:6d} {sum(r['best'] for r in runs) / len(runs):6.3f}  {each}", flush=True)
 
 
+def event_chunks(
+    task: str, data: str, frames: int, chunk: int, frame_stride: int = 4, videos: int = 48
+) -> tuple[torch.Tensor, list[str]]:
+    """The first ``videos`` training videos of ``task`` in ``data`` as uint8 clips [N, 3, frames, H, W] (from the
+    first frame at ``frame_stride``), and for each of their chunks of ``chunk`` clip frames, clip by clip, the
+    colour of the one event it shows ('-': none, 'x': more than one)."""
+    import json
+
+    import cv2
+
+    from datasets.video_files import MARKER
+
+    with open(os.path.join(data, f"{task}_train.jsonl")) as f:
+        rows = [json.loads(line) for line in f][:videos]
+    with open(os.path.join(data, MARKER)) as f:
+        length = json.load(f)["event_frames"]
+    clips, colours = [], []
+    for row in rows:
+        capture, video = cv2.VideoCapture(os.path.join(data, row["video"])), []
+        while len(video) < frames * frame_stride:
+            ok, frame = capture.read()
+            if not ok:
+                break
+            video.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+        clips.append(torch.from_numpy(np.stack(video[::frame_stride])).permute(3, 0, 1, 2))
+        for start in range(0, frames * frame_stride, chunk * frame_stride):
+            inside = [name for name, t in row["events"] if t < start + chunk * frame_stride and t + length > start]
+            colours.append(inside[0] if len(inside) == 1 else "-" if not inside else "x")
+    return torch.stack(clips), colours
+
+
+def colours_apart(model, clips: torch.Tensor, colours: list[str], chunk: int, mean, std) -> dict:
+    """How well ``model``'s chunk features (eval mode) tell the events' colours A and B apart, in their contrast
+    (``clip_contrast``, as the head sees them): the nearest-centroid accuracy over the chunks that show one event,
+    the distance between the two centroids (halved) and that of their mean from the empty chunks' centroid."""
+    from models.temporal import clip_contrast
+
+    model.eval()
+    video = (clips.float() / 255 - torch.tensor(mean).view(3, 1, 1, 1)) / torch.tensor(std).view(3, 1, 1, 1)
+    with torch.no_grad():
+        features = torch.stack(
+            [model.features({"video": video[:, :, i : i + chunk]}) for i in range(0, clips.shape[2], chunk)], dim=1
+        )
+    flat = clip_contrast(features, None).flatten(0, 1)
+    groups = {name: flat[[k == name for k in colours]] for name in "AB-"}
+    centre = {name: group.mean(dim=0) for name, group in groups.items()}
+    pair = torch.stack([centre["A"], centre["B"]])
+    right = [(torch.cdist(groups[name], pair).argmin(dim=1) == i).float().mean() for i, name in enumerate("AB")]
+    return {
+        "accuracy": float(sum(right) / 2),
+        "apart": float((centre["A"] - centre["B"]).norm() / 2),
+        "events": float(((centre["A"] + centre["B"]) / 2 - centre["-"]).norm()),
+    }
+
+
+def separability(args) -> None:
+    """``colours_apart`` of a random backbone (initialized at the first of --seeds) or of each --checkpoint's, on
+    the first 48 training videos of each family of --families with two event colours."""
+    from artifacts.checkpoint import load_checkpoint
+    from config import load_config
+    from config.compat import saved_config
+    from models import build_model
+
+    print(f"{'family':12s} {'A/B accuracy':>12s} {'|A - B| / 2':>12s} {'|events - empty|':>16s}  backbone")
+    for task in args.families.split(","):
+        if task not in RELATION_FAMILIES + ("last", "distractors"):
+            continue  # the order task is not a TASKS family; middle has three colours
+        frames, chunk = FAMILY_SHAPES[task]
+        data = generate_task(os.path.join(ROOT, "data", f"task_{task}"), task, quiet=True)
+        clips, colours = event_chunks(task, data, frames, chunk)
+        for source in args.checkpoint or ["random"]:
+            if source == "random":
+                cfg = load_config(CONFIG, [])
+                torch.manual_seed(int(args.seeds.split(",")[0]))
+                model = build_model(cfg.model, num_classes=len(TASKS[task]["classes"]))
+            else:
+                saved = load_checkpoint(source)
+                cfg = saved_config(saved["config"])
+                model = build_model(cfg.model, num_classes=len(saved["class_names"]))
+                model.load_state_dict(saved["model"])
+            apart = colours_apart(model, clips, colours, chunk, cfg.data.mean, cfg.data.std)
+            print(
+                f"{task:12s} {apart['accuracy']:12.3f} {apart['apart']:12.2f} {apart['events']:16.2f}  {source}",
+                flush=True,
+            )
+
+
+RELATION_FAMILIES = ("twice", "more", "match")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.long_range", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--part", choices=("order", "families", "head-alone"), default="order")
+    parser.add_argument("--part", choices=("order", "families", "head-alone", "separability"), default="order")
+    parser.add_argument(
+        "--checkpoint",
+        action="append",
+        help="--part separability: a training checkpoint whose backbone to measure (repeat for several; none: a "
+        "random one, initialized at the first of --seeds)",
+    )
     parser.add_argument(
         "--train-clips", type=int, default=96, help="--part head-alone: training clips a family (96 as the videos)"
     )
@@ -277,6 +374,9 @@ def main() -> None:
             parser.error(f"{option}: unknown {', '.join(repr(n) for n in unknown)}; choose from {', '.join(known)}")
     if args.part == "families":
         families(args)
+        return
+    if args.part == "separability":
+        separability(args)
         return
     if args.part == "head-alone":
         from core.errors import ConfigError

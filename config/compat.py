@@ -12,6 +12,7 @@ from config.validation import validate
 # model.temporal_input_norm: the head projected the chunk features as they came before the key
 # model.temporal_contrast: the head's tokens were its chunks' features alone before the key
 # model.temporal_running: the head's tokens had no running sum of the contrast before the key
+# model.chunk_reconstruction: no decoder trained beside the backbone before the key
 # train.temporal_warmup_epochs: a run with a head warmed up for train.warmup_epochs before the key
 _BEFORE_THE_KEY = {
     "data.resize": "stretch",
@@ -20,6 +21,7 @@ _BEFORE_THE_KEY = {
     "model.temporal_input_norm": False,
     "model.temporal_contrast": False,
     "model.temporal_running": False,
+    "model.chunk_reconstruction": 0.0,
     "train.temporal_warmup_epochs": 0.0,
 }
 

@@ -23,6 +23,7 @@ from core.runtime import unwrap_model
 from datasets.windows import chunk_windows, inference_windows
 from models import temporal_head_of
 from models.classifier import recompute_in_backward
+from models.reconstruction import chunk_thumbnail
 from models.temporal import HeadOutput
 
 AGGREGATIONS = ("mean", "max", "last", "prob")
@@ -266,6 +267,9 @@ class ChunkedTrainingForward(nn.Module):
     The inputs come as uint8 and are normalized per chunk inside the recomputed function (a float copy of a
     1,000-frame clip would be 4x the uint8 one). A clip in one chunk is exactly the plain training forward.
 
+    With ``model.chunk_reconstruction`` the classifier's decoder predicts each chunk's thumbnail from its features
+    (models/reconstruction.py): its weighted loss is the output's ``auxiliary``, which the training loss adds.
+
     The classifier is ``self.module``, which ``unwrap_model`` follows, so checkpoints hold the classifier's state
     dict alone. Under torchrun no collective runs inside it (``engine.oom.agree_and_reduce`` averages gradients).
     """
@@ -286,9 +290,15 @@ class ChunkedTrainingForward(nn.Module):
         if bank is not None and not bank.follows(windows):
             bank.regrid(windows, f"training chunks of {spec.size} frames")
         outputs = self._chunk_outputs(inputs, windows, spec, head is not None, bank, samples)
-        if head is not None:
-            return head(torch.stack(outputs, dim=1), chunk_positions(windows, self.frame_stride))
-        return HeadOutput(None, torch.stack(outputs, dim=1))
+        if head is None:
+            return HeadOutput(None, torch.stack(outputs, dim=1))
+        features = torch.stack(outputs, dim=1)
+        out = head(features, chunk_positions(windows, self.frame_stride))
+        decoder = getattr(unwrap_model(self.module), "reconstruction", None)
+        if decoder is None or not torch.is_grad_enabled():
+            return out
+        thumbnails = torch.stack([chunk_thumbnail(inputs["video"][..., start:end, :, :]) for start, end in windows], 1)
+        return out._replace(auxiliary=decoder(features, thumbnails))
 
     def _recomputed(self, spec: ChunkSpec, chunk: int, chunks: int) -> bool:
         # a frozen backbone (model.freeze_backbone) runs without a graph: nothing of it to recompute, and

@@ -126,6 +126,15 @@ def micro_batches(trainer: Trainer, batch: dict) -> list[dict]:
 def training_loss(
     outputs: HeadOutput, piece: dict, spec: ChunkSpec, train_cfg: TrainConfig, criterion: torch.nn.Module
 ) -> torch.Tensor:
+    """The loss of the label (``label_loss``), plus the forward's auxiliary loss where it has one (the chunk
+    reconstruction of model.chunk_reconstruction, already weighted)."""
+    loss = label_loss(outputs, piece, spec, train_cfg, criterion)
+    return loss if outputs.auxiliary is None else loss + outputs.auxiliary.to(loss.dtype)
+
+
+def label_loss(
+    outputs: HeadOutput, piece: dict, spec: ChunkSpec, train_cfg: TrainConfig, criterion: torch.nn.Module
+) -> torch.Tensor:
     """train.chunk_loss clip: the aggregated chunk logits (or a temporal head's clip logits) against the clip
     label (the plain loss for one chunk); dense: each chunk (a head's per-chunk logits) against the label
     covering most of its frames, chunks no segment covers left out, averaged over the chunks that count.

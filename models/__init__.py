@@ -76,6 +76,7 @@ def build_model(model_cfg: ModelConfig, num_classes: int, num_views: int = 1, kp
         fusion=model_cfg.fusion,
         temporal=temporal,
         freeze_backbone=model_cfg.freeze_backbone,
+        reconstruction=model_cfg.chunk_reconstruction,
     )
     model.set_grad_checkpointing(model_cfg.grad_checkpointing)
     return model

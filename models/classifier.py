@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from models.reconstruction import ChunkDecoder
 from models.registry import ModelConfigError
 from models.temporal import temporal_head
 
@@ -97,6 +98,8 @@ class VideoClassifier(nn.Module):
     temporal: the temporal head's settings ({"kind", "width", "layers", "heads", "dropout"}, models/temporal.py)
     or None; with a head, a clip's chunk features go through ``self.temporal`` (the chunked forwards of
     engine/chunking.py do that) and ``forward`` treats its input as one chunk.
+    reconstruction: the weight of the chunk reconstruction loss (models/reconstruction.py; 0: none), with a
+    temporal head and an RGB backbone that trains: ``self.reconstruction``, which the training forward runs.
     """
 
     def __init__(
@@ -110,6 +113,7 @@ class VideoClassifier(nn.Module):
         fusion: str = "concat",
         temporal: dict | None = None,
         freeze_backbone: bool = False,
+        reconstruction: float = 0.0,
     ):
         super().__init__()
         if rgb is None and kpt is None:
@@ -146,6 +150,13 @@ class VideoClassifier(nn.Module):
                     "keeps one per view; use view_fusion mean or concat"
                 )
             self.temporal = temporal_head(self.feature_dim, num_classes, **temporal)
+        # model.chunk_reconstruction: where chunk features reach a temporal head from an RGB backbone that trains;
+        # created last, so a seed initializes every other layer as it did without it
+        self.reconstruction = (
+            ChunkDecoder(self.feature_dim, reconstruction)
+            if reconstruction > 0 and self.temporal is not None and rgb is not None and not self.frozen_backbone
+            else None
+        )
 
     def train(self, mode: bool = True) -> VideoClassifier:
         """A frozen backbone stays in eval mode: its BatchNorm normalizes with its pretrained statistics and never

@@ -80,6 +80,7 @@ class HeadOutput(NamedTuple):
     clip: torch.Tensor | None  # [B, K]; None from a training forward without a head (the loss aggregates chunks)
     chunks: torch.Tensor  # [B, n, K]
     stages: list | None = None  # tcn: every stage's [B, n, K] (the last is ``chunks``), for the multi-stage loss
+    auxiliary: torch.Tensor | None = None  # the training forward's weighted auxiliary loss (chunk reconstruction)
 
 
 def sinusoidal(values: torch.Tensor, dim: int) -> torch.Tensor:

@@ -1,0 +1,70 @@
+"""Chunk reconstruction (``model.chunk_reconstruction``): an auxiliary loss that keeps in each chunk's features what
+tells that chunk apart from the others of its clip, when the label alone does not ask for it.
+
+A label that relates far events (was the second attempt like the first, does the end match the start) is the same
+when the events' kinds are swapped, so at the start it pushes the backbone neither towards telling those kinds
+apart nor away from it; what the backbone learns meanwhile from fitting the training clips can merge them, and the
+head cannot find a relation in features that no longer hold it. Measured on the relation families of
+``bench.long_range``: trained on the label alone the backbone's two event colours went from separable (a
+nearest-centroid accuracy of 0.95 on random initial weights) to 0.73; with this loss, 0.99
+(bench/RESULTS.md, "Relations between far events").
+
+The loss: a linear decoder from each chunk's features (the temporal head's input) predicts the chunk's thumbnail,
+its mean colour in ``THUMBNAIL`` bins of time, height and width, as a difference from its clip's mean chunk over the
+clip's root mean square difference (what the chunk does that its clip does not, one scale a clip, as the head's
+contrast); mean squared error, times the weight. The thumbnail is read from the uint8 frames the chunk is computed
+from, without a graph: a pooling, no second backbone forward. The decoder trains with the backbone and is used
+nowhere else (evaluation and inference never run it).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+THUMBNAIL = (4, 2, 2)  # bins of time, height and width: 4 x 2 x 2 x 3 colours = 48 values a chunk
+
+
+def thumbnail_size(channels: int = 3) -> int:
+    return channels * THUMBNAIL[0] * THUMBNAIL[1] * THUMBNAIL[2]
+
+
+def chunk_thumbnail(video: torch.Tensor) -> torch.Tensor:
+    """uint8 or float frames [B, C, T, H, W] (or [B, V, C, T, H, W]: views averaged) -> [B, C * 4 * 2 * 2] mean
+    colour in ``THUMBNAIL`` bins, on the 0..1 scale for uint8. A chunk shorter than 4 frames (or smaller than 2 x 2)
+    repeats its frames (its pixels) into the bins."""
+    with torch.no_grad():
+        x = video.float() / 255 if video.dtype == torch.uint8 else video.float()
+        if x.dim() == 6:
+            x = x.mean(dim=1)
+        return F.adaptive_avg_pool3d(x, THUMBNAIL).flatten(1)
+
+
+def relative_to_clip(thumbnails: torch.Tensor) -> torch.Tensor:
+    """[B, n, P] chunk thumbnails -> each chunk's difference from its clip's mean chunk over the clip's root mean
+    square difference (nearly zeros for a clip whose chunks are all alike)."""
+    centred = thumbnails - thumbnails.mean(dim=1, keepdim=True)
+    # differences below a thousandth of the thumbnails' own size (rounding, in a clip where nothing changes) are not
+    # blown up to unit size
+    scale = torch.maximum(rms(centred), 1e-3 * rms(thumbnails))
+    return centred / (scale + 1e-6)
+
+
+def rms(x: torch.Tensor) -> torch.Tensor:
+    """[B, 1, 1] the root mean square of each clip's [n, P]."""
+    return x.pow(2).mean(dim=(1, 2), keepdim=True).sqrt()
+
+
+class ChunkDecoder(nn.Module):
+    """The linear decoder of the module docstring, and its loss weight."""
+
+    def __init__(self, feature_dim: int, weight: float, channels: int = 3):
+        super().__init__()
+        self.weight = weight
+        self.decode = nn.Linear(feature_dim, thumbnail_size(channels))
+
+    def forward(self, features: torch.Tensor, thumbnails: torch.Tensor) -> torch.Tensor:
+        """The weighted loss of chunk features [B, n, D] against the chunks' thumbnails [B, n, P]."""
+        target = relative_to_clip(thumbnails.to(features.device))
+        return self.weight * F.mse_loss(self.decode(features.float()), target)

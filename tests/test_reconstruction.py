@@ -1,0 +1,99 @@
+"""model.chunk_reconstruction: the thumbnail target, which models get the decoder, and its loss in the training step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_chunked_training import MEAN, STD, clip_batch, small_model
+
+from config import load_config
+from config.compat import saved_config
+from datasets.device_input import InputPreparer
+from engine.chunking import ChunkedTrainingForward, ChunkSpec
+from engine.step import label_loss, training_loss
+from models.reconstruction import THUMBNAIL, chunk_thumbnail, relative_to_clip, thumbnail_size
+
+
+def test_a_thumbnail_is_the_mean_colour_of_each_bin_of_time_height_and_width():
+    video = torch.randint(0, 256, (2, 3, 8, 6, 4), dtype=torch.uint8)
+    thumb = chunk_thumbnail(video).view(2, 3, *THUMBNAIL)
+    x = video.float() / 255
+    # bin (t, h, w) of 4 x 2 x 2 over 8 x 6 x 4: frames 2t, 2t + 1, rows 3h .. 3h + 2, columns 2w, 2w + 1
+    for t, h, w in [(0, 0, 0), (3, 1, 1), (2, 0, 1)]:
+        expected = x[:, :, 2 * t : 2 * t + 2, 3 * h : 3 * h + 3, 2 * w : 2 * w + 2].mean(dim=(2, 3, 4))
+        assert torch.allclose(thumb[:, :, t, h, w], expected, atol=1e-6)
+    views = torch.stack([video, torch.zeros_like(video)], dim=1)  # [B, V, C, T, H, W]: the views averaged
+    assert torch.allclose(chunk_thumbnail(views), chunk_thumbnail(video) / 2, atol=1e-6)
+    assert chunk_thumbnail(video[:, :, :2]).shape == (2, thumbnail_size())  # fewer frames than bins
+
+
+def test_the_target_is_each_chunk_against_its_clip_at_one_scale_a_clip():
+    thumbs = torch.rand(3, 5, thumbnail_size())
+    relative = relative_to_clip(thumbs)
+    assert torch.allclose(relative.mean(dim=1), torch.zeros(3, thumbnail_size()), atol=1e-5)
+    assert torch.allclose(relative.pow(2).mean(dim=(1, 2)), torch.ones(3), atol=1e-3)
+    # a brighter copy of a clip differs from its mean chunk by as much, relatively: the same target
+    assert torch.allclose(relative_to_clip(2 * thumbs + 0.1), relative, atol=1e-4)
+    alike = thumbs[:, :1].expand(-1, 5, -1)  # every chunk the same: nothing to reconstruct
+    assert relative_to_clip(alike).abs().max() < 1e-3  # rounding is not blown up to unit size
+
+
+@pytest.mark.parametrize(
+    "changes, has_decoder",
+    [
+        ({"temporal_head": "transformer"}, True),
+        ({"temporal_head": "tcn"}, True),
+        ({"temporal_head": "transformer", "chunk_reconstruction": 0}, False),
+        ({"temporal_head": "none"}, False),  # no chunk features reach a head
+        ({"temporal_head": "transformer", "freeze_backbone": "true"}, False),  # nothing to keep informative
+    ],
+)
+def test_the_decoder_is_built_where_a_trained_backbone_feeds_a_head(changes, has_decoder):
+    assert (small_model(**changes).reconstruction is not None) == has_decoder
+
+
+def test_a_checkpoint_config_from_before_the_key_builds_no_decoder():
+    saved = load_config(None, ["model.temporal_head=transformer"]).to_dict()
+    del saved["model"]["chunk_reconstruction"]
+    assert saved_config(saved).model.chunk_reconstruction == 0.0
+    assert load_config(None, []).model.chunk_reconstruction == 1.0
+
+
+def test_the_decoder_leaves_every_other_layer_initialized_as_without_it():
+    with_decoder = small_model(temporal_head="transformer")
+    without = small_model(temporal_head="transformer", chunk_reconstruction=0)
+    for name, tensor in without.state_dict().items():
+        assert torch.equal(with_decoder.state_dict()[name], tensor), name
+    assert {n for n in with_decoder.state_dict() if n not in without.state_dict()} == {
+        "reconstruction.decode.weight",
+        "reconstruction.decode.bias",
+    }
+
+
+def test_the_training_step_adds_the_weighted_reconstruction_loss_and_trains_the_backbone_by_it():
+    model = small_model(temporal_head="transformer", chunk_reconstruction=0.5)
+    prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
+    forward = ChunkedTrainingForward(model, prepare.normalize).train()
+    inputs, spec = prepare.transfer(clip_batch(length=24)), ChunkSpec(size=8, overlap=0)
+    piece = {"label": torch.tensor([0, 2])}
+    cfg = load_config(None, []).train
+    torch.manual_seed(0)
+    outputs = forward(inputs, spec)
+    assert outputs.auxiliary is not None and outputs.auxiliary.dim() == 0
+    loss = training_loss(outputs, piece, spec, cfg, torch.nn.CrossEntropyLoss())
+    assert torch.allclose(loss, label_loss(outputs, piece, spec, cfg, torch.nn.CrossEntropyLoss()) + outputs.auxiliary)
+
+    # by hand: the decoder over the head's input features against each chunk's thumbnail relative to its clip
+    features = torch.stack(
+        [model.features(prepare.normalize({"video": inputs["video"][:, :, s : s + 8]})) for s in (0, 8, 16)], 1
+    )
+    thumbs = torch.stack([chunk_thumbnail(inputs["video"][:, :, s : s + 8]) for s in (0, 8, 16)], 1)
+    by_hand = 0.5 * torch.nn.functional.mse_loss(model.reconstruction.decode(features), relative_to_clip(thumbs))
+    assert torch.allclose(outputs.auxiliary, by_hand, atol=1e-5)
+
+    # its gradient reaches the backbone (the point of it), and without a graph it is not computed
+    model.zero_grad(set_to_none=True)
+    outputs.auxiliary.backward()
+    assert model.rgb.stages[0][0].weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        assert forward(inputs, spec).auxiliary is None
