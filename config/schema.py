@@ -186,12 +186,12 @@ class ModelConfig:
         0.5, "float", "temporal head (tcn): dropout in each dilated layer (MS-TCN: 0.5)", minimum=0.0, maximum=1.0
     )
     chunk_reconstruction: float = setting(
-        1.0,
+        0.0,
         "float",
         "with a temporal head and an RGB backbone that trains: the weight of an auxiliary loss where a linear decoder "
         "from each chunk's features predicts the chunk's mean colour in 4 x 2 x 2 bins of time and space, relative "
         "to its clip's mean chunk, so the features keep what tells the chunks apart when the label alone does not "
-        "ask for it (relations between far events); 0: none",
+        "ask for it (relations between far events); 0: none (the default; 1.0 to try)",
         minimum=0.0,
     )
 

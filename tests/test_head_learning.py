@@ -187,7 +187,7 @@ def test_the_chunk_reconstruction_keeps_a_relation_s_two_event_colours_apart_in_
     """The twice family (was the second attempt, events 3-4 of A, A, B, B, like the first): its label is the same
     with A and B swapped, so it gives the backbone no reason to tell them apart, and trained on it alone the
     backbone lets them drift together (bench/RESULTS.md, "Relations between far events"). With the chunk
-    reconstruction (model.chunk_reconstruction, on by default) the two colours' centroids in the chunk features'
+    reconstruction (model.chunk_reconstruction: 1) the two colours' centroids in the chunk features'
     contrast stay further apart. 64 videos of 320 frames at 16x16, 10 chunks of 8 clip frames, 6 epochs (about
     35 s each here); measured at this shape: 4.97 against 3.77 (seed 0), and at 12 epochs 4.87 against 3.89 and
     4.85 against 3.59 (seeds 0, 1)."""

@@ -41,11 +41,11 @@ def test_the_target_is_each_chunk_against_its_clip_at_one_scale_a_clip():
 @pytest.mark.parametrize(
     "changes, has_decoder",
     [
-        ({"temporal_head": "transformer"}, True),
-        ({"temporal_head": "tcn"}, True),
-        ({"temporal_head": "transformer", "chunk_reconstruction": 0}, False),
-        ({"temporal_head": "none"}, False),  # no chunk features reach a head
-        ({"temporal_head": "transformer", "freeze_backbone": "true"}, False),  # nothing to keep informative
+        ({"temporal_head": "transformer", "chunk_reconstruction": 1}, True),
+        ({"temporal_head": "tcn", "chunk_reconstruction": 0.5}, True),
+        ({"temporal_head": "transformer"}, False),  # the default: none
+        ({"temporal_head": "none", "chunk_reconstruction": 1}, False),  # no chunk features reach a head
+        ({"temporal_head": "transformer", "chunk_reconstruction": 1, "freeze_backbone": "true"}, False),
     ],
 )
 def test_the_decoder_is_built_where_a_trained_backbone_feeds_a_head(changes, has_decoder):
@@ -56,12 +56,12 @@ def test_a_checkpoint_config_from_before_the_key_builds_no_decoder():
     saved = load_config(None, ["model.temporal_head=transformer"]).to_dict()
     del saved["model"]["chunk_reconstruction"]
     assert saved_config(saved).model.chunk_reconstruction == 0.0
-    assert load_config(None, []).model.chunk_reconstruction == 1.0
+    assert load_config(None, []).model.chunk_reconstruction == 0.0  # and the default is none (docs/long-videos.md)
 
 
 def test_the_decoder_leaves_every_other_layer_initialized_as_without_it():
-    with_decoder = small_model(temporal_head="transformer")
-    without = small_model(temporal_head="transformer", chunk_reconstruction=0)
+    with_decoder = small_model(temporal_head="transformer", chunk_reconstruction=1)
+    without = small_model(temporal_head="transformer")
     for name, tensor in without.state_dict().items():
         assert torch.equal(with_decoder.state_dict()[name], tensor), name
     assert {n for n in with_decoder.state_dict() if n not in without.state_dict()} == {
