@@ -23,6 +23,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from models.temporal import clip_contrast
+
 THUMBNAIL = (4, 2, 2)  # bins of time, height and width: 4 x 2 x 2 x 3 colours = 48 values a chunk
 
 
@@ -41,21 +43,6 @@ def chunk_thumbnail(video: torch.Tensor) -> torch.Tensor:
         return F.adaptive_avg_pool3d(x, THUMBNAIL).flatten(1)
 
 
-def relative_to_clip(thumbnails: torch.Tensor) -> torch.Tensor:
-    """[B, n, P] chunk thumbnails -> each chunk's difference from its clip's mean chunk over the clip's root mean
-    square difference (nearly zeros for a clip whose chunks are all alike)."""
-    centred = thumbnails - thumbnails.mean(dim=1, keepdim=True)
-    # differences below a thousandth of the thumbnails' own size (rounding, in a clip where nothing changes) are not
-    # blown up to unit size
-    scale = torch.maximum(rms(centred), 1e-3 * rms(thumbnails))
-    return centred / (scale + 1e-6)
-
-
-def rms(x: torch.Tensor) -> torch.Tensor:
-    """[B, 1, 1] the root mean square of each clip's [n, P]."""
-    return x.pow(2).mean(dim=(1, 2), keepdim=True).sqrt()
-
-
 class ChunkDecoder(nn.Module):
     """The linear decoder of the module docstring, and its loss weight."""
 
@@ -66,5 +53,5 @@ class ChunkDecoder(nn.Module):
 
     def forward(self, features: torch.Tensor, thumbnails: torch.Tensor) -> torch.Tensor:
         """The weighted loss of chunk features [B, n, D] against the chunks' thumbnails [B, n, P]."""
-        target = relative_to_clip(thumbnails.to(features.device))
+        target = clip_contrast(thumbnails.to(features.device), None)  # relative to the clip, as the head's contrast
         return self.weight * F.mse_loss(self.decode(features.float()), target)

@@ -11,7 +11,8 @@ from config.compat import saved_config
 from datasets.device_input import InputPreparer
 from engine.chunking import ChunkedTrainingForward, ChunkSpec
 from engine.step import label_loss, training_loss
-from models.reconstruction import THUMBNAIL, chunk_thumbnail, relative_to_clip, thumbnail_size
+from models.reconstruction import THUMBNAIL, chunk_thumbnail, thumbnail_size
+from models.temporal import clip_contrast
 
 
 def test_a_thumbnail_is_the_mean_colour_of_each_bin_of_time_height_and_width():
@@ -29,13 +30,13 @@ def test_a_thumbnail_is_the_mean_colour_of_each_bin_of_time_height_and_width():
 
 def test_the_target_is_each_chunk_against_its_clip_at_one_scale_a_clip():
     thumbs = torch.rand(3, 5, thumbnail_size())
-    relative = relative_to_clip(thumbs)
+    relative = clip_contrast(thumbs, None)
     assert torch.allclose(relative.mean(dim=1), torch.zeros(3, thumbnail_size()), atol=1e-5)
     assert torch.allclose(relative.pow(2).mean(dim=(1, 2)), torch.ones(3), atol=1e-3)
     # a brighter copy of a clip differs from its mean chunk by as much, relatively: the same target
-    assert torch.allclose(relative_to_clip(2 * thumbs + 0.1), relative, atol=1e-4)
+    assert torch.allclose(clip_contrast(2 * thumbs + 0.1, None), relative, atol=1e-4)
     alike = thumbs[:, :1].expand(-1, 5, -1)  # every chunk the same: nothing to reconstruct
-    assert relative_to_clip(alike).abs().max() < 1e-3  # rounding is not blown up to unit size
+    assert clip_contrast(alike, None).abs().max() < 1e-3  # rounding is not blown up to unit size
 
 
 @pytest.mark.parametrize(
@@ -88,8 +89,10 @@ def test_the_training_step_adds_the_weighted_reconstruction_loss_and_trains_the_
         [model.features(prepare.normalize({"video": inputs["video"][:, :, s : s + 8]})) for s in (0, 8, 16)], 1
     )
     thumbs = torch.stack([chunk_thumbnail(inputs["video"][:, :, s : s + 8]) for s in (0, 8, 16)], 1)
-    by_hand = 0.5 * torch.nn.functional.mse_loss(model.reconstruction.decode(features), relative_to_clip(thumbs))
-    assert torch.allclose(outputs.auxiliary, by_hand, atol=1e-5)
+    centred = thumbs - thumbs.mean(dim=1, keepdim=True)
+    target = centred / centred.pow(2).mean(dim=(1, 2), keepdim=True).sqrt()
+    by_hand = 0.5 * torch.nn.functional.mse_loss(model.reconstruction.decode(features), target)
+    assert torch.allclose(outputs.auxiliary, by_hand, atol=1e-4)  # the target divides by its scale + 1e-6
 
     # its gradient reaches the backbone (the point of it), and without a graph it is not computed
     model.zero_grad(set_to_none=True)
