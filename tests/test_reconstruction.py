@@ -100,3 +100,15 @@ def test_the_training_step_adds_the_weighted_reconstruction_loss_and_trains_the_
     assert model.rgb.stages[0][0].weight.grad.abs().sum() > 0
     with torch.no_grad():
         assert forward(inputs, spec).auxiliary is None
+
+
+def test_a_clip_of_one_chunk_trains_the_decoder_towards_nothing_so_no_parameter_lacks_a_gradient():
+    model = small_model(temporal_head="transformer", chunk_reconstruction=1)
+    prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
+    forward = ChunkedTrainingForward(model, prepare.normalize).train()
+    inputs = prepare.transfer(clip_batch(length=8))
+    outputs = forward(inputs, ChunkSpec(size=8, overlap=0))
+    features = model.features(prepare.normalize(inputs))
+    assert torch.allclose(outputs.auxiliary, model.reconstruction.decode(features).pow(2).mean(), atol=1e-6)
+    outputs.auxiliary.backward()
+    assert all(p.grad is not None for p in model.reconstruction.parameters())  # DDP needs every one
