@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from bench.train_chunked import step_cell
-from datasets.long_range_tasks import TASKS, generate_long_range, generate_task, task_events
+from datasets.long_range_tasks import RELATION_EVENTS, TASKS, generate_long_range, generate_task, task_events
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "long-range.yaml")
@@ -316,7 +316,7 @@ def separability(args) -> None:
 
     print(f"{'family':12s} {'A/B accuracy':>12s} {'|A - B| / 2':>12s} {'|events - empty|':>16s}  backbone")
     for task in args.families.split(","):
-        if task not in RELATION_FAMILIES + ("last", "distractors"):
+        if task not in (*RELATION_EVENTS, "last", "distractors"):
             continue  # the order task is not a TASKS family; middle has three colours
         frames, chunk = FAMILY_SHAPES[task]
         data = generate_task(os.path.join(ROOT, "data", f"task_{task}"), task, quiet=True)
@@ -336,9 +336,6 @@ def separability(args) -> None:
                 f"{task:12s} {apart['accuracy']:12.3f} {apart['apart']:12.2f} {apart['events']:16.2f}  {source}",
                 flush=True,
             )
-
-
-RELATION_FAMILIES = ("twice", "more", "match")
 
 
 def main() -> None:

@@ -297,7 +297,9 @@ class ChunkedTrainingForward(nn.Module):
         decoder = getattr(unwrap_model(self.module), "reconstruction", None)
         if decoder is None or not torch.is_grad_enabled():
             return out
-        thumbnails = torch.stack([chunk_thumbnail(inputs["video"][..., start:end, :, :]) for start, end in windows], 1)
+        thumbnails = torch.stack(
+            [chunk_thumbnail(slice_time(inputs, start, end)["video"]) for start, end in windows], 1
+        )
         return out._replace(auxiliary=decoder(features, thumbnails))
 
     def _recomputed(self, spec: ChunkSpec, chunk: int, chunks: int) -> bool:
