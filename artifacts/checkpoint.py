@@ -112,8 +112,9 @@ def restore_training(
     except RuntimeError as e:
         differing = [key for key in changed if key.startswith("model.")]
         settings = ", ".join(differing) or "no model setting differs"
+        # every changed setting, not only the model's: a run resumed should go on as it began, in one command
         hint = (
-            f"resume with the checkpoint's settings: {_settings_as_before(changed, differing)}"
+            f"resume with the checkpoint's settings: {_settings_as_before(changed, changed)}"
             if differing
             else "resume with the config it was trained with"
         )
@@ -129,10 +130,17 @@ def restore_training(
         )
     saved_groups, groups = len(ckpt["optimizer"]["param_groups"]), len(optimizer.param_groups)
     if saved_groups != groups:  # 2: one learning rate for all; 4: the temporal head's own (train.temporal_lr_scale)
+        scale = "train.temporal_lr_scale"
+        if scale in changed:  # the checkpoint's config says which
+            setting = _settings_as_before(changed, [scale])
+        elif saved_groups < groups:
+            setting = f"--set {scale}=1"
+        else:  # its config is not known: 0.3 was the default before the head trained at the backbone's rate
+            setting = f"--set {scale}= the value it trained with (not 1; 0.3 before it was 1 by default)"
         raise CheckpointError(
             f"{path}: its optimizer has {saved_groups} parameter groups, this config's has {groups} "
-            f"(a temporal head gets groups of its own when train.temporal_lr_scale is not 1); "
-            f"resume with the checkpoint's setting, e.g. --set train.temporal_lr_scale=1"
+            f"(a temporal head gets groups of its own when {scale} is not 1); resume with the checkpoint's "
+            f"setting: {setting}"
         )
     optimizer.load_state_dict(ckpt["optimizer"])
     scheduler.load_state_dict(ckpt["scheduler"])

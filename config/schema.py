@@ -170,13 +170,13 @@ class ModelConfig:
         "out of what every chunk shares",
     )
     temporal_running: bool = setting(
-        False,
+        True,
         "bool",
         "temporal head (transformer): each token also sees the running sum of its clip's contrast up to its "
         "chunk: how much of each kind of event has come so far (what came first, more of one than another)",
     )
     temporal_dropout: float = setting(
-        0.1,
+        0.0,
         "float",
         "temporal head (attention, transformer): dropout in attention, feed-forward and before its classifier",
         minimum=0.0,
@@ -186,12 +186,12 @@ class ModelConfig:
         0.5, "float", "temporal head (tcn): dropout in each dilated layer (MS-TCN: 0.5)", minimum=0.0, maximum=1.0
     )
     chunk_reconstruction: float = setting(
-        0.0,
+        1.0,
         "float",
         "with a temporal head and an RGB backbone that trains: the weight of an auxiliary loss where a linear decoder "
         "from each chunk's features predicts the chunk's mean colour in 4 x 2 x 2 bins of time and space, relative "
         "to its clip's mean chunk, so the features keep what tells the chunks apart when the label alone does not "
-        "ask for it (relations between far events); 0: none (the default; 1.0 to try)",
+        "ask for it (relations between far events); 0: none",
         minimum=0.0,
     )
 
@@ -474,7 +474,7 @@ class TrainConfig:
         None, "float", "clip the gradient norm to this value (after unscaling); null = off", minimum=0.0, nullable=True
     )
     temporal_lr_scale: float = setting(
-        0.3,
+        1.0,
         "float",
         "temporal head: its learning rate is train.lr times this (its own "
         "parameter groups, the same schedule); 1 = the backbone's",

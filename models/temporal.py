@@ -29,7 +29,7 @@ backbone gives one feature vector per chunk, and the head sees the whole sequenc
   carry the label; the contrast removes what all chunks share and keeps how much each differs (one scale a clip:
   a chunk that differs little stays small), so attention can pick the events out from the start. Its own features
   stay beside it, so a clip whose chunks all show the same action keeps its content.
-- ``transformer`` with ``running`` (``model.temporal_running``, off by default) also gives each token the running
+- ``transformer`` with ``running`` (``model.temporal_running``, on by default) also gives each token the running
   sum of the contrast up to its chunk, over one scale a clip: how much of each kind of event has come so far, for
   labels that relate far events (does the end match the start, which half held more of one event).
 

@@ -44,7 +44,8 @@ def test_the_target_is_each_chunk_against_its_clip_at_one_scale_a_clip():
     [
         ({"temporal_head": "transformer", "chunk_reconstruction": 1}, True),
         ({"temporal_head": "tcn", "chunk_reconstruction": 0.5}, True),
-        ({"temporal_head": "transformer"}, False),  # the default: none
+        ({"temporal_head": "transformer"}, True),  # the default: 1.0
+        ({"temporal_head": "transformer", "chunk_reconstruction": 0}, False),
         ({"temporal_head": "none", "chunk_reconstruction": 1}, False),  # no chunk features reach a head
         ({"temporal_head": "transformer", "chunk_reconstruction": 1, "freeze_backbone": "true"}, False),
     ],
@@ -57,12 +58,12 @@ def test_a_checkpoint_config_from_before_the_key_builds_no_decoder():
     saved = load_config(None, ["model.temporal_head=transformer"]).to_dict()
     del saved["model"]["chunk_reconstruction"]
     assert saved_config(saved).model.chunk_reconstruction == 0.0
-    assert load_config(None, []).model.chunk_reconstruction == 0.0  # and the default is none (docs/long-videos.md)
+    assert load_config(None, []).model.chunk_reconstruction == 1.0  # while a new run has it (docs/long-videos.md)
 
 
 def test_the_decoder_leaves_every_other_layer_initialized_as_without_it():
     with_decoder = small_model(temporal_head="transformer", chunk_reconstruction=1)
-    without = small_model(temporal_head="transformer")
+    without = small_model(temporal_head="transformer", chunk_reconstruction=0)
     for name, tensor in without.state_dict().items():
         assert torch.equal(with_decoder.state_dict()[name], tensor), name
     assert {n for n in with_decoder.state_dict() if n not in without.state_dict()} == {
