@@ -5,6 +5,7 @@
     python -m bench.train_chunked --temporal-head transformer      # with the temporal head over the chunks
     python -m bench.train_chunked --part recompute --frames 256 --chunks 32   # train.recompute: auto vs all
     python -m bench.train_chunked --part sampled --frames 256,1024 --chunks 32   # train.grad_chunks: K vs all
+    python -m bench.train_chunked --part reconstruction --frames 256,1024 --chunks 32   # the decoder's cost
 
 One training step (forward, backward, AdamW step) of the project's training forward (``ChunkedTrainingForward``,
 the one train.py uses) on a clip of T frames, batch 1, fp32, each cell in a fresh process. Memory: on the CPU
@@ -27,6 +28,10 @@ planner's estimate of the peak, and the budget.
 the first --chunks, every chunk recomputed, and K = --bank-k with train.feature_bank (host; the warm-up step fills
 the bank, the measured steps compute the K drawn chunks and read the others): time per frame against the plain
 step at T = 64 and against every chunk at the same T; memory against every chunk.
+
+``--part reconstruction``: the temporal head's step (--temporal-head, transformer unless set) with
+``model.chunk_reconstruction`` 1 against 0, at each T in chunks of the first --chunks: its time and memory as
+ratios (the loss includes the decoder's, as train.py's does).
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ def measure(args) -> dict:
             f"model.width={args.width}",
             f"model.temporal_head={args.temporal_head}",
             f"model.temporal_width={args.temporal_width}",
+            f"model.chunk_reconstruction={args.reconstruction}",
         ],
     )
     model = build_model(cfg.model, num_classes=10).to(device).train()
@@ -86,6 +92,8 @@ def measure(args) -> dict:
             outputs.clip if outputs.clip is not None else aggregate_chunk_logits(outputs.chunks.transpose(0, 1), "mean")
         )
         loss = torch.nn.functional.cross_entropy(logits, labels)
+        if outputs.auxiliary is not None:  # model.chunk_reconstruction's loss, as engine.step.training_loss adds it
+            loss = loss + outputs.auxiliary
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -128,6 +136,7 @@ def step_cell(
     kept: int = 0,
     grad_chunks: int = 0,
     bank: bool = False,
+    reconstruction: float = 1.0,
 ) -> dict | str:
     """One cell of the table: {"peak_mb", "step_s", "input_mb"} of one training step, or the error's last line.
     Memory: every allocation above 64 KB its own mapping, returned when freed, so resident memory follows the
@@ -164,6 +173,8 @@ def step_cell(
         str(grad_chunks),
         "--bank",
         str(int(bank)),
+        "--reconstruction",
+        str(reconstruction),
     ]
     runs = [
         subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
@@ -207,16 +218,16 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument(
         "--part",
-        choices=("growth", "recompute", "sampled"),
+        choices=("growth", "recompute", "sampled", "reconstruction"),
         default="growth",
         help="growth: memory and time as the clip grows; recompute: train.recompute auto vs all; sampled: "
-        "train.grad_chunks K against every chunk",
+        "train.grad_chunks K against every chunk; reconstruction: model.chunk_reconstruction 1 against 0",
     )
     parser.add_argument("--grad-chunks", default="2,4,8", help="--part sampled: the K values (train.grad_chunks)")
     parser.add_argument(
         "--bank-k", type=int, default=4, help="--part sampled: K of the row with train.feature_bank (host)"
     )
-    args = parse_or_measure(parser, measure, length=int, chunk=int, kept=int, bank=int)
+    args = parse_or_measure(parser, measure, length=int, chunk=int, kept=int, bank=int, reconstruction=float)
     if args is None:
         return
     if args.device is None:
@@ -228,6 +239,9 @@ def main() -> None:
         return
     if args.part == "sampled":
         sampled_table(args)
+        return
+    if args.part == "reconstruction":
+        reconstruction_table(args)
         return
     frames = [int(v) for v in args.frames.split(",")]
     modes = [-1] + [int(v) for v in args.chunks.split(",")]
@@ -368,6 +382,38 @@ def sampled_table(args) -> None:
             print(
                 f"{length:>5d} {name:<18s} {1000 * per_frame:>8.2f} {per_frame / plain_per_frame:>11.2f}x "
                 f"{time_ratio:>6s} {result['peak_mb']:>8.1f} {memory_ratio:>6s}",
+                flush=True,
+            )
+
+
+def reconstruction_table(args) -> None:
+    """model.chunk_reconstruction: the temporal head's step with the decoder against without, at each T."""
+    args.temporal_head = "transformer" if args.temporal_head == "none" else args.temporal_head
+    frames = [int(v) for v in args.frames.split(",")]
+    chunk = int(args.chunks.split(",")[0])
+    memory = "device allocated" if args.device == "cuda" else "host RSS growth"
+    print(
+        f"{args.backbone} (width {args.width}), temporal head {args.temporal_head} (width {args.temporal_width}) at "
+        f"{args.size}x{args.size}, training chunks of {chunk}, batch 1, fp32, AdamW, on {args.device}, "
+        f"{os.cpu_count()} CPUs; memory: {memory} during one step",
+        flush=True,
+    )
+    print(f"{'T':>5s} {'reconstruction':<15s} {'ms/frame':>8s} {'x without':>9s} {'MB':>8s} {'x without':>9s}")
+    for length in frames:  # the two interleaved per length: the shared machine's speed drifts between minutes
+        without, with_decoder = (cell_of(args, length, chunk, reconstruction=w) for w in (0.0, 1.0))
+        for name, result in (("0 (none)", without), ("1 (decoder)", with_decoder)):
+            if isinstance(result, str):
+                print(f"{length:>5d} {name:<15s} failed: {result}", flush=True)
+                continue
+            ratios = ("-", "-")
+            if not isinstance(without, str):
+                ratios = (
+                    f"{result['step_s'] / without['step_s']:.2f}x",
+                    f"{result['peak_mb'] / without['peak_mb']:.2f}x",
+                )
+            print(
+                f"{length:>5d} {name:<15s} {1000 * result['step_s'] / length:>8.2f} {ratios[0]:>9s} "
+                f"{result['peak_mb']:>8.1f} {ratios[1]:>9s}",
                 flush=True,
             )
 
