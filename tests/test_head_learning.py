@@ -171,16 +171,47 @@ def test_with_its_contrast_the_head_picks_out_events_from_what_every_chunk_share
     assert best >= 0.9, best
 
 
-def test_the_head_alone_learns_a_relation_between_far_events_from_enough_clips():
+def test_the_head_alone_learns_a_relation_between_far_events_from_the_families_clips():
     """A relation family (datasets/long_range_tasks.py: does the last of four events, A, A, B, B, match the
     first's colour), as chunk features without a backbone (python -m bench.long_range --part head-alone): the head
-    with its defaults learns the relation from 480 clips in 12 epochs (seconds). From the 96 clips the order
-    families learn from it does not (0.57 at 20 epochs over 3 seeds, bench/RESULTS.md): relations need more
-    examples than order; what this asserts is that the head can represent and learn one."""
+    with its defaults learns the relation from the 96 clips and 20 epochs the families train with (seconds;
+    measured 0.998, 1.000, 0.995 at seeds 0-2; 0.57 over 3 seeds with the defaults before the running sum and no
+    dropout, bench/RESULTS.md)."""
     from bench.long_range import train_head_alone
 
-    result = train_head_alone("match", seed=0, train_clips=480, epochs=12)
-    assert result["best"] >= 0.9, result
+    result = train_head_alone("match", seed=0, train_clips=96, epochs=20)
+    assert result["best"] >= 0.95, result
+
+
+def test_a_relation_family_is_learnt_end_to_end_with_the_defaults(tmp_path):
+    """The match family (does the last of four events, A, A, B, B, match the first's colour: the same label with A
+    and B swapped) end to end, the long-range preset with nothing about the head set: 128 videos of 320 frames at
+    16x16, 10 chunks of 8 clip frames, 12 epochs (about 35 s here). Measured at this shape: 1.000 at seeds 0, 1, 2;
+    0.656 at seed 0 with the defaults before 2026-11-26 (no reconstruction, no running sum, dropout 0.1, the head at
+    0.3 of the rate), and 0.688 and 0.719 from 64 videos in 10 epochs."""
+    data = generate_task(
+        str(tmp_path / "match"),
+        "match",
+        num_train=128,
+        num_val=32,
+        frames=320,
+        event_frames=8,
+        min_gap=32,
+        size=16,
+        quiet=True,
+    )
+    accuracy = best_accuracy(
+        data,
+        tmp_path,
+        {"transformer": []},
+        "data.train_manifest=match_train.jsonl",
+        "data.val_manifest=match_val.jsonl",
+        "data.class_names=null",
+        "data.num_frames=80",
+        epochs=12,
+        chunk=8,
+    )
+    assert accuracy["transformer"] >= 0.9, accuracy
 
 
 def test_the_chunk_reconstruction_keeps_a_relation_s_two_event_colours_apart_in_the_backbone(tmp_path):
