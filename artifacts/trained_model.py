@@ -76,7 +76,7 @@ def load_trained_model(path: str, device: torch.device, backbone: str | None = N
     summary = CheckpointSummary.of(ckpt)
     model = _built(path, cfg, summary.shape)
     try:
-        model.load_state_dict(ckpt["model"])
+        model.load_state_dict(_without_decoder(ckpt["model"]))
     except RuntimeError as e:
         raise CheckpointError(
             f"{path}: weights do not match model.backbone={cfg.model.backbone}: {str(e).splitlines()[0]}"
@@ -93,10 +93,13 @@ def _config_of(path: str, ckpt: dict) -> Config:
 
 def _built(path: str, cfg: Config, shape: DataShape):
     # the trained weights replace any pretrained ones: do not fetch those again (the arguments of the build, not a
-    # config: model.norm: frozen without pretrained weights is refused as a config, rightly)
+    # config: model.norm: frozen without pretrained weights is refused as a config, rightly); and no chunk
+    # reconstruction decoder: it trains beside the backbone and evaluation never runs it (a head trained on
+    # features, paired with its backbone, never had one)
     try:
         return build_model(
-            dataclasses.replace(cfg.model, pretrained=None, temporal_head_init=None), **shape.model_args()
+            dataclasses.replace(cfg.model, pretrained=None, temporal_head_init=None, chunk_reconstruction=0.0),
+            **shape.model_args(),
         )
     except ModelConfigError as e:
         raise CheckpointError(f"{path}: its model section cannot be built: {e}")
@@ -149,7 +152,11 @@ def _paired(path: str, head_state: dict, head_cfg: Config, device: torch.device,
     class_names = list(head_state["class_names"])
     shape = dataclasses.replace(DataShape.of_checkpoint(backbone_state), num_classes=len(class_names))
     model = _built(path, cfg, shape)
-    weights = {k: v for k, v in backbone_state["model"].items() if not k.startswith(("classifier.", "temporal."))}
+    weights = {
+        k: v
+        for k, v in _without_decoder(backbone_state["model"]).items()
+        if not k.startswith(("classifier.", "temporal."))
+    }
     weights.update(head_state["model"])  # the head's "temporal.*"
     try:
         model.load_state_dict(weights)
@@ -159,6 +166,11 @@ def _paired(path: str, head_state: dict, head_cfg: Config, device: torch.device,
         )
     summary = CheckpointSummary.of(head_state, shape, backbone_path)
     return TrainedModel(model.to(device).eval(), cfg, class_names, summary)
+
+
+def _without_decoder(weights: dict) -> dict:
+    """A training checkpoint's weights less the chunk reconstruction's decoder (``_built`` builds none)."""
+    return {k: v for k, v in weights.items() if not k.startswith("reconstruction.")}
 
 
 def _head_alone(path: str, ckpt: dict, cfg: Config, device: torch.device, backbone: str | None) -> TrainedModel:

@@ -113,3 +113,25 @@ def test_a_clip_of_one_chunk_trains_the_decoder_towards_nothing_so_no_parameter_
     assert torch.allclose(outputs.auxiliary, model.reconstruction.decode(features).pow(2).mean(), atol=1e-6)
     outputs.auxiliary.backward()
     assert all(p.grad is not None for p in model.reconstruction.parameters())  # DDP needs every one
+
+
+def test_evaluation_loads_a_checkpoint_with_a_decoder_as_a_model_without_one(tmp_path):
+    """The decoder trains beside the backbone and evaluation never runs it: a checkpoint that holds it loads for
+    eval.py and infer_chunked.py as the same model without it (a head trained on features, paired with its
+    backbone, never had one: tests/test_readme.py runs that pairing)."""
+    from artifacts.checkpoint import CHECKPOINT_FORMAT, save_checkpoint
+    from artifacts.trained_model import load_trained_model
+    from models import build_model
+
+    cfg = load_config(None, ["model.width=4", "model.temporal_head=transformer", "model.temporal_width=16"])
+    torch.manual_seed(0)
+    trained = build_model(cfg.model, num_classes=3, num_views=1)
+    assert trained.reconstruction is not None  # the default weight, 1.0
+    path = str(tmp_path / "best.pt")
+    checkpoint = {"format": CHECKPOINT_FORMAT, "model": trained.state_dict(), "config": cfg.to_dict()}
+    save_checkpoint({**checkpoint, "class_names": ["a", "b", "c"]}, path)
+    loaded = load_trained_model(path, torch.device("cpu")).model
+    assert loaded.reconstruction is None
+    kept = {k: v for k, v in trained.state_dict().items() if not k.startswith("reconstruction.")}
+    assert loaded.state_dict().keys() == kept.keys()
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in kept.items())
