@@ -591,12 +591,22 @@ def test_a_head_checkpoint_from_before_the_head_defaults_evaluates_and_resumes_a
     assert saved_config(defaults()).train.temporal_warmup_epochs == 2.0
 
 
+def training_parts(cfg):
+    """(model, optimizer, scheduler, scaler) of a 3-class run of ``cfg``, as train.py builds them, seeded."""
+    from engine.optim import build_optimizer, build_scheduler
+
+    torch.manual_seed(0)
+    model = build_model(cfg.model, num_classes=3, num_views=1)
+    optimizer = build_optimizer(model, cfg.train)
+    scheduler = build_scheduler(optimizer, cfg.train, 4, 3, has_temporal_head=True)
+    return model, optimizer, scheduler, torch.amp.GradScaler("cpu", enabled=False)
+
+
 def test_resuming_a_checkpoint_from_before_the_head_defaults_names_the_settings_that_changed(tmp_path, caplog):
     """A run started before model.temporal_contrast and train.temporal_warmup_epochs and resumed after them: its
     head no longer fits (one line naming the key and the --set that resumes it, no traceback), and a warm-up that
     would change its schedule is a warning with the --set that keeps it."""
     from artifacts.checkpoint import CheckpointError, restore_training, save_checkpoint, training_checkpoint
-    from engine.optim import build_optimizer, build_scheduler
 
     head = [
         "model.width=4",
@@ -608,14 +618,7 @@ def test_resuming_a_checkpoint_from_before_the_head_defaults_names_the_settings_
     saved = then.to_dict()
     del saved["model"]["temporal_contrast"], saved["train"]["temporal_warmup_epochs"]  # written before the keys
 
-    def parts(cfg):
-        torch.manual_seed(0)
-        model = build_model(cfg.model, num_classes=3, num_views=1)
-        optimizer = build_optimizer(model, cfg.train)
-        scheduler = build_scheduler(optimizer, cfg.train, 4, 3, has_temporal_head=True)
-        return model, optimizer, scheduler, torch.amp.GradScaler("cpu", enabled=False)
-
-    model, optimizer, scheduler, scaler = parts(then)
+    model, optimizer, scheduler, scaler = training_parts(then)
     path = str(tmp_path / "last.pt")
     save_checkpoint(
         {
@@ -625,7 +628,7 @@ def test_resuming_a_checkpoint_from_before_the_head_defaults_names_the_settings_
         path,
     )
     with pytest.raises(CheckpointError) as error:
-        restore_training(path, *parts(load_config(None, head)), load_config(None, head))
+        restore_training(path, *training_parts(load_config(None, head)), load_config(None, head))
     assert (
         "its model does not fit this config's (model.temporal_contrast); resume with the checkpoint's settings: "
         "--set model.temporal_contrast=false"
@@ -634,7 +637,7 @@ def test_resuming_a_checkpoint_from_before_the_head_defaults_names_the_settings_
     )
     now = load_config(None, [*head, "model.temporal_contrast=false"])
     with caplog.at_level(logging.WARNING, logger="longvideo"):
-        restore_training(path, *parts(now), now)
+        restore_training(path, *training_parts(now), now)
     assert "train.temporal_warmup_epochs 0.0 then, 2.0 now" in caplog.text
     assert "--set train.temporal_warmup_epochs=0.0" in caplog.text and "model.temporal_contrast" not in caplog.text
 
@@ -1048,7 +1051,6 @@ def test_a_run_from_before_the_relation_defaults_resumes_with_the_settings_the_e
     the head at 0.3 of the backbone's rate) resumed with today's: its model no longer fits, and the one line says
     every setting that resumes it; given only the model's, the optimizer's groups name the rate the run had."""
     from artifacts.checkpoint import CheckpointError, restore_training, save_checkpoint, training_checkpoint
-    from engine.optim import build_optimizer, build_scheduler
 
     head = ["model.width=4", "model.temporal_head=transformer", "model.temporal_width=16"]
     before = [
@@ -1058,19 +1060,12 @@ def test_a_run_from_before_the_relation_defaults_resumes_with_the_settings_the_e
         "train.temporal_lr_scale=0.3",
     ]
 
-    def parts(cfg):
-        torch.manual_seed(0)
-        model = build_model(cfg.model, num_classes=3, num_views=1)
-        optimizer = build_optimizer(model, cfg.train)
-        scheduler = build_scheduler(optimizer, cfg.train, 4, 3, has_temporal_head=True)
-        return model, optimizer, scheduler, torch.amp.GradScaler("cpu", enabled=False)
-
     then = load_config(None, head + before)
     path = str(tmp_path / "last.pt")
-    save_checkpoint(training_checkpoint(*parts(then), TrainState(), then, ["a", "b", "c"], {}), path)
+    save_checkpoint(training_checkpoint(*training_parts(then), TrainState(), then, ["a", "b", "c"], {}), path)
     today = load_config(None, head)
     with pytest.raises(CheckpointError) as error:
-        restore_training(path, *parts(today), today)
+        restore_training(path, *training_parts(today), today)
     message = str(error.value)
     assert "its model does not fit this config's (model.temporal_running, model.temporal_dropout, " in message
     assert "resume with the checkpoint's settings: " + " ".join(f"--set {s}" for s in before) in message
@@ -1080,7 +1075,7 @@ def test_a_run_from_before_the_relation_defaults_resumes_with_the_settings_the_e
     with pytest.raises(
         CheckpointError, match=r"resume with the checkpoint's setting: --set train\.temporal_lr_scale=0\.3$"
     ):
-        restore_training(path, *parts(model_only), model_only)
+        restore_training(path, *training_parts(model_only), model_only)
     resumed = load_config(None, head + before)
-    state, _ = restore_training(path, *parts(resumed), resumed)  # the settings named resume it
+    state, _ = restore_training(path, *training_parts(resumed), resumed)  # the settings named resume it
     assert state.epoch == TrainState().epoch
