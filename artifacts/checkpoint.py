@@ -135,8 +135,8 @@ def restore_training(
             setting = _settings_as_before(changed, [scale])
         elif saved_groups < groups:
             setting = f"--set {scale}=1"
-        else:  # its config is not known: 0.3 was the default before the head trained at the backbone's rate
-            setting = f"--set {scale}= the value it trained with (not 1; 0.3 before it was 1 by default)"
+        else:  # its config is not known here
+            setting = f"--set {scale}=<the scale it trained with: not 1; the default until 2026-11-26 was 0.3>"
         raise CheckpointError(
             f"{path}: its optimizer has {saved_groups} parameter groups, this config's has {groups} "
             f"(a temporal head gets groups of its own when {scale} is not 1); resume with the checkpoint's "
