@@ -128,10 +128,12 @@ def test_evaluation_loads_a_checkpoint_with_a_decoder_as_a_model_without_one(tmp
     trained = build_model(cfg.model, num_classes=3, num_views=1)
     assert trained.reconstruction is not None  # the default weight, 1.0
     path = str(tmp_path / "best.pt")
-    checkpoint = {"format": CHECKPOINT_FORMAT, "model": trained.state_dict(), "config": cfg.to_dict()}
-    save_checkpoint({**checkpoint, "class_names": ["a", "b", "c"]}, path)
+    state = trained.state_dict()
+    save_checkpoint(
+        {"format": CHECKPOINT_FORMAT, "model": state, "config": cfg.to_dict(), "class_names": ["a", "b", "c"]}, path
+    )
     loaded = load_trained_model(path, torch.device("cpu")).model
     assert loaded.reconstruction is None
-    kept = {k: v for k, v in trained.state_dict().items() if not k.startswith("reconstruction.")}
+    kept = {k: v for k, v in state.items() if not k.startswith("reconstruction.")}
     assert loaded.state_dict().keys() == kept.keys()
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in kept.items())
