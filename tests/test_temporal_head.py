@@ -1026,8 +1026,9 @@ def test_chance_allows_for_the_luck_of_a_small_validation_set(caplog):
 
 def test_resuming_with_the_other_group_layout_says_which_setting_to_use(tmp_path):
     """A checkpoint whose head trained at the backbone's rate (one pair of groups), resumed with a scale of its
-    own (the head's own groups): one clear error naming the key, not torch's "different number of parameter
-    groups"."""
+    own (the head's own groups), and the other way round: one clear error naming the key, not torch's "different
+    number of parameter groups" (without the checkpoint's config, the scale it needs cannot be named: the line
+    says what goes there)."""
     from artifacts.checkpoint import CHECKPOINT_FORMAT, CheckpointError, restore_training, save_checkpoint
     from engine.optim import build_optimizer
 
@@ -1044,6 +1045,16 @@ def test_resuming_with_the_other_group_layout_says_which_setting_to_use(tmp_path
         r"\(.*\); resume with the checkpoint's setting: --set train\.temporal_lr_scale=1$",
     ):
         restore_training(path, model, own_rate, None, None)
+    save_checkpoint(
+        {"format": CHECKPOINT_FORMAT, "model": model.state_dict(), "optimizer": own_rate.state_dict()}, path
+    )
+    with pytest.raises(
+        CheckpointError,
+        match=r"its optimizer has 4 parameter groups, this config's has 2 \(.*\); resume with the checkpoint's "
+        r"setting: --set train\.temporal_lr_scale=<the scale it trained with: not 1; the default until 2026-11-26 "
+        r"was 0\.3>$",
+    ):
+        restore_training(path, model, one_rate, None, None)
 
 
 def test_a_run_from_before_the_relation_defaults_resumes_with_the_settings_the_errors_name(tmp_path):
