@@ -146,8 +146,6 @@ def main(argv=None) -> int:
         raise disk_full_advice(e, plan, args, resumable) from None
     finally:
         detach_log_file(trainer.report.log_file)
-        if trainer.report.tensorboard is not None:
-            trainer.report.tensorboard.close()
         if runtime.distributed:
             watchdog.stop()
             torch.distributed.destroy_process_group()

@@ -12,7 +12,7 @@ import pickle
 import torch
 
 from core import memory_monitor
-from core.files import atomic_open
+from core.files import DiskFullError, atomic_open
 from core.runtime import unwrap_model
 from engine.trainer import RunStopped, Trainer
 
@@ -67,8 +67,9 @@ def save_memory_snapshot(trainer: Trainer) -> str | None:
     try:
         with atomic_open(path) as f:
             pickle.dump(memory_monitor.allocator_snapshot(), f)
-    except OSError as e:
-        log.warning("the allocator snapshot of this out-of-memory error could not be written to %s: %s", path, e)
+    except (OSError, DiskFullError) as e:  # a full disk names the file already
+        reason = str(e) if isinstance(e, DiskFullError) else f"{path}: {e}"
+        log.warning("%s; the allocator snapshot of this out-of-memory error is not kept, the run goes on", reason)
         return None
     log.warning(
         "out of memory at step %d: the allocator's snapshot is %s (open it at %s)",

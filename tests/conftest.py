@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -213,3 +214,51 @@ def trained_run(synthetic_root, tmp_path_factory):
 
     assert train.main(overrides(synthetic_root, out, "infer.chunk_size=4", "infer.chunk_overlap=1")) == 0
     return os.path.realpath(os.path.join(out, "e2e", "latest")), out
+
+
+# ------------------------------------------------------------------------------------------------ a real disk
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 24 MB tmpfs that really fills; skipped where it cannot be mounted (not root, no mount permission)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root; the writers are covered by failing writes instead")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        pytest.skip(
+            f"cannot mount a tmpfs here ({result.stderr.strip()}); the writers are covered by failing writes instead"
+        )
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(disk, leave: int) -> str:
+    """Fill ``disk`` until ``leave`` bytes are free; returns the filler's path (remove it to free the space)."""
+    path = os.path.join(disk, "filler")
+    with open(path, "ab") as f:
+        free = shutil.disk_usage(disk).free
+        f.write(b"\0" * max(0, free - leave))
+    return path
+
+
+def full_during(monkeypatch, disk, owner, name: str, nth: int = 1) -> list:
+    """``owner.name`` (a writer) finds ``disk`` full from its ``nth`` call on: the disk is filled just before that
+    call and freed just after it, so the writer meets a real ENOSPC at the moment it writes and nothing else does.
+    Returns the list of calls made (one entry each)."""
+    real, calls = getattr(owner, name), []
+
+    def writer(*args, **kwargs):
+        calls.append(1)
+        if len(calls) < nth:
+            return real(*args, **kwargs)
+        filler = fill(disk, 0)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            os.unlink(filler)
+
+    monkeypatch.setattr(owner, name, writer)
+    return calls

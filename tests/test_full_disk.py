@@ -18,7 +18,7 @@ import sys
 
 import pytest
 import torch
-from conftest import overrides
+from conftest import fill, overrides
 
 import eval as eval_script
 import infer_chunked
@@ -201,35 +201,6 @@ def test_every_writer_of_a_run_stops_it_with_one_line_and_resume_continues(
 
 
 # ------------------------------------------------------------------------------------------------ a real disk
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 24 MB tmpfs that really fills; skipped where it cannot be mounted (not root, no mount permission)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root; the writers are covered by failing writes instead")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if result.returncode != 0:
-        pytest.skip(
-            f"cannot mount a tmpfs here ({result.stderr.strip()}); the writers are covered by failing writes instead"
-        )
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def fill(disk, leave: int) -> str:
-    """Fill ``disk`` until ``leave`` bytes are free; returns the filler's path (remove it to free the space)."""
-    import shutil
-
-    path = os.path.join(disk, "filler")
-    with open(path, "ab") as f:
-        free = shutil.disk_usage(disk).free
-        f.write(b"\0" * max(0, free - leave))
-    return path
-
-
 def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
 
