@@ -98,7 +98,9 @@ def read_ground_truth(root: str, name: str, class_index: dict[str, int]) -> np.n
     """groundTruth/NAME.txt as class indices [T] int64."""
     path = os.path.join(root, "groundTruth", f"{name}.txt")
     with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
+        lines = f.read().splitlines()  # Windows line ends too
+    while lines and not lines[-1].strip():  # blank lines at the end, as some distributed files have
+        lines.pop()
     labels = np.empty(len(lines), dtype=np.int64)
     for number, line in enumerate(lines, 1):
         index = class_index.get(line.strip())

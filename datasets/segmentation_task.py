@@ -114,11 +114,41 @@ def generate_segmentation(
     return build_once(out, args, write, quiet)
 
 
-def segment_features(rng: np.random.Generator, frames: int, prototypes: dict, shortest: int, longest: int):
+# How MS-TCN's datasets label what is not an action (their mapping.txt and groundTruth files): the background's
+# label (None: there is none), the labels of every video's first and last frames (None: actions from the first
+# frame), and whether those labels come first in mapping.txt or after the actions. "generic" is this project's own.
+LABEL_CONVENTIONS = {
+    "generic": {"background": BACKGROUND, "edges": None, "first": True},
+    "gtea": {"background": BACKGROUND, "edges": None, "first": False},  # background is GTEA's last class
+    "breakfast": {"background": "SIL", "edges": ("SIL", "SIL"), "first": True},  # 0 SIL; SIL at both ends
+    "50salads": {"background": None, "edges": ("action_start", "action_end"), "first": False},
+}
+EDGE_FRAMES = (20, 40)  # the shortest and longest first and last segments of a convention with edges
+
+
+def segment_features(
+    rng: np.random.Generator, frames: int, prototypes: dict, shortest: int, longest: int, convention: dict = None
+):
     """The task as features (``generate_features``): each frame the feature vector of its look, ``prototypes``
     [look] [D], under unit Gaussian noise (a frame tells its look, never the look before); a quarter of the
-    segments after the first are background. -> (features [T, D], labels [T])."""
-    segments = segment_plan(rng, frames, shortest, longest, background=0.25)
+    segments after the first are background where ``convention`` (LABEL_CONVENTIONS, default generic) has one,
+    and its edges (if any) open and close the video, looking like background. -> (features [T, D], labels [T])."""
+    convention = convention or LABEL_CONVENTIONS["generic"]
+    edges = convention["edges"]
+    head, tail = (int(rng.integers(EDGE_FRAMES[0], EDGE_FRAMES[1] + 1)) for _ in range(2)) if edges else (0, 0)
+    inner = segment_plan(rng, frames - head - tail, shortest, longest, 0.25 if convention["background"] else 0.0)
+    segments = [
+        {"start": s["start"] + head, "end": s["end"] + head, "look": s["look"], "label": s["label"]} for s in inner
+    ]
+    for segment in segments:
+        if segment["label"] == BACKGROUND:
+            segment["label"] = convention["background"]
+    if edges:
+        segments = [
+            {"start": 0, "end": head, "look": BACKGROUND, "label": edges[0]},
+            *segments,
+            {"start": frames - tail, "end": frames, "look": BACKGROUND, "label": edges[1]},
+        ]
     dim = len(next(iter(prototypes.values())))
     features = rng.normal(0.0, 1.0, size=(frames, dim)).astype(np.float32)
     labels = []
@@ -128,24 +158,44 @@ def segment_features(rng: np.random.Generator, frames: int, prototypes: dict, sh
     return features, labels
 
 
+def convention_classes(convention: dict) -> list[str]:
+    """mapping.txt's classes under ``convention``: the actions, with its background and edge labels first or
+    last."""
+    extra = [label for label in (convention["background"], *(convention["edges"] or ())) if label]
+    extra = list(dict.fromkeys(extra))  # SIL once
+    return [*extra, *SEGMENT_CLASSES] if convention["first"] else [*SEGMENT_CLASSES, *extra]
+
+
 def generate_features(
-    out: str, seed: int = 0, videos: int = 12, frames: int = 600, dim: int = 32, splits: int = 2, quiet=False
+    out: str,
+    seed: int = 0,
+    videos: int = 12,
+    frames: int = 600,
+    dim: int = 32,
+    splits: int = 2,
+    quiet=False,
+    labels: str = "generic",
 ) -> str:
     """The task in MS-TCN's layout (datasets.mstcn) at ``out``: ``videos`` videos of ``frames`` feature frames,
     ``dim`` features each, in ``splits`` cross-validation splits (video i is in split i % splits + 1's test set,
-    in every other split's training set), background as class 0. The same seed writes the same files."""
+    in every other split's training set), labelled as ``labels`` (a LABEL_CONVENTIONS name: generic has
+    background as class 0). The same seed writes the same files."""
+    convention = LABEL_CONVENTIONS[labels]
     rng = np.random.default_rng(seed)
     prototypes = {look: rng.normal(0.0, 1.0, size=dim).astype(np.float32) * 1.5 for look in (*LOOKS, BACKGROUND)}
     names = [f"video_{i:03d}" for i in range(videos)]
     for name in names:
-        features, labels = segment_features(rng, frames, prototypes, 40, 120)
-        write_video(out, name, features, labels)
+        features, video_labels = segment_features(rng, frames, prototypes, 40, 120, convention)
+        write_video(out, name, features, video_labels)
     bundles = {}
     for split in range(1, splits + 1):
         test = [n for i, n in enumerate(names) if i % splits == split - 1]
         bundles[f"train.split{split}"] = [n for n in names if n not in test]
         bundles[f"test.split{split}"] = test
-    write_index(out, [BACKGROUND, *SEGMENT_CLASSES], bundles)
+    write_index(out, convention_classes(convention), bundles)
     if not quiet:
-        print(f"wrote {out}: {videos} videos of {frames} frames x {dim} features in MS-TCN's layout, {splits} splits")
+        print(
+            f"wrote {out}: {videos} videos of {frames} frames x {dim} features in MS-TCN's layout, {splits} splits, "
+            f"{labels} labels"
+        )
     return out

@@ -32,7 +32,7 @@ import numpy as np
 
 from core.cli import exit_on_usage_error
 from datasets.long_range_tasks import generate_long_range
-from datasets.segmentation_task import generate_features, generate_segmentation
+from datasets.segmentation_task import LABEL_CONVENTIONS, generate_features, generate_segmentation
 from datasets.video_files import build_once, write_jsonl, write_video
 
 CLASSES = ("down", "grow", "left", "right", "shrink", "up")
@@ -258,6 +258,14 @@ def main(argv=None) -> int:
         "mapping.txt, splits/ with 2 splits; datasets/mstcn.py): --num-train videos (default 12) of "
         "--long-frames (600) frames",
     )
+    parser.add_argument(
+        "--mstcn-labels",
+        choices=tuple(LABEL_CONVENTIONS),
+        default="generic",
+        help="--mstcn: label the set as that dataset labels its own (breakfast: SIL at both ends and as background, "
+        "first in mapping.txt; 50salads: action_start/action_end at the ends, no background; gtea: background, "
+        "last in mapping.txt); generic: background as class 0",
+    )
     parser.add_argument("--event-frames", type=int, default=12, help="--long-range: frames per event")
     parser.add_argument("--min-gap", type=int, default=320, help="--long-range: frames between the two events")
     args = parser.parse_args(argv)
@@ -265,7 +273,14 @@ def main(argv=None) -> int:
         if getattr(args, name) is not None and getattr(args, name) < 8:
             parser.error(f"--{name.replace('_', '-')} must be at least 8")
     if args.mstcn:
-        generate_features(args.out, args.seed, args.num_train or 12, args.long_frames or 600, quiet=args.quiet)
+        generate_features(
+            args.out,
+            args.seed,
+            args.num_train or 12,
+            args.long_frames or 600,
+            quiet=args.quiet,
+            labels=args.mstcn_labels,
+        )
         return 0
     if args.segmentation:
         generate_segmentation(

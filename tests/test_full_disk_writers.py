@@ -175,7 +175,7 @@ def test_the_training_curves_on_a_full_disk_stop_in_one_line_and_the_resume_draw
 def test_cross_validations_tables_on_a_full_disk_stop_in_one_line_and_the_rerun_writes_them(
     tmp_path, small_disk, monkeypatch, capsys
 ):
-    import bench.segmentation as cross_validation
+    import engine.cross_validation as cross_validation
     from datasets.segmentation_task import generate_features
 
     root = str(tmp_path / "mstcn")

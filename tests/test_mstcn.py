@@ -1,5 +1,5 @@
 """MS-TCN's layout of an action segmentation dataset (datasets/mstcn.py): read in place to train and score a head
-(data.features_format: mstcn, bench.segmentation's cross-validation), written by infer_chunked.py --features
+(data.features_format: mstcn, engine.cross_validation), written by infer_chunked.py --features
 --features-layout, read back identically and the way MS-TCN's own batch_gen.py reads it, and malformed files
 refused with one line naming the file and the line."""
 
@@ -67,8 +67,8 @@ def documented(tmp_path_factory):
     from test_readme import run as run_as_written
 
     folder = fresh_workspace(tmp_path_factory)
-    commands = bash_blocks("docs/timelines.md", "## MS-TCN's datasets: Breakfast, 50Salads, GTEA")
-    assert len(commands) == 3
+    commands = bash_blocks("docs/timelines.md", "## MS-TCN's datasets: Breakfast, 50Salads, GTEA")[:3]
+    assert commands[1].startswith("python -m engine.cross_validation --config configs/mstcn.yaml")
     results = [run_as_written(command, folder) for command in commands]
     for command, result in zip(commands, results):
         assert result.returncode == 0, (command, result.stderr[-2000:])
@@ -113,6 +113,60 @@ def test_eval_py_scores_a_split_head_as_its_row_and_a_rerun_trains_nothing_again
     last = folder / "runs" / "segmentation" / "mstcn" / "runs" / "split1" / "latest" / "checkpoints" / "last.pt"
     refused = run("infer_chunked.py", "--checkpoint", str(last), "--input", str(folder / "data" / "mstcn"))
     assert refused.returncode == 2 and "has no backbone to run videos with; eval.py" in refused.stderr
+
+
+def test_each_datasets_preset_runs_as_documented_on_that_datasets_labels(tmp_path_factory):
+    """docs/timelines.md's per-dataset commands, as written: the generated set with Breakfast's, 50Salads' and
+    GTEA's label conventions, each cross-validated with its preset; GTEA's preset on Breakfast's labels is refused
+    in one line before the first step."""
+    from test_readme import bash_blocks, fresh_workspace
+    from test_readme import run as run_as_written
+
+    folder = fresh_workspace(tmp_path_factory)
+    commands = bash_blocks("docs/timelines.md", "## MS-TCN's datasets: Breakfast, 50Salads, GTEA")[3:]
+    assert len(commands) == 6
+    for command in commands:
+        result = run_as_written(command, folder)
+        assert result.returncode == 0, (command, result.stderr[-2000:])
+    first_and_last = {"breakfast": ("SIL", "SIL"), "50salads": ("action_start", "action_end"), "gtea": (None, None)}
+    for name, (first, last) in first_and_last.items():
+        root = folder / "data" / name
+        classes = read_mapping(str(root))
+        assert classes[0] == "SIL" if name == "breakfast" else classes[-1] in ("action_end", "background")
+        labels = (root / "groundTruth" / "video_000.txt").read_text().splitlines()
+        assert (labels[0], labels[-1]) == (first, last) or first is None
+        summary = json.loads((folder / "runs" / "segmentation" / name / "segmentation.json").read_text())
+        assert summary["config"] == f"configs/mstcn-{name}.yaml" and list(summary["splits"]) == ["1"]
+    wrong = run_as_written(
+        "python -m engine.cross_validation --config configs/mstcn-gtea.yaml --root data/breakfast --splits 1 "
+        "--out runs/wrong --set trainer.max_epochs=2",
+        folder,
+    )
+    errors = [line for line in wrong.stderr.splitlines() if line.startswith("error:")]
+    assert wrong.returncode == 2 and len(errors) == 1 and "Traceback" not in wrong.stderr, wrong.stderr
+    assert "data.background_labels names background, not a class of this model (SIL, red," in errors[0]
+
+
+def test_label_files_as_distributed_read_as_ms_tcn_reads_them(dataset, tmp_path):
+    """Windows line ends, blank lines at the end of a ground truth, and a mapping with the background last (as
+    GTEA's) or first (as Breakfast's): the same labels, by name, as the files written plainly."""
+    from datasets.mstcn import read_ground_truth
+
+    root = broken_copy(dataset, tmp_path)
+    name = bundle_names(dataset, "train", 1)[0]
+    classes = read_mapping(dataset)
+    plain = [classes[i] for i in read_ground_truth(dataset, name, {c: i for i, c in enumerate(classes)})]
+    reordered = [*classes[1:], classes[0]]  # background last
+    (root / "mapping.txt").write_bytes("".join(f"{i} {c}\r\n" for i, c in enumerate(reordered)).encode())
+    path = root / "groundTruth" / f"{name}.txt"
+    path.write_bytes(("\r\n".join(plain) + "\r\n\r\n\r\n").encode())
+    assert read_mapping(str(root)) == reordered
+    read = read_ground_truth(str(root), name, {c: i for i, c in enumerate(reordered)})
+    assert [reordered[i] for i in read] == plain
+    lines = plain[:10] + [""] + plain[11:]  # a blank line inside is still an error, named
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(Exception, match=rf"{path} line 11: label '' is not in"):
+        read_ground_truth(str(root), name, {c: i for i, c in enumerate(reordered)})
 
 
 def broken_copy(dataset, tmp_path):
@@ -167,7 +221,7 @@ def test_a_bundle_naming_a_missing_file_names_the_bundle_and_line(dataset, tmp_p
     bundle.write_text(bundle.read_text() + "video_999.txt\n")
     error = train_error(root, tmp_path)
     assert f"{bundle} line 4: 'video_999.txt' has no {root}/groundTruth/video_999.txt" in error
-    missing_split = run("-m", "bench.segmentation", "--root", str(root), "--splits", "3", timeout=120)
+    missing_split = run("-m", "engine.cross_validation", "--root", str(root), "--splits", "3", timeout=120)
     assert missing_split.returncode == 2 and f"{root}/splits has no split 3 (it has [1, 2])" in missing_split.stderr
 
 

@@ -1,16 +1,16 @@
 """Cross-validation as the temporal action segmentation field reports it: every split of a dataset in MS-TCN's layout
 (Breakfast 4 splits, 50Salads 5, GTEA 4) trained and scored, the per-split table and the mean in the papers' columns.
 
-    python -m bench.segmentation --config configs/mstcn.yaml --root data/mstcn --splits all
-    python -m bench.segmentation --config configs/mstcn.yaml --root /data/50salads --splits all --set data.frame_stride=2
-    python -m bench.segmentation --config configs/mstcn.yaml --root data/mstcn --splits 1 --set trainer.max_epochs=5
+    python -m engine.cross_validation --config configs/mstcn-breakfast.yaml --root /data/breakfast --splits all
+    python -m engine.cross_validation --config configs/mstcn-50salads.yaml --root /data/50salads --splits all
+    python -m engine.cross_validation --config configs/mstcn-gtea.yaml --root /data/gtea --splits 1,2
 
 Each split N trains the config's head with train.py (one process a split, data.features_split N: the videos of
 splits/train.splitN.bundle) in OUT/runs/splitN/, then the model at the end of training (last.pt: the papers score the
 last epoch's model, never the best on the test set) is scored on splits/test.splitN.bundle by eval.py's evaluation:
 F1@10, F1@25, F1@50, edit and frame accuracy (Acc), all in percent, with MS-TCN's definitions
-(engine/segment_metrics.py) and data.background_labels left out of edit and F1 (configs/mstcn.yaml:
-[background], as MS-TCN's eval.py). OUT/segmentation.md has the table, OUT/segmentation.json every figure.
+(engine/segment_metrics.py) and data.background_labels left out of edit and F1 (each dataset's preset as MS-TCN's
+eval.py). OUT/segmentation.md has the table, OUT/segmentation.json every figure.
 
 Run it again after a stop: a split whose run has finished is scored again without training, one that stopped
 part-way continues from its last.pt (train.py --resume auto).
@@ -83,7 +83,10 @@ def train_split(config: str, root: str, split: int, out: str, overrides: list[st
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines()
-        raise SystemExit(f"split {split}: train.py failed: {lines[-1] if lines else done.returncode}")
+        reason = f"split {split}: train.py failed: {lines[-1] if lines else done.returncode}"
+        if done.returncode == 2:  # a config or data error: ours too, with the same exit code
+            raise UsageError(reason.replace("failed: error: ", "failed: "))
+        raise SystemExit(reason)
     last = finished(run, cfg.trainer.max_epochs)
     if last is None:
         raise SystemExit(f"split {split}: train.py ended without a last.pt of its last epoch in {run}")
@@ -109,7 +112,9 @@ def table(rows: dict, videos: dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.segmentation", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m engine.cross_validation",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", default=os.path.join(ROOT, "configs", "mstcn.yaml"), help="the head's preset")
     parser.add_argument("--root", required=True, help="the dataset in MS-TCN's layout (features/, groundTruth/, ...)")
