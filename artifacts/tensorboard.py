@@ -41,10 +41,9 @@ class TensorBoardLog:
     goes on from its checkpoint)."""
 
     def __init__(self, directory: str, purge_step: int | None = None):
-        # the optional package: imported only when it is wanted
-        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
-        from tensorboard.compat.proto.summary_pb2 import Summary
-        from tensorboard.summary.writer.record_writer import RecordWriter
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog  # optional: only when it is wanted
+        from tensorboard.compat.proto.summary_pb2 import Summary  # (the same)
+        from tensorboard.summary.writer.record_writer import RecordWriter  # (the same)
 
         self._event, self._summary, self._record_writer = Event, Summary, RecordWriter
         self.directory = directory
