@@ -164,15 +164,24 @@ def _log_temporal_head_settings(optimizer: torch.optim.Optimizer, train_cfg: Tra
     """The learning rates a run with a temporal head trains with (the head has its own unless its scale is 1)."""
     rates = {group.get("name", "model"): group["lr"] for group in optimizer.param_groups}
     head_lr = rates.get("temporal head", train_cfg.lr)
-    max_norm = max_grad_norm(train_cfg, True)
+    max_norm, warmup = max_grad_norm(train_cfg, True), warmup_epochs(train_cfg, True)
+    # the head's own keys reach the whole model: said where they change what the preset alone would do
+    clip = "off" if max_norm is None else f"{max_norm:g}"
+    if train_cfg.grad_clip is None and max_norm is not None:
+        clip += " (train.temporal_grad_clip: the whole model's gradient, the backbone's too; train.grad_clip unset)"
+    warm = f"{warmup:g} epochs"
+    if warmup > train_cfg.warmup_epochs:
+        warm += (
+            f" (train.temporal_warmup_epochs, above train.warmup_epochs {train_cfg.warmup_epochs:g}: the whole model)"
+        )
     log.info(
         "learning rates: backbone %.2e, temporal head %.2e (train.temporal_lr_scale %g); gradient norm clip %s; "
-        "warm-up %g epochs",
+        "warm-up %s",
         rates["model"],
         head_lr,
         train_cfg.temporal_lr_scale,
-        "off" if max_norm is None else f"{max_norm:g}",
-        warmup_epochs(train_cfg, True),
+        clip,
+        warm,
     )
 
 

@@ -70,6 +70,10 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+from config.schema import InferConfig, ModelConfig
+
+_MODEL, _INFER = ModelConfig(), InferConfig()  # the config's defaults: the one home of each, taken here too
+
 HEADS = ("none", "attention", "transformer", "tcn")
 
 
@@ -323,7 +327,7 @@ class TemporalHead(nn.Module):
 
     kind = ""
 
-    def __init__(self, window: int | str = "auto"):
+    def __init__(self, window: int | str):
         super().__init__()
         self.window = window  # chunks seen at once at inference: "auto" (trained_chunks), -1 (all), or a number
         # the most real chunks of a clip the head has trained on (0: not known, a checkpoint from before the count)
@@ -407,10 +411,10 @@ class AttentionHead(TemporalHead):
         self,
         feature_dim: int,
         num_classes: int,
-        width: int = 64,
-        heads: int = 4,
-        dropout: float = 0.1,
-        window: int | str = "auto",
+        width: int,
+        heads: int,
+        dropout: float,
+        window: int | str,
     ):
         super().__init__(window)
         self.width, self.heads = width, heads
@@ -459,15 +463,15 @@ class TransformerHead(AttentionHead):
         self,
         feature_dim: int,
         num_classes: int,
-        width: int = 64,
-        heads: int = 4,
-        dropout: float = 0.1,
-        layers: int = 2,
-        attention: str = "directional",
-        input_norm: bool = True,
-        contrast: bool = True,
-        window: int | str = "auto",
-        running: bool = False,
+        width: int,
+        heads: int,
+        dropout: float,
+        layers: int,
+        attention: str,
+        input_norm: bool,
+        contrast: bool,
+        window: int | str,
+        running: bool,
     ):
         if attention not in ("directional", "bidirectional"):
             raise ValueError(f"unknown temporal attention '{attention}'; expected directional or bidirectional")
@@ -492,11 +496,11 @@ class TCNHead(TemporalHead):
         self,
         feature_dim: int,
         num_classes: int,
-        width: int = 64,
-        stages: int = 4,
-        layers: int = 10,
-        dropout: float = 0.5,
-        window: int | str = "auto",
+        width: int,
+        stages: int,
+        layers: int,
+        dropout: float,
+        window: int | str,
     ):
         super().__init__(window)
         self.width = width
@@ -525,21 +529,21 @@ def temporal_head(
     feature_dim: int,
     num_classes: int,
     kind: str = "transformer",
-    width: int = 64,
-    layers: int = 2,
-    heads: int = 4,
-    dropout: float = 0.1,
-    tcn_dropout: float = 0.5,
-    stages: int = 4,
-    tcn_layers: int = 10,
-    attention: str = "directional",
-    input_norm: bool = True,
-    contrast: bool = True,
-    window: int | str = "auto",
-    running: bool = False,
+    width: int = _MODEL.temporal_width,
+    layers: int = _MODEL.temporal_layers,
+    heads: int = _MODEL.temporal_attention_heads,
+    dropout: float = _MODEL.temporal_dropout,
+    tcn_dropout: float = _MODEL.temporal_tcn_dropout,
+    stages: int = _MODEL.temporal_stages,
+    tcn_layers: int = _MODEL.temporal_tcn_layers,
+    attention: str = _MODEL.temporal_attention,
+    input_norm: bool = _MODEL.temporal_input_norm,
+    contrast: bool = _MODEL.temporal_contrast,
+    window: int | str = _INFER.head_window,
+    running: bool = _MODEL.temporal_running,
 ) -> TemporalHead:
     """The head of ``kind`` with the settings that kind has (models.temporal_settings: the model section's); the
-    others are not its own and are left out."""
+    others are not its own and are left out. What is not given is the config's default (config/schema.py)."""
     if kind == "attention":
         return AttentionHead(feature_dim, num_classes, width, heads, dropout, window)
     if kind == "transformer":

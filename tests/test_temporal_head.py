@@ -201,7 +201,16 @@ def test_the_forward_heads_of_directional_attention_see_no_later_chunk(attention
     Without the contrast, whose clip mean sees every chunk by design."""
     torch.manual_seed(0)
     head = temporal_head(
-        8, 2, kind="transformer", width=16, layers=2, heads=2, dropout=0.0, attention=attention, contrast=False
+        8,
+        2,
+        kind="transformer",
+        width=16,
+        layers=2,
+        heads=2,
+        dropout=0.0,
+        attention=attention,
+        contrast=False,
+        running=False,
     ).eval()
     with torch.no_grad():
         for layer in head.encoder.layers:
@@ -249,8 +258,9 @@ def test_the_clip_contrast_is_each_chunk_against_its_clip_and_ignores_what_every
     still = clip_contrast(torch.ones(2, 5, 4) * torch.randn(2, 1, 4), None)  # nothing changes within the clip
     assert torch.isfinite(still).all() and still.abs().max() < 1e-3
     assert temporal_head(8, 2, kind="attention").contrast is False
-    assert temporal_head(8, 2, contrast=False).project.in_features == 8
-    assert temporal_head(8, 2).project.in_features == 16  # the chunk's own features beside its contrast
+    assert temporal_head(8, 2, contrast=False, running=False).project.in_features == 8
+    assert temporal_head(8, 2, running=False).project.in_features == 16  # the chunk's own features, its contrast
+    assert temporal_head(8, 2).project.in_features == 24  # the config's defaults: the running sum too
 
 
 def test_the_running_contrast_counts_what_came_before_each_chunk_at_one_scale_a_clip():
@@ -849,7 +859,8 @@ def test_the_head_trains_in_parameter_groups_of_its_own_at_the_configured_rate()
 
 def test_with_a_head_the_warm_up_lasts_at_least_its_own_epochs_and_the_run_says_so(caplog):
     """train.temporal_warmup_epochs: with a head the linear warm-up lasts max(train.warmup_epochs, it) epochs;
-    without one train.warmup_epochs as written. The run's first lines give the rates, the clip and the warm-up."""
+    without one train.warmup_epochs as written. The run's first lines give the rates, the clip and the warm-up, and
+    say where the head's keys reach the whole model."""
     from engine.build import _log_temporal_head_settings
     from engine.optim import build_optimizer, build_scheduler
 
@@ -880,8 +891,14 @@ def test_with_a_head_the_warm_up_lasts_at_least_its_own_epochs_and_the_run_says_
         _log_temporal_head_settings(build_optimizer(model, train_cfg), train_cfg)
     assert (
         "learning rates: backbone 4.00e-03, temporal head 1.00e-03 (train.temporal_lr_scale 0.25); gradient "
-        "norm clip 1; warm-up 2 epochs"
+        "norm clip 1 (train.temporal_grad_clip: the whole model's gradient, the backbone's too; train.grad_clip "
+        "unset); warm-up 2 epochs (train.temporal_warmup_epochs, above train.warmup_epochs 0.5: the whole model)"
     ) in caplog.text
+    caplog.clear()
+    own = load_config(None, ["train.grad_clip=5", "train.warmup_epochs=3"]).train  # the preset's own win: said plainly
+    with caplog.at_level(logging.INFO, logger="longvideo"):
+        _log_temporal_head_settings(build_optimizer(model, own), own)
+    assert "gradient norm clip 5; warm-up 3 epochs\n" in caplog.text
 
 
 def test_without_a_head_the_optimizer_is_the_one_of_before():
