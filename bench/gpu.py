@@ -1,5 +1,5 @@
 """The GPU suite: the project's memory promises measured on a CUDA device in one call, each against the project's own
-prediction (#51). Built and tested on the CPU before any GPU is lent.
+prediction. Its CPU mode (--quick) runs in make test, so the CUDA branches are exercised at every change.
 
     python -m bench.gpu --out DIR             # on a CUDA device
     python -m bench.gpu --out DIR --quick     # tiny shapes; on the CPU this is what make test runs
@@ -34,9 +34,9 @@ Measurements (each a function below, the same code on both devices; they differ 
 
 With --quick the shapes are tiny (tiny3d width 8, 32x32 frames, 8 frames, batch 2; fp32 on the CPU), one preset
 (rtx5080), T = 16 and 64, a 200-frame video (streaming 2,000 against 200 frames, in this process on the CPU): the
-same functions, so the suite cannot rot while no GPU is lent.
+same functions, so the suite cannot rot on machines without CUDA.
 
-On a device (#51, step 5), the suite has not run yet: no GPU has been lent to the project.
+No figure of this suite from a GPU is in bench/RESULTS.md yet.
 """
 
 from __future__ import annotations

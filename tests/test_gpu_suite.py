@@ -1,5 +1,5 @@
-"""The GPU suite (python -m bench.gpu) runs in its CPU mode, so it works before a GPU is lent; the steps that carry
-it to a device machine name exactly the wheels the device lacks."""
+"""The GPU suite (python -m bench.gpu) runs in its CPU mode, so it works between GPU runs; the steps that carry
+it to a GPU machine name exactly the wheels the device lacks."""
 
 import json
 import math
