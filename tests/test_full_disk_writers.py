@@ -1,6 +1,6 @@
 """A full disk, met for real (a small tmpfs filled at the moment a writer writes), by each writer beyond the run's
 CSVs, log and checkpoints (tests/test_full_disk.py): TensorBoard's events, the feature bank, the allocator snapshot,
-MS-TCN's layout, the timeline and training-curve PNGs and cross-validation's tables. Each ends in the project's one
+MS-TCN's layout, the timeline, training-curve and evaluation-history PNGs and cross-validation's tables. Each ends in the project's one
 line naming the file (or, for the optional mirror and the snapshot, one warning while the run goes on), leaves what
 was written before whole, and a rerun after space is freed finishes."""
 
@@ -78,7 +78,9 @@ def test_the_feature_bank_on_a_full_disk_stops_the_run_in_one_line_and_the_resum
     assert str(raised.value).endswith("--resume auto") and "\n" not in str(raised.value)
     run = os.path.realpath(glob.glob(str(out / "e2e" / "2*"))[0])
     assert no_temporary_files(run)
-    for bank in glob.glob(os.path.join(run, "checkpoints", "*.bank.npz")):  # epoch 1's, whole
+    banks = glob.glob(os.path.join(run, "checkpoints", "*.bank.npz"))
+    assert banks  # epoch 1's, whole
+    for bank in banks:
         with np.load(bank) as saved:
             assert int(saved["step"]) > 0 and np.isfinite(saved["values"]).any()
     assert train.main(args + ["--resume", "auto"]) == 0
@@ -187,7 +189,31 @@ def test_cross_validations_tables_on_a_full_disk_stop_in_one_line_and_the_rerun_
         cross_validation.main(args)
     monkeypatch.undo()
     assert not os.path.exists(out / "segmentation.json") and no_temporary_files(out)
+    assert (out / "segmentation.md").read_text().rstrip().endswith("|")  # written before it, whole
     capsys.readouterr()
     assert cross_validation.main(args) == 0  # the split's finished run is scored again, not trained
     summary = json.loads((out / "segmentation.json").read_text())
     assert set(summary["splits"]) == {"1"} and "F1@50" in summary["mean"]
+
+
+def test_the_evaluation_history_on_a_full_disk_stops_in_one_line_and_the_next_cron_run_draws_it(
+    trained_run, small_disk, monkeypatch, capsys
+):
+    import shutil
+
+    import artifacts.plots
+    import eval as eval_script
+
+    experiment = small_disk / "e2e"
+    shutil.copytree(trained_run[0], experiment / "run", symlinks=True)
+    full_during(monkeypatch, small_disk, artifacts.plots, "save_figure")
+    with pytest.raises(DiskFullError, match=r"eval_history\.png: cannot write it: the disk is full"):
+        eval_script.main(["--watch", str(experiment), "--settle", "0", "--plot"])
+    monkeypatch.undo()
+    ledger = [json.loads(line) for line in open(experiment / "eval.jsonl")]  # each evaluation recorded, whole
+    assert ledger and all(entry["status"] == "ok" for entry in ledger)
+    assert not os.path.exists(experiment / "eval_history.png") and no_temporary_files(experiment)
+    capsys.readouterr()
+    assert eval_script.main(["--watch", str(experiment), "--settle", "0", "--plot"]) == 0
+    assert "0 evaluated, 0 failed, " in capsys.readouterr().out  # nothing evaluated twice; the plot drawn
+    assert os.path.getsize(experiment / "eval_history.png") > 1000
