@@ -1,8 +1,8 @@
 """A full disk, met for real (a small tmpfs filled at the moment a writer writes), by each writer beyond the run's
 CSVs, log and checkpoints (tests/test_full_disk.py): TensorBoard's events, the feature bank, the allocator snapshot,
-MS-TCN's layout, the timeline, training-curve and evaluation-history PNGs and cross-validation's tables. Each ends in the project's one
-line naming the file (or, for the optional mirror and the snapshot, one warning while the run goes on), leaves what
-was written before whole, and a rerun after space is freed finishes."""
+MS-TCN's layout, the timeline, training-curve and evaluation-history PNGs and cross-validation's tables. Each ends
+in the project's one line naming the file (or, for the optional mirror and the snapshot, one warning while the run
+goes on), leaves what was written before whole, and a rerun after space is freed finishes."""
 
 from __future__ import annotations
 
