@@ -2,16 +2,18 @@
 
     python -m bench.long_range                  # 4 variants on the order task, 12 epochs each (about 5 minutes)
     python -m bench.long_range --epochs 20 --seeds 0,1,2
-    python -m bench.long_range --part families --epochs 30   # every task family, two presets' defaults
+    python -m bench.long_range --part families --epochs 30   # every task family and modality, two presets' defaults
+    python -m bench.long_range --part families --modalities motion --families match,twice
     python -m bench.long_range --part head-alone --seeds 0,1,2  # the head alone on each family's chunk features
     python -m bench.long_range --part separability --families twice --checkpoint runs/.../last.pt  # A and B apart?
 
 --part families: each task family of ``datasets/long_range_tasks.py`` (order: the order of two events, the middle
 colour, the last colour, the first of two among distractors; relations between far events: whether the second
 attempt was like the first, which colour the first half holds more of, whether the end matches the start: each at
-chance for any order-blind pooling, by construction),
-at its own shape (video length, event length, number of chunks), trained with the head's defaults from two
-presets (configs/quickstart.yaml with model.temporal_head: transformer; configs/long-range.yaml) beside the
+chance for any order-blind pooling, by construction), in each modality (the events told apart by colour, motion,
+texture at one brightness or a count of pulses; the order family in colour only), at its own shape (video length,
+event length, number of chunks), trained with the head's defaults from two presets (configs/quickstart.yaml with
+model.temporal_head: transformer; configs/long-range.yaml) beside the
 order-blind baseline (the long-range preset with chunk logits averaged). Printed: best and last validation
 accuracy (the mean over seeds, then each seed's), the first epoch at 0.9 or more (the slowest seed's), seconds per
 epoch.
@@ -44,7 +46,14 @@ import numpy as np
 import torch
 
 from bench.train_chunked import step_cell
-from datasets.long_range_tasks import RELATION_EVENTS, TASKS, generate_long_range, generate_task, task_events
+from datasets.long_range_tasks import (
+    MODALITIES,
+    RELATION_EVENTS,
+    TASKS,
+    generate_long_range,
+    generate_task,
+    task_events,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "long-range.yaml")
@@ -116,13 +125,16 @@ PRESETS = {
 }
 
 
-def family_data(family: str, root: str) -> tuple[str, list[str]]:
-    """(the family's data directory, written if missing; its manifest and shape overrides)."""
-    if family == "order":
+def family_data(family: str, root: str, modality: str = "colour") -> tuple[str, list[str]]:
+    """(the family's data directory in ``modality``, written if missing; its manifest and shape overrides)."""
+    if family == "order" and modality == "colour":
         data = generate_long_range(os.path.join(root, "long_range"), quiet=True)
         names = ("order_train.jsonl", "order_val.jsonl")
+    elif family == "order":  # the order of two events (A, B) as the families draw it
+        raise SystemExit("--part families: the order family is colour only; its kin distractors has every modality")
     else:
-        data = generate_task(os.path.join(root, f"task_{family}"), family, quiet=True)
+        folder = f"task_{family}" if modality == "colour" else f"task_{family}_{modality}"
+        data = generate_task(os.path.join(root, folder), family, quiet=True, modality=modality)
         names = (f"{family}_train.jsonl", f"{family}_val.jsonl")
     frames, chunk = FAMILY_SHAPES[family]
     return data, [
@@ -146,12 +158,19 @@ def families(args) -> None:
         f"family's validation set is balanced (chance: 1 / classes)"
     )
     print(
-        f"{'family':12s} {'chunks':>6s} {'variant':18s} {'best':>6s} {'last':>6s} {'to 0.9':>6s} {'s/epoch':>8s}"
+        f"{'family':22s} {'chunks':>6s} {'variant':18s} {'best':>6s} {'last':>6s} {'to 0.9':>6s} {'s/epoch':>8s}"
         f"  best, last of each seed"
     )
-    for family in args.families.split(","):
-        data, shape = family_data(family, os.path.join(ROOT, "data"))
+    cases = [
+        (family, modality)
+        for modality in args.modalities.split(",")
+        for family in args.families.split(",")
+        if modality == "colour" or family != "order"
+    ]
+    for family, modality in cases:
+        data, shape = family_data(family, os.path.join(ROOT, "data"), modality)
         frames, chunk = FAMILY_SHAPES[family]
+        label = family if modality == "colour" else f"{family}/{modality}"
         for name, (config, overrides) in PRESETS.items():
             if name not in args.presets.split(","):
                 continue
@@ -161,14 +180,14 @@ def families(args) -> None:
                 if args.verbose:
                     r = runs[-1]
                     print(
-                        f"  {family} {name} seed {seed}: best {r['best']:.3f} last {r['last']:.3f} "
+                        f"  {label} {name} seed {seed}: best {r['best']:.3f} last {r['last']:.3f} "
                         f"train loss {r['train_loss']:.3f} to 0.9 {r['to_0.9']}",
                         flush=True,
                     )
             reached = [r["to_0.9"] for r in runs]
             each = " ".join(f"{r['best']:.3f},{r['last']:.3f}" for r in runs)
             print(
-                f"{family:12s} {frames // chunk:6d} {name:18s} {sum(r['best'] for r in runs) / len(runs):6.3f} "
+                f"{label:22s} {frames // chunk:6d} {name:18s} {sum(r['best'] for r in runs) / len(runs):6.3f} "
                 f"{sum(r['last'] for r in runs) / len(runs):6.3f} "
                 f"{'-' if None in reached else max(reached):>6} {sum(r['epoch_s'] for r in runs) / len(runs):8.1f}"
                 f"  {each}",
@@ -357,6 +376,12 @@ def main() -> None:
     parser.add_argument("--seeds", default="0", help="train.seed values, comma-separated: accuracy is averaged")
     parser.add_argument("--families", default=",".join(FAMILY_SHAPES), help="--part families: which, comma-separated")
     parser.add_argument("--presets", default=",".join(PRESETS), help="--part families: which variants, comma-separated")
+    parser.add_argument(
+        "--modalities",
+        default=",".join(MODALITIES),
+        help="--part families: what tells the events apart (datasets/long_range_tasks.py), comma-separated; the "
+        "order family is colour only",
+    )
     parser.add_argument(
         "--set",
         action="append",

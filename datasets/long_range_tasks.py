@@ -15,7 +15,9 @@ The order of two events (``generate_long_range``, ``python -m datasets.synthetic
 
 More families (``generate_task``, ``TASKS``), each at chance for order-blind pooling by the same construction:
 three more about order and three about a relation between far events (``RELATION_EVENTS``):
-whether two events are alike, which half holds more of one colour, whether the end matches the start.
+whether two events are alike, which half holds more of one kind, whether the end matches the start. Each family
+comes in four modalities (``MODALITIES``): its kinds of event told apart by colour, by motion, by texture at one
+brightness, or by a count of pulses.
 """
 
 from __future__ import annotations
@@ -52,17 +54,64 @@ def event_times(rng: np.random.Generator, count: int, frames: int, event_frames:
     return [int(cuts[i]) + i * (event_frames + min_gap) for i in range(count)]
 
 
+# What tells the kinds of event (A, B, C) apart, beside the colour the families were first built with. In each
+# other modality every kind has the same colour and the same mean brightness over its event, so a chunk's mean
+# colour (or any thumbnail of it) does not tell them apart:
+#   colour      the frame tinted red, green or blue
+#   motion      a bright square crossing the frame: rightwards (A), leftwards (B) or downwards (C), at one speed;
+#               A and B pass through the same positions, so no single frame tells them apart, only their order
+#   texture     the frame replaced by stripes of the background's mean brightness: horizontal (A), vertical (B),
+#               or a checkerboard (C)
+#   repetition  the frame lit white in one pulse of 4 frames (A), two of 2 (B) or four of 1 (C): as many lit frames
+#               each, only their count differs (events of at least 8 frames)
+MODALITIES = ("colour", "motion", "texture", "repetition")
+REPETITION_PULSES = {"A": (4, 1), "B": (2, 2), "C": (1, 4)}  # (frames a pulse, pulses), a dark frame between pulses
+
+
+def event_frame(modality: str, name: str, step: int, event_frames: int, frame: np.ndarray) -> np.ndarray:
+    """``frame`` (grey with noise) at ``step`` of ``event_frames`` of an event of kind ``name``."""
+    if modality == "colour":
+        return (0.4 * frame + 0.6 * np.array(EVENT_COLOURS[name])).astype(np.uint8)
+    size = frame.shape[0]
+    if modality == "motion":
+        side = max(2, size // 4)
+        travel = (size - side) * step // max(1, event_frames - 1)
+        x, y = {"A": (travel, (size - side) // 2), "B": (size - side - travel, (size - side) // 2)}.get(
+            name, ((size - side) // 2, travel)
+        )
+        out = frame.copy()
+        out[y : y + side, x : x + side] = 230
+        return out
+    if modality == "texture":
+        rows, cols = np.indices(frame.shape[:2])
+        stripes = {"A": rows // 2 % 2, "B": cols // 2 % 2}.get(name, (rows // 2 + cols // 2) % 2)
+        pattern = (128 + 60 * (2 * stripes - 1)).astype(np.int16)[..., None]
+        return np.clip(pattern + (frame.astype(np.int16) - 128) // 3, 0, 255).astype(np.uint8)
+    if modality == "repetition":
+        width, pulses = REPETITION_PULSES[name]
+        pattern_frames = pulses * width + pulses - 1  # the pulses and the dark frames between them
+        offset = step - (event_frames - pattern_frames) // 2
+        lit = 0 <= offset < pattern_frames and offset % (width + 1) < width
+        return np.full_like(frame, 230) if lit else frame
+    raise ValueError(f"unknown modality {modality!r}; expected one of {', '.join(MODALITIES)}")
+
+
 def events_video(
-    rng: np.random.Generator, events: list[tuple[str, int]], frames: int, size: int, event_frames: int
+    rng: np.random.Generator,
+    events: list[tuple[str, int]],
+    frames: int,
+    size: int,
+    event_frames: int,
+    modality: str = "colour",
 ) -> list[np.ndarray]:
-    """Grey frames with fresh noise (no frame tells its time) and each (colour, start) event tinting
-    ``event_frames`` frames."""
+    """Grey frames with fresh noise (no frame tells its time) and each (kind, start) event shown over
+    ``event_frames`` frames as ``modality`` shows that kind (MODALITIES)."""
     video = []
     for t in range(frames):
         frame = rng.integers(90, 166, size=(size, size, 3), dtype=np.uint8)
         for name, start in events:
             if start <= t < start + event_frames:
-                frame = (0.4 * frame + 0.6 * np.array(EVENT_COLOURS[name])).astype(np.uint8)
+                frame = event_frame(modality, name, t - start, event_frames, frame)
         video.append(frame)
     return video
 
@@ -142,14 +191,18 @@ def generate_task(
     num_train: int = 96,
     num_val: int = 48,
     quiet: bool = False,
+    modality: str = "colour",
     **shape,
 ) -> str:
     """Write a long-range task family (``TASKS``) to ``out``: ``videos/``, ``{task}_train.jsonl``,
     ``{task}_val.jsonl`` (each line with its events), ``classes.txt``; skipped when complete with the same
-    arguments. ``shape``: frames, event_frames or min_gap other than the family's (small tests)."""
+    arguments. ``modality``: what tells its kinds of event apart (MODALITIES); ``shape``: frames, event_frames or
+    min_gap other than the family's (small tests)."""
     spec = {**TASKS[task], **shape}
+    if modality == "repetition":  # four pulses of one frame and the three dark frames between them
+        spec["event_frames"] = max(spec["event_frames"], 8)
     args = dict(
-        kind=f"task_{task}",
+        kind=f"task_{task}" if modality == "colour" else f"task_{task}_{modality}",
         seed=seed,
         size=size,
         fps=fps,
@@ -163,7 +216,8 @@ def generate_task(
         colours = task_events(rng, task, label)
         times = event_times(rng, len(colours), spec["frames"], spec["event_frames"], spec["min_gap"])
         events = list(zip(colours, times))
-        return events_video(rng, events, spec["frames"], size, spec["event_frames"]), {"label": label, "events": events}
+        video = events_video(rng, events, spec["frames"], size, spec["event_frames"], modality)
+        return video, {"label": label, "events": events}
 
     def write(root: str) -> None:
         write_task_splits(

@@ -21,7 +21,7 @@ from artifacts.checkpoint import TrainState, load_checkpoint
 from config import ConfigError, load_config
 from core.runtime import Runtime
 from datasets.device_input import InputPreparer
-from datasets.long_range_tasks import ORDER_CLASSES, generate_task, order_video
+from datasets.long_range_tasks import ORDER_CLASSES, order_video
 from datasets.manifest import VideoRecord
 from datasets.video.choice import open_reader
 from engine import loop
@@ -773,59 +773,6 @@ def test_the_length_bench_names_an_unknown_family_and_the_scale_bench_measures_a
     # the planner's estimate of the step against the step's own resident growth (bench/RESULTS.md: 1.00 at an
     # hour's 11,250 chunks, 106 MiB)
     assert measured["measured"] > 50 and 0.85 <= measured["estimated"] / measured["measured"] <= 1.15, measured
-
-
-@pytest.mark.parametrize("task", ["middle", "last", "distractors", "twice", "more", "match"])
-def test_each_task_family_gives_every_label_the_same_events_and_puts_the_label_in_their_order(tmp_path, task):
-    """What makes a family long-range by construction: the events' colours form the same multiset under every
-    label (an order-blind pooling of chunks sees the same bag), their times do not depend on the label, and the
-    label follows from their order alone: for the relation families, from a relation between events, each of
-    whose colours is A or B equally often under every label (a chunk seeing one event learns nothing)."""
-    from datasets.long_range_tasks import TASKS  # the families (only this test reads their table)
-
-    args = dict(size=8, num_train=24, num_val=6, frames=160, event_frames=4, min_gap=8, quiet=True)
-    data = generate_task(str(tmp_path / task), task, **args)
-    assert generate_task(str(tmp_path / task), task, **args) == data  # complete with these arguments: kept
-    lines = [json.loads(line) for line in open(os.path.join(data, f"{task}_train.jsonl"))]
-    assert sorted({line["label"] for line in lines}) == sorted(TASKS[task]["classes"])
-    bags = {}
-    for line in lines:
-        colours = [colour for colour, _ in line["events"]]
-        times = [start for _, start in line["events"]]
-        assert times == sorted(times) and all(b - a >= 4 + 8 for a, b in zip(times, times[1:]))
-        if task == "middle":
-            assert line["label"] == f"middle_{colours[1]}"
-        elif task == "last":
-            assert line["label"] == f"last_{colours[-1]}"
-        elif task == "twice":  # the second attempt (events 3, 4) like the first (events 1, 2)
-            assert (line["label"] == "same_attempts") == (colours[:2] == colours[2:])
-        elif task == "more":
-            assert line["label"] == ("more_A_first" if colours[:3].count("A") >= 2 else "more_B_first")
-        elif task == "match":
-            assert (line["label"] == "ends_match") == (colours[0] == colours[-1])
-        else:
-            assert line["label"] == ("A_first" if colours.index("A") < colours.index("B") else "B_first")
-        bag = tuple(sorted(colours)) if task != "distractors" else tuple(sorted(c for c in colours if c != "C"))
-        bags.setdefault(line["label"], set()).add(bag)
-    assert len({frozenset(b) for b in bags.values()}) == 1  # every label: the same bags of colours
-    if task in ("twice", "more", "match"):  # each event index is A as often as B under each label (by symmetry)
-        full = [json.loads(line) for line in open(os.path.join(data, f"{task}_val.jsonl"))] + lines
-        for label in TASKS[task]["classes"]:
-            firsts = [line["events"][0][0] for line in full if line["label"] == label]
-            assert 0.25 <= firsts.count("A") / len(firsts) <= 0.75, (label, firsts)
-    frames = decode_frames(os.path.join(data, lines[0]["video"]))
-    colour, start = lines[0]["events"][0]
-    channel = {"A": 2, "B": 1, "C": 0}[colour]  # BGR
-    assert frames[start + 1][..., channel].mean() > 150 and frames[start - 1][..., channel].mean() < 150
-
-
-def decode_frames(path: str) -> list:
-    capture, frames = cv2.VideoCapture(path), []
-    while True:
-        ok, frame = capture.read()
-        if not ok:
-            return frames
-        frames.append(frame)
 
 
 # ------------------------------------------------------------------------------- the head's training defaults

@@ -1,0 +1,97 @@
+"""The long-range task families (datasets/long_range_tasks.py): long-range by construction (every label the same
+events, the label in their arrangement), in every modality (the kinds of event told apart by colour, motion, texture
+at one brightness or a count of pulses), each rendered as it says."""
+
+import json
+import os
+
+import cv2
+import numpy as np
+import pytest
+
+from datasets.long_range_tasks import MODALITIES, TASKS, generate_task
+
+
+@pytest.mark.parametrize("task", ["middle", "last", "distractors", "twice", "more", "match"])
+def test_each_task_family_gives_every_label_the_same_events_and_puts_the_label_in_their_order(tmp_path, task):
+    """What makes a family long-range by construction: the events' colours form the same multiset under every
+    label (an order-blind pooling of chunks sees the same bag), their times do not depend on the label, and the
+    label follows from their order alone: for the relation families, from a relation between events, each of
+    whose colours is A or B equally often under every label (a chunk seeing one event learns nothing)."""
+    args = dict(size=8, num_train=24, num_val=6, frames=160, event_frames=4, min_gap=8, quiet=True)
+    data = generate_task(str(tmp_path / task), task, **args)
+    assert generate_task(str(tmp_path / task), task, **args) == data  # complete with these arguments: kept
+    lines = [json.loads(line) for line in open(os.path.join(data, f"{task}_train.jsonl"))]
+    assert sorted({line["label"] for line in lines}) == sorted(TASKS[task]["classes"])
+    bags = {}
+    for line in lines:
+        colours = [colour for colour, _ in line["events"]]
+        times = [start for _, start in line["events"]]
+        assert times == sorted(times) and all(b - a >= 4 + 8 for a, b in zip(times, times[1:]))
+        if task == "middle":
+            assert line["label"] == f"middle_{colours[1]}"
+        elif task == "last":
+            assert line["label"] == f"last_{colours[-1]}"
+        elif task == "twice":  # the second attempt (events 3, 4) like the first (events 1, 2)
+            assert (line["label"] == "same_attempts") == (colours[:2] == colours[2:])
+        elif task == "more":
+            assert line["label"] == ("more_A_first" if colours[:3].count("A") >= 2 else "more_B_first")
+        elif task == "match":
+            assert (line["label"] == "ends_match") == (colours[0] == colours[-1])
+        else:
+            assert line["label"] == ("A_first" if colours.index("A") < colours.index("B") else "B_first")
+        bag = tuple(sorted(colours)) if task != "distractors" else tuple(sorted(c for c in colours if c != "C"))
+        bags.setdefault(line["label"], set()).add(bag)
+    assert len({frozenset(b) for b in bags.values()}) == 1  # every label: the same bags of colours
+    if task in ("twice", "more", "match"):  # each event index is A as often as B under each label (by symmetry)
+        full = [json.loads(line) for line in open(os.path.join(data, f"{task}_val.jsonl"))] + lines
+        for label in TASKS[task]["classes"]:
+            firsts = [line["events"][0][0] for line in full if line["label"] == label]
+            assert 0.25 <= firsts.count("A") / len(firsts) <= 0.75, (label, firsts)
+    frames = decode_frames(os.path.join(data, lines[0]["video"]))
+    colour, start = lines[0]["events"][0]
+    channel = {"A": 2, "B": 1, "C": 0}[colour]  # BGR
+    assert frames[start + 1][..., channel].mean() > 150 and frames[start - 1][..., channel].mean() < 150
+
+
+def decode_frames(path: str) -> list:
+    capture, frames = cv2.VideoCapture(path), []
+    while True:
+        ok, frame = capture.read()
+        if not ok:
+            return frames
+        frames.append(frame)
+
+
+SHAPE = dict(size=32, num_train=16, num_val=4, frames=160, event_frames=8, min_gap=8, quiet=True)
+
+
+@pytest.mark.parametrize("modality", [m for m in MODALITIES if m != "colour"])
+def test_each_modality_keeps_the_familys_events_and_tells_the_kinds_apart_only_as_it_says(tmp_path, modality):
+    """A family in another modality draws the same labels, events and times as in colour (so every guarantee of
+    the test above holds), and in the decoded video its kinds of event have the same mean brightness, told apart
+    only by what the modality says: the direction a square moves, the direction of stripes, the count of pulses."""
+    colour = generate_task(str(tmp_path / "colour"), "match", **SHAPE)
+    other = generate_task(str(tmp_path / modality), "match", modality=modality, **SHAPE)
+    lines = [json.loads(line) for line in open(os.path.join(other, "match_train.jsonl"))]
+    same = [json.loads(line) for line in open(os.path.join(colour, "match_train.jsonl"))]
+    assert [(x["label"], x["events"]) for x in lines] == [(x["label"], x["events"]) for x in same]
+    seen = {"A": [], "B": []}
+    for line in lines[:6]:
+        frames = decode_frames(os.path.join(other, line["video"]))
+        for kind, start in line["events"]:
+            seen[kind].append(np.stack(frames[start : start + 8]).astype(np.float32).mean(axis=3))  # [8, H, W]
+    brightness = {kind: np.mean([event.mean() for event in events]) for kind, events in seen.items()}
+    assert abs(brightness["A"] - brightness["B"]) < 3, brightness  # the same light: no colour or brightness cue
+    for kind, events in seen.items():
+        for event in events:
+            if modality == "motion":  # the bright square's centre: rightwards for A, leftwards for B
+                columns = [np.average(np.arange(32), weights=(f > 200).sum(axis=0) + 1e-6) for f in event]
+                assert (columns[-1] > columns[0] + 10) == (kind == "A"), (kind, columns)
+            elif modality == "texture":  # horizontal stripes change from row to row, vertical ones along a row
+                rows, cols = np.abs(np.diff(event, axis=1)).mean(), np.abs(np.diff(event, axis=2)).mean()
+                assert (rows > 2 * cols) == (kind == "A") and (cols > 2 * rows) == (kind == "B"), (kind, rows, cols)
+            else:  # the lit frames: one pulse for A, two for B, four frames lit either way
+                lit = [bool(f.mean() > 200) for f in event]
+                pulses = sum(1 for i, x in enumerate(lit) if x and (i == 0 or not lit[i - 1]))
+                assert sum(lit) == 4 and pulses == {"A": 1, "B": 2}[kind], (kind, lit)
