@@ -84,8 +84,8 @@ def resolve_precision(precision: str, device: torch.device) -> str:
         capability = torch.backends.cpu.get_cpu_capability()
         if "AVX512" not in capability and "AMX" not in capability:
             log.warning(
-                "bf16 on this CPU (%s, no AVX512-BF16/AMX) is emulated: bench/train.py measured it 10x "
-                "slower than fp32 on such a machine; use precision 32 here",
+                "bf16 on this CPU (%s, no AVX512-BF16/AMX) is emulated, many times slower than fp32 "
+                "(bench/RESULTS.md, Training); use precision 32 here",
                 capability,
             )
     if precision == "16" and device.type == "cpu":

@@ -201,8 +201,8 @@ def wrap_for_training(model: torch.nn.Module, prepare: InputPreparer, cfg: Confi
     averages the gradients at each accumulation group's end, ``sync_buffers`` the BatchNorm statistics.
 
     No DistributedDataParallel wrapper then (train.ddp_sync: agreed): with its all-reduce in backward off
-    throughout, it did nothing but hold its gradient buckets, a second copy of every gradient (measured: +154 MB at
-    construction for 128 MB of parameters, then the gradients themselves in backward). With train.ddp_sync:
+    throughout, it did nothing but hold its gradient buckets, a second copy of every gradient (bench/RESULTS.md,
+    "Several processes"). With train.ddp_sync:
     overlap it is there, its all-reduce overlapping backward, the gradients views of its buckets."""
     if cfg.data.features_dir is not None:
         wrapped = FeatureHeadForward(model)

@@ -4,11 +4,11 @@ tells that chunk apart from the others of its clip, when the label alone does no
 A label that relates far events (was the second attempt like the first, does the end match the start) is the same
 when the events' kinds are swapped, so at the start it pushes the backbone neither towards telling those kinds
 apart nor away from it; what the backbone learns meanwhile from fitting the training clips can merge them, and the
-head cannot find a relation in features that no longer hold it. Measured on the relation families of
-``bench.long_range`` (``--part separability``): trained on the twice family's label alone, the backbone's two event
-colours went from separable (a nearest-centroid accuracy of 0.957 at random initial weights) to 0.714; with this loss,
-0.991 (bench/RESULTS.md, "The chunk reconstruction"). A clip of one chunk has nothing to tell apart: its target is
-zeros, and the decoder still trains (a parameter without a gradient would stall DDP).
+head cannot find a relation in features that no longer hold it (``bench.long_range --part separability`` measures
+it: bench/RESULTS.md, "The chunk reconstruction"). The target is colour: where the kinds of event differ by motion or
+texture at one brightness it does not keep them apart (bench/RESULTS.md, "The match family in other modalities").
+A clip of one chunk has nothing to tell apart: its target is zeros, and the decoder still trains (a parameter
+without a gradient would stall DDP).
 
 The loss: a linear decoder from each chunk's features (the temporal head's input) predicts the chunk's thumbnail,
 its mean colour in ``THUMBNAIL`` bins of time, height and width, as a difference from its clip's mean chunk over the

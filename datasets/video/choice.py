@@ -21,12 +21,10 @@ _CODEC_FAMILIES = {
     "vp9": ("vp90", "vp09"),
     "vp8": ("vp80",),
 }
-# data.decoder: auto, from bench/loader.py --part codecs (2-core CPU, one decoder thread, 2026-11-22; pyav's
-# frames/s over opencv's, random 16-frame clips / 64-frame windows): random reads go to PyAV, whose seek to the
-# right keyframe and skipped non-reference frames win on H.264 (360p 1.59x / 1.30x, 720p 1.51x / 1.48x), H.265
-# (1.43x / 1.27x), MPEG-4 Part 2 in AVI with its 12-frame GOPs (2.36x / 1.38x: OpenCV's seek goes a whole GOP
-# back) and VP9 (1.02x / 1.05x). A sequential pass goes to OpenCV: pyav was 0.89-1.16x of it, and faster in both
-# runs only on 720p H.264 (1.07x, 1.16x), slower on MPEG-4 (0.94x, 0.89x). Codecs not measured keep OpenCV.
+# data.decoder: auto, from python -m bench.loader --part codecs (bench/RESULTS.md, "Loader"): random reads go to
+# PyAV, whose seek to the right keyframe and skipped non-reference frames were faster on every codec measured
+# (OpenCV's seek goes a whole GOP back); a sequential pass goes to OpenCV, which PyAV did not beat there. Codecs not
+# measured keep OpenCV.
 AUTO_DECODER = {"random": {"h264": "pyav", "hevc": "pyav", "mpeg4": "pyav", "vp9": "pyav"}, "sequential": {}}
 
 
