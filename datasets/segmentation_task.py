@@ -127,10 +127,16 @@ EDGE_FRAMES = (20, 40)  # the shortest and longest first and last segments of a 
 
 
 def segment_features(
-    rng: np.random.Generator, frames: int, prototypes: dict, shortest: int, longest: int, convention: dict = None
+    rng: np.random.Generator,
+    frames: int,
+    prototypes: dict,
+    shortest: int,
+    longest: int,
+    convention: dict = None,
+    noise: float = 1.0,
 ):
     """The task as features (``generate_features``): each frame the feature vector of its look, ``prototypes``
-    [look] [D], under unit Gaussian noise (a frame tells its look, never the look before); a quarter of the
+    [look] [D], under Gaussian noise of std ``noise`` (a frame tells its look, never the look before); a quarter of the
     segments after the first are background where ``convention`` (LABEL_CONVENTIONS, default generic) has one,
     and its edges (if any) open and close the video, looking like background. -> (features [T, D], labels [T])."""
     convention = convention or LABEL_CONVENTIONS["generic"]
@@ -150,7 +156,7 @@ def segment_features(
             {"start": frames - tail, "end": frames, "look": BACKGROUND, "label": edges[1]},
         ]
     dim = len(next(iter(prototypes.values())))
-    features = rng.normal(0.0, 1.0, size=(frames, dim)).astype(np.float32)
+    features = rng.normal(0.0, noise, size=(frames, dim)).astype(np.float32)
     labels = []
     for segment in segments:
         features[segment["start"] : segment["end"]] += prototypes[segment["look"]]
@@ -175,17 +181,20 @@ def generate_features(
     splits: int = 2,
     quiet=False,
     labels: str = "generic",
+    noise: float = 1.0,
+    separation: float = 1.5,
 ) -> str:
     """The task in MS-TCN's layout (datasets.mstcn) at ``out``: ``videos`` videos of ``frames`` feature frames,
     ``dim`` features each, in ``splits`` cross-validation splits (video i is in split i % splits + 1's test set,
     in every other split's training set), labelled as ``labels`` (a LABEL_CONVENTIONS name: generic has
-    background as class 0). The same seed writes the same files."""
+    background as class 0). ``noise``: the standard deviation of each frame's Gaussian noise, beside ``separation``,
+    the scale of the looks' feature vectors (harder as noise grows). The same seed writes the same files."""
     convention = LABEL_CONVENTIONS[labels]
     rng = np.random.default_rng(seed)
-    prototypes = {look: rng.normal(0.0, 1.0, size=dim).astype(np.float32) * 1.5 for look in (*LOOKS, BACKGROUND)}
+    prototypes = {look: rng.normal(0.0, 1.0, size=dim).astype(np.float32) * separation for look in (*LOOKS, BACKGROUND)}
     names = [f"video_{i:03d}" for i in range(videos)]
     for name in names:
-        features, video_labels = segment_features(rng, frames, prototypes, 40, 120, convention)
+        features, video_labels = segment_features(rng, frames, prototypes, 40, 120, convention, noise)
         write_video(out, name, features, video_labels)
     bundles = {}
     for split in range(1, splits + 1):

@@ -1,0 +1,212 @@
+"""Parity with MS-TCN's own training recipe, where the scores are far from the ceiling.
+
+    python -m bench.mstcn_parity                          # 2 seeds, 2 splits, 50 epochs (about 10 minutes)
+    python -m bench.mstcn_parity --separation 0.15 --epochs 20 --seeds 0   # an easier set, shorter
+
+A generated set in MS-TCN's layout (datasets/segmentation_task.py's timeline task as features, made hard: looks
+close together under strong per-frame noise, long videos) is cross-validated twice over the same splits and seeds:
+
+- "MS-TCN": a re-implementation of MS-TCN's training loop written here from its paper (Farha and Gall, CVPR 2019)
+  and its released code's behaviour: 4 stages of 10 dilated residual layers, 64 wide, dropout 0.5, each stage after
+  the first fed the softmax of the one before; Adam at 0.0005, one video a step, the videos in a shuffled order each
+  epoch; cross-entropy on every stage plus 0.15 x the mean over frames of the squared differences of neighbouring
+  log-probabilities (the earlier frame's detached) clamped at 16; the model of the last epoch scored.
+- "project": ``python -m engine.cross_validation --config configs/mstcn.yaml`` (train.py, then eval.py's scoring of
+  last.pt).
+
+Both are scored by the project's metrics (engine/segment_metrics.py: MS-TCN's definitions of F1@{10,25,50}, edit
+and frame accuracy), nothing left out of edit and F1. Printed: each system's mean over splits and seeds, each
+seed's, and its training seconds per epoch (the project's from its metrics.csv: the training part of an epoch,
+without its validation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from datasets.mstcn import bundle_names, read_ground_truth, read_mapping
+from datasets.segmentation_task import generate_features
+from engine.segment_metrics import SegmentationScores
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COLUMNS = ("f1@10", "f1@25", "f1@50", "edit", "frame_acc")
+
+
+# ------------------------------------------------------------------------------------------- the reference
+class DilatedResidualLayer(nn.Module):
+    def __init__(self, dilation: int, channels: int):
+        super().__init__()
+        self.conv_dilated = nn.Conv1d(channels, channels, 3, padding=dilation, dilation=dilation)
+        self.conv_1x1 = nn.Conv1d(channels, channels, 1)
+        self.dropout = nn.Dropout()
+
+    def forward(self, x, mask):
+        out = self.dropout(self.conv_1x1(F.relu(self.conv_dilated(x))))
+        return (x + out) * mask[:, 0:1, :]
+
+
+class SingleStageModel(nn.Module):
+    def __init__(self, num_layers: int, channels: int, dim: int, num_classes: int):
+        super().__init__()
+        self.conv_1x1 = nn.Conv1d(dim, channels, 1)
+        self.layers = nn.ModuleList([DilatedResidualLayer(2**i, channels) for i in range(num_layers)])
+        self.conv_out = nn.Conv1d(channels, num_classes, 1)
+
+    def forward(self, x, mask):
+        out = self.conv_1x1(x)
+        for layer in self.layers:
+            out = layer(out, mask)
+        return self.conv_out(out) * mask[:, 0:1, :]
+
+
+class MultiStageModel(nn.Module):
+    def __init__(self, num_stages: int, num_layers: int, channels: int, dim: int, num_classes: int):
+        super().__init__()
+        self.stage1 = SingleStageModel(num_layers, channels, dim, num_classes)
+        self.stages = nn.ModuleList(
+            [SingleStageModel(num_layers, channels, num_classes, num_classes) for _ in range(num_stages - 1)]
+        )
+
+    def forward(self, x, mask):
+        out = self.stage1(x, mask)
+        outputs = out.unsqueeze(0)
+        for stage in self.stages:
+            out = stage(F.softmax(out, dim=1) * mask[:, 0:1, :], mask)
+            outputs = torch.cat((outputs, out.unsqueeze(0)), dim=0)
+        return outputs
+
+
+def reference_split(root: str, split: int, epochs: int, seed: int, sample_rate: int) -> tuple[dict, float]:
+    """MS-TCN's recipe on split ``split``: (the last epoch's scores on the split's test videos, s per epoch)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    classes = read_mapping(root)
+    index = {name: i for i, name in enumerate(classes)}
+
+    def load(name):
+        features = np.load(os.path.join(root, "features", f"{name}.npy"))
+        labels = read_ground_truth(root, name, index)
+        n = min(features.shape[1], len(labels))
+        return torch.from_numpy(features[:, :n:sample_rate].copy()).float(), torch.from_numpy(labels[:n])
+
+    train = [load(name) for name in bundle_names(root, "train", split)]
+    test = [load(name) for name in bundle_names(root, "test", split)]
+    model = MultiStageModel(4, 10, 64, train[0][0].shape[0], len(classes))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.0005)
+    start = time.perf_counter()
+    for _ in range(epochs):
+        model.train()
+        for i in random.sample(range(len(train)), len(train)):  # MS-TCN's batch generator shuffles, batch 1
+            features, labels = train[i]
+            target = labels[::sample_rate]
+            mask = torch.ones(1, len(classes), features.shape[1])
+            outputs = model(features.unsqueeze(0), mask)
+            loss = 0.0
+            for p in outputs:
+                loss = loss + F.cross_entropy(p.transpose(2, 1).reshape(-1, len(classes)), target.view(-1))
+                smooth = F.mse_loss(
+                    F.log_softmax(p[:, :, 1:], dim=1), F.log_softmax(p.detach()[:, :, :-1], dim=1), reduction="none"
+                )
+                loss = loss + 0.15 * torch.mean(torch.clamp(smooth, min=0, max=16) * mask[:, :, 1:])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    seconds = (time.perf_counter() - start) / epochs
+    scores = SegmentationScores()
+    model.eval()
+    with torch.no_grad():
+        for features, labels in test:
+            mask = torch.ones(1, len(classes), features.shape[1])
+            predicted = model(features.unsqueeze(0), mask)[-1].argmax(dim=1)[0]
+            frames = predicted.repeat_interleave(sample_rate)[: len(labels)]  # each prediction stands for its rate
+            scores.add(frames.tolist(), labels.tolist())
+    result = scores.result()
+    result["frame_acc"] *= 100
+    return result, seconds
+
+
+# ---------------------------------------------------------------------------------------------- the project
+def project_splits(root: str, splits: list[int], epochs: int, seed: int, out: str) -> tuple[dict, float]:
+    """engine.cross_validation with configs/mstcn.yaml: (each split's scores, s per training epoch)."""
+    command = [sys.executable, "-m", "engine.cross_validation", "--config", os.path.join(ROOT, "configs", "mstcn.yaml")]
+    command += ["--root", root, "--splits", ",".join(map(str, splits)), "--out", out]
+    command += ["--set", f"trainer.max_epochs={epochs}", "--set", f"train.seed={seed}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one compute thread, as the reference here
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"engine.cross_validation failed: {(done.stderr or done.stdout).strip().splitlines()[-1]}")
+    summary = json.loads(open(os.path.join(out, "segmentation.json")).read())
+    names = {"F1@10": "f1@10", "F1@25": "f1@25", "F1@50": "f1@50", "Edit": "edit", "Acc": "frame_acc"}
+    rows = {int(k): {names[c]: v for c, v in row.items()} for k, row in summary["splits"].items()}
+    seconds = []
+    for split in splits:
+        with open(os.path.join(out, "runs", f"split{split}", "latest", "metrics.csv"), newline="") as f:
+            metrics = list(csv.DictReader(f))
+        videos = len(bundle_names(root, "train", split))
+        seconds += [videos / float(row["train_clips_per_s"]) for row in metrics]
+    return rows, sum(seconds) / len(seconds)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--videos", type=int, default=16)
+    parser.add_argument("--frames", type=int, default=1200, help="frames a video")
+    parser.add_argument("--dim", type=int, default=32, help="features a frame")
+    parser.add_argument("--noise", type=float, default=1.0, help="each frame's noise (std)")
+    parser.add_argument("--separation", type=float, default=0.1, help="the scale of the looks' feature vectors")
+    parser.add_argument("--splits", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=50)
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "mstcn_parity"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # as each process of the project's runs in make test's workers: the same budget
+    root = os.path.join(args.out, "data")
+    generate_features(
+        root, 0, args.videos, args.frames, args.dim, args.splits, True, noise=args.noise, separation=args.separation
+    )
+    splits = list(range(1, args.splits + 1))
+    print(
+        f"MS-TCN parity: {args.videos} videos of {args.frames} frames x {args.dim} features (noise {args.noise}, "
+        f"looks {args.separation} apart), {args.splits} splits, {args.epochs} epochs, seeds {args.seeds}; "
+        f"{os.cpu_count()} CPUs, torch {torch.__version__}"
+    )
+    results = {"MS-TCN": [], "project": []}
+    times = {"MS-TCN": [], "project": []}
+    for seed in (int(s) for s in args.seeds.split(",")):
+        for split in splits:
+            scores, seconds = reference_split(root, split, args.epochs, seed, 1)
+            results["MS-TCN"].append((seed, split, scores))
+            times["MS-TCN"].append(seconds)
+        rows, seconds = project_splits(root, splits, args.epochs, seed, os.path.join(args.out, f"project_{seed}"))
+        results["project"] += [(seed, split, rows[split]) for split in splits]
+        times["project"].append(seconds)
+    print(
+        f"{'system':8s} " + " ".join(f"{c:>9s}" for c in COLUMNS) + f" {'s/epoch':>8s}  each seed's F1@50 (split mean)"
+    )
+    for system, rows in results.items():
+        mean = {c: float(np.mean([r[2][c] for r in rows])) for c in COLUMNS}
+        per_seed = {}
+        for seed, _, row in rows:
+            per_seed.setdefault(seed, []).append(row["f1@50"])
+        each = ", ".join(f"{np.mean(v):.1f}" for v in per_seed.values())
+        print(
+            f"{system:8s} " + " ".join(f"{mean[c]:9.1f}" for c in COLUMNS) + f" {np.mean(times[system]):8.2f}  {each}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
