@@ -132,7 +132,7 @@ def segment_features(
     prototypes: dict,
     shortest: int,
     longest: int,
-    convention: dict = None,
+    convention: dict | None = None,
     noise: float = 1.0,
 ):
     """The task as features (``generate_features``): each frame the feature vector of its look, ``prototypes``
@@ -143,12 +143,15 @@ def segment_features(
     edges = convention["edges"]
     head, tail = (int(rng.integers(EDGE_FRAMES[0], EDGE_FRAMES[1] + 1)) for _ in range(2)) if edges else (0, 0)
     inner = segment_plan(rng, frames - head - tail, shortest, longest, 0.25 if convention["background"] else 0.0)
-    segments = [
-        {"start": s["start"] + head, "end": s["end"] + head, "look": s["look"], "label": s["label"]} for s in inner
+    segments = [  # shifted past the opening edge, the background under the convention's name
+        {
+            **s,
+            "start": s["start"] + head,
+            "end": s["end"] + head,
+            "label": convention["background"] if s["label"] == BACKGROUND else s["label"],
+        }
+        for s in inner
     ]
-    for segment in segments:
-        if segment["label"] == BACKGROUND:
-            segment["label"] = convention["background"]
     if edges:
         segments = [
             {"start": 0, "end": head, "look": BACKGROUND, "label": edges[0]},

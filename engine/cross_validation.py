@@ -83,9 +83,10 @@ def train_split(config: str, root: str, split: int, out: str, overrides: list[st
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines()
-        reason = f"split {split}: train.py failed: {lines[-1] if lines else done.returncode}"
+        said = lines[-1].removeprefix("error: ") if lines else done.returncode
+        reason = f"split {split}: train.py failed: {said}"
         if done.returncode == 2:  # a config or data error: ours too, with the same exit code
-            raise UsageError(reason.replace("failed: error: ", "failed: "))
+            raise UsageError(reason)
         raise SystemExit(reason)
     last = finished(run, cfg.trainer.max_epochs)
     if last is None:

@@ -6,7 +6,6 @@ goes on), leaves what was written before whole, and a rerun after space is freed
 
 from __future__ import annotations
 
-import csv
 import glob
 import json
 import logging
@@ -16,6 +15,7 @@ import pickle
 import numpy as np
 import pytest
 from conftest import fill, full_during, overrides
+from test_full_disk import epochs_of
 
 import infer_chunked
 import train
@@ -25,11 +25,6 @@ from core.files import DiskFullError
 
 def no_temporary_files(folder) -> bool:
     return not [p for p in glob.glob(os.path.join(folder, "**", ".*"), recursive=True) if p.endswith("tmp")]
-
-
-def epochs_of(run_dir: str) -> list[int]:
-    with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
-        return [int(row["epoch"]) for row in csv.DictReader(f)]
 
 
 def test_tensorboard_on_a_full_disk_turns_off_in_one_warning_and_the_run_finishes(
@@ -92,12 +87,12 @@ def test_the_allocator_snapshot_on_a_full_disk_is_one_warning_and_the_back_off_g
 
     from engine import oom
 
-    fillers = []
+    snapshots, fillers = [], []
 
     def snapshot():  # the disk fills while the second out-of-memory error's snapshot is taken
-        if fillers == [None]:
+        snapshots.append(1)
+        if len(snapshots) == 2:
             fillers.append(fill(small_disk, 0))
-        fillers[:1] = fillers[:1] or [None]
         return {"segments": [b"x" * 4096]}
 
     monkeypatch.setattr(oom.memory_monitor, "allocator_snapshot", snapshot)
@@ -107,7 +102,7 @@ def test_the_allocator_snapshot_on_a_full_disk_is_one_warning_and_the_back_off_g
     trainer.report.memory_history = True  # as start_memory_history leaves a CUDA run
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         loop.train_one_epoch(trainer, loader)
-    os.unlink(fillers[1])
+    os.unlink(fillers[0])
     assert trainer.state.global_step > 0  # the back-off went on to 2 clips per forward and trained
     failed = [r.getMessage() for r in caplog.records if "is not kept" in r.getMessage()]
     assert failed == [
