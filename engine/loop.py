@@ -201,11 +201,15 @@ def fit(
 ) -> None:
     """Epochs of training and validation to trainer.max_epochs; an abnormal end saves last.pt (saved_on_stop)
     and raises; ``resume_command`` is what the Ctrl-C message says to run to continue."""
-    with saved_on_stop(trainer, resume_command), watchdog.armed():  # under torchrun: a stalled rank says where
-        _fit(trainer, train_loader, val_loader)
+    with saved_on_stop(trainer, resume_command):
+        with watchdog.armed():  # under torchrun: a stalled rank says where
+            finished, confusion = _fit(trainer, train_loader, val_loader)
+        if finished:  # the plots are rank 0's own work, not a wait on the group: outside the stall bound
+            _end_run(trainer, confusion)
 
 
-def _fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | None) -> None:
+def _fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | None) -> tuple[bool, list | None]:
+    """The epochs; whether they reached max_epochs (not --stop-after-steps), and the last validation's confusion."""
     cfg, state, runtime = trainer.cfg, trainer.state, trainer.runtime
     max_epochs = cfg.trainer.max_epochs
     board = trainer.report.tensorboard
@@ -234,7 +238,7 @@ def _fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | No
         if trainer.stop_after_steps and state.global_step >= trainer.stop_after_steps:
             trainer.save("last.pt")
             log.info("stopped after %d steps (--stop-after-steps); last.pt saved", state.global_step)
-            return
+            return False, confusion
         stop_if_asked()
         if val_loader is not None and _validation_due(cfg.trainer, state.epoch):
             precise_bn_before_validation(trainer, train_loader.dataset)
@@ -258,7 +262,7 @@ def _fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | No
                 log.warning("epoch %d: %s", state.epoch + 1, warning)
         _end_epoch(trainer, row, metrics_log)
         _warn_if_head_at_chance(trainer)
-    _end_run(trainer, confusion)
+    return True, confusion
 
 
 HEAD_AT_CHANCE_VALIDATIONS = 3  # validations in a row at chance before a run with a temporal head says so

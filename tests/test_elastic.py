@@ -10,9 +10,13 @@ import sys
 import time
 
 import pytest
+from conftest import overrides
 
+import train
 from bench import elastic
+from core import watchdog
 from core.errors import UsageError
+from engine import loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -149,3 +153,21 @@ def test_a_rank_without_progress_says_where_it_waits_and_ends(tmp_path):
     assert line.startswith("error: rank 1: no progress for 0.5 s after step 7 (trainer.stall_timeout_s), waiting in ")
     assert f"waiting in wait_for_a_peer ({script}:" in line  # the main thread's innermost Python call
     assert line.endswith("; this process ends so torchrun restarts the group from last.pt")
+
+
+def test_the_plots_at_the_end_of_a_run_are_outside_the_stall_bound(synthetic_root, tmp_path, monkeypatch):
+    """The stall bound covers waits on the group or the model; the plots drawn at the end are rank 0's own work
+    (matplotlib's first import may build its font cache for seconds), so a slow drawing cannot end the run."""
+    armed_while_plotting, plots = [], loop.training_plots
+
+    def recording(*args, **kwargs):
+        armed_while_plotting.append(watchdog._watchdog.armed)
+        return plots(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "training_plots", recording)
+    watchdog.start(3600, rank=0)  # as under torchrun; never reached here
+    try:
+        assert train.main(overrides(synthetic_root, tmp_path, "trainer.max_epochs=1")) == 0
+    finally:
+        watchdog.stop()
+    assert armed_while_plotting == [0]
