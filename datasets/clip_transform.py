@@ -13,8 +13,10 @@ The steps, for every view of a sample (``data.*`` keys):
    brightness, contrast and saturation factors drawn in [1 - s, 1 + s]).
 
 The pixel operations are torchvision.transforms.v2's (uint8 [T, C, H, W] tensors: every frame of a clip gets the
-same parameters). The parameters are drawn here from a generator seeded by (seed, epoch, sample), like the clip
-placement, so a run repeats exactly whichever worker loads a sample, and resumes exactly.
+same parameters). The crop, resize and flip are torch's own calls made as torchvision makes them, the same pixels,
+so that a process without colour jitter never imports torchvision (whose import loads torch's compiler); the
+jitter is torchvision's. The parameters are drawn here from a generator seeded by (seed, epoch, sample), like the
+clip placement, so a run repeats exactly whichever worker loads a sample, and resumes exactly.
 
 Views: each camera gets its own crop (different cameras, different framing: nothing ties their pixel positions)
 but one flip (and one set of colour factors) for the sample: a flip mirrors the scene, so the label's sides
@@ -30,11 +32,12 @@ The output keypoints use the same convention, in the output clip's frame. Points
 from __future__ import annotations
 
 import math
+import platform
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torchvision.transforms.v2 import functional as F
+from torch.nn import functional as nnf
 
 from config import DataConfig
 
@@ -152,13 +155,12 @@ class ClipTransform:
     def frames(self, video: torch.Tensor, geometry: ViewGeometry, colour: tuple | None = None) -> torch.Tensor:
         """uint8 [T, C, H, W] decoded frames -> uint8 [T, C, out_h, out_w]."""
         box = geometry.box
-        if (box.height, box.width) == geometry.out:
-            video = F.crop(video, box.top, box.left, box.height, box.width)
-        else:
-            video = F.resized_crop(video, box.top, box.left, box.height, box.width, list(geometry.out), antialias=True)
+        video = resize(crop(video, box), geometry.out)
         if geometry.flipped:
-            video = F.horizontal_flip(video)
+            video = video.flip(-1)
         if colour is not None:
+            from torchvision.transforms.v2 import functional as F  # only here: see the module's docstring
+
             brightness, contrast, saturation = colour
             # one float pass, rounded once: on uint8 each of the three converts to float and back (1.4x slower)
             video = video.float().div_(255)
@@ -169,6 +171,45 @@ class ClipTransform:
     def keypoints(self, kpt: np.ndarray, geometry: ViewGeometry) -> np.ndarray:
         """[T, J, C] keypoints (x, y first) of the stored frame -> the same points in the output frame."""
         return transform_keypoints(kpt, geometry, self.cfg.kpt_coords, self.joint_swap)
+
+
+def crop(video: torch.Tensor, box: Box) -> torch.Tensor:
+    """torchvision's crop of a tensor: what of ``box`` lies outside the frame is black."""
+    height, width = video.shape[-2:]
+    top, left, bottom, right = box.top, box.left, box.top + box.height, box.left + box.width
+    inside = video[..., max(top, 0) : bottom, max(left, 0) : right]
+    if top >= 0 and left >= 0 and bottom <= height and right <= width:
+        return inside
+    outside = [
+        max(min(right, 0) - left, 0),
+        max(right - max(width, left), 0),
+        max(min(bottom, 0) - top, 0),
+        max(bottom - max(height, top), 0),
+    ]
+    return nnf.pad(inside, outside, mode="constant", value=0)
+
+
+def resize(video: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """[..., C, H, W] to ``size`` (height, width): torchvision.transforms.v2.functional.resize's tensor path,
+    bilinear with antialiasing, the same pixels (tests/test_clip_transform.py compares them): uint8 resized as
+    uint8 where torch has that kernel (an x86 CPU with AVX2 or AVX512, or an ARM one), else in float32, rounded."""
+    *lead, channels, height, width = video.shape
+    if (height, width) == tuple(size) or video.numel() == 0:
+        return video
+    native = video.dtype in (torch.float32, torch.float64) or (video.dtype == torch.uint8 and _native_uint8(video))
+    frames = video.reshape(-1, channels, height, width)
+    out = nnf.interpolate(
+        frames if native else frames.float(), size=list(size), mode="bilinear", align_corners=False, antialias=True
+    )
+    if not native:
+        out = (out.round_() if not video.dtype.is_floating_point else out).to(video.dtype)
+    return out.reshape(*lead, channels, *size)
+
+
+def _native_uint8(video: torch.Tensor) -> bool:
+    return video.device.type == "cpu" and (
+        torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or platform.machine() in ("aarch64", "arm64")
+    )
 
 
 def transform_keypoints(kpt: np.ndarray, geometry: ViewGeometry, coords: str, joint_swap=()) -> np.ndarray:

@@ -11,7 +11,6 @@ import logging
 import os
 
 import torch
-from torchvision.models import get_model_weights
 
 from core.tensor_files import UnreadableFile, UnsafeFile, load_tensors
 from models.registry import ModelConfigError
@@ -25,6 +24,8 @@ class PretrainedError(ModelConfigError):
 
 
 def _download(name: str) -> dict:
+    from torchvision.models import get_model_weights  # imported when asked for: it loads torch's compiler
+
     try:
         weights = get_model_weights(name).DEFAULT
     except (ValueError, KeyError):

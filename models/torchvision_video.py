@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torchvision.models import video as tv_video
 
 from models.classifier import StagedBackbone, recompute_in_backward
 from models.registry import register_backbone
@@ -116,9 +115,15 @@ class TorchvisionMViT(StagedBackbone):
         return net.norm(x)[:, 0]  # the class token
 
 
+def _video_models():
+    from torchvision.models import video  # when one is built: torchvision's import loads torch's compiler
+
+    return video
+
+
 def _register(name: str, wrap):
     def build(width=None):
-        return wrap(getattr(tv_video, name)(weights=None))
+        return wrap(getattr(_video_models(), name)(weights=None))
 
     register_backbone(name)(build)
 
@@ -133,11 +138,12 @@ _register("mvit_v2_s", lambda net: TorchvisionMViT(net, "mvit_v2_s"))
 def _resnet3d(depth: int):
     """3D ResNets of the depths long-video guides name (resnet18/34/50): torchvision's VideoResNet built with
     full 3x3x3 convolutions (r3d) and the BasicBlock or Bottleneck of that depth."""
-    block = tv_video.resnet.BasicBlock if depth < 50 else tv_video.resnet.Bottleneck
     layers = {18: [2, 2, 2, 2], 34: [3, 4, 6, 3], 50: [3, 4, 6, 3]}[depth]
 
     def build(width=None):
-        net = tv_video.resnet.VideoResNet(block, [tv_video.resnet.Conv3DSimple] * 4, layers, tv_video.resnet.BasicStem)
+        resnet = _video_models().resnet
+        block = resnet.BasicBlock if depth < 50 else resnet.Bottleneck
+        net = resnet.VideoResNet(block, [resnet.Conv3DSimple] * 4, layers, resnet.BasicStem)
         return TorchvisionVideoResNet(net)
 
     return build

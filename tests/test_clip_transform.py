@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import decode_sequentially, overrides
+from torchvision.transforms.v2 import functional as F
 
 import train
 from artifacts.checkpoint import load_checkpoint
@@ -17,9 +18,11 @@ from datasets.clip_transform import (
     Box,
     ClipTransform,
     ViewGeometry,
+    crop,
     decode_size,
     evaluation_boxes,
     random_resized_box,
+    resize,
     transform_keypoints,
 )
 from datasets.manifest import VideoRecord
@@ -305,3 +308,24 @@ def test_each_view_gets_its_own_crop_but_the_sample_one_flip():
         assert plans[2].decoded == decode_size(480, 640, transform.cfg)  # each view at its own aspect ratio
         flips.add(plans[0].flipped)
     assert flips == {True, False}
+
+
+def test_the_crop_and_resize_give_torchvisions_pixels():
+    """The crop, resize and flip run in torch's own calls (a process that does not jitter colours never imports
+    torchvision): the same pixels as torchvision.transforms.v2's, uint8 and float, up and down, boxes partly outside
+    the frame (black there), on whichever kernel this CPU has."""
+    generator = torch.Generator().manual_seed(0)
+    video = torch.randint(0, 256, (5, 3, 47, 61), dtype=torch.uint8, generator=generator)
+    cases = [  # box (top, left, height, width), output size
+        ((3, 7, 30, 40), (16, 20)),
+        ((0, 0, 47, 61), (64, 96)),
+        ((10, 12, 20, 20), (20, 20)),
+        ((-4, 50, 30, 20), (12, 8)),
+        ((40, -3, 12, 70), (6, 35)),
+    ]
+    for dtype in (torch.uint8, torch.float32, torch.float16):
+        clip = video.to(dtype)
+        for (top, left, height, width), size in cases:
+            ours = resize(crop(clip, Box(top, left, height, width)), size).flip(-1)
+            theirs = F.horizontal_flip(F.resized_crop(clip, top, left, height, width, list(size), antialias=True))
+            assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), (dtype, top, left, size)
