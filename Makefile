@@ -30,7 +30,7 @@ test: $(VENV)/.dev-installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache --no-logo
-	$(PY) -m pytest -q -n auto --dist loadfile --durations=15 tests
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15 tests
 
 # the same tests on the newest releases the package index serves, in a venv of their own
 test-latest:

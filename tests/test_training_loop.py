@@ -267,16 +267,6 @@ def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
     "chunks",
     [
         ["model.norm=group"],
-        ["model.norm=group", "train.chunk_train_size=4", "train.chunk_train_overlap=1"],
-        [
-            "model.norm=group",
-            "train.chunk_train_size=4",
-            "train.chunk_train_overlap=1",
-            "model.temporal_head=transformer",
-            "model.temporal_width=16",
-            "model.temporal_dropout=0",
-            "train.grad_chunks=2",
-        ],
         ["model.norm=sync", "train.chunk_train_size=4", "train.chunk_train_overlap=1", "train.precise_bn_batches=2"],
         [
             "model.norm=group",
@@ -290,19 +280,23 @@ def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
             "model.norm=group",
             "train.chunk_train_size=4",
             "train.chunk_train_overlap=1",
+            "model.temporal_head=transformer",
+            "model.temporal_width=16",
+            "model.temporal_dropout=0",
             "train.grad_chunks=2",
             "train.ddp_sync=overlap",
             "train.accumulate_grad_batches=2",
             "trainer.memory_budget_gb=2",
         ],
     ],
+    # one group run per path of the step: whole clips; training chunks (with SyncBatchNorm and precise BN, which
+    # only they reach); the all-reduce overlapped with backward under accumulation; and all of the chunked path at
+    # once: a temporal head over sampled chunk gradients, overlapped and accumulated
     ids=[
         "whole-clips",
-        "chunked-training",
-        "temporal-head-sampled-gradients",
-        "sync-batchnorm-precise-bn",
-        "overlapped-all-reduce-accumulated",
-        "sampled-gradients-overlapped-accumulated",
+        "chunked-sync-batchnorm-precise-bn",
+        "chunked-overlapped-all-reduce-accumulated",
+        "temporal-head-sampled-gradients-overlapped-accumulated",
     ],
 )
 def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
