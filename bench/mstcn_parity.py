@@ -89,46 +89,69 @@ class MultiStageModel(nn.Module):
         return outputs
 
 
+def ms_tcn_batch(root: str, name: str, index: dict, num_classes: int, sample_rate: int):
+    """One video as MS-TCN's BatchGenerator.next_batch reads it at batch size 1, every time it is drawn: the
+    features from their .npy, the ground truth parsed line by line, the padded input, target and mask."""
+    features = np.load(os.path.join(root, "features", f"{name}.npy"))
+    with open(os.path.join(root, "groundTruth", f"{name}.txt")) as f:
+        content = f.read().split("\n")[:-1]
+    classes = np.zeros(min(np.shape(features)[1], len(content)))
+    for i in range(len(classes)):
+        classes[i] = index[content[i]]
+    features, classes = features[:, ::sample_rate], classes[::sample_rate]
+    inputs = torch.zeros(1, np.shape(features)[0], len(classes), dtype=torch.float)
+    target = torch.ones(1, len(classes), dtype=torch.long) * (-100)
+    mask = torch.zeros(1, num_classes, len(classes), dtype=torch.float)
+    inputs[0, :, : np.shape(features)[1]] = torch.from_numpy(features)
+    target[0, : len(classes)] = torch.from_numpy(classes)
+    mask[0, :, : len(classes)] = torch.ones(num_classes, len(classes))
+    return inputs, target, mask
+
+
 def reference_split(root: str, split: int, epochs: int, seed: int, sample_rate: int) -> tuple[dict, float]:
-    """MS-TCN's recipe on split ``split``: (the last epoch's scores on the split's test videos, s per epoch)."""
+    """MS-TCN's recipe on split ``split``: (the last epoch's scores on the split's test videos, s per epoch). Timed
+    as MS-TCN's train() runs an epoch (each video read from its files when drawn, the loss and accuracy summed
+    per step), without the model and optimizer it saves after each epoch: the project's time leaves its
+    checkpoint out too."""
     torch.manual_seed(seed)
     random.seed(seed)
     classes = read_mapping(root)
     index = {name: i for i, name in enumerate(classes)}
-
-    def load(name):
-        features = np.load(os.path.join(root, "features", f"{name}.npy"))
-        labels = read_ground_truth(root, name, index)
-        n = min(features.shape[1], len(labels))
-        return torch.from_numpy(features[:, :n:sample_rate].copy()).float(), torch.from_numpy(labels[:n])
-
-    train = [load(name) for name in bundle_names(root, "train", split)]
-    test = [load(name) for name in bundle_names(root, "test", split)]
-    model = MultiStageModel(4, 10, 64, train[0][0].shape[0], len(classes))
+    train = bundle_names(root, "train", split)
+    dim = np.load(os.path.join(root, "features", f"{train[0]}.npy"), mmap_mode="r").shape[0]
+    model = MultiStageModel(4, 10, 64, dim, len(classes))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0005)
     start = time.perf_counter()
     for _ in range(epochs):
         model.train()
-        for i in random.sample(range(len(train)), len(train)):  # MS-TCN's batch generator shuffles, batch 1
-            features, labels = train[i]
-            target = labels[::sample_rate]
-            mask = torch.ones(1, len(classes), features.shape[1])
-            outputs = model(features.unsqueeze(0), mask)
+        epoch_loss, correct, total = 0.0, 0.0, 0.0
+        for name in random.sample(train, len(train)):  # MS-TCN's batch generator shuffles, batch 1
+            inputs, target, mask = ms_tcn_batch(root, name, index, len(classes), sample_rate)
+            optimizer.zero_grad()
+            outputs = model(inputs, mask)
             loss = 0.0
             for p in outputs:
-                loss = loss + F.cross_entropy(p.transpose(2, 1).reshape(-1, len(classes)), target.view(-1))
+                loss = loss + F.cross_entropy(
+                    p.transpose(2, 1).contiguous().view(-1, len(classes)), target.view(-1), ignore_index=-100
+                )
                 smooth = F.mse_loss(
                     F.log_softmax(p[:, :, 1:], dim=1), F.log_softmax(p.detach()[:, :, :-1], dim=1), reduction="none"
                 )
                 loss = loss + 0.15 * torch.mean(torch.clamp(smooth, min=0, max=16) * mask[:, :, 1:])
-            optimizer.zero_grad()
+            epoch_loss += loss.item()
             loss.backward()
             optimizer.step()
+            predicted = outputs[-1].data.argmax(dim=1)
+            correct += ((predicted == target).float() * mask[:, 0, :].squeeze(1)).sum().item()
+            total += torch.sum(mask[:, 0, :]).item()
     seconds = (time.perf_counter() - start) / epochs
     scores = SegmentationScores()
     model.eval()
     with torch.no_grad():
-        for features, labels in test:
+        for name in bundle_names(root, "test", split):
+            features = np.load(os.path.join(root, "features", f"{name}.npy"))[:, ::sample_rate]
+            features = torch.from_numpy(features.copy()).float()
+            labels = torch.from_numpy(read_ground_truth(root, name, index))
             mask = torch.ones(1, len(classes), features.shape[1])
             predicted = model(features.unsqueeze(0), mask)[-1].argmax(dim=1)[0]
             frames = predicted.repeat_interleave(sample_rate)[: len(labels)]  # each prediction stands for its rate
