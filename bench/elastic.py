@@ -32,6 +32,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYOUTS = ("one-node", "two-agents")
+WORLD_SIZE = 2  # processes in either layout
 MODES = ("agreed", "overlap")
 
 
@@ -75,12 +76,13 @@ def launch(layout: str, train_flags: list[str], log_dir: str) -> list[subprocess
     base = [sys.executable, "-m", "torch.distributed.run", "--max-restarts", "1", "--monitor-interval", "0.5"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     if layout == "one-node":
-        commands = [base + ["--standalone", "--nproc-per-node", "2", "train.py", *train_flags]]
+        commands = [base + ["--standalone", "--nproc-per-node", str(WORLD_SIZE), "train.py", *train_flags]]
     else:
         endpoint = f"127.0.0.1:{free_port()}"
-        rendezvous = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
+        rendezvous = ["--nnodes", str(WORLD_SIZE), "--nproc-per-node", "1"]
+        rendezvous += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
         rendezvous += ["--rdzv-id", f"elastic-{os.getpid()}-{time.time_ns()}"]
-        commands = [base + rendezvous + ["train.py", *train_flags] for _ in range(2)]
+        commands = [base + rendezvous + ["train.py", *train_flags] for _ in range(WORLD_SIZE)]
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # several agents: each attempt's store is new
     agents = []
     for i, command in enumerate(commands):
@@ -124,6 +126,25 @@ def logged_step(out: str) -> int:
             if " step " in line and line.split(" step ")[1].split()[0].isdigit():
                 steps.append(int(line.split(" step ")[1].split()[0]))
     return max(steps)
+
+
+def running(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def continue_once_another_ends(stopped: int, others: list[int | None], deadline: float) -> None:
+    """torchrun ends a failed group with SIGTERM and sends SIGKILL only 30 s later; a stopped process cannot take
+    SIGTERM. Once the stall bound has ended another rank, the stopped one is continued, to take it at once, as a
+    rank hung in a collective does."""
+    while time.monotonic() < deadline and all(running(pid) for pid in others if pid is not None):
+        time.sleep(0.05)
+    try:
+        os.kill(stopped, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
 
 
 def wait(agents: list[subprocess.Popen], timeout: float) -> list[int | None]:
@@ -174,8 +195,11 @@ def run(
             if logged_step(out) >= kill_at:
                 pid = worker_of(agents, rank)
                 if pid is not None:
+                    others = [worker_of(agents, r) for r in range(WORLD_SIZE) if r != rank]
                     os.kill(pid, how)
                     killed = logged_step(out)
+                    if how == signal.SIGSTOP:
+                        continue_once_another_ends(pid, others, start + timeout)
             time.sleep(0.05)
         codes = wait(agents, timeout - (time.monotonic() - start))
         left = [pid for agent in agents for pid in children(agent.pid)]

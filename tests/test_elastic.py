@@ -56,7 +56,7 @@ def test_a_rank_that_stops_without_dying_is_ended_by_the_stall_bound_and_the_gro
 ):
     """A hang torchrun cannot see: rank 1 stopped (SIGSTOP) mid-epoch, rank 0 waiting for it in a collective. Rank
     0's stall bound ends it with one line saying where it waited; torchrun restarts the group, which resumes and
-    finishes bit-identically (the stopped process is killed by torchrun with its group)."""
+    finishes bit-identically (the stopped process, continued once rank 0 has ended, takes torchrun's SIGTERM)."""
     result = elastic.run(
         synthetic_root,
         str(tmp_path),
@@ -67,7 +67,8 @@ def test_a_rank_that_stops_without_dying_is_ended_by_the_stall_bound_and_the_gro
         extra=("trainer.stall_timeout_s=3",),
     )
     assert_resumed_and_identical(result, str(tmp_path), references["agreed"])
-    [line] = [line for line in result["log"].splitlines() if "no progress" in line]
+    # rank 0's line; the stopped rank, continued once rank 0 has ended (bench/elastic.py), may say its own
+    [line] = [line for line in result["log"].splitlines() if line.startswith("error: rank 0: no progress")]
     assert line.startswith("error: rank 0: no progress for 3 s after step ")
     assert "(trainer.stall_timeout_s), waiting in " in line and "torch/distributed/distributed_c10d.py:" in line
     assert ", called from engine/" in line
