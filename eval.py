@@ -22,9 +22,9 @@ from core.cli import exit_on_usage_error
 from core.logs import setup_logging
 from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.video.capture import quiet_decoder_logs
-from engine.evaluate import EvaluationSpec, evaluate_checkpoint, format_report, write_outputs
-from engine.inference import how_it_runs
-from engine.watch import WatchSpec, watch
+from engine.evaluation.evaluate import EvaluationSpec, evaluate_checkpoint, format_report, write_outputs
+from engine.evaluation.watch import WatchSpec, watch
+from engine.inference.stream import how_it_runs
 from planner.batch_size import inference_batch_for_budget
 
 

@@ -33,7 +33,7 @@ from datasets.mstcn import check_one_word
 from datasets.records import resolve_inputs
 from datasets.shape import DataShape
 from datasets.video.capture import quiet_decoder_logs
-from engine.features import (
+from engine.inference.features import (
     FEATURE_DTYPES,
     FEATURE_LAYOUTS,
     FeatureOutput,
@@ -43,9 +43,9 @@ from engine.features import (
     settings_of,
     shard,
 )
-from engine.inference import InferenceSpec, how_it_runs
-from engine.video_outputs import Outputs
-from engine.video_runs import run_videos
+from engine.inference.stream import InferenceSpec, how_it_runs
+from engine.inference.video_outputs import Outputs
+from engine.inference.video_runs import run_videos
 from models import set_head_window
 from planner.batch_size import inference_batch_for_budget
 

@@ -29,11 +29,11 @@ from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.records import DATA_LAYOUTS
 from datasets.shape import DataShape
 from datasets.video.capture import quiet_decoder_logs
-from engine.build import build_trainer
-from engine.feature_data import index_feature_data
-from engine.interrupt import stop_on_ctrl_c
-from engine.loop import fit
-from engine.trainer import RunStopped
+from engine.data.feature_files import index_feature_data
+from engine.training.build import build_trainer
+from engine.training.interrupt import stop_on_ctrl_c
+from engine.training.loop import fit
+from engine.training.trainer import RunStopped
 from planner.batch_size import batch_for_budget, chunks_to_keep
 from planner.disk import DiskPlan, bytes_written, disk_plan, state_disk_plan
 from planner.features import plan_feature_training

@@ -4,7 +4,7 @@ process, against the planner's estimate.
     python -m bench.ddp                                     # r3d_18 at 64x64, 8 frames, batch 2 a process
     python -m bench.ddp --backbone tiny3d --steps 10
 
-Each mode runs the project's training forward and loss (``engine.build.wrap_for_training``, ``step_loss``) in its
+Each mode runs the project's training forward and loss (``engine.training.build.wrap_for_training``, ``step_loss``) in its
 own ``torchrun --nproc_per_node=2``, SGD, fp32, on the CPU. Time: the median of --steps steps after one warm-up
 step (forward, backward, the gradients averaged: DDP's hooks during backward with overlap, ``agree_and_reduce``'s
 averaging after it with agreed; the optimizer step). Memory: rank 0's peak resident memory during the steps above
@@ -37,10 +37,10 @@ def worker(args) -> None:
     from config import load_config
     from core.runtime import setup_runtime
     from datasets.device_input import InputPreparer
-    from engine import build
-    from engine.chunking import ChunkSpec
-    from engine.oom import average_gradients
-    from engine.step import step_loss
+    from engine.training import build
+    from engine.training.chunked_forward import ChunkSpec
+    from engine.training.oom import average_gradients
+    from engine.training.step import step_loss
     from models import build_model
 
     cfg = load_config(

@@ -284,7 +284,7 @@ def oom_backoff(suite: Suite) -> list[dict]:
     import tempfile
 
     from artifacts.checkpoint import load_checkpoint
-    from engine.oom import OutOfMemoryError
+    from engine.training.oom import OutOfMemoryError
     from planner.project import config_training_estimate
 
     cfg, _ = suite.config("rtx5080.yaml")
@@ -337,9 +337,9 @@ def timed_steps(suite: Suite, cfg: Config, steps: int) -> dict:
     clips/s over ``steps`` steps after two warm-up steps, and on CUDA the peak allocated memory."""
     from core.runtime import Runtime
     from datasets.device_input import InputPreparer
-    from engine.chunking import ChunkedTrainingForward
-    from engine.optim import build_optimizer
-    from engine.step import step_loss
+    from engine.training.chunked_forward import ChunkedTrainingForward
+    from engine.training.optim import build_optimizer
+    from engine.training.step import step_loss
     from planner.project import ProjectStep
 
     device = torch.device("cuda" if suite.cuda else "cpu")

@@ -41,7 +41,7 @@ def measure(args) -> dict:
     from datasets.chunk_stream import ChunkStream
     from datasets.device_input import InputPreparer
     from datasets.manifest import VideoRecord
-    from engine import inference as infer_chunked
+    from engine.inference import stream as infer_chunked
     from models import build_model
 
     torch.set_num_threads(args.torch_threads)
@@ -76,7 +76,7 @@ def measure(args) -> dict:
         if features:
             import tempfile
 
-            from engine.features import settings_of, write_features
+            from engine.inference.features import settings_of, write_features
 
             with tempfile.TemporaryDirectory() as folder:
                 write_features(

@@ -215,7 +215,7 @@ def train_head_alone(task: str, seed: int, train_clips: int = 96, epochs: int = 
     long-range preset's rate) on ``event_features``: is a family hard for the head itself, or for what the backbone
     gives it?"""
     from config import load_config
-    from engine.optim import build_optimizer, build_scheduler, max_grad_norm
+    from engine.training.optim import build_optimizer, build_scheduler, max_grad_norm
     from models import build_feature_head
 
     frames, chunk = FAMILY_SHAPES[task]

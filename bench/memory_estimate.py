@@ -43,7 +43,7 @@ def real_step(overrides: list[str], frames: int, batch: int, config: str | None 
     import torch
 
     from config import load_config
-    from engine.optim import build_optimizer
+    from engine.training.optim import build_optimizer
     from planner import project as memory_estimate
 
     torch.manual_seed(0)

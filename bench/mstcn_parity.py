@@ -11,10 +11,10 @@ close together under strong per-frame noise, long videos) is cross-validated twi
   the first fed the softmax of the one before; Adam at 0.0005, one video a step, the videos in a shuffled order each
   epoch; cross-entropy on every stage plus 0.15 x the mean over frames of the squared differences of neighbouring
   log-probabilities (the earlier frame's detached) clamped at 16; the model of the last epoch scored.
-- "project": ``python -m engine.cross_validation --config configs/mstcn.yaml`` (train.py, then eval.py's scoring of
+- "project": ``python -m engine.evaluation.cross_validation --config configs/mstcn.yaml`` (train.py, then eval.py's scoring of
   last.pt).
 
-Both are scored by the project's metrics (engine/segment_metrics.py: MS-TCN's definitions of F1@{10,25,50}, edit
+Both are scored by the project's metrics (engine/metrics/segments.py: MS-TCN's definitions of F1@{10,25,50}, edit
 and frame accuracy), nothing left out of edit and F1. Printed: each system's mean over splits and seeds, each
 seed's, and its training seconds per epoch (the project's from its metrics.csv: the training part of an epoch,
 without its validation).
@@ -39,7 +39,7 @@ from torch.nn import functional as F
 
 from datasets.mstcn import bundle_names, read_ground_truth, read_mapping
 from datasets.segmentation_task import generate_features
-from engine.segment_metrics import SegmentationScores
+from engine.metrics.segments import SegmentationScores
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLUMNS = ("f1@10", "f1@25", "f1@50", "edit", "frame_acc")
@@ -163,14 +163,22 @@ def reference_split(root: str, split: int, epochs: int, seed: int, sample_rate: 
 
 # ---------------------------------------------------------------------------------------------- the project
 def project_splits(root: str, splits: list[int], epochs: int, seed: int, out: str) -> tuple[dict, float]:
-    """engine.cross_validation with configs/mstcn.yaml: (each split's scores, s per training epoch)."""
-    command = [sys.executable, "-m", "engine.cross_validation", "--config", os.path.join(ROOT, "configs", "mstcn.yaml")]
+    """engine.evaluation.cross_validation with configs/mstcn.yaml: (each split's scores, s per training epoch)."""
+    command = [
+        sys.executable,
+        "-m",
+        "engine.evaluation.cross_validation",
+        "--config",
+        os.path.join(ROOT, "configs", "mstcn.yaml"),
+    ]
     command += ["--root", root, "--splits", ",".join(map(str, splits)), "--out", out]
     command += ["--set", f"trainer.max_epochs={epochs}", "--set", f"train.seed={seed}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one compute thread, as the reference here
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     if done.returncode != 0:
-        raise SystemExit(f"engine.cross_validation failed: {(done.stderr or done.stdout).strip().splitlines()[-1]}")
+        raise SystemExit(
+            f"engine.evaluation.cross_validation failed: {(done.stderr or done.stdout).strip().splitlines()[-1]}"
+        )
     summary = json.loads(open(os.path.join(out, "segmentation.json")).read())
     names = {"F1@10": "f1@10", "F1@25": "f1@25", "F1@50": "f1@50", "Edit": "edit", "Acc": "frame_acc"}
     rows = {int(k): {names[c]: v for c, v in row.items()} for k, row in summary["splits"].items()}

@@ -37,7 +37,7 @@ from config import load_config
 from datasets.long_range_tasks import EVENT_COLOURS
 from datasets.segmentation_task import LOOKS, SEGMENT_CLASSES
 from datasets.video_files import write_video
-from engine.features import read_header
+from engine.inference.features import read_header
 from planner.features import feature_training_estimate
 
 STEP_CHUNKS = 11_250  # an hour at 25 fps in chunks of 8 frames at stride 1
@@ -180,9 +180,9 @@ def head_step_parts(head: str, chunks: int, feature_dim: int, device=None):
     of ``chunks`` chunks on ``device`` (the CPU by default)."""
     import torch
 
-    from engine.chunking import ChunkSpec, FeatureHeadForward
-    from engine.optim import build_optimizer
-    from engine.step import training_loss
+    from engine.training.chunked_forward import ChunkSpec, FeatureHeadForward
+    from engine.training.optim import build_optimizer
+    from engine.training.step import training_loss
     from models import build_feature_head
 
     torch.manual_seed(0)

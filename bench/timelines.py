@@ -37,7 +37,7 @@ import tempfile
 
 from config import load_config
 from datasets.segmentation_task import SEGMENT_CLASSES, generate_segmentation
-from engine.feature_data import index_features
+from engine.data.feature_files import index_features
 from planner.features import feature_training_estimate
 from planner.project import config_training_estimate
 

@@ -30,7 +30,7 @@ def measure(args) -> dict:
     from core import memory_monitor
     from core.logs import setup_logging
     from core.runtime import setup_runtime
-    from engine import build, loop
+    from engine.training import build, loop
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(

@@ -55,7 +55,8 @@ def measure(args) -> dict:
 
     from config import load_config
     from datasets.device_input import InputPreparer
-    from engine.chunking import ChunkedTrainingForward, ChunkSpec, aggregate_chunk_logits
+    from engine.inference.chunks import aggregate_chunk_logits
+    from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec
     from models import build_model
 
     torch.manual_seed(0)
@@ -81,7 +82,7 @@ def measure(args) -> dict:
     bank, samples = None, None
     if args.bank:  # train.feature_bank: host; the warm-up step fills it, the measured ones read it
         from datasets.windows import chunk_windows
-        from engine.feature_bank import FeatureBank
+        from engine.training.feature_bank import FeatureBank
 
         bank, samples = FeatureBank(1, chunk_windows(args.length, args.chunk, args.overlap), "host"), torch.tensor([0])
 
@@ -92,7 +93,9 @@ def measure(args) -> dict:
             outputs.clip if outputs.clip is not None else aggregate_chunk_logits(outputs.chunks.transpose(0, 1), "mean")
         )
         loss = torch.nn.functional.cross_entropy(logits, labels)
-        if outputs.auxiliary is not None:  # model.chunk_reconstruction's loss, as engine.step.training_loss adds it
+        if (
+            outputs.auxiliary is not None
+        ):  # model.chunk_reconstruction's loss, as engine.training.step.training_loss adds it
             loss = loss + outputs.auxiliary
         loss.backward()
         optimizer.step()

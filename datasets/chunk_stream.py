@@ -27,7 +27,7 @@ log = logging.getLogger("longvideo")
 
 
 class ChunkSettings(Protocol):
-    """The inference chunks to decode (engine.inference.InferenceSpec holds them)."""
+    """The inference chunks to decode (engine.inference.stream.InferenceSpec holds them)."""
 
     chunk: int  # clip frames per chunk; -1 = the whole video
     overlap: int

@@ -126,7 +126,7 @@ def feature_shape(root: str, name: str) -> tuple[int, int]:
 
 
 class MsTcnVideos(Dataset):
-    """The videos of one bundle as samples of engine.feature_data's shape: a whole video's features every
+    """The videos of one bundle as samples of engine.data.feature_files's shape: a whole video's features every
     ``sample_rate``-th frame ([n, D]), each standing for the window [i * sample_rate, (i + 1) * sample_rate) of
     frames, its label the window's first frame's (``labels[::sample_rate]``, as MS-TCN trains), and every frame's
     label for the scores. Ground truths are read and checked when the set is made: a broken file stops the run

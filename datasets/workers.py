@@ -40,7 +40,7 @@ class StallWatch:
     the C call returns. What can always be stopped is the process. So each worker runs this watchdog thread; when
     the sample being loaded passes ``timeout`` seconds it writes a report (file, window, worker) into ``folder``
     and ends the worker (``os._exit``). The main process sees the worker gone, reads the report
-    (``take_stall_report``) and acts as data.on_bad_video says (engine.data.GuardedBatches). A watchdog in the
+    (``take_stall_report``) and acts as data.on_bad_video says (engine.data.loaders.GuardedBatches). A watchdog in the
     worker, not one decode process per sample: the usual path costs one thread and a timestamp per sample.
     """
 

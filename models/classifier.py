@@ -97,7 +97,7 @@ class VideoClassifier(nn.Module):
     concatenated; the view count is fixed at build time), late (one prediction per view, logits averaged).
     temporal: the temporal head's settings ({"kind", "width", "layers", "heads", "dropout"}, models/temporal.py)
     or None; with a head, a clip's chunk features go through ``self.temporal`` (the chunked forwards of
-    engine/chunking.py do that) and ``forward`` treats its input as one chunk.
+    engine/inference/chunks.py do that) and ``forward`` treats its input as one chunk.
     reconstruction: the weight of the chunk reconstruction loss (models/reconstruction.py; 0: none), with a
     temporal head and an RGB backbone that trains: ``self.reconstruction``, which the training forward runs.
     """
@@ -125,7 +125,8 @@ class VideoClassifier(nn.Module):
             )
         self.rgb, self.kpt = rgb, kpt
         self.frozen_backbone = freeze_backbone and rgb is not None
-        if self.frozen_backbone:  # model.freeze_backbone: no gradients, so no optimizer state (engine/optim.py)
+        # model.freeze_backbone: no gradients, so no optimizer state (engine/training/optim.py)
+        if self.frozen_backbone:
             rgb.requires_grad_(False)
         self.view_fusion, self.num_views = view_fusion, num_views
         rgb_dim = 0 if rgb is None else rgb.feature_dim * (num_views if view_fusion == "concat" else 1)

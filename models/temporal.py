@@ -41,7 +41,7 @@ tasks").
   softmax of the one before; linear in the number of chunks, so a whole video of thousands of chunks trains in
   one forward. Clip logits are its last stage's chunk logits averaged. Its per-stage logits (``HeadOutput.stages``)
   train with the paper's loss: cross-entropy on every stage plus 0.15 x the truncated MSE of neighbouring chunks'
-  log-probabilities (engine.step).
+  log-probabilities (engine.training.step).
 
 ``mask`` [B, n] (True for real chunks) lets clips of different lengths share a batch (features of whole videos,
 padded): padded chunks change nothing in the real ones' outputs.
@@ -78,7 +78,7 @@ HEADS = ("none", "attention", "transformer", "tcn")
 
 
 class HeadOutput(NamedTuple):
-    """A clip's logits and its chunks': a temporal head's, and the training forward's (engine.chunking) with or
+    """A clip's logits and its chunks': a temporal head's, and the training forward's (engine.inference.chunks) with or
     without a head."""
 
     clip: torch.Tensor | None  # [B, K]; None from a training forward without a head (the loss aggregates chunks)

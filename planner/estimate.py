@@ -322,10 +322,11 @@ def estimate_training_step(
     step cannot read its step counter): its state, then one parameter-sized set of temporaries as torch's
     foreach implementation on CUDA makes. ``on_step_start`` is called as the measured step begins (a benchmark
     resets the process's peak memory there). ``average_bucket``: under torchrun, the largest bucket the
-    gradients are averaged through after backward (``engine.oom.average_gradients``; the gradients' size at most),
-    alive beside them. ``ddp_buckets``: DistributedDataParallel's gradient buckets (train.ddp_sync: overlap),
-    gradient-sized and alive from the start; the gradients are views of them once a backward synced, but the
-    forward that makes the peak already has them whole, so they are counted beside the gradients.
+    gradients are averaged through after backward (``average_gradients`` of engine/training/oom.py; at most the
+    gradients' size), alive beside them. ``ddp_buckets``: DistributedDataParallel's gradient buckets
+    (train.ddp_sync: overlap), gradient-sized and alive from the start; the gradients are views of them once a
+    backward synced, but the forward that makes the peak already has them whole, so they are counted beside the
+    gradients.
     """
     meta = _on_meta(build_model, fake)
     with _fake_mode() if fake else contextlib.nullcontext():

@@ -14,8 +14,8 @@ from torch import nn
 from config import Config, apply_flags
 from core.errors import ConfigError
 from core.runtime import Runtime
-from engine.chunking import ChunkSpec, FeatureHeadForward
-from engine.step import training_loss
+from engine.training.chunked_forward import ChunkSpec, FeatureHeadForward
+from engine.training.step import training_loss
 from models import build_feature_head
 from planner.estimate import StepEstimate, estimate_training_step, margin_text, usable_bytes
 from planner.project import _largest
@@ -60,7 +60,7 @@ def feature_training_estimate(
 
 def plan_feature_training(cfg: Config, runtime: Runtime, num_classes: int, index: tuple) -> Config:
     """The estimate of a features run stated (and with data.batch_size: auto, the batch chosen) from its files'
-    ``index`` (``engine.feature_data.index_features``); returns the config that runs."""
+    ``index`` (``engine.data.feature_files.index_features``); returns the config that runs."""
     files, source = index
     chunks = max(header["chunks"] for _, header in files.values())
     budget, cuda = cfg.trainer.memory_budget_gb, runtime.device.type == "cuda"

@@ -13,7 +13,7 @@ from core.errors import UsageError
 from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.records import read_split
 from datasets.shape import DataShape
-from engine.oom import GRADIENT_BUCKET_BYTES
+from engine.training.oom import GRADIENT_BUCKET_BYTES
 from planner.disk import disk_plan, model_on_meta, state_disk_plan
 from planner.estimate import GiB, MiB, margin_text, usable_bytes
 from planner.host import loader_host_bytes

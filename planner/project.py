@@ -14,10 +14,10 @@ from config import Config, DataConfig
 from core.runtime import Runtime
 from datasets.device_input import InputPreparer
 from datasets.windows import chunk_windows
-from engine.chunking import ChunkedTrainingForward, ChunkSpec, grad_chunks_of
-from engine.oom import GRADIENT_BUCKET_BYTES
-from engine.optim import build_optimizer
-from engine.step import step_loss
+from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec, grad_chunks_of
+from engine.training.oom import GRADIENT_BUCKET_BYTES
+from engine.training.optim import build_optimizer
+from engine.training.step import step_loss
 from models import build_model
 from planner.estimate import StepEstimate, estimate_inference, estimate_training_step
 
@@ -26,7 +26,7 @@ log = logging.getLogger("longvideo")
 
 class ProjectStep:
     """The training step of a config, as the estimate and the CUDA measurement both run it: the classifier of
-    ``build_model``, the chunked training forward (``train.chunk_train_size``) and ``engine.step.step_loss``.
+    ``build_model``, the chunked training forward (``train.chunk_train_size``) and ``engine.training.step.step_loss``.
     ``train.chunk_loss: dense`` is run as ``clip`` (the loss sees [chunks, batch, classes] logits either way: no
     memory to speak of). ``kept_chunks``: the last chunks whose activations are kept (train.recompute: auto)."""
 

@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from config import load_config
-from engine.chunking import LogitAggregator, forward_chunked, inference_windows
+from engine.inference.chunks import LogitAggregator, forward_chunked, inference_windows
 from models import build_model
 
 

@@ -14,8 +14,9 @@ import train
 from artifacts.checkpoint import load_checkpoint
 from config import ConfigError, load_config
 from datasets.device_input import InputPreparer
-from engine.chunking import ChunkedTrainingForward, ChunkSpec, aggregate_chunk_logits, chunk_labels, chunk_windows
-from engine.step import training_loss
+from engine.inference.chunks import aggregate_chunk_logits, chunk_labels, chunk_windows
+from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec
+from engine.training.step import training_loss
 from models import build_model
 from models.temporal import HeadOutput
 
@@ -332,8 +333,8 @@ def test_without_a_budget_or_with_recompute_all_every_chunk_is_recomputed(caplog
 def test_the_oom_back_off_first_halves_the_chunks_kept(tmp_path, caplog):
     from test_training_loop import NoBatchNorm, make_trainer
 
-    from engine import loop
-    from engine.oom import OutOfMemoryError
+    from engine.training import loop
+    from engine.training.oom import OutOfMemoryError
 
     class OutOfMemoryOnce(NoBatchNorm):
         def forward(self, inputs):

@@ -87,7 +87,7 @@ def test_the_budget_decision_never_exceeds_the_budget():
 
 def test_chunked_inference_device_memory_does_not_grow_with_clip_length():
     from config import load_config
-    from engine.chunking import forward_chunked
+    from engine.inference.chunks import forward_chunked
     from models import build_model
 
     model = build_model(load_config(None, ["model.width=8"]).model, 5).cuda().eval()
@@ -109,7 +109,7 @@ def test_a_real_cuda_out_of_memory_error_writes_the_allocators_snapshot(tmp_path
 
     from test_training_loop import NoBatchNorm, make_trainer
 
-    from engine import loop, oom
+    from engine.training import loop, oom
 
     class AsksTooMuch(NoBatchNorm):
         def forward(self, inputs):

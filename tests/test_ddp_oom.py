@@ -25,9 +25,10 @@ from core.runtime import setup_runtime
 from datasets.sampler import EpochSampler
 from datasets.shape import DataShape
 from datasets.device_input import InputPreparer
-from engine import build, loop
-from engine.oom import OutOfMemoryAdvice, OutOfMemoryError
-from engine.trainer import Trainer
+from engine.training import build
+from engine.training import loop
+from engine.training.oom import OutOfMemoryAdvice, OutOfMemoryError
+from engine.training.trainer import Trainer
 from models.norms import convert_norms
 
 where, out = sys.argv[1], sys.argv[2]
@@ -206,7 +207,7 @@ AVERAGE_SCRIPT = r"""
 import json, sys
 import torch
 import torch.distributed as dist
-from engine.oom import average_gradients
+from engine.training.oom import average_gradients
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

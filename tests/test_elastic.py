@@ -16,7 +16,7 @@ import train
 from bench import elastic
 from core import watchdog
 from core.errors import UsageError
-from engine import loop
+from engine.training import loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

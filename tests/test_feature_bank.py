@@ -17,8 +17,9 @@ import train
 from artifacts.checkpoint import load_checkpoint
 from config import ConfigError, load_config
 from datasets.device_input import InputPreparer
-from engine.chunking import ChunkedTrainingForward, ChunkSpec, chunk_windows
-from engine.feature_bank import FeatureBank, bank_file
+from engine.inference.chunks import chunk_windows
+from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec
+from engine.training.feature_bank import FeatureBank, bank_file
 
 # 8-frame clips at stride 2 (15 frames) from the 20-frame videos, in 3 chunks, 2 drawn a step
 BANK = [
@@ -115,7 +116,7 @@ def test_a_bank_that_cannot_serve_is_refused_in_one_line(change, message):
 def test_with_the_bank_each_training_clip_is_the_same_frames_every_epoch(synthetic_root, tmp_path):
     """20-frame videos, clips spanning 15 frames: without the bank each epoch places the clip anywhere in its
     window; with it, where evaluation places it (centred)."""
-    from engine.data import build_data
+    from engine.data.loaders import build_data
 
     placed = {}
     for bank in (False, True):

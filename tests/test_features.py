@@ -18,8 +18,8 @@ from datasets.device_input import InputPreparer
 from datasets.manifest import VideoRecord, read_manifest
 from datasets.video.choice import open_reader
 from datasets.video.probe import probe
-from engine.chunking import chunk_windows
-from engine.features import feature_names, parse_shard, shard
+from engine.inference.chunks import chunk_windows
+from engine.inference.features import feature_names, parse_shard, shard
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -175,7 +175,7 @@ def test_clips_times_crops_views_read_the_right_frames_and_average_by_hand(barco
     from config import load_config
     from core.runtime import Runtime
     from datasets.video_dataset import VideoWindowDataset
-    from engine.evaluate import evaluate_dataset
+    from engine.evaluation.evaluate import evaluate_dataset
 
     path, frames = barcode_videos["mpeg4_avi"]
     cfg = load_config(

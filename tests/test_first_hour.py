@@ -12,12 +12,12 @@ import time
 import pytest
 from conftest import overrides
 
-import engine.data
+import engine.data.loaders
 import train
 from config import ConfigError, load_config
 from core.logs import detach_log_file
 from core.runtime import setup_runtime
-from engine.build import build_trainer
+from engine.training.build import build_trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,10 +44,10 @@ def test_use_amp_without_cuda_says_what_it_does(caplog):
 
 
 def test_dataloader_workers_are_capped_to_the_cores(monkeypatch, caplog):
-    monkeypatch.setattr(engine.data, "available_cores", lambda: 2)
+    monkeypatch.setattr(engine.data.loaders, "available_cores", lambda: 2)
     cfg = load_config(None, ["data.num_workers=8"])
     with caplog.at_level("INFO", logger="longvideo"):
-        capped = engine.data.cap_workers(cfg)
+        capped = engine.data.loaders.cap_workers(cfg)
     assert capped.data.num_workers == 2 and cfg.data.num_workers == 8  # a new config, not an edit
     assert "data.num_workers=8 but this machine has 2 CPU cores: using 2 DataLoader workers" in caplog.text
 

@@ -277,11 +277,11 @@ def test_loaders_leave_no_stall_folder_behind(synthetic_root, tmp_path, monkeypa
     stale = os.path.join(tempfile.gettempdir(), "longvideo-stalls-999999999-abcdefgh")  # a pid no process has
     os.makedirs(stale, exist_ok=True)
     before = set(glob.glob(os.path.join(tempfile.gettempdir(), "longvideo-stalls-*"))) - {stale}
-    import engine.data
+    import engine.data.loaders
 
     made = []
     monkeypatch.setattr(
-        engine.data, "process_temp_dir", lambda prefix: made.append(process_temp_dir(prefix)) or made[-1]
+        engine.data.loaders, "process_temp_dir", lambda prefix: made.append(process_temp_dir(prefix)) or made[-1]
     )
     args = overrides(synthetic_root, tmp_path / "runs", "trainer.max_epochs=1", "data.sample_timeout_s=60")
     assert train.main(args + ["--stop-after-steps", "1"]) == 0

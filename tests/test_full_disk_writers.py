@@ -61,7 +61,7 @@ BANK = ["train.chunk_train_size=4", "train.chunk_train_overlap=1", "train.grad_c
 def test_the_feature_bank_on_a_full_disk_stops_the_run_in_one_line_and_the_resume_finishes(
     synthetic_root, small_disk, monkeypatch
 ):
-    from engine.feature_bank import FeatureBank
+    from engine.training.feature_bank import FeatureBank
 
     out = small_disk / "runs"
     args = overrides(synthetic_root, out, *BANK, "infer.chunk_size=4")
@@ -85,7 +85,7 @@ def test_the_feature_bank_on_a_full_disk_stops_the_run_in_one_line_and_the_resum
 def test_the_allocator_snapshot_on_a_full_disk_is_one_warning_and_the_back_off_goes_on(small_disk, monkeypatch, caplog):
     from test_training_loop import NoBatchNorm, loop, make_trainer
 
-    from engine import oom
+    from engine.training import oom
 
     snapshots, fillers = [], []
 
@@ -116,13 +116,13 @@ def test_the_allocator_snapshot_on_a_full_disk_is_one_warning_and_the_back_off_g
 def test_ms_tcns_layout_on_a_full_disk_stops_in_one_line_and_the_rerun_writes_it(
     trained_run, synthetic_root, small_disk, monkeypatch, capsys
 ):
-    import engine.features
+    import engine.inference.features
 
     out = small_disk / "features"
     best = os.path.join(trained_run[0], "checkpoints", "best.pt")
     args = ["--checkpoint", best, "--input", os.path.join(synthetic_root, "long.jsonl"), "--chunk", "12"]
     args += ["--overlap", "4", "--features", str(out), "--features-layout", "mstcn"]
-    full_during(monkeypatch, small_disk, engine.features, "write_video")
+    full_during(monkeypatch, small_disk, engine.inference.features, "write_video")
     with pytest.raises(DiskFullError, match=r"features/long_\w+\.npy: cannot write it: the disk is full"):
         infer_chunked.main(args)
     monkeypatch.undo()
@@ -172,7 +172,7 @@ def test_the_training_curves_on_a_full_disk_stop_in_one_line_and_the_resume_draw
 def test_cross_validations_tables_on_a_full_disk_stop_in_one_line_and_the_rerun_writes_them(
     tmp_path, small_disk, monkeypatch, capsys
 ):
-    import engine.cross_validation as cross_validation
+    import engine.evaluation.cross_validation as cross_validation
     from datasets.segmentation_task import generate_features
 
     root = str(tmp_path / "mstcn")

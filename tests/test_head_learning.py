@@ -11,7 +11,7 @@ from torch import nn
 import train
 from config import load_config
 from datasets.long_range_tasks import generate_long_range, generate_task
-from engine.optim import build_optimizer, build_scheduler, max_grad_norm
+from engine.training.optim import build_optimizer, build_scheduler, max_grad_norm
 from models.temporal import temporal_head
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -119,7 +119,7 @@ def test_infer_flag_and_checkpoint_choice_errors(trained_run, tmp_path):
 def test_a_video_result_line_holds_the_set_fields_and_never_the_arrays():
     import numpy as np
 
-    from engine.video_result import ChunkFeatures, FrameTimeline, VideoResult
+    from engine.inference.video_result import ChunkFeatures, FrameTimeline, VideoResult
 
     result = VideoResult(
         "a.mp4",

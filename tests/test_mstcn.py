@@ -1,5 +1,5 @@
 """MS-TCN's layout of an action segmentation dataset (datasets/mstcn.py): read in place to train and score a head
-(data.features_format: mstcn, engine.cross_validation), written by infer_chunked.py --features
+(data.features_format: mstcn, engine.evaluation.cross_validation), written by infer_chunked.py --features
 --features-layout, read back identically and the way MS-TCN's own batch_gen.py reads it, and malformed files
 refused with one line naming the file and the line."""
 
@@ -14,7 +14,7 @@ import pytest
 from datasets.manifest import read_manifest
 from datasets.mstcn import MsTcnVideos, bundle_names, read_mapping
 from datasets.segmentation_task import generate_features
-from engine.feature_data import FeaturesDataset, index_features
+from engine.data.feature_files import FeaturesDataset, index_features
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESET = os.path.join(ROOT, "configs", "mstcn.yaml")
@@ -68,7 +68,7 @@ def documented(tmp_path_factory):
 
     folder = fresh_workspace(tmp_path_factory)
     commands = bash_blocks("docs/timelines.md", "## MS-TCN's datasets: Breakfast, 50Salads, GTEA")[:3]
-    assert commands[1].startswith("python -m engine.cross_validation --config configs/mstcn.yaml")
+    assert commands[1].startswith("python -m engine.evaluation.cross_validation --config configs/mstcn.yaml")
     results = [run_as_written(command, folder) for command in commands]
     for command, result in zip(commands, results):
         assert result.returncode == 0, (command, result.stderr[-2000:])
@@ -138,7 +138,7 @@ def test_each_datasets_preset_runs_as_documented_on_that_datasets_labels(tmp_pat
         summary = json.loads((folder / "runs" / "segmentation" / name / "segmentation.json").read_text())
         assert summary["config"] == f"configs/mstcn-{name}.yaml" and list(summary["splits"]) == ["1"]
     wrong = run_as_written(
-        "python -m engine.cross_validation --config configs/mstcn-gtea.yaml --root data/breakfast --splits 1 "
+        "python -m engine.evaluation.cross_validation --config configs/mstcn-gtea.yaml --root data/breakfast --splits 1 "
         "--out runs/wrong --set trainer.max_epochs=2",
         folder,
     )
@@ -221,7 +221,7 @@ def test_a_bundle_naming_a_missing_file_names_the_bundle_and_line(dataset, tmp_p
     bundle.write_text(bundle.read_text() + "video_999.txt\n")
     error = train_error(root, tmp_path)
     assert f"{bundle} line 4: 'video_999.txt' has no {root}/groundTruth/video_999.txt" in error
-    missing_split = run("-m", "engine.cross_validation", "--root", str(root), "--splits", "3", timeout=120)
+    missing_split = run("-m", "engine.evaluation.cross_validation", "--root", str(root), "--splits", "3", timeout=120)
     assert missing_split.returncode == 2 and f"{root}/splits has no split 3 (it has [1, 2])" in missing_split.stderr
 
 

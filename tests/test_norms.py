@@ -16,8 +16,8 @@ import train
 from artifacts.checkpoint import load_checkpoint
 from config import defaults, load_config, saved_config
 from core.errors import ConfigError
-from engine import loop
-from engine.precise_bn import precise_batch_norm
+from engine.training import loop
+from engine.training.precise_bn import precise_batch_norm
 from models import ModelConfigError, build_model, registered_names
 from models.norms import FrozenBatchNorm, SyncBatchNorm, batch_norms, convert_norms, group_count
 

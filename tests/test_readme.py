@@ -217,7 +217,7 @@ def test_training_on_features_resumes_exactly(two_stage, tmp_path):
 def test_the_features_trained_head_starts_end_to_end_training(two_stage, tmp_path):
     """model.temporal_head_init: the head's weights go into the end-to-end classifier's head."""
     from config import load_config
-    from engine.build import init_temporal_head
+    from engine.training.build import init_temporal_head
     from models import build_model
 
     cfg = load_config("configs/timelines.yaml", ["model.temporal_head=tcn"])
@@ -238,7 +238,7 @@ def test_the_features_trained_head_starts_end_to_end_training(two_stage, tmp_pat
 def test_features_of_videos_with_one_label_train_every_chunk_on_it(two_stage, tmp_path):
     """A manifest line with a label and no segments: every chunk carries the video's label, no timeline is scored."""
     from datasets.manifest import read_manifest
-    from engine.feature_data import FeaturesDataset, index_features
+    from engine.data.feature_files import FeaturesDataset, index_features
 
     videos = [json.loads(line)["video"] for line in open(os.path.join(two_stage["data"], "seg_val.jsonl"))]
     manifest = tmp_path / "labels.jsonl"

@@ -22,7 +22,7 @@ from datasets.video.choice import DECODERS, open_reader
 from datasets.video.info import VideoReadError
 from datasets.video.probe import probe
 from datasets.video_dataset import VideoWindowDataset
-from engine.inference import InferenceSpec
+from engine.inference.stream import InferenceSpec
 
 STORED_H, STORED_W = 64, 96
 # the stored frame's quadrants: white, red / black, grey; any of the eight orientations moves them differently

@@ -9,8 +9,8 @@ from test_chunked_training import MEAN, STD, clip_batch, small_model
 from config import load_config
 from config.compat import saved_config
 from datasets.device_input import InputPreparer
-from engine.chunking import ChunkedTrainingForward, ChunkSpec
-from engine.step import label_loss, training_loss
+from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec
+from engine.training.step import label_loss, training_loss
 from models.reconstruction import THUMBNAIL, chunk_thumbnail, thumbnail_size
 from models.temporal import clip_contrast
 

@@ -1,8 +1,8 @@
-"""The temporal action segmentation metrics (engine/segment_metrics.py) against cases computed by hand."""
+"""The temporal action segmentation metrics (engine/metrics/segments.py) against cases computed by hand."""
 
 import pytest
 
-from engine.segment_metrics import SegmentationScores, edit_score, f1_counts, segments_of
+from engine.metrics.segments import SegmentationScores, edit_score, f1_counts, segments_of
 
 
 def frames(*runs):
@@ -87,7 +87,7 @@ def test_over_a_split_f1_sums_the_counts_and_edit_averages_the_videos():
 
 def test_background_labels_are_checked_against_the_classes():
     from core.errors import ConfigError
-    from engine.segment_metrics import background_indices
+    from engine.metrics.segments import background_indices
 
     assert background_indices(["idle"], ["walk", "idle", "run"]) == (1,)
     assert background_indices([], ["walk"]) == ()

@@ -15,9 +15,9 @@ from datasets.device_input import InputPreparer
 from datasets.segmentation_task import SEGMENT_CLASSES, generate_segmentation
 from datasets.video.info import VideoReadError
 from datasets.video_dataset import build_dataset
-from engine import evaluate as evaluation
-from engine.data import make_loader
-from engine.segment_metrics import background_indices
+from engine.data.loaders import make_loader
+from engine.evaluation import evaluate as evaluation
+from engine.metrics.segments import background_indices
 from models import build_model
 
 

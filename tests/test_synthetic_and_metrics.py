@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from datasets.synthetic import CLASSES, generate
-from engine.metrics import ClassificationMeter
+from engine.metrics.clips import ClassificationMeter
 
 
 def small(root, seed):

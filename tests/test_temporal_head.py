@@ -24,11 +24,12 @@ from datasets.device_input import InputPreparer
 from datasets.long_range_tasks import ORDER_CLASSES, order_video
 from datasets.manifest import VideoRecord
 from datasets.video.choice import open_reader
-from engine import loop
-from engine.chunking import ChunkedTrainingForward, ChunkSpec, chunk_positions, chunk_windows, forward_chunked
-from engine.inference import InferenceSpec, classify_video
-from engine.oom import OutOfMemoryError
-from engine.step import training_loss
+from engine.inference.chunks import chunk_positions, chunk_windows, forward_chunked
+from engine.inference.stream import InferenceSpec, classify_video
+from engine.training import loop
+from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec
+from engine.training.oom import OutOfMemoryError
+from engine.training.step import training_loss
 from models import build_model, temporal
 from models import set_head_window as models_window
 from models.temporal import TemporalHead, clip_contrast, directional_attention, running_contrast, temporal_head
@@ -603,7 +604,7 @@ def test_a_head_checkpoint_from_before_the_head_defaults_evaluates_and_resumes_a
 
 def training_parts(cfg):
     """(model, optimizer, scheduler, scaler) of a 3-class run of ``cfg``, as train.py builds them, seeded."""
-    from engine.optim import build_optimizer, build_scheduler
+    from engine.training.optim import build_optimizer, build_scheduler
 
     torch.manual_seed(0)
     model = build_model(cfg.model, num_classes=3, num_views=1)
@@ -777,7 +778,7 @@ def test_the_length_bench_names_an_unknown_family_and_the_scale_bench_measures_a
 
 # ------------------------------------------------------------------------------- the head's training defaults
 def test_the_head_trains_in_parameter_groups_of_its_own_at_the_configured_rate():
-    from engine.optim import build_optimizer, build_scheduler, max_grad_norm
+    from engine.training.optim import build_optimizer, build_scheduler, max_grad_norm
 
     model = head_model()
     train_cfg = load_config(
@@ -808,8 +809,8 @@ def test_with_a_head_the_warm_up_lasts_at_least_its_own_epochs_and_the_run_says_
     """train.temporal_warmup_epochs: with a head the linear warm-up lasts max(train.warmup_epochs, it) epochs;
     without one train.warmup_epochs as written. The run's first lines give the rates, the clip and the warm-up, and
     say where the head's keys reach the whole model."""
-    from engine.build import _log_temporal_head_settings
-    from engine.optim import build_optimizer, build_scheduler
+    from engine.training.build import _log_temporal_head_settings
+    from engine.training.optim import build_optimizer, build_scheduler
 
     def rates(train_cfg, has_head: bool, steps: int = 9) -> list[float]:
         model = nn.Linear(2, 2)
@@ -851,7 +852,7 @@ def test_with_a_head_the_warm_up_lasts_at_least_its_own_epochs_and_the_run_says_
 def test_without_a_head_the_optimizer_is_the_one_of_before():
     """model.temporal_head: none (and a scale of 1) gives the two groups the optimizer always had, so training is
     unchanged bit for bit: the same parameters in the same order, the same rates and decays."""
-    from engine.optim import build_optimizer
+    from engine.training.optim import build_optimizer
 
     for model, scale in ((head_model("none"), 0.25), (head_model("transformer"), 1.0)):
         train_cfg = load_config(None, [f"train.temporal_lr_scale={scale}"]).train
@@ -867,7 +868,7 @@ def test_without_a_head_the_optimizer_is_the_one_of_before():
 def _trainer_at(history, classes=("a", "b", "c"), overrides=("train.temporal_lr_scale=0.5",)):
     from types import SimpleNamespace
 
-    from engine.trainer import RunReport
+    from engine.training.trainer import RunReport
 
     return SimpleNamespace(
         report=RunReport(),
@@ -994,7 +995,7 @@ def test_resuming_with_the_other_group_layout_says_which_setting_to_use(tmp_path
     number of parameter groups" (without the checkpoint's config, the scale it needs cannot be named: the line
     says what goes there)."""
     from artifacts.checkpoint import CHECKPOINT_FORMAT, CheckpointError, restore_training, save_checkpoint
-    from engine.optim import build_optimizer
+    from engine.training.optim import build_optimizer
 
     model = head_model()
     one_rate = build_optimizer(model, load_config(None, []).train)  # the default: 1

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.feature_data import collate_features
-from engine.step import training_loss
-from engine.timeline import frame_probabilities, segments_of_frames
+from engine.data.feature_files import collate_features
+from engine.inference.timeline import frame_probabilities, segments_of_frames
+from engine.training.step import training_loss
 from models.temporal import temporal_head
 
 # ------------------------------------------------------------------------------------------- per-frame blending
@@ -107,7 +107,7 @@ def test_the_tcn_step_memory_the_planner_estimates_is_linear_in_video_length():
 def test_a_head_trained_alone_on_features_trains_at_train_lr():
     """train.temporal_lr_scale scales the head against a backbone; a head that is all that trains has none."""
     from config import load_config
-    from engine.optim import build_optimizer
+    from engine.training.optim import build_optimizer
     from models import build_feature_head
 
     cfg = load_config("configs/timelines-head.yaml", ["train.lr=0.002", "train.temporal_lr_scale=0.3"])
@@ -120,7 +120,7 @@ def test_bad_features_directories_and_flags_say_what_to_do(tmp_path):
     import infer_chunked
     from core.errors import ConfigError, UsageError
     from datasets.manifest import VideoRecord
-    from engine.feature_data import FeaturesDataset, index_features
+    from engine.data.feature_files import FeaturesDataset, index_features
 
     with pytest.raises(ConfigError) as info:
         index_features(str(tmp_path))

@@ -21,10 +21,10 @@ from core import memory_monitor
 from core.runtime import Runtime
 from datasets.device_input import InputPreparer
 from datasets.shape import DataShape
-from engine import loop
-from engine.chunking import ChunkedTrainingForward
-from engine.oom import OutOfMemoryAdvice, OutOfMemoryError
-from engine.trainer import NonFiniteLossError, Trainer
+from engine.training import loop
+from engine.training.chunked_forward import ChunkedTrainingForward
+from engine.training.oom import OutOfMemoryAdvice, OutOfMemoryError
+from engine.training.trainer import NonFiniteLossError, Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -360,7 +360,7 @@ def test_an_out_of_memory_step_writes_the_allocator_snapshot_when_recording(tmp_
     memory_snapshot.pickle and named with its viewer) is the one a CUDA run takes."""
     import pickle
 
-    from engine import oom
+    from engine.training import oom
 
     taken = []
     monkeypatch.setattr(oom.memory_monitor, "allocator_snapshot", lambda: taken.append(1) or {"segments": [1]})

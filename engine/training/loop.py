@@ -1,7 +1,7 @@
 """The training loop: ``fit`` runs epochs of ``train_one_epoch`` and the shared ``evaluate``, each returning a
-dict of plain floats. ``engine.build.build_trainer`` wires data, model, optimizer, schedule and run directory;
-the step itself (forward, backward, accumulation) is ``engine.step``'s, the OOM back-off ``engine.oom``'s, Ctrl-C
-``engine.interrupt``'s.
+dict of plain floats. ``build.build_trainer`` wires data, model, optimizer, schedule and run directory; the step
+itself (forward, backward, accumulation) is ``step``'s, the OOM back-off ``oom``'s, Ctrl-C ``interrupt``'s (the
+modules of engine/training/ beside this one).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from artifacts.csv_log import CsvLog
 from artifacts.plots import training_plots
 from config import TrainerConfig
 from core import memory_monitor, watchdog
-from engine.data import GuardedBatches
-from engine.evaluate import evaluate
-from engine.interrupt import next_batch, stop_if_asked
-from engine.optim import max_grad_norm, warmup_epochs
-from engine.precise_bn import precise_bn_before_validation
-from engine.segment_metrics import background_indices
-from engine.step import clips_per_forward, optimizer_step, train_batch
-from engine.trainer import NonFiniteLossError, RunStopped, Trainer
+from engine.data.loaders import GuardedBatches
+from engine.evaluation.evaluate import evaluate
+from engine.metrics.segments import background_indices
+from engine.training.interrupt import next_batch, stop_if_asked
+from engine.training.optim import max_grad_norm, warmup_epochs
+from engine.training.precise_bn import precise_bn_before_validation
+from engine.training.step import clips_per_forward, optimizer_step, train_batch
+from engine.training.trainer import NonFiniteLossError, RunStopped, Trainer
 
 log = logging.getLogger("longvideo")
 PROGRESS_EVERY_S = 60.0

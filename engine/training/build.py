@@ -25,13 +25,13 @@ from datasets.bad_input import BadInputReport
 from datasets.device_input import InputPreparer
 from datasets.shape import DataShape
 from datasets.windows import chunk_windows
-from engine.chunking import ChunkedTrainingForward, FeatureHeadForward
-from engine.data import build_data, cap_workers, make_loader
-from engine.feature_bank import FeatureBank
-from engine.feature_data import build_feature_data, feature_loader
-from engine.oom import start_memory_history
-from engine.optim import build_optimizer, build_scheduler, max_grad_norm, warmup_epochs
-from engine.trainer import RunReport, Trainer
+from engine.data.feature_files import build_feature_data, feature_loader
+from engine.data.loaders import build_data, cap_workers, make_loader
+from engine.training.chunked_forward import ChunkedTrainingForward, FeatureHeadForward
+from engine.training.feature_bank import FeatureBank
+from engine.training.oom import start_memory_history
+from engine.training.optim import build_optimizer, build_scheduler, max_grad_norm, warmup_epochs
+from engine.training.trainer import RunReport, Trainer
 from models import ModelConfigError, build_feature_head, build_model, set_head_window, temporal_head_of
 from models.norms import convert_norms
 
@@ -50,7 +50,7 @@ def build_trainer(
     ``cfg`` has a number for data.batch_size (the planner resolves ``auto`` before); ``kept_chunks``: the
     training chunks the planner keeps unrecomputed (train.recompute: auto), unless a resumed checkpoint holds
     its own count (the back-off may have lowered it); ``features_index``: data.features_dir's files as
-    ``engine.feature_data.index_features`` read them for the planner (read here when not given)."""
+    ``engine.data.feature_files.index_features`` read them for the planner (read here when not given)."""
     torch.manual_seed(cfg.train.seed)
     np.random.seed(cfg.train.seed)
     seed, source = cfg.train.seed, None
@@ -197,7 +197,7 @@ DDP_SYNC_WORDS = {
 def wrap_for_training(model: torch.nn.Module, prepare: InputPreparer, cfg: Config, runtime: Runtime) -> torch.nn.Module:
     """The training forward (chunks, recomputed) around the classifier (compiled on request). Under torchrun every
     rank starts from rank 0's weights and buffers, and no collective hides in a forward or a backward: a rank that
-    backs off after an out-of-memory error runs more forwards than the others. ``engine.oom.agree_and_reduce``
+    backs off after an out-of-memory error runs more forwards than the others. ``engine.training.oom.agree_and_reduce``
     averages the gradients at each accumulation group's end, ``sync_buffers`` the BatchNorm statistics.
 
     No DistributedDataParallel wrapper then (train.ddp_sync: agreed): with its all-reduce in backward off

@@ -1,5 +1,5 @@
 """Timelines: a video's chunk predictions blended into per-frame class probabilities, per-frame labels, segments,
-and their scores against an annotated timeline (engine.segment_metrics).
+and their scores against an annotated timeline (engine.metrics.segments).
 
 Each frame's probabilities come from every chunk that covers it, weighted by how near the chunk's centre the frame
 lies (a triangle that is highest at the centre, never zero): inside an overlap the nearer chunk counts more, so a

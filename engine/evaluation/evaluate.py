@@ -25,13 +25,13 @@ from datasets.chunk_stream import ChunkStream
 from datasets.device_input import InputPreparer
 from datasets.records import frame_labels
 from datasets.video_dataset import VideoWindowDataset, build_dataset, index_cache_for
-from engine.chunking import ChunkedOutput, forward_chunked
-from engine.data import GuardedBatches, cap_workers, make_loader
-from engine.feature_data import feature_loader, test_videos
-from engine.inference import InferenceSpec, run_stream
-from engine.metrics import ClassificationMeter
-from engine.segment_metrics import SegmentationScores, background_indices, format_scores
-from engine.timeline import annotated, frame_probabilities
+from engine.data.feature_files import feature_loader, test_videos
+from engine.data.loaders import GuardedBatches, cap_workers, make_loader
+from engine.inference.chunks import ChunkedOutput, forward_chunked
+from engine.inference.stream import InferenceSpec, run_stream
+from engine.inference.timeline import annotated, frame_probabilities
+from engine.metrics.clips import ClassificationMeter
+from engine.metrics.segments import SegmentationScores, background_indices, format_scores
 from models import set_head_window
 
 log = logging.getLogger("longvideo")
@@ -55,7 +55,7 @@ def evaluate(
     The one evaluation loop: training's validation and eval.py (which passes its own ``meter``, for the
     per-video rows, and ``on_clips(batch, logits)`` for the per-clip ones).
 
-    Clips with frame labels (a manifest with segments) are also scored as timelines (engine.segment_metrics:
+    Clips with frame labels (a manifest with segments) are also scored as timelines (engine.metrics.segments:
     "seg_frame_acc", "seg_edit", "seg_f1@10/25/50" over the annotated frames, ``background``: the class indices
     edit and F1 leave out), each clip's per-frame labels blended from its chunks' predictions.
 
@@ -176,7 +176,7 @@ def streamed_predictions(
 
 
 def score_clip_timelines(scores: SegmentationScores, chunked: ChunkedOutput, frame_labels: torch.Tensor) -> None:
-    """Each clip's per-frame labels (its chunks' probabilities blended, engine.timeline) scored against its
+    """Each clip's per-frame labels (its chunks' probabilities blended, engine.inference.timeline) scored against its
     frame labels, on the frames a segment covers."""
     windows = np.array(chunked.windows).reshape(-1, 2)
     probs = chunked.chunk_logits.float().softmax(dim=-1).numpy()  # [n, B, K]

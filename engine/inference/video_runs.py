@@ -15,11 +15,11 @@ from config import Config
 from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.device_input import InputPreparer
 from datasets.video.info import StalledFile
-from engine.features import FeatureOutput, mstcn_features_path, write_features, write_mstcn, write_mstcn_index
-from engine.inference import InferenceSpec, classify_video
-from engine.segment_metrics import SegmentationScores, background_indices, format_scores
-from engine.video_outputs import Outputs, print_result
-from engine.video_result import VideoResult
+from engine.inference.features import FeatureOutput, mstcn_features_path, write_features, write_mstcn, write_mstcn_index
+from engine.inference.stream import InferenceSpec, classify_video
+from engine.inference.video_outputs import Outputs, print_result
+from engine.inference.video_result import VideoResult
+from engine.metrics.segments import SegmentationScores, background_indices, format_scores
 
 
 class Tally:

@@ -14,7 +14,7 @@ import torch
 from core import memory_monitor
 from core.files import DiskFullError, atomic_open
 from core.runtime import unwrap_model
-from engine.trainer import RunStopped, Trainer
+from engine.training.trainer import RunStopped, Trainer
 
 log = logging.getLogger("longvideo")
 

@@ -22,9 +22,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from artifacts.checkpoint import restore_rng_state, rng_state
 from core import watchdog
 from core.runtime import unwrap_model
-from engine.data import GuardedBatches, make_loader
-from engine.step import micro_batches
-from engine.trainer import Trainer
+from engine.data.loaders import GuardedBatches, make_loader
+from engine.training.step import micro_batches
+from engine.training.trainer import Trainer
 from models.classifier import running_stats_frozen
 from models.norms import FrozenBatchNorm, batch_norms, channel_moments, pooled_statistics
 

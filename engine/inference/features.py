@@ -13,7 +13,7 @@ video's absolute path, decided over the whole input list so every shard names a 
     checkpoint_sha256, checkpoint (the backbone checkpoint's absolute path), config (the resolved YAML),
     settings (JSON: what decides the features)
 
-``train.py`` with ``data.features_dir`` trains a temporal head on these files (engine/feature_data.py).
+``train.py`` with ``data.features_dir`` trains a temporal head on these files (engine/data/feature_files.py).
 
 Files are written atomically. A video whose file exists with the same settings (checkpoint content, chunking,
 stride, geometry, dtype) is skipped with one line; a file from other settings is recomputed, never mixed.
@@ -37,8 +37,8 @@ from core.files import atomic_open
 from datasets.manifest import VideoRecord
 from datasets.mstcn import BACKGROUND, write_index, write_video
 from datasets.records import frame_labels, segment_frames
-from engine.chunking import chunk_labels
-from engine.video_result import VideoResult
+from engine.inference.chunks import chunk_labels
+from engine.inference.video_result import VideoResult
 
 FEATURE_DTYPES = ("float16", "float32")
 

@@ -21,10 +21,10 @@ from core import memory_monitor, watchdog
 from datasets.chunk_stream import ChunkStream
 from datasets.manifest import VideoRecord
 from datasets.records import check_labels, frame_labels, segment_frames
-from engine.chunking import ChunkedOutput, clip_length, run_chunks, slice_time
-from engine.segment_metrics import SegmentationScores
-from engine.timeline import annotated, frame_probabilities, segments_of_frames
-from engine.video_result import ChunkFeatures, FrameTimeline, VideoResult
+from engine.inference.chunks import ChunkedOutput, clip_length, run_chunks, slice_time
+from engine.inference.timeline import annotated, frame_probabilities, segments_of_frames
+from engine.inference.video_result import ChunkFeatures, FrameTimeline, VideoResult
+from engine.metrics.segments import SegmentationScores
 
 log = logging.getLogger("longvideo")
 TRIM_EVERY = 32  # chunk groups between two malloc_trim calls (core.memory_monitor.trim_freed_memory)
@@ -81,13 +81,13 @@ def classify_video(
     scores: SegmentationScores | None = None,
 ) -> VideoResult:
     """One video's result: top-k labels; with ``spec.timeline`` every chunk's result, the per-frame timeline and
-    its segments (engine.timeline: the chunks' probabilities blended per frame). A video with annotated segments is
+    its segments (timeline.py: the chunks' probabilities blended per frame). A video with annotated segments is
     scored as a timeline (its ``scores``, added to ``scores``: the split's).
 
     The chunks go through ``run_chunks``, the chunked forward of evaluation, as they are decoded: without a
     temporal head their logits are aggregated as they come; with one, only each chunk's features are kept (on the
     host, 4 bytes x D a chunk) and the head runs once at the end. ``keep_features``: the result also holds its
-    ``ChunkFeatures``, for ``engine.features``."""
+    ``ChunkFeatures``, for ``engine.inference.features``."""
     check_labels(record, class_names, unlabelled_ok=True)  # the checks and messages of train.py and eval.py
     stream = ChunkStream(record, data_cfg, spec)
     truth = None
@@ -174,7 +174,7 @@ def add_timeline(
     scores: SegmentationScores | None,
     full: bool,
 ) -> None:
-    """A video's per-frame timeline (its chunks' probabilities blended, engine.timeline) into ``result``: its
+    """A video's per-frame timeline (its chunks' probabilities blended, engine.inference.timeline) into ``result``: its
     scores against the annotated ``truth`` (added to the split's ``scores``); with ``full``, every chunk's result,
     the segments, and the per-frame labels (for --output's CSV and --plot)."""
     fps = result.fps

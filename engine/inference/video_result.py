@@ -1,4 +1,4 @@
-"""One video's result from streaming inference (``engine.inference.classify_video``): what infer_chunked.py prints,
+"""One video's result from streaming inference (``stream.classify_video``): what infer_chunked.py prints,
 writes as a JSON line (``to_json``), draws and stores as features. The per-frame timeline and the chunk features
 are arrays for the files that hold them (``OUTPUT_frames.csv``, ``--plot``, ``--features``), never JSON."""
 
@@ -21,8 +21,8 @@ class FrameTimeline:
 
 @dataclass(frozen=True)
 class ChunkFeatures:
-    """What ``--features`` stores of a video (engine/features.py): each inference chunk's backbone features after
-    view fusion, its logits (with a temporal head: the head's per-chunk outputs) and its frames."""
+    """What ``--features`` stores of a video (features.py): each inference chunk's backbone features after view
+    fusion, its logits (with a temporal head: the head's per-chunk outputs) and its frames."""
 
     features: np.ndarray  # [n, D] float32
     chunk_logits: np.ndarray  # [n, K] float32
@@ -42,7 +42,7 @@ class VideoResult:
     decode_s: float = 0.0
     compute_s: float = 0.0  # the model's seconds, not waiting for the decoder
     label: str | None = None  # the manifest's label, if it has one
-    scores: dict | None = None  # the timeline against the annotated segments (engine.segment_metrics)
+    scores: dict | None = None  # the timeline against the annotated segments (engine.metrics.segments)
     chunk_results: list[dict] | None = None  # --timeline: each chunk's frames, seconds, label and probability
     segments: list[dict] | None = None  # --timeline: the runs of the per-frame labels
     frames: FrameTimeline | None = None  # --timeline: per frame, for the CSV and the picture

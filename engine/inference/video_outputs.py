@@ -10,8 +10,8 @@ import os
 
 from artifacts.timeline_plot import ROW_MINUTES, timeline_plot
 from core.files import append_whole, atomic_write_bytes
-from engine.segment_metrics import format_scores
-from engine.video_result import FrameTimeline, VideoResult
+from engine.inference.video_result import FrameTimeline, VideoResult
+from engine.metrics.segments import format_scores
 
 
 class Outputs:

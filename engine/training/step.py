@@ -1,9 +1,9 @@
 """The training step: forward and backward of a micro-batch in its training chunks, gradient accumulation, the
-optimizer step, and the out-of-memory back-off. Used by the loop (``engine.loop``) and by the memory planner,
-which runs ``step_loss`` on fake tensors.
+optimizer step, and the out-of-memory back-off. Used by the loop (``loop``) and by the memory planner, which runs
+``step_loss`` on fake tensors.
 
-``Trainer`` (engine/trainer.py) is what every step needs; the out-of-memory back-off is engine/oom.py's, the
-optimizer engine/optim.py's.
+``Trainer`` (trainer.py) is what every step needs; the out-of-memory back-off is oom.py's, the optimizer optim.py's
+(all in engine/training/).
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import torch
 
 from config import TrainConfig
 from core.errors import ConfigError
-from engine.chunking import ChunkSpec, aggregate_chunk_logits, chunk_labels, chunk_windows, clip_length
-from engine.feature_bank import FeatureBank
-from engine.oom import (
+from engine.inference.chunks import aggregate_chunk_logits, chunk_labels, chunk_windows, clip_length
+from engine.training.chunked_forward import ChunkSpec
+from engine.training.feature_bank import FeatureBank
+from engine.training.oom import (
     OutOfMemoryAdvice,
     OutOfMemoryError,
     SyncedOutOfMemory,
@@ -27,8 +28,8 @@ from engine.oom import (
     back_off_after_oom,
     save_memory_snapshot,
 )
-from engine.optim import max_grad_norm
-from engine.trainer import Trainer
+from engine.training.optim import max_grad_norm
+from engine.training.trainer import Trainer
 from models.temporal import HeadOutput
 
 log = logging.getLogger("longvideo")

@@ -1,5 +1,5 @@
 """Training on features (``data.features_dir``): each sample is one whole video's per-chunk features, as
-``infer_chunked.py --features`` wrote them (engine/features.py), with its labels from the manifests.
+``infer_chunked.py --features`` wrote them (engine/inference/features.py), with its labels from the manifests.
 
 A video of 50,000 frames is about 2,000 chunks of features, a few MB: the temporal head trains over whole videos in
 one forward, where end-to-end chunked training would run the backbone over every chunk twice per step. A sample:
@@ -34,7 +34,7 @@ from datasets.manifest import VideoRecord
 from datasets.mstcn import MsTcnVideos, bundle_names, feature_shape, read_mapping
 from datasets.records import resolve_class_names, training_records
 from datasets.sampler import EpochSampler
-from engine.features import read_arrays, read_header, video_labels
+from engine.inference.features import read_arrays, read_header, video_labels
 
 log = logging.getLogger("longvideo")
 SOURCE_KEYS = ("checkpoint_sha256", "chunk", "overlap", "frame_stride", "feature_dim")  # must agree over files

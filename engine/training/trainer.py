@@ -1,4 +1,4 @@
-"""``Trainer``: what every training step needs, built once by ``engine.build.build_trainer``; and the conditions
+"""``Trainer``: what every training step needs, built once by ``build.build_trainer``; and the conditions
 that end a run (``RunStopped``)."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from core.runtime import Runtime
 from datasets.bad_input import BadInputReport
 from datasets.device_input import InputPreparer
 from datasets.shape import DataShape
-from engine.chunking import ChunkSpec, grad_chunks_of, seed_of
-from engine.feature_bank import FeatureBank
+from engine.training.chunked_forward import ChunkSpec, grad_chunks_of, seed_of
+from engine.training.feature_bank import FeatureBank
 from models import temporal_head_of
 
 
@@ -111,7 +111,7 @@ class Trainer:
 
 
 class RunStopped(RuntimeError):
-    """A condition that ends the run. Whoever meets it raises and writes nothing; ``engine.loop.saved_on_stop``
+    """A condition that ends the run. Whoever meets it raises and writes nothing; ``engine.training.loop.saved_on_stop``
     (around fit) saves last.pt once and names it in the message (``note_checkpoint``)."""
 
     saves_checkpoint = True

@@ -1,5 +1,5 @@
 """Ctrl-C during training: the first one asks the loop to stop after the current batch, a second one stops at once.
-``engine.loop.saved_on_stop`` saves last.pt and says how to continue."""
+``engine.training.loop.saved_on_stop`` saves last.pt and says how to continue."""
 
 from __future__ import annotations
 

@@ -1,15 +1,15 @@
 """Cross-validation as the temporal action segmentation field reports it: every split of a dataset in MS-TCN's layout
 (Breakfast 4 splits, 50Salads 5, GTEA 4) trained and scored, the per-split table and the mean in the papers' columns.
 
-    python -m engine.cross_validation --config configs/mstcn-breakfast.yaml --root /data/breakfast --splits all
-    python -m engine.cross_validation --config configs/mstcn-50salads.yaml --root /data/50salads --splits all
-    python -m engine.cross_validation --config configs/mstcn-gtea.yaml --root /data/gtea --splits 1,2
+    python -m engine.evaluation.cross_validation --config configs/mstcn-breakfast.yaml --root /data/bf --splits all
+    python -m engine.evaluation.cross_validation --config configs/mstcn-50salads.yaml --root /data/50s --splits all
+    python -m engine.evaluation.cross_validation --config configs/mstcn-gtea.yaml --root /data/gtea --splits 1,2
 
 Each split N trains the config's head with train.py (one process a split, data.features_split N: the videos of
 splits/train.splitN.bundle) in OUT/runs/splitN/, then the model at the end of training (last.pt: the papers score the
 last epoch's model, never the best on the test set) is scored on splits/test.splitN.bundle by eval.py's evaluation:
 F1@10, F1@25, F1@50, edit and frame accuracy (Acc), all in percent, with MS-TCN's definitions
-(engine/segment_metrics.py) and data.background_labels left out of edit and F1 (each dataset's preset as MS-TCN's
+(engine/metrics/segments.py) and data.background_labels left out of edit and F1 (each dataset's preset as MS-TCN's
 eval.py). OUT/segmentation.md has the table, OUT/segmentation.json every figure.
 
 Run it again after a stop: a split whose run has finished is scored again without training, one that stopped
@@ -31,7 +31,7 @@ from core.errors import UsageError
 from core.files import atomic_write_bytes
 from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.mstcn import bundle_names, split_numbers
-from engine.evaluate import EvaluationSpec, evaluate_checkpoint
+from engine.evaluation.evaluate import EvaluationSpec, evaluate_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLUMNS = (("F1@10", "seg_f1@10"), ("F1@25", "seg_f1@25"), ("F1@50", "seg_f1@50"), ("Edit", "seg_edit"))
@@ -113,7 +113,7 @@ def table(rows: dict, videos: dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m engine.cross_validation",
+        prog="python -m engine.evaluation.cross_validation",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

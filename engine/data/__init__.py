@@ -1,0 +1,1 @@
+"""The DataLoaders of a run: of videos (loaders) and of feature files (feature_files)."""

@@ -1,0 +1,1 @@
+"""Scores: of clips and videos (clips), of timelines in the papers' columns (segments)."""
