@@ -33,7 +33,7 @@ from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.mstcn import bundle_names, split_numbers
 from engine.evaluation.evaluate import EvaluationSpec, evaluate_checkpoint
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # engine/evaluation/ is two down
 COLUMNS = (("F1@10", "seg_f1@10"), ("F1@25", "seg_f1@25"), ("F1@50", "seg_f1@50"), ("Edit", "seg_edit"))
 
 
