@@ -79,14 +79,14 @@ def test_on_the_order_task_the_transformer_head_learns_what_mean_pooled_chunks_c
 
 def test_on_another_task_family_the_head_learns_with_its_defaults(tmp_path):
     """Not the order task the head was first tuned on: the colour of the last of four events (two red, two green;
-    an order-blind bag of chunks sees the same events under both labels). 64 videos of 320 frames at 16x16, the
-    whole video at stride 4 in 5 chunks, 10 epochs (about 13 s each here), the long-range preset with nothing
-    about the head set: the defaults (train.temporal_lr_scale, train.temporal_grad_clip, model.temporal_width,
-    model.temporal_attention) must learn it."""
+    an order-blind bag of chunks sees the same events under both labels, which tests/test_task_families.py checks
+    of every family, so no pooled control is trained here). 64 videos of 320 frames at 16x16, the whole video at
+    stride 4 in 5 chunks, 10 epochs (about 13 s here), the long-range preset with nothing about the head set: the
+    defaults (train.temporal_lr_scale, train.temporal_grad_clip, model.temporal_width, model.temporal_attention)
+    must learn it."""
     data, settings = small_family(tmp_path, "last", videos=64)
-    accuracy = best_accuracy(data, tmp_path, WITH_AND_WITHOUT_A_HEAD, *settings)
-    assert accuracy["none"] <= 0.70, accuracy
-    assert accuracy["transformer"] >= 0.85 and accuracy["transformer"] >= accuracy["none"] + 0.2, accuracy
+    accuracy = best_accuracy(data, tmp_path, {"transformer": ["model.temporal_head=transformer"]}, *settings)
+    assert accuracy["transformer"] >= 0.85, accuracy
 
 
 def test_at_32_chunks_the_default_directional_attention_learns_the_order(tmp_path):
