@@ -24,6 +24,7 @@ from datasets.shape import DataShape
 from engine.training import loop
 from engine.training.chunked_forward import ChunkedTrainingForward
 from engine.training.oom import OutOfMemoryAdvice, OutOfMemoryError
+from engine.training.step import optimizer_step
 from engine.training.trainer import NonFiniteLossError, Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -188,6 +189,23 @@ def test_consecutive_non_finite_losses_stop_the_run_with_a_checkpoint(tmp_path):
     assert trainer.state.skipped_steps == 3  # the steps with NaN gradients were not applied
     assert os.path.exists(tmp_path / "checkpoints" / "last.pt")
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+@pytest.mark.parametrize("grad_clip", ["null", "1.0"])
+def test_a_step_with_an_infinite_gradient_and_a_finite_loss_is_skipped(tmp_path, grad_clip):
+    """fp32 has no loss scaler to find non-finite gradients: the step checks their norm, with or without clipping."""
+    trainer, _ = make_trainer(NoBatchNorm(), 2, 1, tmp_path, **{"train.grad_clip": grad_clip})
+    params = list(trainer.model.parameters())
+    before = [p.detach().clone() for p in params]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    params[-1].grad[0] = float("inf")
+    optimizer_step(trainer)
+    assert trainer.state.skipped_steps == 1 and all(torch.equal(a, b) for a, b in zip(before, params))
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer_step(trainer)
+    assert trainer.state.skipped_steps == 1 and not any(torch.equal(a, b) for a, b in zip(before, params))
 
 
 def test_leak_detector_fires_on_steady_growth_only():

@@ -214,17 +214,19 @@ def clips_per_forward(trainer: Trainer) -> int:
 def optimizer_step(trainer: Trainer) -> None:
     optimizer, scaler, state = trainer.optimizer, trainer.scaler, trainer.state
     grad_clip = max_grad_norm(trainer.cfg.train, trainer.has_temporal_head)
+    norm = None  # of all gradients together: inf or NaN if any of them is
     if grad_clip is not None:
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-        torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), grad_clip)
     if scaler.is_enabled():
         scale_before = scaler.get_scale()
         scaler.step(optimizer)
         scaler.update()
         stepped = scaler.get_scale() >= scale_before  # a lowered scale means inf/NaN gradients: step skipped
     else:
-        grads_finite = all(p.grad is None or torch.isfinite(p.grad).all() for p in trainer.model.parameters())
-        stepped = grads_finite and state.nonfinite_streak == 0
+        if norm is None:  # one fused norm and one device sync, not one per parameter
+            norm = torch.nn.utils.get_total_norm([p.grad for p in trainer.model.parameters() if p.grad is not None])
+        stepped = bool(torch.isfinite(norm)) and state.nonfinite_streak == 0
         if stepped:
             optimizer.step()
     if not stepped:
