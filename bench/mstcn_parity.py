@@ -16,8 +16,9 @@ close together under strong per-frame noise, long videos) is cross-validated twi
 
 Both are scored by the project's metrics (engine/metrics/segments.py: MS-TCN's definitions of F1@{10,25,50}, edit
 and frame accuracy), nothing left out of edit and F1. Printed: each system's mean over splits and seeds, each
-seed's, and its training seconds per epoch (the project's from its metrics.csv: the training part of an epoch,
-without its validation).
+seed's, and its training seconds per epoch: the mean, the median and the fastest of every epoch of every run (the
+project's from its metrics.csv: the training part of an epoch, without its validation or checkpoint); the median
+and the fastest are the figures another process on the machine disturbs least.
 """
 
 from __future__ import annotations
@@ -108,8 +109,8 @@ def ms_tcn_batch(root: str, name: str, index: dict, num_classes: int, sample_rat
     return inputs, target, mask
 
 
-def reference_split(root: str, split: int, epochs: int, seed: int, sample_rate: int) -> tuple[dict, float]:
-    """MS-TCN's recipe on split ``split``: (the last epoch's scores on the split's test videos, s per epoch). Timed
+def reference_split(root: str, split: int, epochs: int, seed: int, sample_rate: int) -> tuple[dict, list[float]]:
+    """MS-TCN's recipe on split ``split``: (the last epoch's scores on the split's test videos, each epoch's s). Timed
     as MS-TCN's train() runs an epoch (each video read from its files when drawn, the loss and accuracy summed
     per step), without the model and optimizer it saves after each epoch: the project's time leaves its
     checkpoint out too."""
@@ -121,8 +122,9 @@ def reference_split(root: str, split: int, epochs: int, seed: int, sample_rate: 
     dim = np.load(os.path.join(root, "features", f"{train[0]}.npy"), mmap_mode="r").shape[0]
     model = MultiStageModel(4, 10, 64, dim, len(classes))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0005)
-    start = time.perf_counter()
+    seconds = []
     for _ in range(epochs):
+        start = time.perf_counter()
         model.train()
         epoch_loss, correct, total = 0.0, 0.0, 0.0
         for name in random.sample(train, len(train)):  # MS-TCN's batch generator shuffles, batch 1
@@ -144,7 +146,7 @@ def reference_split(root: str, split: int, epochs: int, seed: int, sample_rate: 
             predicted = outputs[-1].data.argmax(dim=1)
             correct += ((predicted == target).float() * mask[:, 0, :].squeeze(1)).sum().item()
             total += torch.sum(mask[:, 0, :]).item()
-    seconds = (time.perf_counter() - start) / epochs
+        seconds.append(time.perf_counter() - start)
     scores = SegmentationScores()
     model.eval()
     with torch.no_grad():
@@ -162,8 +164,8 @@ def reference_split(root: str, split: int, epochs: int, seed: int, sample_rate: 
 
 
 # ---------------------------------------------------------------------------------------------- the project
-def project_splits(root: str, splits: list[int], epochs: int, seed: int, out: str) -> tuple[dict, float]:
-    """engine.evaluation.cross_validation with configs/mstcn.yaml: (each split's scores, s per training epoch)."""
+def project_splits(root: str, splits: list[int], epochs: int, seed: int, out: str) -> tuple[dict, list[float]]:
+    """engine.evaluation.cross_validation with configs/mstcn.yaml: (each split's scores, each training epoch's s)."""
     command = [
         sys.executable,
         "-m",
@@ -188,7 +190,7 @@ def project_splits(root: str, splits: list[int], epochs: int, seed: int, out: st
             metrics = list(csv.DictReader(f))
         videos = len(bundle_names(root, "train", split))
         seconds += [videos / float(row["train_clips_per_s"]) for row in metrics]
-    return rows, sum(seconds) / len(seconds)
+    return rows, seconds
 
 
 def main(argv=None) -> int:
@@ -220,12 +222,13 @@ def main(argv=None) -> int:
         for split in splits:
             scores, seconds = reference_split(root, split, args.epochs, seed, 1)
             results["MS-TCN"].append((seed, split, scores))
-            times["MS-TCN"].append(seconds)
+            times["MS-TCN"] += seconds
         rows, seconds = project_splits(root, splits, args.epochs, seed, os.path.join(args.out, f"project_{seed}"))
         results["project"] += [(seed, split, rows[split]) for split in splits]
-        times["project"].append(seconds)
+        times["project"] += seconds
     print(
-        f"{'system':8s} " + " ".join(f"{c:>9s}" for c in COLUMNS) + f" {'s/epoch':>8s}  each seed's F1@50 (split mean)"
+        f"{'system':8s} " + " ".join(f"{c:>9s}" for c in COLUMNS) + f" {'s/epoch':>8s} {'median':>7s} {'fastest':>7s}"
+        "  each seed's F1@50 (split mean)"
     )
     for system, rows in results.items():
         mean = {c: float(np.mean([r[2][c] for r in rows])) for c in COLUMNS}
@@ -233,9 +236,11 @@ def main(argv=None) -> int:
         for seed, _, row in rows:
             per_seed.setdefault(seed, []).append(row["f1@50"])
         each = ", ".join(f"{np.mean(v):.1f}" for v in per_seed.values())
+        epoch = times[system]
         print(
-            f"{system:8s} " + " ".join(f"{mean[c]:9.1f}" for c in COLUMNS) + f" {np.mean(times[system]):8.2f}  {each}"
-        )
+            f"{system:8s} " + " ".join(f"{mean[c]:9.1f}" for c in COLUMNS)
+            + f" {np.mean(epoch):8.2f} {np.median(epoch):7.2f} {min(epoch):7.2f}  {each}"
+        )  # fmt: skip
     return 0
 
 
