@@ -136,7 +136,7 @@ def restore_training(
         elif saved_groups < groups:
             setting = f"--set {scale}=1"
         else:  # its config is not known here
-            setting = f"--set {scale}=<the scale it trained with: not 1; the default until 2026-11-26 was 0.3>"
+            setting = f"--set {scale}=<the scale it trained with, not 1: the config.yaml of its run says it>"
         raise CheckpointError(
             f"{path}: its optimizer has {saved_groups} parameter groups, this config's has {groups} "
             f"(a temporal head gets groups of its own when {scale} is not 1); resume with the checkpoint's "

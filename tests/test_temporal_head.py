@@ -1016,8 +1016,8 @@ def test_resuming_with_the_other_group_layout_says_which_setting_to_use(tmp_path
     with pytest.raises(
         CheckpointError,
         match=r"its optimizer has 4 parameter groups, this config's has 2 \(.*\); resume with the checkpoint's "
-        r"setting: --set train\.temporal_lr_scale=<the scale it trained with: not 1; the default until 2026-11-26 "
-        r"was 0\.3>$",
+        r"setting: --set train\.temporal_lr_scale=<the scale it trained with, not 1: the config\.yaml of its run "
+        r"says it>$",
     ):
         restore_training(path, model, one_rate, None, None)
 
