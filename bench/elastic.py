@@ -93,14 +93,19 @@ def launch(layout: str, train_flags: list[str], log_dir: str) -> list[subprocess
     return agents
 
 
+def stat_fields(path: str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's name (state, ppid, ...); None for a process gone."""
+    try:
+        return open(path).read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def children(pid: int) -> list[int]:
     found = []
     for path in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            fields = open(path).read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
+        fields = stat_fields(path)
+        if fields is not None and int(fields[1]) == pid:
             found.append(int(path.split("/")[2]))
     return found
 
@@ -129,10 +134,8 @@ def logged_step(out: str) -> int:
 
 
 def running(pid: int) -> bool:
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    fields = stat_fields(f"/proc/{pid}/stat")
+    return fields is not None and fields[0] != "Z"  # a zombie has ended
 
 
 def continue_once_another_ends(stopped: int, others: list[int | None], deadline: float) -> None:
