@@ -62,10 +62,15 @@ def event_times(rng: np.random.Generator, count: int, frames: int, event_frames:
 #               A and B pass through the same positions, so no single frame tells them apart, only their order
 #   texture     the frame replaced by stripes of the background's mean brightness: horizontal (A), vertical (B),
 #               or a checkerboard (C)
-#   repetition  the frame lit white in one pulse of 4 frames (A), two of 2 (B) or four of 1 (C): as many lit frames
-#               each, only their count differs (events of at least 8 frames)
+#   repetition  the frame lit white in one pulse of 4 units (A), two of 2 (B) or four of 1 (C), a dark unit between
+#               pulses: as many lit frames each, only their count differs (events of at least 7 units)
+# A unit of the repetition is PULSE_UNIT frames, the frame stride the families train at: a clip at that stride holds
+# one frame of every unit whatever its phase, so the pulses it sees are the pulses there are (with units of one
+# frame, a clip at stride 4 saw one pulse of A, B or C alike at some phases).
 MODALITIES = ("colour", "motion", "texture", "repetition")
-REPETITION_PULSES = {"A": (4, 1), "B": (2, 2), "C": (1, 4)}  # (frames a pulse, pulses), a dark frame between pulses
+REPETITION_PULSES = {"A": (4, 1), "B": (2, 2), "C": (1, 4)}  # (units a pulse, pulses)
+PULSE_UNIT = 4
+REPETITION_FRAMES = 7 * PULSE_UNIT  # C's four pulses and the three dark units between them
 
 
 def event_frame(modality: str, name: str, step: int, event_frames: int, frame: np.ndarray) -> np.ndarray:
@@ -89,9 +94,9 @@ def event_frame(modality: str, name: str, step: int, event_frames: int, frame: n
         return np.clip(pattern + (frame.astype(np.int16) - 128) // 3, 0, 255).astype(np.uint8)
     if modality == "repetition":
         width, pulses = REPETITION_PULSES[name]
-        pattern_frames = pulses * width + pulses - 1  # the pulses and the dark frames between them
+        pattern_frames = (pulses * width + pulses - 1) * PULSE_UNIT  # the pulses and the dark units between them
         offset = step - (event_frames - pattern_frames) // 2
-        lit = 0 <= offset < pattern_frames and offset % (width + 1) < width
+        lit = 0 <= offset < pattern_frames and offset // PULSE_UNIT % (width + 1) < width
         return np.full_like(frame, 230) if lit else frame
     raise ValueError(f"unknown modality {modality!r}; expected one of {', '.join(MODALITIES)}")
 
@@ -199,8 +204,8 @@ def generate_task(
     arguments. ``modality``: what tells its kinds of event apart (MODALITIES); ``shape``: frames, event_frames or
     min_gap other than the family's (small tests)."""
     spec = {**TASKS[task], **shape}
-    if modality == "repetition":  # four pulses of one frame and the three dark frames between them
-        spec["event_frames"] = max(spec["event_frames"], 8)
+    if modality == "repetition":
+        spec["event_frames"] = max(spec["event_frames"], REPETITION_FRAMES)
     args = dict(
         kind=f"task_{task}" if modality == "colour" else f"task_{task}_{modality}",
         seed=seed,

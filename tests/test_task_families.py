@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 import pytest
 
-from datasets.long_range_tasks import MODALITIES, TASKS, generate_task
+from datasets.long_range_tasks import MODALITIES, PULSE_UNIT, REPETITION_FRAMES, TASKS, generate_task
 
 
 @pytest.mark.parametrize("task", ["middle", "last", "distractors", "twice", "more", "match"])
@@ -63,7 +63,8 @@ def decode_frames(path: str) -> list:
         frames.append(frame)
 
 
-SHAPE = dict(size=32, num_train=16, num_val=4, frames=160, event_frames=8, min_gap=8, quiet=True)
+# events as long as the repetition's (in colour too, so that both draw the same times)
+SHAPE = dict(size=32, num_train=16, num_val=4, frames=160, event_frames=REPETITION_FRAMES, min_gap=8, quiet=True)
 
 
 @pytest.mark.parametrize("modality", [m for m in MODALITIES if m != "colour"])
@@ -80,7 +81,8 @@ def test_each_modality_keeps_the_familys_events_and_tells_the_kinds_apart_only_a
     for line in lines[:6]:
         frames = decode_frames(os.path.join(other, line["video"]))
         for kind, start in line["events"]:
-            seen[kind].append(np.stack(frames[start : start + 8]).astype(np.float32).mean(axis=3))  # [8, H, W]
+            event = frames[start : start + REPETITION_FRAMES]
+            seen[kind].append(np.stack(event).astype(np.float32).mean(axis=3))  # [frames, H, W]
     brightness = {kind: np.mean([event.mean() for event in events]) for kind, events in seen.items()}
     assert abs(brightness["A"] - brightness["B"]) < 3, brightness  # the same light: no colour or brightness cue
     for kind, events in seen.items():
@@ -91,7 +93,10 @@ def test_each_modality_keeps_the_familys_events_and_tells_the_kinds_apart_only_a
             elif modality == "texture":  # horizontal stripes change from row to row, vertical ones along a row
                 rows, cols = np.abs(np.diff(event, axis=1)).mean(), np.abs(np.diff(event, axis=2)).mean()
                 assert (rows > 2 * cols) == (kind == "A") and (cols > 2 * rows) == (kind == "B"), (kind, rows, cols)
-            else:  # the lit frames: one pulse for A, two for B, four frames lit either way
+            else:  # the lit frames: one pulse for A, two for B, 16 frames lit either way, at any phase of stride 4
                 lit = [bool(f.mean() > 200) for f in event]
-                pulses = sum(1 for i, x in enumerate(lit) if x and (i == 0 or not lit[i - 1]))
-                assert sum(lit) == 4 and pulses == {"A": 1, "B": 2}[kind], (kind, lit)
+                assert sum(lit) == 4 * PULSE_UNIT, (kind, lit)
+                for phase in range(PULSE_UNIT):
+                    seen_lit = lit[phase::PULSE_UNIT]
+                    pulses = sum(1 for i, x in enumerate(seen_lit) if x and (i == 0 or not seen_lit[i - 1]))
+                    assert pulses == {"A": 1, "B": 2}[kind], (kind, phase, seen_lit)
