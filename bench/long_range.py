@@ -4,6 +4,7 @@
     python -m bench.long_range --epochs 20 --seeds 0,1,2
     python -m bench.long_range --part families --epochs 30   # every task family and modality, two presets' defaults
     python -m bench.long_range --part families --modalities motion --families match,twice
+    python -m bench.long_range --part finetune --pretrain last/texture --modalities colour,motion  # from weights
     python -m bench.long_range --part head-alone --seeds 0,1,2  # the head alone on each family's chunk features
     python -m bench.long_range --part separability --families twice --checkpoint runs/.../last.pt  # A and B apart?
 
@@ -17,6 +18,10 @@ model.temporal_head: transformer; configs/long-range.yaml) beside the
 order-blind baseline (the long-range preset with chunk logits averaged). Printed: best and last validation
 accuracy (the mean over seeds, then each seed's), the first epoch at 0.9 or more (the slowest seed's), seconds per
 epoch.
+
+--part finetune: --part families from weights instead of from scratch: the backbone of a run on --pretrain (the
+long-range preset with a plain transformer head, no reconstruction, no running sum) stands in for pretrained
+weights, and each case fine-tunes it with the head's settings under test.
 
 Data: ``python -m datasets.synthetic --long-range`` (written to data/long_range if missing): 1,024-frame videos
 with two brief events at least 320 frames apart; the label is their order (datasets/long_range_tasks.py says why no
@@ -38,6 +43,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -70,7 +76,10 @@ VARIANTS = {
 }
 
 
-def train_variant(overrides: list[str], data: str, epochs: int, seed: int, config: str = CONFIG) -> dict:
+def train_variant(
+    overrides: list[str], data: str, epochs: int, seed: int, config: str = CONFIG, keep: str | None = None
+) -> dict:
+    """One train.py run's validation accuracy by epoch; ``keep``: a path to copy its best.pt to."""
     with tempfile.TemporaryDirectory() as out:
         command = [
             sys.executable,
@@ -93,6 +102,10 @@ def train_variant(overrides: list[str], data: str, epochs: int, seed: int, confi
             raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr}")
         with open(os.path.join(out, "long_range", "latest", "metrics.csv"), newline="") as f:
             rows = list(csv.DictReader(f))
+        if keep:
+            os.makedirs(os.path.dirname(keep), exist_ok=True)
+            shutil.copyfile(os.path.join(out, "long_range", "latest", "checkpoints", "best.pt"), keep + ".tmp")
+            os.replace(keep + ".tmp", keep)
     accuracy = [float(r["val_clip_acc"]) for r in rows]
     elapsed = [float(r["elapsed_s"]) for r in rows]
     reached = next((int(r["epoch"]) for r, a in zip(rows, accuracy) if a >= 0.9), None)
@@ -151,11 +164,14 @@ def family_data(family: str, root: str, modality: str = "colour") -> tuple[str, 
     ]
 
 
-def families(args) -> None:
+def families(args, weights=None) -> None:
+    """Each --families x --modalities case from each --presets, at each seed; ``weights(seed)``: a checkpoint whose
+    backbone each run starts from (model.pretrained), or None for a backbone from scratch."""
     seeds = [int(s) for s in args.seeds.split(",")]
     print(
         f"long-range task families, {args.epochs} epochs, seeds {seeds}, on the CPU ({os.cpu_count()} CPUs); each "
-        f"family's validation set is balanced (chance: 1 / classes)"
+        f"family's validation set is balanced (chance: 1 / classes); the backbone "
+        + ("from scratch" if weights is None else f"from {args.pretrain}'s")
     )
     print(
         f"{'family':22s} {'chunks':>6s} {'variant':18s} {'best':>6s} {'last':>6s} {'to 0.9':>6s} {'s/epoch':>8s}"
@@ -176,7 +192,8 @@ def families(args) -> None:
                 continue
             runs = []
             for seed in seeds:
-                runs.append(train_variant(shape + overrides + args.set, data, args.epochs, seed, config))
+                start = [] if weights is None else [f"model.pretrained={weights(seed)}"]
+                runs.append(train_variant(shape + overrides + start + args.set, data, args.epochs, seed, config))
                 if args.verbose:
                     r = runs[-1]
                     print(
@@ -193,6 +210,29 @@ def families(args) -> None:
                 f"  {each}",
                 flush=True,
             )
+
+
+# What the pretraining of --part finetune sets: a backbone from elsewhere knows nothing of the head's extras
+PRETRAINING = ["model.temporal_head=transformer", "model.chunk_reconstruction=0", "model.temporal_running=false"]
+
+
+def finetune(args) -> None:
+    """--part families from a backbone trained first on --pretrain (a family in one modality, with the long-range
+    preset and a plain transformer head: it stands in for pretrained weights), fine-tuned with the head on each
+    case. The pretrained checkpoints are kept in data/long_range_pretrained and reused."""
+    family, modality = args.pretrain.split("/")
+    data, shape = family_data(family, os.path.join(ROOT, "data"), modality)
+    config, overrides = PRESETS["long-range"]
+
+    def weights(seed: int) -> str:
+        name = f"{family}_{modality}_seed{seed}_{args.pretrain_epochs}epochs.pt"
+        path = os.path.join(ROOT, "data", "long_range_pretrained", name)
+        if not os.path.exists(path):
+            run = train_variant(shape + overrides + PRETRAINING, data, args.pretrain_epochs, seed, config, keep=path)
+            print(f"  pretrained on {args.pretrain}, seed {seed}: best {run['best']:.3f}", flush=True)
+        return path
+
+    families(args, weights)
 
 
 def event_features(task: str, clips: int, chunks: int, rng: np.random.Generator, scene: torch.Tensor):
@@ -327,19 +367,22 @@ def colours_apart(model, clips: torch.Tensor, colours: list[str], chunk: int, me
 
 def separability(args) -> None:
     """``colours_apart`` of a random backbone (initialized at the first of --seeds) or of each --checkpoint's, on
-    the first 48 training videos of each family of --families with two event colours."""
+    the first 48 training videos of each family of --families with two kinds of event, in each of --modalities."""
     from artifacts.checkpoint import load_checkpoint
     from config import load_config
     from config.compat import saved_config
     from models import build_model
 
-    print(f"{'family':12s} {'A/B accuracy':>12s} {'|A - B| / 2':>12s} {'|events - empty|':>16s}  backbone")
-    for task in args.families.split(","):
+    print(f"{'family':22s} {'A/B accuracy':>12s} {'|A - B| / 2':>12s} {'|events - empty|':>16s}  backbone")
+    cases = [(task, modality) for modality in args.modalities.split(",") for task in args.families.split(",")]
+    for task, modality in cases:
         if task not in (*RELATION_EVENTS, "last", "distractors"):
-            continue  # the order task is not a TASKS family; middle has three colours
+            continue  # the order task is not a TASKS family; middle has three kinds of event
         frames, chunk = FAMILY_SHAPES[task]
-        data = generate_task(os.path.join(ROOT, "data", f"task_{task}"), task, quiet=True)
+        folder = f"task_{task}" if modality == "colour" else f"task_{task}_{modality}"
+        data = generate_task(os.path.join(ROOT, "data", folder), task, quiet=True, modality=modality)
         clips, colours = event_chunks(task, data, frames, chunk)
+        label = task if modality == "colour" else f"{task}/{modality}"
         for source in args.checkpoint or ["random"]:
             if source == "random":
                 cfg = load_config(CONFIG, [])
@@ -352,7 +395,7 @@ def separability(args) -> None:
                 model.load_state_dict(saved["model"])
             apart = colours_apart(model, clips, colours, chunk, cfg.data.mean, cfg.data.std)
             print(
-                f"{task:12s} {apart['accuracy']:12.3f} {apart['apart']:12.2f} {apart['events']:16.2f}  {source}",
+                f"{label:22s} {apart['accuracy']:12.3f} {apart['apart']:12.2f} {apart['events']:16.2f}  {source}",
                 flush=True,
             )
 
@@ -361,7 +404,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.long_range", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--part", choices=("order", "families", "head-alone", "separability"), default="order")
+    parser.add_argument(
+        "--part", choices=("order", "families", "finetune", "head-alone", "separability"), default="order"
+    )
+    parser.add_argument(
+        "--pretrain",
+        default="last/texture",
+        help="--part finetune: the FAMILY/MODALITY whose training gives the backbone its weights (last/texture: "
+        "a plain head learns it from scratch)",
+    )
+    parser.add_argument("--pretrain-epochs", type=int, default=12, help="--part finetune: epochs of the pretraining")
     parser.add_argument(
         "--checkpoint",
         action="append",
@@ -379,8 +431,8 @@ def main() -> None:
     parser.add_argument(
         "--modalities",
         default=",".join(MODALITIES),
-        help="--part families: what tells the events apart (datasets/long_range_tasks.py), comma-separated; the "
-        "order family is colour only",
+        help="--part families, finetune, separability: what tells the events apart (datasets/long_range_tasks.py), "
+        "comma-separated; the order family is colour only",
     )
     parser.add_argument(
         "--set",
@@ -396,6 +448,9 @@ def main() -> None:
             parser.error(f"{option}: unknown {', '.join(repr(n) for n in unknown)}; choose from {', '.join(known)}")
     if args.part == "families":
         families(args)
+        return
+    if args.part == "finetune":
+        finetune(args)
         return
     if args.part == "separability":
         separability(args)
