@@ -38,6 +38,10 @@ EXTERNAL_BACKBONES = {"timm/": "timm", "hf/": "transformers"}
 NORMS = ("batch", "frozen", "sync", "group")  # model.norm: models/norms.py converts BatchNorm to each
 
 
+# what model.chunk_reconstruction_target may name (models/reconstruction.py computes each)
+RECONSTRUCTION_TARGETS = ("colour", "colour_edges_motion")
+
+
 @dataclass(frozen=True)
 class Key:
     default: Any
@@ -189,10 +193,18 @@ class ModelConfig:
         1.0,
         "float",
         "with a temporal head and an RGB backbone that trains: the weight of an auxiliary loss where a linear decoder "
-        "from each chunk's features predicts the chunk's mean colour in 4 x 2 x 2 bins of time and space, relative "
-        "to its clip's mean chunk, so the features keep what tells the chunks apart when the label alone does not "
-        "ask for it (relations between far events); 0: none",
+        "from each chunk's features predicts the chunk's thumbnail (model.chunk_reconstruction_target) in 4 x 2 x 2 "
+        "bins of time and space, relative to its clip's mean chunk, so the features keep what tells the chunks "
+        "apart when the label alone does not ask for it (relations between far events); 0: none",
         minimum=0.0,
+    )
+    chunk_reconstruction_target: str = setting(
+        "colour",
+        "choice",
+        "what the chunk reconstruction's thumbnail holds: colour (the mean colour of each bin) or "
+        "colour_edges_motion (beside it, the grey frames' edge strength across and along the rows and their change "
+        "from frame to frame, signed and its size)",
+        choices=RECONSTRUCTION_TARGETS,
     )
 
 

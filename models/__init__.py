@@ -77,6 +77,7 @@ def build_model(model_cfg: ModelConfig, num_classes: int, num_views: int = 1, kp
         temporal=temporal,
         freeze_backbone=model_cfg.freeze_backbone,
         reconstruction=model_cfg.chunk_reconstruction,
+        reconstruction_target=model_cfg.chunk_reconstruction_target,
     )
     model.set_grad_checkpointing(model_cfg.grad_checkpointing)
     return model

@@ -114,6 +114,7 @@ class VideoClassifier(nn.Module):
         temporal: dict | None = None,
         freeze_backbone: bool = False,
         reconstruction: float = 0.0,
+        reconstruction_target: str = "colour",
     ):
         super().__init__()
         if rgb is None and kpt is None:
@@ -154,7 +155,7 @@ class VideoClassifier(nn.Module):
         # model.chunk_reconstruction: where chunk features reach a temporal head from an RGB backbone that trains;
         # created last, so a seed initializes every other layer as it did without it
         self.reconstruction = (
-            ChunkDecoder(self.feature_dim, reconstruction)
+            ChunkDecoder(self.feature_dim, reconstruction, reconstruction_target)
             if reconstruction > 0 and self.temporal is not None and rgb is not None and not self.frozen_backbone
             else None
         )

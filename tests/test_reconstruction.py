@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from test_chunked_training import MEAN, STD, clip_batch, small_model
@@ -11,7 +12,7 @@ from config.compat import saved_config
 from datasets.device_input import InputPreparer
 from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec
 from engine.training.step import label_loss, training_loss
-from models.reconstruction import THUMBNAIL, chunk_thumbnail, thumbnail_size
+from models.reconstruction import THUMBNAIL, ChunkDecoder, chunk_thumbnail, thumbnail_size
 from models.temporal import clip_contrast
 
 
@@ -137,3 +138,48 @@ def test_evaluation_loads_a_checkpoint_with_a_decoder_as_a_model_without_one(tmp
     kept = {k: v for k, v in state.items() if not k.startswith("reconstruction.")}
     assert loaded.state_dict().keys() == kept.keys()
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in kept.items())
+
+
+@pytest.mark.parametrize("modality", ["motion", "texture", "repetition"])
+def test_the_edges_and_motion_target_tells_apart_kinds_of_event_that_the_colour_one_cannot(modality):
+    """Two kinds of event of the task families (datasets/long_range_tasks.py) with the same light: a square moving
+    right or left, stripes across or along the rows, one pulse or two. Their mean-colour thumbnails are nearly the
+    same, or differ by less than the event differs from an empty chunk; with the edges and the change from frame to
+    frame they differ by about as much."""
+    from datasets.long_range_tasks import REPETITION_FRAMES, event_frame
+
+    rng = np.random.default_rng(0)
+    length = REPETITION_FRAMES if modality == "repetition" else 8  # the families' shortest events
+    grey = [rng.integers(90, 166, size=(32, 32, 3), dtype=np.uint8) for _ in range(64)]
+
+    def chunk(kind: str) -> torch.Tensor:
+        """A chunk of 16 clip frames at stride 4, as the families train, the event from its fifth clip frame on:
+        [1, 3, 16, 32, 32]."""
+        video = [
+            event_frame(modality, kind, t - 16, length, grey[t])
+            if 16 <= t < 16 + length and kind != "none"
+            else grey[t]
+            for t in range(0, 64, 4)
+        ]
+        return torch.from_numpy(np.stack(video)).permute(3, 0, 1, 2).unsqueeze(0)
+
+    a, b, empty = (chunk_thumbnail(chunk(kind), "colour_edges_motion") for kind in ("A", "B", "none"))
+    assert a.shape == (1, thumbnail_size("colour_edges_motion")) == (1, 160)
+    assert torch.equal(a[:, :48], chunk_thumbnail(chunk("A")))  # the colour part is the colour thumbnail
+
+    def apart(part: slice) -> float:  # how far A is from B, against how far the event is from an empty chunk
+        return float((a[:, part] - b[:, part]).norm() / (a[:, part] - empty[:, part]).norm())
+
+    # measured: colour 0.70, 0.00, 0.01 (motion, texture, repetition); the rest 0.94, 1.27, 1.25
+    assert apart(slice(48, 160)) > max(0.9, apart(slice(0, 48))), (apart(slice(0, 48)), apart(slice(48, 160)))
+
+
+def test_each_part_of_the_target_is_relative_to_its_clip_on_its_own_scale():
+    decoder = ChunkDecoder(feature_dim=4, weight=1.0, target="colour_edges_motion")
+    thumbs = torch.rand(2, 5, 160)
+    thumbs[..., 48:] *= 0.01  # the grey differences are far smaller than the colours
+    torch.nn.init.zeros_(decoder.decode.weight)
+    torch.nn.init.zeros_(decoder.decode.bias)
+    # predicting zeros costs the mean square of the target: 1 for each of the 4 parts at unit scale, whatever its
+    # size (48, 32, 64 and 16 values)
+    assert decoder(torch.zeros(2, 5, 4), thumbs).item() == pytest.approx(4.0, abs=0.01)

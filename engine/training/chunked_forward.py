@@ -17,7 +17,6 @@ from datasets.windows import chunk_windows
 from engine.inference.chunks import chunk_positions, clip_length, slice_time
 from models import temporal_head_of
 from models.classifier import recompute_in_backward
-from models.reconstruction import chunk_thumbnail
 from models.temporal import HeadOutput
 
 
@@ -123,7 +122,7 @@ class ChunkedTrainingForward(nn.Module):
         if decoder is None or not torch.is_grad_enabled():
             return out
         thumbnails = torch.stack(
-            [chunk_thumbnail(slice_time(inputs, start, end)["video"]) for start, end in windows], 1
+            [decoder.thumbnail(slice_time(inputs, start, end)["video"]) for start, end in windows], 1
         )
         return out._replace(auxiliary=decoder(features, thumbnails))
 
