@@ -52,8 +52,9 @@ def small_shape(backbone) -> tuple:
 def test_every_registered_backbone_runs_forward_and_backward_at_its_smallest_clip(name):
     model = build_model(model_cfg(backbone=name, grad_checkpointing="true"), 3)
     shape = small_shape(model.rgb)
-    logits = model({"video": torch.randn(2, 3, *shape)})
-    assert logits.shape == (2, 3)
+    clips = 1 if hasattr(model.rgb, "shape") else 2  # one 224x224 clip of the fixed-shape transformer: its whole cost
+    logits = model({"video": torch.randn(clips, 3, *shape)})
+    assert logits.shape == (clips, 3)
     logits.sum().backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 
