@@ -57,13 +57,13 @@ def thumbnail_size(target: str = "colour", channels: int = 3) -> int:
     return sum(thumbnail_parts(target, channels))
 
 
-def _pooled_difference(grey: torch.Tensor, dim: int, bins: tuple, absolute: bool) -> torch.Tensor:
-    """The differences of grey frames [B, 1, T, H, W] along ``dim`` (their sizes if ``absolute``), pooled in
-    ``bins``; zeros where ``dim`` has one element."""
-    if grey.shape[dim] < 2:
-        return grey.new_zeros(grey.shape[0], _bins(bins))
-    difference = grey.diff(dim=dim)
-    return F.adaptive_avg_pool3d(difference.abs() if absolute else difference, bins).flatten(1)
+def _difference(grey: torch.Tensor, dim: int) -> torch.Tensor:
+    """Grey frames [B, 1, T, H, W] differenced along ``dim``; zeros where ``dim`` has one element."""
+    return grey.diff(dim=dim) if grey.shape[dim] > 1 else torch.zeros_like(grey)
+
+
+def _pooled(x: torch.Tensor, bins: tuple) -> torch.Tensor:
+    return F.adaptive_avg_pool3d(x, bins).flatten(1)
 
 
 def chunk_thumbnail(video: torch.Tensor, target: str = "colour") -> torch.Tensor:
@@ -77,14 +77,15 @@ def chunk_thumbnail(video: torch.Tensor, target: str = "colour") -> torch.Tensor
         x = video.float() / 255 if video.dtype == torch.uint8 else video.float()
         if x.dim() == 6:
             x = x.mean(dim=1)
-        parts = [F.adaptive_avg_pool3d(x, THUMBNAIL).flatten(1)]
+        parts = [_pooled(x, THUMBNAIL)]
         if target == "colour_edges_motion":
             grey = x.mean(dim=1, keepdim=True)
+            change = _difference(grey, 2)  # from frame to frame, once for both of its parts
             parts += [
-                _pooled_difference(grey, 4, THUMBNAIL, absolute=True),  # along a row: edges across it
-                _pooled_difference(grey, 3, THUMBNAIL, absolute=True),  # along a column: edges along the rows
-                _pooled_difference(grey, 2, CHANGE, absolute=False),
-                _pooled_difference(grey, 2, RHYTHM, absolute=True),
+                _pooled(_difference(grey, 4).abs(), THUMBNAIL),  # along a row: edges across it
+                _pooled(_difference(grey, 3).abs(), THUMBNAIL),  # along a column: edges along the rows
+                _pooled(change, CHANGE),
+                _pooled(change.abs(), RHYTHM),
             ]
         return torch.cat(parts, dim=1)
 
@@ -98,7 +99,7 @@ class ChunkDecoder(nn.Module):
             known = ", ".join(RECONSTRUCTION_TARGETS)
             raise ValueError(f"unknown chunk reconstruction target {target!r}; expected one of {known}")
         self.weight, self.target, self.parts = weight, target, thumbnail_parts(target, channels)
-        self.decode = nn.Linear(feature_dim, thumbnail_size(target, channels))
+        self.decode = nn.Linear(feature_dim, sum(self.parts))
 
     def thumbnail(self, video: torch.Tensor) -> torch.Tensor:
         return chunk_thumbnail(video, self.target)
