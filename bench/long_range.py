@@ -379,8 +379,7 @@ def separability(args) -> None:
         if task not in (*RELATION_EVENTS, "last", "distractors"):
             continue  # the order task is not a TASKS family; middle has three kinds of event
         frames, chunk = FAMILY_SHAPES[task]
-        folder = f"task_{task}" if modality == "colour" else f"task_{task}_{modality}"
-        data = generate_task(os.path.join(ROOT, "data", folder), task, quiet=True, modality=modality)
+        data, _ = family_data(task, os.path.join(ROOT, "data"), modality)
         clips, colours = event_chunks(task, data, frames, chunk)
         label = task if modality == "colour" else f"{task}/{modality}"
         for source in args.checkpoint or ["random"]:
