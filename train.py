@@ -136,6 +136,8 @@ def main(argv=None) -> int:
     try:
         with stop_on_ctrl_c():
             fit(trainer, train_loader, val_loader, resume_command(args))
+        if runtime.distributed:  # rank 0 still saves and plots: no rank tears its connections down under a peer
+            torch.distributed.barrier()
     except RunStopped as e:  # last.pt saved (named in the message)
         log.error("error: %s", e)
         return 1
