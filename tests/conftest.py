@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import runpy
 import shutil
 import subprocess
 import sys
+import traceback
+import warnings
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # make test runs one pytest worker per core (-n auto): each with one compute thread, itself and the scripts it
@@ -51,6 +56,56 @@ def run_python(args, **kwargs) -> subprocess.CompletedProcess:
     """``python ARGS...`` from the project root, as a user runs the scripts."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return subprocess.run([sys.executable, *args], cwd=root, capture_output=True, text=True, timeout=600, **kwargs)
+
+
+def run_in_process(
+    args, cwd: str | None = None, capture_output: bool = True, text: bool = True, timeout: float | None = None
+) -> subprocess.CompletedProcess:
+    """``python SCRIPT ARGS...`` (``args`` with or without the interpreter first; the other arguments as
+    subprocess.run's, a timeout not enforced) run in this interpreter: the script's own ``__main__`` block (runpy),
+    its stdout, stderr and exit code captured as run_python's, a crash as its traceback and code 1. The same code
+    path as a new interpreter for all that ends in Python, without one's 2 s of imports: for the scripts' usage
+    errors and short runs. What needs a process of its own keeps run_python: signals and kills, torchrun, an
+    environment of its own, and C libraries writing to file descriptor 2 (a decoder's noise is not captured here)."""
+    assert capture_output and text, "run_in_process captures text only"
+    args = list(args[1:] if args[0] == sys.executable else args)
+    from core.logs import log
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    saved = (sys.argv, os.getcwd(), log.handlers[:], log.level)
+    for handler in saved[2]:  # the script's logger writes to this run's stderr, as it would in its own process
+        log.removeHandler(handler)
+    try:
+        module = args[1] if args[0] == "-m" else None
+        sys.argv = [module or args[0], *args[2 if module else 1 :]]
+        os.chdir(cwd or root)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            # a module that an earlier test imported is run again as __main__: runpy's warning says so, harmlessly
+            warnings.filterwarnings("ignore", "'.*' found in sys.modules after import of package", RuntimeWarning)
+            try:
+                if module:
+                    runpy.run_module(module, run_name="__main__", alter_sys=True)
+                else:
+                    runpy.run_path(args[0], run_name="__main__")
+            except SystemExit as e:
+                if isinstance(e.code, str):
+                    print(e.code, file=sys.stderr)
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        sys.argv = saved[0]
+        os.chdir(saved[1])
+        for handler in log.handlers[:]:
+            log.removeHandler(handler)
+            if handler not in saved[2]:
+                handler.close()
+        for handler in saved[2]:
+            log.addHandler(handler)
+        log.setLevel(saved[3])
+    return subprocess.CompletedProcess([sys.executable, *args], code, out.getvalue(), err.getvalue())
 
 
 def error_lines(stderr: str) -> list[str]:

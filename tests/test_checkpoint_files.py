@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import overrides, run_python
+from conftest import overrides, run_in_process
 
 import train
 from artifacts.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
@@ -104,7 +104,7 @@ def bad_checkpoint(tmp_path, kind: str) -> str:
 )
 def test_a_bad_checkpoint_is_one_line_of_our_own_words_on_stderr(tmp_path, kind, words):
     path = bad_checkpoint(tmp_path, kind)
-    result = run_python(["eval.py", "--checkpoint", path])
+    result = run_in_process(["eval.py", "--checkpoint", path])
     assert result.returncode == 2
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stderr.startswith(f"error: {path}: {words}")

@@ -1,11 +1,10 @@
 import ast
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import yaml
+from conftest import run_in_process
 
 from config import ALL_KEYS, SCHEMA, ConfigError, defaults, load_config
 
@@ -139,8 +138,8 @@ def test_rtx5080_preset_has_the_documented_shape():
     assert (cfg.data.num_frames, cfg.data.batch_size, cfg.trainer.precision) == (40, 12, "16")
 
 
-def run_script(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+def run_script(*args):
+    return run_in_process(args)
 
 
 def test_print_config_prints_the_resolved_config_and_exits_0():

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import overrides
+from conftest import overrides, run_in_process
 
 import train
 from artifacts.checkpoint import CheckpointError, load_checkpoint
@@ -49,7 +49,7 @@ def test_resume_continues_exactly(trained_run, synthetic_root, tmp_path):
 
 
 def test_resume_auto_without_a_checkpoint_is_an_error(synthetic_root, tmp_path):
-    result = subprocess.run(
+    result = run_in_process(
         [sys.executable, "train.py", *overrides(synthetic_root, tmp_path), "--resume", "auto"],
         cwd=ROOT,
         capture_output=True,
@@ -64,7 +64,7 @@ def test_resume_auto_without_a_checkpoint_is_an_error(synthetic_root, tmp_path):
 def test_eval_reports_and_writes_metrics_and_predictions(trained_run, tmp_path):
     run_dir, _ = trained_run
     best = os.path.join(run_dir, "checkpoints", "best.pt")
-    result = subprocess.run(
+    result = run_in_process(
         [
             sys.executable,
             "eval.py",
@@ -95,7 +95,7 @@ def test_eval_reports_and_writes_metrics_and_predictions(trained_run, tmp_path):
     videos = list(csv.DictReader(open(tmp_path / "ev.csv")))
     assert len(videos) == metrics["num_videos"] == 6 and all(v["clips"] == "1" for v in videos)
     assert metrics["video_acc"] == pytest.approx(sum(v["label"] == v["predicted"] for v in videos) / len(videos))
-    three = subprocess.run(
+    three = run_in_process(
         [
             sys.executable,
             "eval.py",
@@ -116,7 +116,7 @@ def test_eval_reports_and_writes_metrics_and_predictions(trained_run, tmp_path):
     assert three.returncode == 0, three.stderr
     assert json.load(open(tmp_path / "three.json"))["metrics"]["num_clips"] == 18  # 3 spatial crops of each clip
     assert all(v["clips"] == "3" for v in csv.DictReader(open(tmp_path / "three.csv")))
-    bad = subprocess.run(
+    bad = run_in_process(
         [sys.executable, "eval.py", "--checkpoint", best, "--chunk", "4", "--overlap", "4"],
         cwd=ROOT,
         capture_output=True,
@@ -133,7 +133,7 @@ def test_eval_reports_and_writes_metrics_and_predictions(trained_run, tmp_path):
 def test_infer_chunked_streams_a_long_video_with_a_timeline(trained_run, synthetic_root, tmp_path):
     _, out = trained_run
     output = tmp_path / "out.jsonl"
-    result = subprocess.run(
+    result = run_in_process(
         [
             sys.executable,
             "infer_chunked.py",
@@ -223,7 +223,7 @@ def test_a_checkpoint_from_an_incompatible_config_is_a_clear_error(trained_run, 
     state = load_checkpoint(os.path.join(run_dir, "checkpoints", "best.pt"))
     state["config"]["model"]["backbone"] = "r3d_18"
     save_checkpoint(state, str(tmp_path / "other.pt"))
-    result = subprocess.run(
+    result = run_in_process(
         [
             sys.executable,
             "infer_chunked.py",
@@ -301,7 +301,7 @@ def test_a_checkpoint_from_before_the_infer_section_evaluates_as_it_did(trained_
     torch.save(state, old)
 
     def run(path):
-        result = subprocess.run(
+        result = run_in_process(
             [sys.executable, "eval.py", "--checkpoint", path], cwd=ROOT, capture_output=True, text=True, timeout=300
         )
         assert result.returncode == 0, result.stderr

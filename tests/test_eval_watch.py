@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from conftest import run_in_process
 
 import core.files
 import eval as eval_script
@@ -196,7 +197,7 @@ def test_an_append_interrupted_at_any_point_leaves_the_ledger_valid(experiment, 
 
 
 def test_watch_a_missing_directory_is_a_usage_error(tmp_path):
-    result = subprocess.run(
+    result = run_in_process(
         [sys.executable, "eval.py", "--watch", str(tmp_path / "nope")],
         cwd=ROOT,
         capture_output=True,

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from conftest import error_lines, overrides, run_python
+from conftest import error_lines, overrides, run_in_process, run_python
 
 from config import load_config
 from models import build_model
@@ -155,7 +155,7 @@ def test_a_run_trains_resumes_exactly_and_writes_features(backbone, width, synth
         torch.testing.assert_close(parts["model"][key], value, rtol=0, atol=0, msg=key)
     best = str(tmp_path / "whole" / "latest" / "checkpoints" / "best.pt")
     long_video = os.path.join(synthetic_root, "long.jsonl")
-    done = run_python(
+    done = run_in_process(
         ["infer_chunked.py", "--checkpoint", best, "--input", long_video, "--features", str(tmp_path / "f")]
     )
     assert done.returncode == 0, done.stderr[-2000:]
@@ -213,7 +213,7 @@ def test_no_network_no_package_and_no_such_model_are_one_line_each(synthetic_roo
     assert offline.returncode == 2 and len(error_lines(offline.stderr)) == 1, offline.stderr[-2000:]
     assert "could not get timm/test_resnet's pretrained weights" in offline.stderr
     assert "set model.pretrained: /path/to/the weights file" in offline.stderr
-    unknown = run_python(["train.py", *overrides(synthetic_root, tmp_path, "model.backbone=timm/no_such_net")])
+    unknown = run_in_process(["train.py", *overrides(synthetic_root, tmp_path, "model.backbone=timm/no_such_net")])
     assert unknown.returncode == 2 and "timm has no model 'no_such_net'" in unknown.stderr.replace(
         f"timm {timm.__version__} ", "timm "
     )

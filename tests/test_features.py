@@ -4,13 +4,13 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import run_in_process
 
 from artifacts.trained_model import load_trained_model
 from datasets.clip_transform import ClipTransform
@@ -25,9 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def infer(*args):
-    return subprocess.run(
-        [sys.executable, "infer_chunked.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
+    return run_in_process(["infer_chunked.py", *args])
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +224,7 @@ def test_clips_times_crops_views_read_the_right_frames_and_average_by_hand(barco
 
 def test_eval_batch_auto_sizes_the_forward_for_every_view_of_a_window(trained_run):
     best = os.path.join(trained_run[0], "checkpoints", "best.pt")
-    result = subprocess.run(
+    result = run_in_process(
         [
             sys.executable,
             "eval.py",
@@ -251,7 +249,7 @@ def test_eval_batch_auto_sizes_the_forward_for_every_view_of_a_window(trained_ru
     assert result.returncode == 0, result.stderr
     fitted = int(result.stdout.split("--batch auto: ")[1].split(" chunks")[0])  # chunks for all 6 views at once
     assert fitted >= 6 and "(36 clips, 6 videos)" in result.stdout  # 2 clips x 3 crops of each of 6 videos
-    refused = subprocess.run(
+    refused = run_in_process(
         [sys.executable, "eval.py", "--checkpoint", best, "--batch", "many"],
         cwd=ROOT,
         capture_output=True,

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import overrides
+from conftest import overrides, run_in_process
 
 import engine.data.loaders
 import train
@@ -136,7 +136,7 @@ def test_eval_jsonl_lines_name_the_evaluated_split(trained_run, tmp_path):
     run_dir, _ = trained_run
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
-    result = subprocess.run(
+    result = run_in_process(
         [sys.executable, "eval.py", "--watch", str(copy), "--settle", "0", "--split", "test"],
         cwd=ROOT,
         capture_output=True,
@@ -204,7 +204,7 @@ def test_infer_reads_the_class_folder_layout_and_says_which_checkpoint_and_why(t
     (tmp_path / "preset.yaml").write_text(
         f"base: {os.path.join(ROOT, 'configs', 'base.yaml')}\nexperiment: e2e\ntrainer:\n  output_dir: {runs}\n"
     )
-    result = subprocess.run(
+    result = run_in_process(
         [
             sys.executable,
             "infer_chunked.py",

@@ -4,7 +4,7 @@ checkpoint errors in one line (infer_chunked.py, datasets/records.py)."""
 import json
 import os
 
-from conftest import error_lines, run_python, write_with_opencv
+from conftest import error_lines, run_in_process, run_python, write_with_opencv
 
 from artifacts.checkpoint import load_checkpoint
 
@@ -83,20 +83,20 @@ def test_infer_refuses_the_manifest_lines_that_train_and_eval_refuse(trained_run
 
 def test_infer_flag_and_checkpoint_choice_errors(trained_run, tmp_path):
     best = os.path.join(trained_run[0], "checkpoints", "best.pt")
-    result = run_python(["infer_chunked.py", "--checkpoint", best, "--batch", "many"])
+    result = run_in_process(["infer_chunked.py", "--checkpoint", best, "--batch", "many"])
     assert (result.returncode, result.stderr) == (2, "error: --batch many: expected a number of chunks, or auto\n")
-    result = run_python(["infer_chunked.py", "--checkpoint", best, "--topk", "0"])
+    result = run_in_process(["infer_chunked.py", "--checkpoint", best, "--topk", "0"])
     assert (result.returncode, result.stderr) == (2, "error: --topk 0: must be >= 1\n")
     (tmp_path / "p.yaml").write_text(
         f"base: {os.path.join(ROOT, 'configs', 'base.yaml')}\nexperiment: nothing\ntrainer:\n  output_dir: {tmp_path}\n"
     )
-    result = run_python(["infer_chunked.py", "--config", str(tmp_path / "p.yaml")])
+    result = run_in_process(["infer_chunked.py", "--config", str(tmp_path / "p.yaml")])
     assert (result.returncode, result.stderr) == (
         2,
         f"error: --config {tmp_path / 'p.yaml'}: no {tmp_path}/nothing/latest/checkpoints/best.pt (experiment "
         f"'nothing' has no trained run here); train it first or pass --checkpoint PATH\n",
     )
-    result = run_python(
+    result = run_in_process(
         [
             "infer_chunked.py",
             "--checkpoint",

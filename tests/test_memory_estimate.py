@@ -3,11 +3,11 @@ right direction and size for checkpointing, precision and chunking, and the budg
 
 import math
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
+from conftest import run_in_process
 from torch import nn
 
 import train
@@ -196,7 +196,7 @@ def test_batch_auto_without_a_budget_is_a_config_error():
 
 
 def test_probe_memory_prints_the_estimated_grid_without_a_gpu():
-    result = subprocess.run(
+    result = run_in_process(
         [
             sys.executable,
             "train.py",
@@ -262,14 +262,14 @@ def test_probe_memory_says_what_several_processes_hold():
         "--probe-batches",
         "4",
     ]
-    result = subprocess.run(command + ["--world-size", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = run_in_process(command + ["--world-size", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert (
         "2 processes: gradients averaged in place after backward through one bucket of 0 MiB (counted above; "
         "below the peak, which it leaves unchanged); no DistributedDataParallel buckets, no second copy of the "
         "0 MiB of gradients"
     ) in result.stdout
-    wrong = subprocess.run(command + ["--world-size", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    wrong = run_in_process(command + ["--world-size", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert (wrong.returncode, wrong.stderr) == (2, "error: --world-size 0: the number of processes must be 1 or more\n")
 
 
@@ -300,13 +300,13 @@ def test_infer_batch_auto_picks_the_most_chunks_that_fit(trained_run, synthetic_
         "--batch",
         "auto",
     ]
-    result = subprocess.run(
+    result = run_in_process(
         command + ["--memory-budget-gb", repr(budget_gb)], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr
     assert "--batch auto: 5 chunks of 16 frames per forward" in result.stdout
     assert "batch 5 on cpu" in result.stdout
-    no_budget = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    no_budget = run_in_process(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert no_budget.returncode == 2
     assert no_budget.stderr.strip() == (
         "error: --batch auto needs a memory budget: --memory-budget-gb N (the "

@@ -6,10 +6,10 @@ refused with one line naming the file and the line."""
 import json
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
+from conftest import run_in_process
 
 from datasets.manifest import read_manifest
 from datasets.mstcn import MsTcnVideos, bundle_names, read_mapping
@@ -21,7 +21,7 @@ PRESET = os.path.join(ROOT, "configs", "mstcn.yaml")
 
 
 def run(*args, timeout=600):
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return run_in_process(args)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import os
 import shutil
 
 import pytest
-from conftest import overrides, run_python
+from conftest import overrides, run_in_process
 
 import train
 from artifacts.checkpoint import save_checkpoint
@@ -32,7 +32,7 @@ def test_stale_temporary_files_of_killed_writers_are_removed_on_start(trained_ru
     assert caplog.text.strip().endswith(os.path.join("checkpoints", stale.name))
     ledger_tmp = tmp_path / "runs" / "e2e" / f".eval.jsonl.{GONE_PID}.zzzz0000.tmp"
     ledger_tmp.write_text("{")
-    result = run_python(["eval.py", "--watch", str(tmp_path / "runs" / "e2e"), "--settle", "0"])
+    result = run_in_process(["eval.py", "--watch", str(tmp_path / "runs" / "e2e"), "--settle", "0"])
     assert result.returncode == 0, result.stderr
     assert not ledger_tmp.exists() and "removed 1 temporary file(s)" in result.stderr
 

@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from conftest import overrides
+from conftest import overrides, run_in_process
 from test_training_loop import make_trainer, weights
 from torch import nn
 
@@ -674,15 +674,15 @@ def test_eval_and_infer_load_the_head_with_no_flags_and_refuse_agg(head_run, syn
     state = load_checkpoint(head_run)
     assert any(key.startswith("temporal.") for key in state["model"])
     run = [sys.executable, "eval.py", "--checkpoint", head_run, "--split", "val"]
-    result = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = run_in_process(run, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "temporal head transformer, windows of " in result.stdout.splitlines()[0]
-    whole = subprocess.run(run + ["--head-window", "-1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    whole = run_in_process(run + ["--head-window", "-1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert whole.returncode == 0 and "temporal head transformer, whole videos at once" in whole.stdout
-    bad = subprocess.run(run + ["--head-window", "half"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    bad = run_in_process(run + ["--head-window", "half"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2
     assert bad.stderr == "error: --head-window half: expected a number of chunks, -1 (the whole video) or auto\n"
-    refused = subprocess.run(run + ["--agg", "max"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    refused = run_in_process(run + ["--agg", "max"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2
     assert refused.stderr == (
         "error: --agg max: this model has a temporal head (model.temporal_head: transformer), "
@@ -700,16 +700,16 @@ def test_eval_and_infer_load_the_head_with_no_flags_and_refuse_agg(head_run, syn
         "--max-videos",
         "1",
     ]
-    result = subprocess.run(infer + ["--timeline"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = run_in_process(infer + ["--timeline"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "temporal head transformer" in result.stdout
-    refused = subprocess.run(infer + ["--agg", "prob"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    refused = run_in_process(infer + ["--agg", "prob"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "leave --agg out" in refused.stderr
 
 
 def test_the_cron_evaluator_uses_the_head(head_run):
     experiment = os.path.dirname(os.path.dirname(os.path.dirname(head_run)))
-    result = subprocess.run(
+    result = run_in_process(
         [sys.executable, "eval.py", "--watch", experiment, "--settle", "0"],
         cwd=ROOT,
         capture_output=True,
@@ -737,7 +737,7 @@ def test_the_order_task_puts_two_events_far_apart_the_same_way_for_both_labels()
 
 def test_the_long_range_bench_names_an_unknown_family_or_preset():
     for option, value in (("--families", "middle,midle"), ("--presets", "quickstart")):
-        done = subprocess.run(
+        done = run_in_process(
             [sys.executable, "-m", "bench.long_range", "--part", "families", option, value],
             cwd=ROOT,
             capture_output=True,
@@ -750,7 +750,7 @@ def test_the_long_range_bench_names_an_unknown_family_or_preset():
 
 
 def test_the_length_bench_names_an_unknown_family_and_the_scale_bench_measures_a_head_step_alone():
-    done = subprocess.run(
+    done = run_in_process(
         [sys.executable, "-m", "bench.length", "--families", "order,odrer"],
         cwd=ROOT,
         capture_output=True,

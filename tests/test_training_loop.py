@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from conftest import overrides
+from conftest import overrides, run_in_process
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -324,13 +324,7 @@ def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
     # chunk is recomputed in backward, and the gradients are averaged once per step. With train.grad_chunks every
     # rank draws the chunks one process draws for the whole batch.
     common = ["trainer.max_epochs=1", "model.dropout=0", "train.optimizer=sgd", "train.lr=0.05", *chunks]
-    one = subprocess.run(
-        [sys.executable, "train.py", *overrides(synthetic_root, tmp_path / "one", *common, "data.batch_size=4")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    one = run_in_process(["train.py", *overrides(synthetic_root, tmp_path / "one", *common, "data.batch_size=4")])
     assert one.returncode == 0, one.stderr
     two = subprocess.run(
         [
