@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 import yaml
-from conftest import run_in_process
+from conftest import run_in_process, run_python
 
 from config import ALL_KEYS, SCHEMA, ConfigError, defaults, load_config
 
@@ -159,6 +159,10 @@ def test_cli_config_error_is_one_line_and_exit_code_2(tmp_path):
     assert result.returncode == 2
     assert result.stderr == f"error: {path}: unknown key 'data.batch_szie'; did you mean 'data.batch_size'?\n"
     assert result.stdout == ""
+    # the tests' in-process runs report as the script's own process does: the same code, output and exit code
+    for args in (["train.py", "--config", path], ["eval.py", "--chekpoint", "x"], ["train.py", "--print-config"]):
+        alone, here = run_python(args), run_script(*args)
+        assert (here.returncode, here.stdout, here.stderr) == (alone.returncode, alone.stdout, alone.stderr), args
 
 
 def test_the_pyav_decoder_without_pyav_installed_is_a_config_error(tmp_path, monkeypatch):
