@@ -1,7 +1,7 @@
 """One rank killed under torchrun: the one command torchrun reruns (train.py ... --resume auto) starts a run, the
 restarted group joins, resumes mid-epoch from last.pt and finishes with the weights of an uninterrupted run, bit
 for bit; a killed agent is resumed by running the command again; a group without progress says where it waits.
-2 gloo processes, tiny shapes (bench/elastic.py has the harness and the 20-kill count)."""
+2 gloo processes, tiny shapes (harness/elastic.py drives the groups; python -m bench.elastic counts 20 kills)."""
 
 import os
 import signal
@@ -13,10 +13,10 @@ import pytest
 from conftest import overrides
 
 import train
-from bench import elastic
 from core import watchdog
 from core.errors import UsageError
 from engine.training import loop
+from harness import elastic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -67,7 +67,7 @@ def test_a_rank_that_stops_without_dying_is_ended_by_the_stall_bound_and_the_gro
         extra=("trainer.stall_timeout_s=3",),
     )
     assert_resumed_and_identical(result, str(tmp_path), references["agreed"])
-    # rank 0's line; the stopped rank, continued once rank 0 has ended (bench/elastic.py), may say its own
+    # rank 0's line; the stopped rank, continued once rank 0 has ended (harness/elastic.py), may say its own
     [line] = [line for line in result["log"].splitlines() if line.startswith("error: rank 0: no progress")]
     assert line.startswith("error: rank 0: no progress for 3 s after step ")
     assert "(trainer.stall_timeout_s), waiting in " in line and "torch/distributed/distributed_c10d.py:" in line

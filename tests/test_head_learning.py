@@ -180,7 +180,7 @@ def test_the_head_alone_learns_a_relation_between_far_events_from_the_families_c
     with its defaults learns the relation from the 96 clips and 20 epochs the families train with (seconds;
     measured 0.998, 1.000, 0.995 at seeds 0-2; 0.57 over 3 seeds with the defaults before the running sum and no
     dropout, bench/RESULTS.md)."""
-    from bench.long_range import train_head_alone
+    from harness.long_range import train_head_alone
 
     result = train_head_alone("match", seed=0, train_clips=96, epochs=20)
     assert result["best"] >= 0.95, result
@@ -206,8 +206,8 @@ def test_the_chunk_reconstruction_keeps_a_relation_s_two_event_colours_apart_in_
     epochs (about 12 s each here); measured at this shape with the other defaults of 2026-11-26: 5.47 against 2.41
     (seed 0), 5.07 against 4.40 (seed 1); with those before: 4.97 against 3.77 (seed 0)."""
     from artifacts.checkpoint import load_checkpoint
-    from bench.long_range import colours_apart, event_chunks
     from config.compat import saved_config
+    from harness.long_range import colours_apart, event_chunks
     from models import build_model
 
     data, settings = small_family(tmp_path, "twice", videos=64)

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("core", "config", "datasets", "models", "artifacts", "engine", "planner")
+PACKAGES = ("core", "config", "datasets", "models", "artifacts", "engine", "planner", "harness")
 SCRIPTS = ("train", "eval", "infer_chunked")
 LINT_IMPORTS = os.path.join(os.path.dirname(sys.executable), "lint-imports")
 
@@ -47,6 +47,7 @@ def test_the_import_contracts_hold():
         ("datasets/manifest.py", "import models.registry\n", "Layers"),  # a sibling package of its layer
         ("core/files.py", "from core import errors\n", "No cycle"),  # with errors importing files
         ("engine/training/loop.py", "import train\n", "No package imports a script"),
+        ("engine/training/loop.py", "import harness.elastic\n", "Layers"),  # the runtime driven, never driving
     ],
 )
 def test_each_contract_fails_when_broken(tmp_path, change, extra, broken):
