@@ -46,7 +46,7 @@ from engine.inference.features import (
 from engine.inference.stream import InferenceSpec, how_it_runs
 from engine.inference.video_outputs import Outputs
 from engine.inference.video_runs import run_videos
-from models import set_head_window
+from models import set_head_chunks
 from planner.batch_size import inference_batch_for_budget
 
 
@@ -224,7 +224,7 @@ def main(argv=None) -> int:
         why += f"; its backbone: {saved.backbone}"
     runtime = setup_runtime(cfg.trainer, device=str(device), precision=args.precision)
     cfg = inference_config(args, cfg, runtime, saved.shape)
-    head_reach = set_head_window(model, cfg.infer.head_window)
+    head_reach = set_head_chunks(model, cfg.infer.head_chunks)
     spec = InferenceSpec.of_config(cfg.infer, args.topk, args.timeline, args.decode_threads or None)
     source, records, names, part, all_names = input_records(args, cfg, shard_index, shard_count)
     print(

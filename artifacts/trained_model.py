@@ -139,7 +139,7 @@ def _paired(path: str, head_state: dict, head_cfg: Config, device: torch.device,
         {
             "infer.chunk_size": int(source["chunk"]),
             "infer.chunk_overlap": int(source["overlap"]),
-            "infer.head_window": head_cfg.infer.head_window,
+            "infer.head_chunks": head_cfg.infer.head_chunks,
             "data.num_frames": -1,
             "data.max_video_frames": None,
             **{f"data.{key}": getattr(head_cfg.data, key) for key in HEAD_DATA_KEYS},

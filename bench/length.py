@@ -16,7 +16,7 @@ trained end to end on their videos (configs/long-range.yaml: the transformer wit
 logits averaged), then evaluated on validation videos whose length and event gaps are 4x and 16x the training
 ones (events as long as in training; the same labels). Mean pooling is at chance at every length by the tasks'
 construction: the reference. Printed: video accuracy at each length (the clip logits come from one pass over every
-chunk, so infer.head_window does not change them).
+chunk, so infer.head_chunks does not change them).
 
 Each run is a fresh process (train.py, infer_chunked.py, eval.py) on data written under --work.
 """
@@ -81,11 +81,11 @@ def train(work: str, experiment: str, config: str, overrides: list[str]) -> str:
 
 def scored(work: str, name: str, checkpoint: str, validation: dict, head: bool) -> list[tuple[str, dict]]:
     """(row name, {scale: eval.py's metrics}) of ``checkpoint`` on each scale's ``validation`` manifest: with a
-    temporal head, in windows of its training length (infer.head_window: auto) and whole (-1)."""
+    temporal head, in windows of its training length (infer.head_chunks: auto) and whole (-1)."""
     ways = (
         {"": []}
         if not head
-        else {", windows (auto)": ["--head-window", "auto"], ", whole video": ["--head-window", "-1"]}
+        else {", windows (auto)": ["--head-chunks", "auto"], ", whole video": ["--head-chunks", "-1"]}
     )
     rows = []
     for way, flags in ways.items():

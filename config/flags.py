@@ -17,7 +17,7 @@ INFERENCE_FLAGS = {
     "--overlap": "infer.chunk_overlap",
     "--agg": "infer.chunk_aggregation",
     "--batch": "infer.chunks_per_forward",
-    "--head-window": "infer.head_window",
+    "--head-chunks": "infer.head_chunks",
     "--sample-timeout": "data.sample_timeout_s",
     "--num-frames": "data.num_frames",
     "--crops": "data.test_crops",
@@ -52,11 +52,11 @@ def add_inference_flags(parser: argparse.ArgumentParser, clips: bool = False) ->
         help="without a temporal head: how chunk logits are aggregated (default: infer.chunk_aggregation)",
     )
     parser.add_argument(
-        "--head-window",
-        type=head_window,
+        "--head-chunks",
+        type=head_chunks,
         metavar="N|auto|-1",
         help="the most chunks a temporal head sees at once; a longer video runs in windows of N "
-        "chunks overlapping by half (default: infer.head_window, auto: as many as its "
+        "chunks overlapping by half (default: infer.head_chunks, auto: as many as its "
         "longest training clip; -1: the whole video at once)",
     )
     parser.add_argument(
@@ -99,14 +99,14 @@ def add_inference_flags(parser: argparse.ArgumentParser, clips: bool = False) ->
         )
 
 
-def head_window(text: str) -> int | str:
-    """--head-window's value: auto or a number of chunks (-1: all)."""
+def head_chunks(text: str) -> int | str:
+    """--head-chunks's value: auto or a number of chunks (-1: all)."""
     if text == "auto":
         return text
     try:
         return int(text)
     except ValueError:
-        raise ConfigError(f"--head-window {text}: expected a number of chunks, -1 (the whole video) or auto")
+        raise ConfigError(f"--head-chunks {text}: expected a number of chunks, -1 (the whole video) or auto")
 
 
 def chunks_or_auto(text: str) -> int | str:

@@ -549,7 +549,7 @@ class InferConfig:
     chunks_per_forward: int = setting(
         1, "int", "inference chunks in one forward call (throughput against memory)", minimum=1
     )
-    head_window: int | str = setting(
+    head_chunks: int | str = setting(
         "auto",
         "int",
         "temporal head: the most chunks a chunk's output (the timeline) "
@@ -659,12 +659,14 @@ SCHEMA: dict[str, Any] = {
 
 # Renamed keys, old name -> new: the old name keeps working (a preset or --set with a one-line notice, a
 # checkpoint's saved config silently). "chunk" is the window of one forward pass; a sample window was once called a
-# chunk too; model.temporal_head is a kind of head, model.temporal_attention_heads a count; the inference chunk's
+# chunk too; model.temporal_head is a kind of head, model.temporal_attention_heads a count; a window is a frame
+# range, so the count of chunks a head sees at once is infer.head_chunks; the inference chunk's
 # keys lived in the train section, where training has keys of its own (train.chunk_train_size, ...).
 RENAMED_KEYS = {
     "data.video_chunk_overlap": "data.sample_window_overlap",
+    "infer.head_window": "infer.head_chunks",
     "model.temporal_heads": "model.temporal_attention_heads",
-    "model.temporal_window": "infer.head_window",
+    "model.temporal_window": "infer.head_chunks",
     "train.chunk_infer_size": "infer.chunk_size",
     "train.chunk_overlap": "infer.chunk_overlap",
     "train.chunk_aggregation": "infer.chunk_aggregation",

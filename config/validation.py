@@ -174,9 +174,9 @@ def _temporal_head_checks(cfg: dict, origin: Callable[[str], str]) -> None:
             f"{origin('model.view_fusion')}: model.view_fusion: late keeps one feature vector per view, "
             f"but model.temporal_head needs one per chunk; use mean or concat"
         )
-    if infer["head_window"] == 0:
+    if infer["head_chunks"] == 0:
         raise ConfigError(
-            f"{origin('infer.head_window')}: infer.head_window: 0 chunks cannot hold a chunk; "
+            f"{origin('infer.head_chunks')}: infer.head_chunks: 0 chunks cannot hold a chunk; "
             f"give a number of chunks, -1 (the whole video) or auto (the head's longest training clip)"
         )
     heads, where = model["temporal_attention_heads"], origin("model.temporal_attention_heads")

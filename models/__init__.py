@@ -28,7 +28,7 @@ __all__ = [
     "build_model",
     "build_rgb_backbone",
     "registered_names",
-    "set_head_window",
+    "set_head_chunks",
     "temporal_head_of",
 ]
 
@@ -108,18 +108,18 @@ def temporal_head_of(model: nn.Module) -> TemporalHead | None:
     return getattr(unwrap_model(model), "temporal", None)
 
 
-def set_head_window(model: nn.Module, window: int | str) -> str:
-    """Set the most chunks ``model``'s temporal head sees at once at inference (infer.head_window); what it
+def set_head_chunks(model: nn.Module, chunks: int | str) -> str:
+    """Set the most chunks ``model``'s temporal head sees at once at inference (infer.head_chunks); what it
     will do, in words ("" without a head)."""
     head = temporal_head_of(model)
     if head is None:
         return ""
-    head.window = window
+    head.chunks_at_once = chunks
     reach = head.reach()
     if reach is None:
-        return "whole videos at once" + (" (its training length is not recorded)" if window == "auto" else "")
+        return "whole videos at once" + (" (its training length is not recorded)" if chunks == "auto" else "")
     return f"windows of {reach} chunks, overlapping by half" + (
-        " (its longest training clip)" if window == "auto" else ""
+        " (its longest training clip)" if chunks == "auto" else ""
     )
 
 

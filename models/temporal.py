@@ -46,8 +46,8 @@ tasks").
 ``mask`` [B, n] (True for real chunks) lets clips of different lengths share a batch (features of whole videos,
 padded): padded chunks change nothing in the real ones' outputs.
 
-At inference the head sees at most as many chunks at once as it was trained on (``window``,
-``infer.head_window``: auto; the chunks it trains on are counted in the ``trained_chunks`` buffer, saved with
+At inference the head sees at most as many chunks at once as it was trained on (``chunks_at_once``,
+``infer.head_chunks``: auto; the chunks it trains on are counted in the ``trained_chunks`` buffer, saved with
 its weights). A longer video runs in windows of that many chunks overlapping by half, each window's positions
 counted from its first chunk as a training clip's are; each chunk keeps the outputs of the window it is most
 central in. The clip logits come from one pass over every chunk: a label about the whole video needs all of it.
@@ -327,9 +327,9 @@ class TemporalHead(nn.Module):
 
     kind = ""
 
-    def __init__(self, window: int | str):
+    def __init__(self, chunks_at_once: int | str):
         super().__init__()
-        self.window = window  # chunks seen at once at inference: "auto" (trained_chunks), -1 (all), or a number
+        self.chunks_at_once = chunks_at_once  # at inference: "auto" (trained_chunks), -1 (all), or a number
         # the most real chunks of a clip the head has trained on (0: not known, a checkpoint from before the count)
         self.register_buffer("trained_chunks", torch.zeros((), dtype=torch.long))
 
@@ -340,10 +340,10 @@ class TemporalHead(nn.Module):
 
     def reach(self) -> int | None:
         """The most chunks one forward sees at inference; None: all of them."""
-        if self.window == "auto":
+        if self.chunks_at_once == "auto":
             trained = int(self.trained_chunks)
             return trained if trained > 0 else None
-        return None if int(self.window) < 0 else int(self.window)
+        return None if int(self.chunks_at_once) < 0 else int(self.chunks_at_once)
 
     def forward(self, features: torch.Tensor, windows: torch.Tensor, mask: torch.Tensor | None = None) -> HeadOutput:
         """Clip logits [B, K] and chunk logits [B, n, K] of chunk features [B, n, D] at ``windows``; ``mask``
@@ -414,9 +414,9 @@ class AttentionHead(TemporalHead):
         width: int,
         heads: int,
         dropout: float,
-        window: int | str,
+        chunks_at_once: int | str,
     ):
-        super().__init__(window)
+        super().__init__(chunks_at_once)
         self.width, self.heads = width, heads
         self.input_norm, self.contrast, self.running, self.encoder, self.directional = None, False, False, None, False
         self.project = nn.Linear(feature_dim, width)
@@ -470,14 +470,14 @@ class TransformerHead(AttentionHead):
         attention: str,
         input_norm: bool,
         contrast: bool,
-        window: int | str,
+        chunks_at_once: int | str,
         running: bool,
     ):
         if attention not in ("directional", "bidirectional"):
             raise ValueError(f"unknown temporal attention '{attention}'; expected directional or bidirectional")
         # TemporalHead's, not AttentionHead's: the layers register in the order of the checkpoints (and of the
         # optimizer states) this head has always saved: input norm, projection, encoder, pooling
-        TemporalHead.__init__(self, window)
+        TemporalHead.__init__(self, chunks_at_once)
         self.width, self.heads = width, heads
         self.directional, self.contrast, self.running = attention == "directional", contrast, running
         self.input_norm = nn.LayerNorm(feature_dim) if input_norm else None
@@ -500,9 +500,9 @@ class TCNHead(TemporalHead):
         stages: int,
         layers: int,
         dropout: float,
-        window: int | str,
+        chunks_at_once: int | str,
     ):
-        super().__init__(window)
+        super().__init__(chunks_at_once)
         self.width = width
         self.stages = nn.ModuleList(
             TCNStage(feature_dim if i == 0 else num_classes, width, num_classes, layers, dropout) for i in range(stages)
@@ -539,19 +539,29 @@ def temporal_head(
     attention: str = _MODEL.temporal_attention,
     input_norm: bool = _MODEL.temporal_input_norm,
     contrast: bool = _MODEL.temporal_contrast,
-    window: int | str = _INFER.head_window,
+    chunks_at_once: int | str = _INFER.head_chunks,
     running: bool = _MODEL.temporal_running,
 ) -> TemporalHead:
     """The head of ``kind`` with the settings that kind has (models.temporal_settings: the model section's); the
     others are not its own and are left out. What is not given is the config's default (config/schema.py)."""
     if kind == "attention":
-        return AttentionHead(feature_dim, num_classes, width, heads, dropout, window)
+        return AttentionHead(feature_dim, num_classes, width, heads, dropout, chunks_at_once)
     if kind == "transformer":
         return TransformerHead(
-            feature_dim, num_classes, width, heads, dropout, layers, attention, input_norm, contrast, window, running
+            feature_dim,
+            num_classes,
+            width,
+            heads,
+            dropout,
+            layers,
+            attention,
+            input_norm,
+            contrast,
+            chunks_at_once,
+            running,
         )
     if kind == "tcn":
-        return TCNHead(feature_dim, num_classes, width, stages, tcn_layers, tcn_dropout, window)
+        return TCNHead(feature_dim, num_classes, width, stages, tcn_layers, tcn_dropout, chunks_at_once)
     raise ValueError(f"unknown temporal head '{kind}'; expected one of {', '.join(HEADS[1:])}")
 
 

@@ -246,7 +246,7 @@ def test_the_seed_guides_inference_keys_under_train_move_to_the_infer_section_wi
         cfg.infer.chunk_overlap,
         cfg.infer.chunk_aggregation,
         cfg.infer.chunks_per_forward,
-        cfg.infer.head_window,
+        cfg.infer.head_chunks,
         cfg.train.lr,
     ) == (32, 8, "max", 3, 5, 0.01)
     assert [r.getMessage() for r in caplog.records] == [
@@ -254,7 +254,7 @@ def test_the_seed_guides_inference_keys_under_train_move_to_the_infer_section_wi
             f"{path}: {old} is now called {new} (the old name still works)"
             for old, (new, _) in SEED_GUIDE_INFERENCE_KEYS.items()
         ),
-        "--set model.temporal_window=5: model.temporal_window is now called infer.head_window (the old name still "
+        "--set model.temporal_window=5: model.temporal_window is now called infer.head_chunks (the old name still "
         "works)",
     ]
     # a --set of an old name overrides the preset's new one, and errors name the new key where it came from
@@ -272,6 +272,27 @@ def test_the_seed_guides_inference_keys_under_train_move_to_the_infer_section_wi
     )
 
 
+def test_infer_head_window_is_now_infer_head_chunks_with_a_notice_and_silently_in_a_saved_config(tmp_path, caplog):
+    """A window is a frame range; the count of chunks a head sees at once was infer.head_window."""
+    import logging
+
+    from config import saved_config
+
+    path = write(tmp_path, "old.yaml", "infer:\n  head_window: 12\n")
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
+        assert load_config(path).infer.head_chunks == 12
+        assert load_config(None, ["infer.head_window=-1"]).infer.head_chunks == -1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: infer.head_window is now called infer.head_chunks (the old name still works)",
+        "--set infer.head_window=-1: infer.head_window is now called infer.head_chunks (the old name still works)",
+    ]
+    caplog.clear()
+    old = defaults()
+    old["infer"].pop("head_chunks")
+    old["infer"]["head_window"] = 4
+    assert saved_config(old).infer.head_chunks == 4 and not caplog.records
+
+
 def test_a_checkpoint_config_from_before_the_infer_section_loads_silently_as_it_ran(caplog):
     from config import saved_config
 
@@ -281,14 +302,14 @@ def test_a_checkpoint_config_from_before_the_infer_section_loads_silently_as_it_
     for old_key, (new_key, value) in SEED_GUIDE_INFERENCE_KEYS.items():
         old["train"][old_key.split(".")[1]] = value
         infer.pop(new_key.split(".")[1])
-    assert infer == {"head_window": "auto"}  # the section held nothing else
+    assert infer == {"head_chunks": "auto"}  # the section held nothing else
     cfg = saved_config(old)
     assert (
         cfg.infer.chunk_size,
         cfg.infer.chunk_overlap,
         cfg.infer.chunk_aggregation,
         cfg.infer.chunks_per_forward,
-        cfg.infer.head_window,
+        cfg.infer.head_chunks,
     ) == (32, 8, "max", 3, 6)
     assert not caplog.records
 
@@ -413,12 +434,12 @@ def test_the_inference_flags_become_overrides_keyed_by_the_config_key_they_set()
     parser = argparse.ArgumentParser()
     add_inference_flags(parser, clips=True)
     args = parser.parse_args(
-        ["--chunk", "16", "--overlap", "4", "--batch", "auto", "--head-window", "-1", "--crops", "3"]
+        ["--chunk", "16", "--overlap", "4", "--batch", "auto", "--head-chunks", "-1", "--crops", "3"]
     )
     assert inference_overrides(args) == {
         "infer.chunk_size": ("--chunk", 16),
         "infer.chunk_overlap": ("--overlap", 4),
-        "infer.head_window": ("--head-window", -1),
+        "infer.head_chunks": ("--head-chunks", -1),
         "data.test_crops": ("--crops", 3),
     }
     assert inference_overrides(parser.parse_args(["--batch", "3"])) == {"infer.chunks_per_forward": ("--batch", 3)}

@@ -296,7 +296,7 @@ def test_a_checkpoint_from_before_the_infer_section_evaluates_as_it_did(trained_
         chunk_aggregation=infer["chunk_aggregation"],
         video_batch_size=infer["chunks_per_forward"],
     )
-    config["model"]["temporal_window"] = infer["head_window"]
+    config["model"]["temporal_window"] = infer["head_chunks"]
     old = str(tmp_path / "old.pt")
     torch.save(state, old)
 

@@ -31,7 +31,7 @@ from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec
 from engine.training.oom import OutOfMemoryError
 from engine.training.step import training_loss
 from models import build_model, temporal
-from models import set_head_window as models_window
+from models import set_head_chunks as models_window
 from models.temporal import TemporalHead, clip_contrast, directional_attention, running_contrast, temporal_head
 from planner import project
 
@@ -401,9 +401,9 @@ def test_a_head_counts_its_training_chunks_and_runs_longer_clips_in_windows_of_t
         if kind == "tcn":
             assert out.stages[-1] is not None and torch.allclose(out.stages[-1], out.chunks)
         assert not torch.allclose(out.chunks, whole.chunks, atol=1e-3)
-        head.window = -1  # --head-window -1: the whole video at once, as before the count
+        head.chunks_at_once = -1  # --head-chunks -1: the whole video at once, as before the count
         assert torch.allclose(head(video, at).chunks, whole.chunks)
-        head.window = "auto"
+        head.chunks_at_once = "auto"
         short = video[:, :14]
         assert torch.allclose(head(short, at[:14]).chunks, head._forward(short, at[:14]).chunks)  # fits: one pass
 
@@ -574,9 +574,9 @@ def test_a_head_with_last_aggregation_or_late_fusion_is_refused_with_the_reason(
         == 1
     )
     with pytest.raises(ConfigError) as info:
-        load_config(None, ["model.temporal_head=transformer", "infer.head_window=0"])
+        load_config(None, ["model.temporal_head=transformer", "infer.head_chunks=0"])
     assert str(info.value) == (
-        "--set infer.head_window=0: infer.head_window: 0 chunks cannot hold a chunk; "
+        "--set infer.head_chunks=0: infer.head_chunks: 0 chunks cannot hold a chunk; "
         "give a number of chunks, -1 (the whole video) or auto (the head's longest training "
         "clip)"
     )
@@ -677,11 +677,11 @@ def test_eval_and_infer_load_the_head_with_no_flags_and_refuse_agg(head_run, syn
     result = run_in_process(run, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "temporal head transformer, windows of " in result.stdout.splitlines()[0]
-    whole = run_in_process(run + ["--head-window", "-1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    whole = run_in_process(run + ["--head-chunks", "-1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert whole.returncode == 0 and "temporal head transformer, whole videos at once" in whole.stdout
-    bad = run_in_process(run + ["--head-window", "half"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    bad = run_in_process(run + ["--head-chunks", "half"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2
-    assert bad.stderr == "error: --head-window half: expected a number of chunks, -1 (the whole video) or auto\n"
+    assert bad.stderr == "error: --head-chunks half: expected a number of chunks, -1 (the whole video) or auto\n"
     refused = run_in_process(run + ["--agg", "max"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2
     assert refused.stderr == (

@@ -32,7 +32,7 @@ from engine.inference.stream import InferenceSpec, run_stream
 from engine.inference.timeline import annotated, frame_probabilities
 from engine.metrics.clips import ClassificationMeter
 from engine.metrics.segments import SegmentationScores, background_indices, format_scores
-from models import set_head_window
+from models import set_head_chunks
 
 log = logging.getLogger("longvideo")
 
@@ -313,7 +313,7 @@ def evaluate_checkpoint(path: str, spec: EvaluationSpec) -> EvaluationResult:
     if checkpoint.features is not None:  # a head on the features its dataset came with: scored on those
         return _evaluate_on_features(path, model, cfg, class_names, checkpoint, spec)
     cfg = cap_workers(apply_inference_flags(cfg, spec.overrides))
-    head_reach = set_head_window(model, cfg.infer.head_window)
+    head_reach = set_head_chunks(model, cfg.infer.head_chunks)
     runtime = setup_runtime(cfg.trainer, device=str(device), precision=spec.precision)
     if spec.fit_batch is not None:
         batch = spec.fit_batch(cfg, checkpoint.shape, runtime)

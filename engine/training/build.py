@@ -32,7 +32,7 @@ from engine.training.feature_bank import FeatureBank
 from engine.training.oom import start_memory_history
 from engine.training.optim import build_optimizer, build_scheduler, max_grad_norm, warmup_epochs
 from engine.training.trainer import RunReport, Trainer
-from models import ModelConfigError, build_feature_head, build_model, set_head_window, temporal_head_of
+from models import ModelConfigError, build_feature_head, build_model, set_head_chunks, temporal_head_of
 from models.norms import convert_norms
 
 log = logging.getLogger("longvideo")
@@ -72,7 +72,7 @@ def build_trainer(
             if val_set is not None
             else None
         )  # in length
-    set_head_window(model, cfg.infer.head_window)  # validation runs a temporal head as eval.py will
+    set_head_chunks(model, cfg.infer.head_chunks)  # validation runs a temporal head as eval.py will
     optimizer = build_optimizer(model, cfg.train)
     if runtime.is_main and temporal_head_of(model) is not None:
         _log_temporal_head_settings(optimizer, cfg.train)
