@@ -75,9 +75,9 @@ def evaluation_spec(args: argparse.Namespace) -> EvaluationSpec:
     batch_for_budget = None
     if args.batch == "auto":
 
-        def batch_for_budget(cfg, shape, runtime):  # every test view of a window (clips x crops) in each forward
-            test_views = cfg.data.test_clips * cfg.data.test_crops
-            return inference_batch_for_budget(cfg, runtime, shape, args.memory_budget_gb, test_views)
+        def batch_for_budget(cfg, shape, runtime):  # every evaluated clip of a window (clips x crops) in each forward
+            clips = cfg.data.test_clips * cfg.data.test_crops
+            return inference_batch_for_budget(cfg, runtime, shape, args.memory_budget_gb, clips)
 
     return EvaluationSpec(
         args.split,

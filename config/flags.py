@@ -63,7 +63,7 @@ def add_inference_flags(parser: argparse.ArgumentParser, clips: bool = False) ->
         "--batch",
         type=chunks_or_auto,
         metavar="N|auto",
-        help="inference chunks per forward call, for every test view of a window at once (default: "
+        help="inference chunks per forward call, for every evaluated clip of a window at once (default: "
         "infer.chunks_per_forward); auto = the most whose estimated device memory fits "
         "--memory-budget-gb (the memory planner)",
     )
@@ -95,7 +95,7 @@ def add_inference_flags(parser: argparse.ArgumentParser, clips: bool = False) ->
             type=int,
             help="temporal clips per sample window, evenly spaced "
             "(data.test_clips), each times --crops: --clips 10 --crops 3 "
-            "is the 30-view protocol",
+            "is the 30-clip protocol of Kinetics-style tables",
         )
 
 

@@ -106,11 +106,11 @@ def chunks_to_keep(cfg: Config, runtime: Runtime, data_shape: DataShape) -> int:
 
 
 def inference_batch_for_budget(
-    cfg: Config, runtime: Runtime, data_shape: DataShape, budget_gb: float | None = None, test_views: int = 1
+    cfg: Config, runtime: Runtime, data_shape: DataShape, budget_gb: float | None = None, clips_per_window: int = 1
 ) -> int:
     """--batch auto: the most inference chunks (``cfg.infer.chunk_size``) per forward whose estimated peak fits the
-    budget (``budget_gb``, else the config's trainer.memory_budget_gb), for each of ``test_views`` (eval.py's test
-    clips x crops of a window, which go through each forward together)."""
+    budget (``budget_gb``, else the config's trainer.memory_budget_gb), for each of ``clips_per_window`` (eval.py's
+    test clips x crops of a window, which go through each forward together)."""
     chunk = cfg.infer.chunk_size
     budget = budget_gb or cfg.trainer.memory_budget_gb
     if not budget:
@@ -129,4 +129,4 @@ def inference_batch_for_budget(
             f"{margin_text(budget, cuda)}; use a shorter --chunk"
         )
     print(f"--batch auto: {batch} chunks of {frames} frames per forward ({margin_text(budget, cuda)})")
-    return max(1, batch // test_views)
+    return max(1, batch // clips_per_window)
