@@ -1,8 +1,8 @@
 """Model registry: ``build_model(cfg, ...)`` turns the ``model`` section of a config into a classifier.
 
 Every model is a :class:`models.classifier.VideoClassifier`: an RGB backbone and/or a keypoint branch,
-optional fusion of camera views, and one linear head. All expose ``features(inputs)`` and
-``head(features)`` (so chunked inference can aggregate logits or features), ``min_frames`` and
+optional fusion of camera views, and one linear classifier. All expose ``features(inputs)`` and
+``classify(features)`` (so chunked inference can aggregate logits or features), ``min_frames`` and
 ``set_grad_checkpointing()``. Inputs are dicts: ``{"video": [B, C, T, H, W] or [B, V, C, T, H, W]
 float, "kpt": [B, T, J, C] float}``.
 """

@@ -201,7 +201,8 @@ class VideoClassifier(nn.Module):
             return weights[0] * parts[0] + weights[1] * self.kpt_projection(parts[1])
         return torch.cat(parts, dim=-1)
 
-    def head(self, features: torch.Tensor) -> torch.Tensor:
+    def classify(self, features: torch.Tensor) -> torch.Tensor:
+        """The linear classifier's logits [B, K] of features [B, D] (late view fusion: [B, V, D], logits averaged)."""
         logits = self.classifier(features)
         return logits.mean(dim=1) if logits.dim() == 3 else logits
 
@@ -209,6 +210,6 @@ class VideoClassifier(nn.Module):
         """Clip logits [B, K]; with a temporal head, of the clip as one chunk of stride 1."""
         features = self.features(inputs)
         if self.temporal is None:
-            return self.head(features)
+            return self.classify(features)
         length = next(v.shape[-3] if k == "video" else v.shape[1] for k, v in inputs.items())
         return self.temporal(features.unsqueeze(1), torch.tensor([[0, length]])).clip

@@ -127,7 +127,7 @@ def run_chunks(
             per_chunk = chunk_features.view(len(group), -1, *chunk_features.shape[1:])  # [n, B, (V,) D]
             features.append(per_chunk.float().cpu() if features_on_host else per_chunk)
         if head is None:
-            logits = model.head(chunk_features) if keep_features else model(stacked)
+            logits = model.classify(chunk_features) if keep_features else model(stacked)
             logits = logits.view(len(group), -1, logits.shape[-1])  # [n, B, K]
             aggregator.update(logits)
             chunk_logits.append(logits.detach().float().cpu())
