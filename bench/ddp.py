@@ -1,4 +1,4 @@
-"""train.ddp_sync on 2 gloo processes: the step time of agreed and overlap, and the memory each holds beyond one
+"""train.ddp_sync on 2 gloo processes: the step time of agreed and during_backward, and the memory each holds beyond one
 process, against the planner's estimate.
 
     python -m bench.ddp                                     # r3d_18 at 64x64, 8 frames, batch 2 a process
@@ -6,11 +6,11 @@ process, against the planner's estimate.
 
 Each mode runs the project's training forward and loss (``engine.training.build.wrap_for_training``, ``step_loss``) in its
 own ``torchrun --nproc_per_node=2``, SGD, fp32, on the CPU. Time: the median of --steps steps after one warm-up
-step (forward, backward, the gradients averaged: DDP's hooks during backward with overlap, ``agree_and_reduce``'s
+step (forward, backward, the gradients averaged: DDP's hooks during backward with during_backward, ``agree_and_reduce``'s
 averaging after it with agreed; the optimizer step). Memory: rank 0's peak resident memory during the steps above
 what it held before the model was wrapped, and its difference to agreed's (DistributedDataParallel's buckets),
 beside what the planner adds to one process's estimated peak for 2 processes. A CPU figure: gloo over loopback on 2 cores that also compute, so
-overlap has little to hide behind; on GPUs with NCCL the balance differs.
+the all-reduce during backward has little to hide behind; on GPUs with NCCL the balance differs.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def main() -> None:
         f"processes on {os.cpu_count()} CPUs, SGD, fp32; median of {args.steps} steps"
     )
     rows = {}
-    for mode in ("agreed", "overlap"):
+    for mode in ("agreed", "during_backward"):
         command = [
             sys.executable,
             "-m",

@@ -413,10 +413,10 @@ class TrainConfig:
         "choice",
         "several processes: agreed averages the gradients after each "
         "accumulation group, once every rank agreed on its out-of-memory back-off (an OOM on one "
-        "rank is survived; communication does not overlap backward); overlap all-reduces during "
-        "backward (DistributedDataParallel's hooks, overlapped with it; an OOM on one rank stops "
+        "rank is survived; the all-reduce comes after backward); during_backward all-reduces during "
+        "backward (DistributedDataParallel's hooks; an OOM on one rank stops "
         "every rank, last.pt as the last checkpoint left it)",
-        choices=("agreed", "overlap"),
+        choices=("agreed", "during_backward"),
     )
     recompute: str = setting(
         "auto",
@@ -672,11 +672,14 @@ RENAMED_KEYS = {
     "train.chunk_aggregation": "infer.chunk_aggregation",
     "train.video_batch_size": "infer.chunks_per_forward",
 }
+# Renamed choices, key -> {old value: new}, kept working as old keys are: overlap is the frames windows share
+RENAMED_VALUES = {"train.ddp_sync": {"overlap": "during_backward"}}
 
 
 def with_new_names(data: dict, source: str | None = None) -> dict:
-    """``data`` (a config's sections) with each renamed key under its new name, in its new section; with
-    ``source`` (a file or a --set), each old name found is said once, naming the new one."""
+    """``data`` (a config's sections) with each renamed key under its new name, in its new section, and each
+    renamed choice under its new value; with ``source`` (a file or a --set), each old name found is said once,
+    naming the new one."""
     for old, new in RENAMED_KEYS.items():
         old_section, old_key = old.split(".")
         values = data.get(old_section)
@@ -697,6 +700,14 @@ def with_new_names(data: dict, source: str | None = None) -> dict:
             }
         if source is not None:
             log.warning("%s: %s is now called %s (the old name still works)", source, old, new)
+    for key, names in RENAMED_VALUES.items():
+        section, name = key.split(".")
+        values = data.get(section)
+        old = values.get(name) if isinstance(values, dict) else None
+        if isinstance(old, str) and old in names:
+            data = {**data, section: {**values, name: names[old]}}
+            if source is not None:
+                log.warning("%s: %s: %s is now called %s (the old value still works)", source, key, old, names[old])
     return data
 
 

@@ -20,7 +20,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYOUTS = ("one-node", "two-agents")
 WORLD_SIZE = 2  # processes in either layout
-MODES = ("agreed", "overlap")
+MODES = ("agreed", "during_backward")
 
 
 def settings(data: str, out: str, mode: str, *extra: str) -> list[str]:

@@ -324,7 +324,7 @@ def estimate_training_step(
     resets the process's peak memory there). ``average_bucket``: under torchrun, the largest bucket the
     gradients are averaged through after backward (``average_gradients`` of engine/training/oom.py; at most the
     gradients' size), alive beside them. ``ddp_buckets``: DistributedDataParallel's gradient buckets
-    (train.ddp_sync: overlap), gradient-sized and alive from the start; the gradients are views of them once a
+    (train.ddp_sync: during_backward), gradient-sized and alive from the start; the gradients are views of them once a
     backward synced, but the forward that makes the peak already has them whole, so they are counted beside the
     gradients.
     """

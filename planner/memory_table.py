@@ -177,9 +177,9 @@ def _processes_text(cfg: Config, frames: int, batch: int, world_size: int, shape
     alone = config_training_estimate(cfg, frames, batch, **shape)
     several = config_training_estimate(cfg, frames, batch, world_size=world_size, **shape)
     added = several.peak - alone.peak
-    if cfg.train.ddp_sync == "overlap":
+    if cfg.train.ddp_sync == "during_backward":
         return (
-            f"{world_size} processes, train.ddp_sync: overlap: DistributedDataParallel's buckets, "
+            f"{world_size} processes, train.ddp_sync: during_backward: DistributedDataParallel's buckets, "
             f"{alone.gradients / MiB:.0f} MiB (the gradients' size; counted above: +{added / MiB:.0f} MiB at the "
             f"peak); NCCL's own buffers lie outside PyTorch's allocator and are not counted"
         )

@@ -82,13 +82,13 @@ def config_training_estimate(
     """One training step of a config as train.py runs it (``ProjectStep``), with the preset's precision,
     checkpointing, AdamW/SGD state and accumulation, the uint8 clip (views, keypoints) on the device,
     ``kept_chunks`` training chunks not recomputed, and with ``world_size`` > 1 the bucket the gradients are
-    averaged through (train.ddp_sync: agreed) or DistributedDataParallel's buckets (overlap)."""
+    averaged through (train.ddp_sync: agreed) or DistributedDataParallel's buckets (during_backward)."""
     frames = num_frames or cfg.data.num_frames
     if frames < 1:
         raise ValueError("num_frames -1 (every frame of the window): give the clip length to estimate")
     batch = batch_size or cfg.data.batch_size
     step, device = ProjectStep(cfg, num_classes, num_views, kpt_shape, kept_chunks), torch.device("cpu")
-    overlap = cfg.train.ddp_sync == "overlap"
+    ddp = cfg.train.ddp_sync == "during_backward"
     return estimate_training_step(
         lambda: step.classifier().train(),
         lambda: step.inputs(frames, batch, device),
@@ -97,8 +97,8 @@ def config_training_estimate(
         cfg.train.optimizer,
         cfg.train.accumulate_grad_batches,
         fake=fake,
-        average_bucket=GRADIENT_BUCKET_BYTES if world_size > 1 and not overlap else 0,
-        ddp_buckets=world_size > 1 and overlap,
+        average_bucket=GRADIENT_BUCKET_BYTES if world_size > 1 and not ddp else 0,
+        ddp_buckets=world_size > 1 and ddp,
     )
 
 

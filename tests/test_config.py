@@ -293,6 +293,25 @@ def test_infer_head_window_is_now_infer_head_chunks_with_a_notice_and_silently_i
     assert saved_config(old).infer.head_chunks == 4 and not caplog.records
 
 
+def test_ddp_sync_overlap_is_now_during_backward_with_a_notice_and_silently_in_a_saved_config(tmp_path, caplog):
+    """Overlap is the frames windows share; the all-reduce during backward was train.ddp_sync: overlap."""
+    import logging
+
+    from config import saved_config
+
+    path = write(tmp_path, "old.yaml", "train:\n  ddp_sync: overlap\n")
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
+        assert load_config(path).train.ddp_sync == "during_backward"
+        assert load_config(None, ["train.ddp_sync=agreed"]).train.ddp_sync == "agreed"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: train.ddp_sync: overlap is now called during_backward (the old value still works)"
+    ]
+    caplog.clear()
+    old = defaults()
+    old["train"]["ddp_sync"] = "overlap"
+    assert saved_config(old).train.ddp_sync == "during_backward" and not caplog.records
+
+
 def test_a_checkpoint_config_from_before_the_infer_section_loads_silently_as_it_ran(caplog):
     from config import saved_config
 

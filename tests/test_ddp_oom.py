@@ -35,7 +35,7 @@ where, out = sys.argv[1], sys.argv[2]
 cfg = load_config(None, ["data.batch_size=4", "train.accumulate_grad_batches=2", "train.weight_decay=0",
                          "trainer.device=cpu", "train.log_every=1000",
                          f"model.norm={'sync' if where == 'sync' else 'batch'}",
-                         f"train.ddp_sync={'overlap' if where == 'overlap' else 'agreed'}",
+                         f"train.ddp_sync={'during_backward' if where == 'during_backward' else 'agreed'}",
                          "trainer.process_group_timeout_s=60"])
 runtime = setup_runtime(cfg.trainer)
 setup_logging(is_main=True)  # every rank prints: the test reads both ranks' reports
@@ -167,7 +167,7 @@ def test_an_oom_under_sync_batch_norm_stops_every_rank_with_the_reason(tmp_path)
 
 
 def test_an_oom_with_overlapped_all_reduce_stops_every_rank_and_leaves_last_pt(tmp_path):
-    """train.ddp_sync: overlap: rank 1 runs out of memory in a backward whose all-reduce rank 0 waits in. No
+    """train.ddp_sync: during_backward: rank 1 runs out of memory in a backward whose all-reduce rank 0 waits in. No
     back-off can be agreed: rank 1 stops with the reason and the way out, rank 0 is stopped too (torchrun, or the
     process group's timeout) within a bounded time, and the last.pt there before is left as it was."""
     script = tmp_path / "rank.py"
@@ -183,7 +183,7 @@ def test_an_oom_with_overlapped_all_reduce_stops_every_rank_and_leaves_last_pt(t
             "--standalone",
             "--nproc_per_node=2",
             str(script),
-            "overlap",
+            "during_backward",
             str(tmp_path),
         ],
         cwd=ROOT,
@@ -195,7 +195,7 @@ def test_an_oom_with_overlapped_all_reduce_stops_every_rank_and_leaves_last_pt(t
     assert result.returncode != 0 and time.monotonic() - started < 120
     output = result.stdout + result.stderr
     assert (
-        "rank 1 error: rank 1: out of memory with train.ddp_sync: overlap: the other 1 process(es) wait in an "
+        "rank 1 error: rank 1: out of memory with train.ddp_sync: during_backward: the other 1 process(es) wait in an "
         "all-reduce of the backward this process abandoned"
     ) in output
     assert "resume with --resume auto and train.ddp_sync: agreed" in output

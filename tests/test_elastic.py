@@ -43,7 +43,7 @@ def assert_resumed_and_identical(result: dict, out: str, reference: dict) -> Non
 
 # one kill per sync mode; rank 0 is the one that writes; two-agents: two torchrun agents with a c10d rendezvous, one
 # worker each (as two nodes), against the one-node reference
-@pytest.mark.parametrize("mode, rank, layout", [("agreed", 1, "one-node"), ("overlap", 0, "two-agents")])
+@pytest.mark.parametrize("mode, rank, layout", [("agreed", 1, "one-node"), ("during_backward", 0, "two-agents")])
 def test_a_rank_killed_mid_epoch_restarts_and_finishes_bit_identically(
     synthetic_root, tmp_path, references, mode, rank, layout
 ):

@@ -241,9 +241,11 @@ def test_several_processes_add_a_bucket_that_leaves_the_peak_unchanged(overrides
 
 
 def test_with_overlapped_all_reduce_the_estimate_holds_ddp_buckets_of_the_gradients_size():
-    """train.ddp_sync: overlap: DistributedDataParallel's buckets, gradient-sized and alive from the start (the
+    """train.ddp_sync: during_backward: DistributedDataParallel's buckets, gradient-sized and alive from the start (the
     forward that makes the peak has them whole): the peak grows by about the gradients' size."""
-    cfg = load_config(os.path.join(ROOT, "configs", "quickstart.yaml"), ["model.width=64", "train.ddp_sync=overlap"])
+    cfg = load_config(
+        os.path.join(ROOT, "configs", "quickstart.yaml"), ["model.width=64", "train.ddp_sync=during_backward"]
+    )
     alone = project.config_training_estimate(cfg, 16, 4)
     several = project.config_training_estimate(cfg, 16, 4, world_size=2)
     assert alone.gradients > 4 * me.MiB

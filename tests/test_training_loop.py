@@ -290,7 +290,7 @@ def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
             "model.norm=group",
             "train.chunk_train_size=4",
             "train.chunk_train_overlap=1",
-            "train.ddp_sync=overlap",
+            "train.ddp_sync=during_backward",
             "train.accumulate_grad_batches=2",
             "trainer.memory_budget_gb=2",
         ],
@@ -302,7 +302,7 @@ def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
             "model.temporal_width=16",
             "model.temporal_dropout=0",
             "train.grad_chunks=2",
-            "train.ddp_sync=overlap",
+            "train.ddp_sync=during_backward",
             "train.accumulate_grad_batches=2",
             "trainer.memory_budget_gb=2",
         ],
@@ -342,7 +342,7 @@ def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
         timeout=600,
     )
     assert two.returncode == 0, two.stderr[-3000:]
-    mode = "overlap" if "train.ddp_sync=overlap" in chunks else "agreed"
+    mode = "during_backward" if "train.ddp_sync=during_backward" in chunks else "agreed"
     assert f"2 processes, train.ddp_sync: {mode}" in two.stderr
     if "trainer.memory_budget_gb=2" in chunks:  # train.recompute: auto keeps every chunk, on every rank
         kept = "2 of 2" if "train.grad_chunks=2" in chunks else "3 of 3"  # only the drawn chunks hold a graph

@@ -187,8 +187,8 @@ def _log_temporal_head_settings(optimizer: torch.optim.Optimizer, train_cfg: Tra
 
 # train.ddp_sync in the run's first lines, under torchrun
 DDP_SYNC_WORDS = {
-    "overlap": "the gradients all-reduced during backward (DistributedDataParallel); an out-of-memory error on one "
-    "rank stops every rank",
+    "during_backward": "the gradients all-reduced during backward (DistributedDataParallel); an out-of-memory error "
+    "on one rank stops every rank",
     "agreed": "the gradients averaged after each accumulation group, once every rank agreed on its out-of-memory "
     "back-off",
 }
@@ -218,7 +218,7 @@ def wrap_for_training(model: torch.nn.Module, prepare: InputPreparer, cfg: Confi
             DDP_SYNC_WORDS[cfg.train.ddp_sync],
         )
     with watchdog.armed():  # the weights broadcast: a group that cannot communicate says so within the bound
-        if runtime.distributed and cfg.train.ddp_sync == "overlap":
+        if runtime.distributed and cfg.train.ddp_sync == "during_backward":
             return DistributedDataParallel(
                 wrapped,
                 broadcast_buffers=False,

@@ -71,7 +71,7 @@ def accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size:
             save_memory_snapshot(trainer)  # trainer.memory_snapshot: on_oom; before the back-off empties the cache
             if trainer.syncs_in_backward:
                 raise SyncedOutOfMemory(
-                    f"rank {trainer.runtime.rank}: out of memory with train.ddp_sync: overlap: the other "
+                    f"rank {trainer.runtime.rank}: out of memory with train.ddp_sync: during_backward: the other "
                     f"{trainer.runtime.world_size - 1} process(es) wait in an all-reduce of the backward this process "
                     f"abandoned, so no back-off can be agreed; every process stops (torchrun stops the others, or "
                     f"trainer.process_group_timeout_s does) and last.pt stays as the last checkpoint wrote it; resume "
@@ -94,7 +94,7 @@ def forward_backward(
 ) -> tuple[float, int]:
     """One loader batch in ``state.micro_splits`` pieces; returns (sum of the clip losses, clips). Under torchrun
     (train.ddp_sync: agreed) no backward communicates: ``agree_and_reduce`` averages the gradients once the group
-    is done on every rank; with overlap, DDP all-reduces during the backward of the group's last piece
+    is done on every rank; with during_backward, DDP all-reduces during the backward of the group's last piece
     (``ends_group``: this batch is the group's last), the others under no_sync."""
     model, runtime = trainer.model, trainer.runtime
     size = len(batch["label"])

@@ -69,8 +69,8 @@ class Trainer:
 
     @property
     def syncs_in_backward(self) -> bool:
-        """train.ddp_sync: overlap under torchrun: DDP all-reduces during backward (no OOM back-off then)."""
-        return self.runtime.distributed and self.cfg.train.ddp_sync == "overlap"
+        """train.ddp_sync: during_backward under torchrun: DDP all-reduces during backward (no OOM back-off then)."""
+        return self.runtime.distributed and self.cfg.train.ddp_sync == "during_backward"
 
     @property
     def synced_norm(self) -> bool:
