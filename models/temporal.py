@@ -304,20 +304,21 @@ def running_contrast(contrast: torch.Tensor, mask: torch.Tensor | None) -> torch
     return (running / (clip_rms(running, real) + 1e-6)).to(contrast.dtype)
 
 
-def window_starts(n: int, window: int) -> list[int]:
-    """The first chunk of each window of ``window`` chunks over ``n`` (> window), overlapping by half, the last
+def window_starts(n: int, size: int) -> list[int]:
+    """The first chunk of each window of ``size`` chunks over ``n`` (> size), overlapping by half, the last
     ending with the last chunk."""
-    hop = max(window - window // 2, 1)
-    starts = list(range(0, n - window, hop))
-    return starts + [n - window]
+    hop = max(size - size // 2, 1)
+    starts = list(range(0, n - size, hop))
+    return starts + [n - size]
 
 
-def most_central(n: int, window: int, starts: list[int]) -> torch.Tensor:
-    """[n] for each chunk the index of the window (``starts``) where it is farthest from a window edge."""
+def most_central(n: int, size: int, starts: list[int]) -> torch.Tensor:
+    """[n] for each chunk the index of the window of ``size`` chunks (``starts``) where it is farthest from a window
+    edge."""
     index = torch.arange(n)
     begin = torch.tensor(starts)
-    inside = (index[:, None] >= begin[None]) & (index[:, None] < begin[None] + window)  # [n, windows]
-    margin = torch.minimum(index[:, None] - begin[None], begin[None] + window - 1 - index[:, None])
+    inside = (index[:, None] >= begin[None]) & (index[:, None] < begin[None] + size)  # [n, windows]
+    margin = torch.minimum(index[:, None] - begin[None], begin[None] + size - 1 - index[:, None])
     return torch.where(inside, margin, -1).argmax(dim=1)
 
 
