@@ -20,6 +20,7 @@ The estimate compares with ``torch.cuda.max_memory_allocated()``; reserved memor
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import weakref
 from dataclasses import dataclass
@@ -65,7 +66,10 @@ class LiveBytes(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.entries: dict[int, tuple[weakref.ref, int]] = {}
+        # id of a live storage -> (its weak reference, its bytes, its serial): an id is reused once its storage
+        # is freed, so what was alive at the peak is remembered by serial, which a later storage never shares
+        self.entries: dict[int, tuple[weakref.ref, int, int]] = {}
+        self.serials = itertools.count()
         self.current = 0
         self.peak = 0
         self.alive_at_peak: set[int] = set()
@@ -80,11 +84,10 @@ class LiveBytes(TorchDispatchMode):
         if key in self.entries:
             return
         size = math.ceil(storage.nbytes() / BLOCK) * BLOCK
-        self.entries[key] = (weakref.ref(storage, lambda _, key=key: self._freed(key)), size)
+        self.entries[key] = (weakref.ref(storage, lambda _, key=key: self._freed(key)), size, next(self.serials))
         self.current += size
         if self.current > self.peak:
-            self.peak = self.current
-            self.alive_at_peak = set(self.entries)
+            self.reset_peak()
 
     def _freed(self, key: int) -> None:
         entry = self.entries.pop(key, None)
@@ -93,11 +96,12 @@ class LiveBytes(TorchDispatchMode):
 
     def reset_peak(self) -> None:
         self.peak = self.current
-        self.alive_at_peak = set(self.entries)
+        self.alive_at_peak = {serial for _, _, serial in self.entries.values()}
 
     def alive_bytes_at_peak(self, keys: set[int]) -> int:
         """Bytes of the storages among ``keys`` (still alive now) that were alive at the peak."""
-        return sum(self.entries[k][1] for k in keys & self.alive_at_peak if k in self.entries)
+        alive = [self.entries[k] for k in keys if k in self.entries]
+        return sum(size for _, size, serial in alive if serial in self.alive_at_peak)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
