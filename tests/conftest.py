@@ -47,6 +47,7 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: tests keep their order in a file
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BITS = 12
 BLOCK = 10  # pixels per bit: wide blocks survive lossy codecs
 WIDTH, HEIGHT = BITS * BLOCK, 48
@@ -54,32 +55,26 @@ WIDTH, HEIGHT = BITS * BLOCK, 48
 
 def run_python(args, **kwargs) -> subprocess.CompletedProcess:
     """``python ARGS...`` from the project root, as a user runs the scripts."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return subprocess.run([sys.executable, *args], cwd=root, capture_output=True, text=True, timeout=600, **kwargs)
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600, **kwargs)
 
 
-def run_in_process(
-    args, cwd: str | None = None, capture_output: bool = True, text: bool = True, timeout: float | None = None
-) -> subprocess.CompletedProcess:
-    """``python SCRIPT ARGS...`` (``args`` with or without the interpreter first; the other arguments as
-    subprocess.run's, a timeout not enforced) run in this interpreter: the script's own ``__main__`` block (runpy),
-    its stdout, stderr and exit code captured as run_python's, a crash as its traceback and code 1. The same code
-    path as a new interpreter for all that ends in Python, without one's 2 s of imports: for the scripts' usage
-    errors and short runs. What needs a process of its own keeps run_python: signals and kills, torchrun, an
-    environment of its own, and C libraries writing to file descriptor 2 (a decoder's noise is not captured here)."""
-    assert capture_output and text, "run_in_process captures text only"
-    args = list(args[1:] if args[0] == sys.executable else args)
+def run_in_process(args: list[str], cwd: str | None = None) -> subprocess.CompletedProcess:
+    """``python ARGS...`` (a script or ``-m MODULE``, from ``cwd``, else the project root) run in this interpreter:
+    the script's own ``__main__`` block (runpy), its stdout, stderr and exit code captured as run_python's, a crash
+    as its traceback and code 1. The same code path as a new interpreter for all that ends in Python, without one's
+    2 s of imports: for the scripts' usage errors and short runs. What needs a process of its own keeps
+    run_python: signals and kills, torchrun, a timeout, an environment of its own, and C libraries writing to file
+    descriptor 2 (a decoder's noise is not captured here)."""
     from core.logs import log
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out, err, code = io.StringIO(), io.StringIO(), 0
-    saved = (sys.argv, os.getcwd(), log.handlers[:], log.level)
-    for handler in saved[2]:  # the script's logger writes to this run's stderr, as it would in its own process
+    argv, folder, handlers, level = sys.argv, os.getcwd(), log.handlers[:], log.level
+    for handler in handlers:  # the script's logger writes to this run's stderr, as it would in its own process
         log.removeHandler(handler)
     try:
         module = args[1] if args[0] == "-m" else None
         sys.argv = [module or args[0], *args[2 if module else 1 :]]
-        os.chdir(cwd or root)
+        os.chdir(cwd or ROOT)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
             # a module that an earlier test imported is run again as __main__: runpy's warning says so, harmlessly
             warnings.filterwarnings("ignore", "'.*' found in sys.modules after import of package", RuntimeWarning)
@@ -96,15 +91,15 @@ def run_in_process(
                 traceback.print_exc()
                 code = 1
     finally:
-        sys.argv = saved[0]
-        os.chdir(saved[1])
+        sys.argv = argv
+        os.chdir(folder)
         for handler in log.handlers[:]:
             log.removeHandler(handler)
-            if handler not in saved[2]:
+            if handler not in handlers:
                 handler.close()
-        for handler in saved[2]:
+        for handler in handlers:
             log.addHandler(handler)
-        log.setLevel(saved[3])
+        log.setLevel(level)
     return subprocess.CompletedProcess([sys.executable, *args], code, out.getvalue(), err.getvalue())
 
 
@@ -261,7 +256,7 @@ def tiny_cfg(synthetic_root, tmp_path):
     )
 
 
-BASE_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "base.yaml")
+BASE_CONFIG = os.path.join(ROOT, "configs", "base.yaml")
 
 
 def overrides(synthetic_root, out, *extra):

@@ -138,13 +138,9 @@ def test_rtx5080_preset_has_the_documented_shape():
     assert (cfg.data.num_frames, cfg.data.batch_size, cfg.trainer.precision) == (40, 12, "16")
 
 
-def run_script(*args):
-    return run_in_process(args)
-
-
 def test_print_config_prints_the_resolved_config_and_exits_0():
-    result = run_script(
-        "train.py", "--config", "configs/rtx5080.yaml", "--use_amp", "--set", "data.batch_size=3", "--print-config"
+    result = run_in_process(
+        ["train.py", "--config", "configs/rtx5080.yaml", "--use_amp", "--set", "data.batch_size=3", "--print-config"]
     )
     assert result.returncode == 0, result.stderr
     cfg = yaml.safe_load(result.stdout)
@@ -155,13 +151,13 @@ def test_cli_config_error_is_one_line_and_exit_code_2(tmp_path):
     path = write(
         tmp_path, "x.yaml", "base: " + os.path.join(ROOT, "configs", "base.yaml") + "\ndata:\n  batch_szie: 4\n"
     )
-    result = run_script("train.py", "--config", path)
+    result = run_in_process(["train.py", "--config", path])
     assert result.returncode == 2
     assert result.stderr == f"error: {path}: unknown key 'data.batch_szie'; did you mean 'data.batch_size'?\n"
     assert result.stdout == ""
     # the tests' in-process runs report as the script's own process does: the same code, output and exit code
     for args in (["train.py", "--config", path], ["eval.py", "--chekpoint", "x"], ["train.py", "--print-config"]):
-        alone, here = run_python(args), run_script(*args)
+        alone, here = run_python(args), run_in_process(args)
         assert (here.returncode, here.stdout, here.stderr) == (alone.returncode, alone.stdout, alone.stderr), args
 
 

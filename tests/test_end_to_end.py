@@ -50,11 +50,7 @@ def test_resume_continues_exactly(trained_run, synthetic_root, tmp_path):
 
 def test_resume_auto_without_a_checkpoint_is_an_error(synthetic_root, tmp_path):
     result = run_in_process(
-        [sys.executable, "train.py", *overrides(synthetic_root, tmp_path), "--resume", "auto"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        ["train.py", *overrides(synthetic_root, tmp_path), "--resume", "auto"],
     )
     assert result.returncode == 2
     assert result.stderr.strip().endswith("start without --resume, or give a checkpoint path")
@@ -66,7 +62,6 @@ def test_eval_reports_and_writes_metrics_and_predictions(trained_run, tmp_path):
     best = os.path.join(run_dir, "checkpoints", "best.pt")
     result = run_in_process(
         [
-            sys.executable,
             "eval.py",
             "--checkpoint",
             best,
@@ -81,10 +76,6 @@ def test_eval_reports_and_writes_metrics_and_predictions(trained_run, tmp_path):
             "--output",
             str(tmp_path / "ev"),
         ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     assert "confusion matrix" in result.stdout and "video-level acc" in result.stdout
@@ -97,7 +88,6 @@ def test_eval_reports_and_writes_metrics_and_predictions(trained_run, tmp_path):
     assert metrics["video_acc"] == pytest.approx(sum(v["label"] == v["predicted"] for v in videos) / len(videos))
     three = run_in_process(
         [
-            sys.executable,
             "eval.py",
             "--checkpoint",
             best,
@@ -108,20 +98,12 @@ def test_eval_reports_and_writes_metrics_and_predictions(trained_run, tmp_path):
             "--output",
             str(tmp_path / "three"),
         ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert three.returncode == 0, three.stderr
     assert json.load(open(tmp_path / "three.json"))["metrics"]["num_clips"] == 18  # 3 spatial crops of each clip
     assert all(v["clips"] == "3" for v in csv.DictReader(open(tmp_path / "three.csv")))
     bad = run_in_process(
-        [sys.executable, "eval.py", "--checkpoint", best, "--chunk", "4", "--overlap", "4"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        ["eval.py", "--checkpoint", best, "--chunk", "4", "--overlap", "4"],
     )
     assert bad.returncode == 2
     assert bad.stderr == (
@@ -135,7 +117,6 @@ def test_infer_chunked_streams_a_long_video_with_a_timeline(trained_run, synthet
     output = tmp_path / "out.jsonl"
     result = run_in_process(
         [
-            sys.executable,
             "infer_chunked.py",
             "--runs",
             str(out),
@@ -149,10 +130,6 @@ def test_infer_chunked_streams_a_long_video_with_a_timeline(trained_run, synthet
             "--output",
             str(output),
         ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     assert "best.pt" in result.stdout.splitlines()[0]  # the most recent run's best checkpoint was chosen
@@ -225,7 +202,6 @@ def test_a_checkpoint_from_an_incompatible_config_is_a_clear_error(trained_run, 
     save_checkpoint(state, str(tmp_path / "other.pt"))
     result = run_in_process(
         [
-            sys.executable,
             "infer_chunked.py",
             "--checkpoint",
             str(tmp_path / "other.pt"),
@@ -234,10 +210,6 @@ def test_a_checkpoint_from_an_incompatible_config_is_a_clear_error(trained_run, 
             "--overlap",
             "0",
         ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
     assert result.stderr.startswith(f"error: {tmp_path / 'other.pt'}: weights do not match model.backbone=r3d_18: ")
@@ -301,9 +273,7 @@ def test_a_checkpoint_from_before_the_infer_section_evaluates_as_it_did(trained_
     torch.save(state, old)
 
     def run(path):
-        result = run_in_process(
-            [sys.executable, "eval.py", "--checkpoint", path], cwd=ROOT, capture_output=True, text=True, timeout=300
-        )
+        result = run_in_process(["eval.py", "--checkpoint", path])
         assert result.returncode == 0, result.stderr
         return result.stdout.split("\n", 1)[1], result.stdout.split("\n", 1)[0], result.stderr
 

@@ -198,11 +198,7 @@ def test_an_append_interrupted_at_any_point_leaves_the_ledger_valid(experiment, 
 
 def test_watch_a_missing_directory_is_a_usage_error(tmp_path):
     result = run_in_process(
-        [sys.executable, "eval.py", "--watch", str(tmp_path / "nope")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        ["eval.py", "--watch", str(tmp_path / "nope")],
     )
     assert (result.returncode, result.stderr) == (
         2,

@@ -4,7 +4,6 @@ import dataclasses
 import json
 import os
 import shutil
-import sys
 
 import numpy as np
 import pytest
@@ -226,7 +225,6 @@ def test_eval_batch_auto_sizes_the_forward_for_every_view_of_a_window(trained_ru
     best = os.path.join(trained_run[0], "checkpoints", "best.pt")
     result = run_in_process(
         [
-            sys.executable,
             "eval.py",
             "--checkpoint",
             best,
@@ -241,19 +239,11 @@ def test_eval_batch_auto_sizes_the_forward_for_every_view_of_a_window(trained_ru
             "--memory-budget-gb",
             "0.05",
         ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
     )
     assert result.returncode == 0, result.stderr
     fitted = int(result.stdout.split("--batch auto: ")[1].split(" chunks")[0])  # chunks for all 6 views at once
     assert fitted >= 6 and "(36 clips, 6 videos)" in result.stdout  # 2 clips x 3 crops of each of 6 videos
     refused = run_in_process(
-        [sys.executable, "eval.py", "--checkpoint", best, "--batch", "many"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        ["eval.py", "--checkpoint", best, "--batch", "many"],
     )
     assert refused.returncode == 2 and refused.stderr == "error: --batch many: expected a number of chunks, or auto\n"

@@ -137,11 +137,7 @@ def test_eval_jsonl_lines_name_the_evaluated_split(trained_run, tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
     result = run_in_process(
-        [sys.executable, "eval.py", "--watch", str(copy), "--settle", "0", "--split", "test"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        ["eval.py", "--watch", str(copy), "--settle", "0", "--split", "test"],
     )
     assert result.returncode == 0, result.stderr
     lines = [json.loads(t) for t in (copy / "eval.jsonl").read_text().splitlines()]
@@ -206,7 +202,6 @@ def test_infer_reads_the_class_folder_layout_and_says_which_checkpoint_and_why(t
     )
     result = run_in_process(
         [
-            sys.executable,
             "infer_chunked.py",
             "--config",
             str(tmp_path / "preset.yaml"),
@@ -217,10 +212,6 @@ def test_infer_reads_the_class_folder_layout_and_says_which_checkpoint_and_why(t
             "--overlap",
             "0",
         ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(

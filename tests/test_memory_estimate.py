@@ -3,7 +3,6 @@ right direction and size for checkpointing, precision and chunking, and the budg
 
 import math
 import os
-import sys
 
 import pytest
 import torch
@@ -218,7 +217,6 @@ def test_batch_auto_without_a_budget_is_a_config_error():
 def test_probe_memory_prints_the_estimated_grid_without_a_gpu():
     result = run_in_process(
         [
-            sys.executable,
             "train.py",
             "--config",
             "configs/quickstart.yaml",
@@ -230,10 +228,6 @@ def test_probe_memory_prints_the_estimated_grid_without_a_gpu():
             "--probe-batches",
             "1,4",
         ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     assert "estimated, no GPU" in result.stdout and ", norm batch, adamw," in result.stdout
@@ -274,7 +268,6 @@ def test_with_overlapped_all_reduce_the_estimate_holds_ddp_buckets_of_the_gradie
 
 def test_probe_memory_says_what_several_processes_hold():
     command = [
-        sys.executable,
         "train.py",
         "--config",
         "configs/quickstart.yaml",
@@ -284,14 +277,14 @@ def test_probe_memory_says_what_several_processes_hold():
         "--probe-batches",
         "4",
     ]
-    result = run_in_process(command + ["--world-size", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = run_in_process(command + ["--world-size", "2"])
     assert result.returncode == 0, result.stderr
     assert (
         "2 processes: gradients averaged in place after backward through one bucket of 0 MiB (counted above; "
         "below the peak, which it leaves unchanged); no DistributedDataParallel buckets, no second copy of the "
         "0 MiB of gradients"
     ) in result.stdout
-    wrong = run_in_process(command + ["--world-size", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    wrong = run_in_process(command + ["--world-size", "0"])
     assert (wrong.returncode, wrong.stderr) == (2, "error: --world-size 0: the number of processes must be 1 or more\n")
 
 
@@ -305,7 +298,6 @@ def test_infer_batch_auto_picks_the_most_chunks_that_fit(trained_run, synthetic_
     assert peaks[6] > peaks[5]
     budget_gb = (peaks[5] + peaks[6]) / 2 / (1 - me.SAFETY_MARGIN) / me.GiB  # on the CPU: no CUDA context
     command = [
-        sys.executable,
         "infer_chunked.py",
         "--checkpoint",
         checkpoint,
@@ -322,13 +314,11 @@ def test_infer_batch_auto_picks_the_most_chunks_that_fit(trained_run, synthetic_
         "--batch",
         "auto",
     ]
-    result = run_in_process(
-        command + ["--memory-budget-gb", repr(budget_gb)], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
+    result = run_in_process(command + ["--memory-budget-gb", repr(budget_gb)])
     assert result.returncode == 0, result.stderr
     assert "--batch auto: 5 chunks of 16 frames per forward" in result.stdout
     assert "batch 5 on cpu" in result.stdout
-    no_budget = run_in_process(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    no_budget = run_in_process(command)
     assert no_budget.returncode == 2
     assert no_budget.stderr.strip() == (
         "error: --batch auto needs a memory budget: --memory-budget-gb N (the "

@@ -20,8 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESET = os.path.join(ROOT, "configs", "mstcn.yaml")
 
 
-def run(*args, timeout=600):
-    return run_in_process(args)
+def run(*args):
+    return run_in_process(list(args))
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +186,6 @@ def train_error(root, tmp_path) -> str:
         f"trainer.output_dir={tmp_path / 'runs'}",
         "--set",
         "trainer.max_epochs=1",
-        timeout=120,
     )
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
@@ -221,7 +220,7 @@ def test_a_bundle_naming_a_missing_file_names_the_bundle_and_line(dataset, tmp_p
     bundle.write_text(bundle.read_text() + "video_999.txt\n")
     error = train_error(root, tmp_path)
     assert f"{bundle} line 4: 'video_999.txt' has no {root}/groundTruth/video_999.txt" in error
-    missing_split = run("-m", "engine.evaluation.cross_validation", "--root", str(root), "--splits", "3", timeout=120)
+    missing_split = run("-m", "engine.evaluation.cross_validation", "--root", str(root), "--splits", "3")
     assert missing_split.returncode == 2 and f"{root}/splits has no split 3 (it has [1, 2])" in missing_split.stderr
 
 

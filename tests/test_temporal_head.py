@@ -673,23 +673,22 @@ def head_run(synthetic_root, tmp_path_factory):
 def test_eval_and_infer_load_the_head_with_no_flags_and_refuse_agg(head_run, synthetic_root):
     state = load_checkpoint(head_run)
     assert any(key.startswith("temporal.") for key in state["model"])
-    run = [sys.executable, "eval.py", "--checkpoint", head_run, "--split", "val"]
-    result = run_in_process(run, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = ["eval.py", "--checkpoint", head_run, "--split", "val"]
+    result = run_in_process(run)
     assert result.returncode == 0, result.stderr
     assert "temporal head transformer, windows of " in result.stdout.splitlines()[0]
-    whole = run_in_process(run + ["--head-chunks", "-1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    whole = run_in_process(run + ["--head-chunks", "-1"])
     assert whole.returncode == 0 and "temporal head transformer, whole videos at once" in whole.stdout
-    bad = run_in_process(run + ["--head-chunks", "half"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    bad = run_in_process(run + ["--head-chunks", "half"])
     assert bad.returncode == 2
     assert bad.stderr == "error: --head-chunks half: expected a number of chunks, -1 (the whole video) or auto\n"
-    refused = run_in_process(run + ["--agg", "max"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    refused = run_in_process(run + ["--agg", "max"])
     assert refused.returncode == 2
     assert refused.stderr == (
         "error: --agg max: this model has a temporal head (model.temporal_head: transformer), "
         "which is the aggregation over its chunks; leave --agg out\n"
     )
     infer = [
-        sys.executable,
         "infer_chunked.py",
         "--checkpoint",
         head_run,
@@ -700,21 +699,17 @@ def test_eval_and_infer_load_the_head_with_no_flags_and_refuse_agg(head_run, syn
         "--max-videos",
         "1",
     ]
-    result = run_in_process(infer + ["--timeline"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = run_in_process(infer + ["--timeline"])
     assert result.returncode == 0, result.stderr
     assert "temporal head transformer" in result.stdout
-    refused = run_in_process(infer + ["--agg", "prob"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    refused = run_in_process(infer + ["--agg", "prob"])
     assert refused.returncode == 2 and "leave --agg out" in refused.stderr
 
 
 def test_the_cron_evaluator_uses_the_head(head_run):
     experiment = os.path.dirname(os.path.dirname(os.path.dirname(head_run)))
     result = run_in_process(
-        [sys.executable, "eval.py", "--watch", experiment, "--settle", "0"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        ["eval.py", "--watch", experiment, "--settle", "0"],
     )
     assert result.returncode == 0, result.stderr
     entries = [json.loads(line) for line in open(os.path.join(experiment, "eval.jsonl"))]
@@ -738,11 +733,7 @@ def test_the_order_task_puts_two_events_far_apart_the_same_way_for_both_labels()
 def test_the_long_range_bench_names_an_unknown_family_or_preset():
     for option, value in (("--families", "middle,midle"), ("--presets", "quickstart")):
         done = run_in_process(
-            [sys.executable, "-m", "bench.long_range", "--part", "families", option, value],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
+            ["-m", "bench.long_range", "--part", "families", option, value],
         )
         assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(
             f"python -m bench.long_range: error: {option}: unknown "
@@ -751,11 +742,7 @@ def test_the_long_range_bench_names_an_unknown_family_or_preset():
 
 def test_the_length_bench_names_an_unknown_family_and_the_scale_bench_measures_a_head_step_alone():
     done = run_in_process(
-        [sys.executable, "-m", "bench.length", "--families", "order,odrer"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        ["-m", "bench.length", "--families", "order,odrer"],
     )
     assert done.returncode == 2 and done.stderr.splitlines()[-1] == (
         "python -m bench.length: error: --families: unknown odrer; choose from order, middle, last, distractors, twice, "
