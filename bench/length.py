@@ -30,10 +30,11 @@ import subprocess
 import sys
 import tempfile
 
-from bench.long_range import FAMILY_SHAPES, family_data
+from bench.long_range import family_data
 from bench.scale import sets
 from datasets.long_range_tasks import TASKS, generate_long_range, generate_task
 from datasets.segmentation_task import generate_segmentation
+from harness.long_range import FAMILY_SHAPES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCALES = (1, 4, 16)

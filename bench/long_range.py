@@ -51,6 +51,7 @@ import tempfile
 import torch
 
 from bench.train_chunked import step_cell
+from core.files import atomic_path
 from datasets.long_range_tasks import (
     MODALITIES,
     RELATION_EVENTS,
@@ -58,10 +59,9 @@ from datasets.long_range_tasks import (
     generate_long_range,
     generate_task,
 )
-from harness.long_range import FAMILY_SHAPES, colours_apart, event_chunks, train_head_alone
+from harness.long_range import FAMILY_SHAPES, LONG_RANGE_PRESET, colours_apart, event_chunks, train_head_alone
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join(ROOT, "configs", "long-range.yaml")
 VARIANTS = {
     "(a) short clips": [
         "data.num_frames=16",
@@ -76,7 +76,7 @@ VARIANTS = {
 
 
 def train_variant(
-    overrides: list[str], data: str, epochs: int, seed: int, config: str = CONFIG, keep: str | None = None
+    overrides: list[str], data: str, epochs: int, seed: int, config: str = LONG_RANGE_PRESET, keep: str | None = None
 ) -> dict:
     """One train.py run's validation accuracy by epoch; ``keep``: a path to copy its best.pt to."""
     with tempfile.TemporaryDirectory() as out:
@@ -103,8 +103,8 @@ def train_variant(
             rows = list(csv.DictReader(f))
         if keep:
             os.makedirs(os.path.dirname(keep), exist_ok=True)
-            shutil.copyfile(os.path.join(out, "long_range", "latest", "checkpoints", "best.pt"), keep + ".tmp")
-            os.replace(keep + ".tmp", keep)
+            with atomic_path(keep) as tmp:
+                shutil.copyfile(os.path.join(out, "long_range", "latest", "checkpoints", "best.pt"), tmp)
     accuracy = [float(r["val_clip_acc"]) for r in rows]
     elapsed = [float(r["elapsed_s"]) for r in rows]
     reached = next((int(r["epoch"]) for r, a in zip(rows, accuracy) if a >= 0.9), None)
@@ -122,8 +122,8 @@ PRESETS = {
         os.path.join(ROOT, "configs", "quickstart.yaml"),
         ["model.temporal_head=transformer", "data.flip_label_pairs=null", "data.batch_size=8"],
     ),
-    "long-range": (CONFIG, []),
-    "order-blind mean": (CONFIG, ["model.temporal_head=none"]),
+    "long-range": (LONG_RANGE_PRESET, []),
+    "order-blind mean": (LONG_RANGE_PRESET, ["model.temporal_head=none"]),
 }
 
 
@@ -259,7 +259,7 @@ def separability(args) -> None:
         label = task if modality == "colour" else f"{task}/{modality}"
         for source in args.checkpoint or ["random"]:
             if source == "random":
-                cfg = load_config(CONFIG, [])
+                cfg = load_config(LONG_RANGE_PRESET, [])
                 torch.manual_seed(int(args.seeds.split(",")[0]))
                 model = build_model(cfg.model, num_classes=len(TASKS[task]["classes"]))
             else:
