@@ -25,7 +25,10 @@ from core.files import atomic_open
 from core.runtime import unwrap_model
 from core.tensor_files import UnreadableFile, UnsafeFile, load_tensors
 
-CHECKPOINT_FORMAT = 1  # bumped when the layout of the checkpoint dict changes
+# bumped when the checkpoint dict's layout changes, or when a new key's default would change what an older
+# checkpoint computes; an older format is refused (load_checkpoint), never read by guesswork.
+# 2: the saved config holds every key that changes the model's output (attention, contrast, norms, ...)
+CHECKPOINT_FORMAT = 2
 log = logging.getLogger("longvideo")
 
 
@@ -78,8 +81,8 @@ def training_checkpoint(
 
 
 def changed_settings(saved: dict, cfg: Config) -> dict[str, tuple]:
-    """The model.* and train.* keys whose value in ``cfg`` differs from a checkpoint's saved config (read as
-    config.compat reads it: a key the checkpoint predates has the value it trained with): {dotted: (then, now)}."""
+    """The model.* and train.* keys whose value in ``cfg`` differs from a checkpoint's saved config (read by
+    ``saved_config``): {dotted: (then, now)}."""
     then, now = saved_config(saved).to_dict(), cfg.to_dict()
     return {
         f"{section}.{key}": (then[section][key], value)
@@ -172,10 +175,13 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
         )
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path}: not a checkpoint of this project (no 'model' entry)")
-    if state.get("format") != CHECKPOINT_FORMAT:
+    found = state.get("format", 0)
+    if found != CHECKPOINT_FORMAT:
+        age = "a newer" if isinstance(found, int) and found > CHECKPOINT_FORMAT else "an older"
         raise CheckpointError(
-            f"{path}: checkpoint format {state.get('format')!r}, but this code reads format "
-            f"{CHECKPOINT_FORMAT}; use the version of this project that wrote it"
+            f"{path}: checkpoint format {found}, written by {age} version of this project "
+            f"(this one reads format {CHECKPOINT_FORMAT}); evaluate or resume it with the version that wrote it, "
+            f"or train again with this one"
         )
     return state
 

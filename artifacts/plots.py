@@ -175,8 +175,7 @@ def eval_history_plot(entries: list[dict], path: str) -> str | None:
         return None
     entries = sorted((e for e in entries if e.get("status") == "ok"), key=lambda e: e.get("global_step") or 0)
     figure, axis = plt.subplots(figsize=(7.5, 4.2))
-    # "top1": clip_acc's name in eval.jsonl entries written before 2026-11
-    metrics = [{"clip_acc": e["metrics"].get("top1"), **e["metrics"]} for e in entries]
+    metrics = [e["metrics"] for e in entries]
     timelines = any(m.get("seg_f1@50") is not None for m in metrics)  # scored as timelines: those scores, in percent
     labels = (
         {key.removeprefix("val_"): label for key, label in SEGMENT_METRICS.items()}

@@ -244,8 +244,7 @@ def separability(args) -> None:
     """``colours_apart`` of a random backbone (initialized at the first of --seeds) or of each --checkpoint's, on
     the first 48 training videos of each family of --families with two kinds of event, in each of --modalities."""
     from artifacts.checkpoint import load_checkpoint
-    from config import load_config
-    from config.compat import saved_config
+    from config import load_config, saved_config
     from models import build_model
 
     print(f"{'family':22s} {'A/B accuracy':>12s} {'|A - B| / 2':>12s} {'|events - empty|':>16s}  backbone")

@@ -2,8 +2,9 @@
 
 A config is a typed ``Config``: one dataclass per section (``cfg.data.batch_size``), built from the YAML and
 ``--set`` and validated once. Every key, its type, default and allowed range are declared once, as the fields of
-those dataclasses (config/schema.py); ``configs/base.yaml`` mirrors the defaults for readers and a test keeps the
-two equal. Code below the scripts takes the section it uses (``DataConfig``, ...), not the whole config.
+those dataclasses (config/schema.py), a choice's values as its ``Literal`` annotation; ``configs/base.yaml`` is
+written from them for readers (``python -m config.reference``), and a test keeps the two equal. Code below the
+scripts takes the section it uses (``DataConfig``, ...), not the whole config.
 
 Errors are ``ConfigError``: one line naming the file (or ``--set``), the key, what is wrong and how to
 fix it. The scripts print it and exit with code 2. The modules:
@@ -11,15 +12,14 @@ fix it. The scripts print it and exit with code 2. The modules:
     schema      the sections (Config, ModelConfig, DataConfig, TrainConfig, InferConfig,
                 TrainerConfig), every key as a field
                 (SCHEMA: the same as a mapping), its default and range; the backbone and norm names
-    loading     YAML presets with base:, --set, dump
+    loading     YAML presets with base:, --set, dump; a checkpoint's saved config (saved_config)
     validation  each value, then the checks across keys; apply_flags, derive (a validated copy with keys changed)
-    compat      configs of older checkpoints (saved_config)
     flags       eval.py's and infer_chunked.py's shared flags, the keys they set (INFERENCE_FLAGS)
+    reference   configs/base.yaml written from the schema (python -m config.reference)
 """
 
-from config.compat import saved_config
 from config.flags import INFERENCE_FLAGS, add_inference_flags, apply_inference_flags, inference_overrides
-from config.loading import dump, load_config, parse_override
+from config.loading import dump, load_config, parse_override, saved_config
 from config.schema import (
     ALL_KEYS,
     BACKBONES,

@@ -1,5 +1,6 @@
 """A config from YAML presets (``base:`` inheritance, deep-merged; lists are replaced) and ``--set`` overrides,
-then validated into a typed ``Config``; and back to YAML (``dump``)."""
+then validated into a typed ``Config``; a config saved with a checkpoint (``saved_config``); and back to YAML
+(``dump``)."""
 
 from __future__ import annotations
 
@@ -101,6 +102,20 @@ def load_config(
         cfg["trainer"]["precision"] = "amp"
         origins["trainer.precision"] = "--use_amp"
     return Config.from_dict(validate(cfg, origins))
+
+
+def saved_config(saved: dict) -> Config:
+    """A config saved with a checkpoint, validated. A checkpoint of the current format (artifacts/checkpoint.py)
+    saved every key its code had; a key added since takes its default, so a key whose default would change what
+    an older checkpoint computes comes with a new checkpoint format, not a shim here. Renamed keys and values
+    are read under their new names, silently (the checkpoint is not the user's to edit)."""
+    cfg = defaults()
+    for section, values in with_new_names(saved).items():
+        if isinstance(values, dict) and isinstance(cfg.get(section), dict):
+            cfg[section].update(values)
+        else:
+            cfg[section] = values
+    return Config.from_dict(validate(cfg))
 
 
 def dump(cfg: Config | dict) -> str:

@@ -117,7 +117,7 @@ def set_head_chunks(model: nn.Module, chunks: int | str) -> str:
     head.chunks_at_once = chunks
     reach = head.reach()
     if reach is None:
-        return "whole videos at once" + (" (its training length is not recorded)" if chunks == "auto" else "")
+        return "whole videos at once" + (" (it has not been trained)" if chunks == "auto" else "")
     return f"windows of {reach} chunks, overlapping by half" + (
         " (its longest training clip)" if chunks == "auto" else ""
     )

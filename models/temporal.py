@@ -17,7 +17,7 @@ backbone gives one feature vector per chunk, and the head sees the whole sequenc
   the heads of each layer attend to the chunks up to their own, the other half to the chunks from their own on
   (the forward and backward masks of DiSAN, Shen et al., AAAI 2018), so order is in the tokens from the first
   step (a token averaging every chunk is the same whatever their order); ``bidirectional``: every head attends
-  to every chunk (the head before ``model.temporal_attention``; older checkpoints load as that).
+  to every chunk.
 - ``transformer`` puts each chunk's features through a LayerNorm before the projection (``input_norm``,
   ``model.temporal_input_norm``): the backbone's pooled features shift and scale with the whole clip (its
   brightness, its contrast), which would move every token of the clip and drown the positions added to them.
@@ -218,7 +218,7 @@ def directional_attention(
 
 class EncoderLayer(nn.Module):
     """The pre-norm encoder layer of ``nn.TransformerEncoderLayer(norm_first=True, batch_first=True)``, with its
-    parameter names (checkpoints from before load as they are) and its creation order (a seed initializes it as
+    parameter names and its creation order (a seed initializes it as
     it did), its attention in memory linear in the chunks (``attention``: no n x n tensor; an hour of video is
     11,250 chunks), its dropouts where they were: on the attention probabilities, the residuals and the
     feed-forward."""
@@ -331,13 +331,8 @@ class TemporalHead(nn.Module):
     def __init__(self, chunks_at_once: int | str):
         super().__init__()
         self.chunks_at_once = chunks_at_once  # at inference: "auto" (trained_chunks), -1 (all), or a number
-        # the most real chunks of a clip the head has trained on (0: not known, a checkpoint from before the count)
+        # the most real chunks of a clip the head has trained on (0: not trained yet)
         self.register_buffer("trained_chunks", torch.zeros((), dtype=torch.long))
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # checkpoints from before the count: not known, so inference sees the whole clip, as it did then
-        state_dict.setdefault(prefix + "trained_chunks", torch.zeros((), dtype=torch.long))
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def reach(self) -> int | None:
         """The most chunks one forward sees at inference; None: all of them."""

@@ -10,7 +10,7 @@ import torch
 from conftest import overrides, run_in_process
 
 import train
-from artifacts.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from artifacts.checkpoint import CHECKPOINT_FORMAT, CheckpointError, load_checkpoint, save_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,24 +64,27 @@ def test_checkpoint_and_pretrained_messages_say_what_to_do(trained_run, tmp_path
         _read(str(tmp_path / "text.pth"))
 
 
-def test_a_checkpoint_of_another_format_is_refused_with_the_way_out(tmp_path):
-    save_checkpoint({"format": 99, "model": {}}, str(tmp_path / "new.pt"))
+@pytest.mark.parametrize("found, age", [(99, "a newer"), (1, "an older"), (None, "an older")])
+def test_a_checkpoint_of_another_format_is_refused_with_the_way_out(tmp_path, found, age):
+    saved = {"model": {}} if found is None else {"format": found, "model": {}}
+    save_checkpoint(saved, str(tmp_path / "other.pt"))
     with pytest.raises(CheckpointError) as info:
-        load_checkpoint(str(tmp_path / "new.pt"))
+        load_checkpoint(str(tmp_path / "other.pt"))
     assert str(info.value) == (
-        f"{tmp_path / 'new.pt'}: checkpoint format 99, but this code reads format 1; use "
-        f"the version of this project that wrote it"
+        f"{tmp_path / 'other.pt'}: checkpoint format {found or 0}, written by {age} version of this project "
+        f"(this one reads format {CHECKPOINT_FORMAT}); evaluate or resume it with the version that wrote it, "
+        f"or train again with this one"
     )
 
 
 def bad_checkpoint(tmp_path, kind: str) -> str:
     path = str(tmp_path / f"{kind}.pt")
     if kind == "pickled":  # a class no safe loader allows
-        torch.save({"format": 1, "model": {}, "dtype": np.float64}, path)
+        torch.save({"format": CHECKPOINT_FORMAT, "model": {}, "dtype": np.float64}, path)
     elif kind == "protocol4":  # torch 2.15 warns on it (a UserWarning with a site-packages path), then refuses it
-        torch.save({"format": 1, "model": {"w": torch.zeros(2)}}, path, pickle_protocol=4)
+        torch.save({"format": CHECKPOINT_FORMAT, "model": {"w": torch.zeros(2)}}, path, pickle_protocol=4)
     elif kind == "truncated":
-        torch.save({"format": 1, "model": {"w": torch.zeros(1000)}}, path)
+        torch.save({"format": CHECKPOINT_FORMAT, "model": {"w": torch.zeros(1000)}}, path)
         data = open(path, "rb").read()
         open(path, "wb").write(data[: len(data) // 3])
     else:  # a torch file, but not a checkpoint of this project

@@ -206,7 +206,7 @@ def test_the_chunk_reconstruction_keeps_a_relation_s_two_event_colours_apart_in_
     epochs (about 12 s each here); measured at this shape with the other defaults of 2026-11-26: 5.47 against 2.41
     (seed 0), 5.07 against 4.40 (seed 1); with those before: 4.97 against 3.77 (seed 0)."""
     from artifacts.checkpoint import load_checkpoint
-    from config.compat import saved_config
+    from config import saved_config
     from harness.long_range import colours_apart, event_chunks
     from models import build_model
 

@@ -65,11 +65,11 @@ def test_group_converts_the_keypoint_branch_and_counts_divide_odd_channel_number
     assert group_count(16, 32) == 8 and group_count(7, 4) == 1 and group_count(1, 32) == 1
 
 
-def test_a_group_norm_checkpoint_from_before_norm_groups_keeps_its_group_counts():
-    old = defaults()
-    del old["model"]["norm_groups"]
-    assert saved_config(old).model.norm_groups == 8 and saved_config(defaults()).model.norm_groups == 32
-    assert all(group_count(c, 8) == math.gcd(8, c) for c in (16, 32, 64, 128, 256, 512))  # the earlier rule
+def test_a_checkpoints_saved_norm_groups_is_the_one_it_evaluates_with():
+    saved = defaults()
+    saved["model"]["norm_groups"] = 8
+    assert saved_config(saved).model.norm_groups == 8 and saved_config(defaults()).model.norm_groups == 32
+    assert all(group_count(c, 8) == math.gcd(8, c) for c in (16, 32, 64, 128, 256, 512))
 
 
 @pytest.mark.parametrize("name", sorted(NO_BATCH_NORM))

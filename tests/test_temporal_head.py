@@ -424,16 +424,16 @@ def test_windows_are_per_clip_so_a_padded_batch_gives_each_clip_its_own_outputs(
     assert torch.allclose(batched.clip, torch.cat([alone[0].clip, alone[1].clip]), atol=1e-5)
 
 
-def test_a_head_saved_before_the_count_loads_and_sees_whole_videos_as_it_did():
+def test_the_heads_training_length_is_saved_with_its_weights_and_sets_its_inference_windows():
     torch.manual_seed(0)
     head = temporal_head(16, 5)
-    state = head.state_dict()
-    del state["trained_chunks"]
+    head.train()(torch.randn(2, 9, 16), positions_of(9))
     loaded = temporal_head(16, 5)
-    loaded.load_state_dict(state)  # strict: the missing count is filled, not an error
-    assert int(loaded.trained_chunks) == 0 and loaded.reach() is None
+    loaded.load_state_dict(head.state_dict())
+    assert int(loaded.trained_chunks) == 9 and loaded.eval().reach() == 9
+    assert temporal_head(16, 5).eval().reach() is None  # never trained: whole videos
     model = build_model(load_config(None, ["model.temporal_head=transformer", "model.width=4"]).model, 3)
-    assert models_window(model, "auto") == "whole videos at once (its training length is not recorded)"
+    assert models_window(model, "auto") == "whole videos at once (it has not been trained)"
     model.temporal.trained_chunks.fill_(38)
     assert models_window(model, "auto") == "windows of 38 chunks, overlapping by half (its longest training clip)"
     assert models_window(model, 100) == "windows of 100 chunks, overlapping by half"
@@ -582,24 +582,18 @@ def test_a_head_with_last_aggregation_or_late_fusion_is_refused_with_the_reason(
     )
 
 
-def test_a_head_checkpoint_from_before_the_head_defaults_evaluates_and_resumes_as_it_was_trained():
+def test_a_saved_config_keeps_every_value_it_was_trained_with_and_a_key_it_lacks_takes_its_default():
     from config import defaults, saved_config
 
-    old = defaults()
-    del old["model"]["temporal_attention"]
-    del old["model"]["temporal_input_norm"]
-    del old["model"]["temporal_contrast"]
-    del old["model"]["temporal_running"]
-    del old["train"]["temporal_warmup_epochs"]  # its warm-up was train.warmup_epochs alone
-    assert saved_config(old).train.temporal_warmup_epochs == 0.0
-    assert saved_config(old).model.temporal_attention == "bidirectional"
-    assert saved_config(old).model.temporal_input_norm is False
-    assert saved_config(old).model.temporal_contrast is False
-    assert saved_config(old).model.temporal_running is False
-    assert saved_config(defaults()).model.temporal_attention == "directional"
-    assert saved_config(defaults()).model.temporal_input_norm is True
-    assert saved_config(defaults()).model.temporal_contrast is True
-    assert saved_config(defaults()).train.temporal_warmup_epochs == 2.0
+    saved = defaults()
+    saved["model"]["temporal_attention"] = "bidirectional"
+    saved["model"]["temporal_contrast"] = False
+    saved["train"]["temporal_warmup_epochs"] = 0.0
+    del saved["model"]["temporal_running"]
+    cfg = saved_config(saved)
+    assert cfg.model.temporal_attention == "bidirectional" and cfg.model.temporal_contrast is False
+    assert cfg.train.temporal_warmup_epochs == 0.0
+    assert cfg.model.temporal_running is defaults()["model"]["temporal_running"]
 
 
 def training_parts(cfg):
@@ -613,10 +607,10 @@ def training_parts(cfg):
     return model, optimizer, scheduler, torch.amp.GradScaler("cpu", enabled=False)
 
 
-def test_resuming_a_checkpoint_from_before_the_head_defaults_names_the_settings_that_changed(tmp_path, caplog):
-    """A run started before model.temporal_contrast and train.temporal_warmup_epochs and resumed after them: its
-    head no longer fits (one line naming the key and the --set that resumes it, no traceback), and a warm-up that
-    would change its schedule is a warning with the --set that keeps it."""
+def test_resuming_with_settings_other_than_the_checkpoints_names_the_settings_that_changed(tmp_path, caplog):
+    """A run started with model.temporal_contrast and train.temporal_warmup_epochs other than the defaults and
+    resumed without them: its head no longer fits (one line naming the key and the --set that resumes it, no
+    traceback), and a warm-up that would change its schedule is a warning with the --set that keeps it."""
     from artifacts.checkpoint import CheckpointError, restore_training, save_checkpoint, training_checkpoint
 
     head = [
@@ -625,9 +619,8 @@ def test_resuming_a_checkpoint_from_before_the_head_defaults_names_the_settings_
         "model.temporal_width=16",
         "model.temporal_attention_heads=2",
     ]
-    then = load_config(None, [*head, "model.temporal_contrast=false"])
+    then = load_config(None, [*head, "model.temporal_contrast=false", "train.temporal_warmup_epochs=0"])
     saved = then.to_dict()
-    del saved["model"]["temporal_contrast"], saved["train"]["temporal_warmup_epochs"]  # written before the keys
 
     model, optimizer, scheduler, scaler = training_parts(then)
     path = str(tmp_path / "last.pt")

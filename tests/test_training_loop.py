@@ -254,7 +254,7 @@ def test_leak_detector_on_a_real_leaking_validation(synthetic_root, tmp_path, mo
 KILLER = """
 import sys, torch
 from artifacts.checkpoint import save_checkpoint
-state = {{"format": 1, "model": {{"w": torch.randn(8_000_000)}}, "step": 0}}
+state = {{"format": 2, "model": {{"w": torch.randn(8_000_000)}}, "step": 0}}
 save_checkpoint(state, {path!r})
 print("first", flush=True)
 for step in range(1, 10_000):

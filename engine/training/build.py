@@ -203,7 +203,7 @@ def wrap_for_training(model: torch.nn.Module, prepare: InputPreparer, cfg: Confi
     No DistributedDataParallel wrapper then (train.ddp_sync: agreed): with its all-reduce in backward off
     throughout, it did nothing but hold its gradient buckets, a second copy of every gradient (bench/RESULTS.md,
     "Several processes"). With train.ddp_sync:
-    overlap it is there, its all-reduce overlapping backward, the gradients views of its buckets."""
+    during_backward it is there, its all-reduce overlapping backward, the gradients views of its buckets."""
     if cfg.data.features_dir is not None:
         wrapped = FeatureHeadForward(model)
     else:
