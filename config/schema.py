@@ -1,7 +1,7 @@
 """Every configuration key, once: one dataclass per section (``ModelConfig``, ``DataConfig``, ``TrainConfig``,
 ``InferConfig``, ``TrainerConfig``) under ``Config``, each field with its type, default, range and meaning (a
 ``Key`` in the field's metadata). ``SCHEMA`` is the same declaration as a mapping, for validation and --print-config;
-``configs/base.yaml`` mirrors the defaults for readers and a test keeps the two equal.
+``configs/base.yaml`` is written from it (config/reference.py) for readers.
 
 The YAML is the user's interface; code below the scripts takes the typed section it uses (``cfg.data``), never the
 configuration by string keys."""
@@ -11,8 +11,8 @@ from __future__ import annotations
 import copy
 import difflib
 import logging
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from core.errors import ConfigError
 
@@ -35,17 +35,17 @@ BACKBONES = (
 )
 # Backbones of optional packages (models/external.py): "timm/<model name>", "hf/<local directory or hub name>".
 EXTERNAL_BACKBONES = {"timm/": "timm", "hf/": "transformers"}
-NORMS = ("batch", "frozen", "sync", "group")  # model.norm: models/norms.py converts BatchNorm to each
-
-
+Norm = Literal["batch", "frozen", "sync", "group"]  # model.norm: models/norms.py converts BatchNorm to each
+NORMS = get_args(Norm)
 # what model.chunk_reconstruction_target may name (models/reconstruction.py computes each)
-RECONSTRUCTION_TARGETS = ("colour", "colour_edges_motion")
+ReconstructionTarget = Literal["colour", "colour_edges_motion"]
+RECONSTRUCTION_TARGETS = get_args(ReconstructionTarget)
 
 
 @dataclass(frozen=True)
 class Key:
     default: Any
-    kind: str  # int, float, bool, str, list, choice, size, precision, any
+    kind: str  # int, float, bool, str, list, choice (its values: the field's Literal), size, precision, any
     help: str
     minimum: float | None = None
     maximum: float | None = None
@@ -64,6 +64,32 @@ def setting(default: Any, kind: str, help: str, **limits) -> Any:
     return field(default=default, metadata={"key": key})
 
 
+def choice(default: Any, help: str, **limits) -> Any:
+    """A field whose allowed values are those of its ``Literal`` annotation (``SCHEMA`` reads them from it)."""
+    return setting(default, "choice", help, **limits)
+
+
+def _literal_values(annotation) -> tuple:
+    """The values of a ``Literal[...]`` annotation, or of ``Literal[...] | None``."""
+    if get_origin(annotation) is Literal:
+        return get_args(annotation)
+    return next(_literal_values(a) for a in get_args(annotation) if a is not type(None))
+
+
+def section_keys(section) -> dict[str, Key]:
+    """A section's fields by name, each as its ``Key``; a choice's values are those of its annotation."""
+    hints = get_type_hints(section)
+    keys = {}
+    for f in fields(section):
+        key = f.metadata["key"]
+        if key.kind == "choice":
+            key = replace(key, choices=_literal_values(hints[f.name]))
+            if key.default not in key.choices and not (key.nullable and key.default is None):
+                raise TypeError(f"{section.__name__}.{f.name}: default {key.default!r} is not one of {key.choices}")
+        keys[f.name] = key
+    return keys
+
+
 @dataclass
 class ModelConfig:
     """model: the network: backbone, input, normalization layers and the temporal head."""
@@ -77,10 +103,8 @@ class ModelConfig:
     model_class_num: int | None = setting(
         None, "int", "number of classes; null = from data.class_names or the training labels", minimum=2, nullable=True
     )
-    input_type: str = setting("rgb", "choice", "what the model sees", choices=("rgb", "kpt", "rgb_kpt"))
-    view_fusion: str = setting(
-        "none", "choice", "how camera views are combined", choices=("none", "late", "mean", "concat")
-    )
+    input_type: Literal["rgb", "kpt", "rgb_kpt"] = choice("rgb", "what the model sees")
+    view_fusion: Literal["none", "late", "mean", "concat"] = choice("none", "how camera views are combined")
     grad_checkpointing: bool = setting(False, "bool", "recompute each stage's activations in backward")
     freeze_backbone: bool = setting(
         False,
@@ -95,21 +119,17 @@ class ModelConfig:
         "any",
         "null, a local weights file (torchvision's .pth files work as they are), or true for torchvision's download",
     )
-    fusion: str = setting(
+    fusion: Literal["concat", "weighted"] = choice(
         "concat",
-        "choice",
         "how RGB and keypoint features combine (rgb_kpt): concat, or weighted (a "
         "learned weighting of both, projected to one size)",
-        choices=("concat", "weighted"),
     )
-    norm: str = setting(
+    norm: Norm = choice(
         "batch",
-        "choice",
         "the BatchNorm layers of every backbone: batch (statistics of each "
         "micro-batch or training chunk), frozen (the pretrained running statistics, never updated: "
         "fine-tuning at batch 1-2), sync (statistics over every torchrun process; BatchNorm on one) "
         "or group (GroupNorm: per sample, for training from scratch)",
-        choices=("batch", "frozen", "sync", "group"),
     )
     norm_groups: int = setting(
         32,
@@ -122,14 +142,12 @@ class ModelConfig:
         "bool",
         "norm: frozen: also freeze the BatchNorm scale and shift (false: they train, as MMAction2's norm_eval)",
     )
-    temporal_head: str = setting(
+    temporal_head: Literal["none", "attention", "transformer", "tcn"] = choice(
         "none",
-        "choice",
         "the model over a clip's chunk features: none (chunk logits "
         "aggregated by infer.chunk_aggregation, blind to order), attention (attention "
         "pooling with positions), transformer (an encoder over the chunks, then that "
         "pooling) or tcn (MS-TCN's multi-stage dilated convolutions, linear in length)",
-        choices=("none", "attention", "transformer", "tcn"),
     )
     temporal_width: int = setting(64, "int", "temporal head: token width", minimum=2)
     temporal_layers: int = setting(2, "int", "temporal head (transformer): encoder layers", minimum=1)
@@ -151,13 +169,11 @@ class ModelConfig:
     temporal_attention_heads: int = setting(
         4, "int", "temporal head: attention heads (must divide temporal_width)", minimum=1
     )
-    temporal_attention: str = setting(
+    temporal_attention: Literal["directional", "bidirectional"] = choice(
         "directional",
-        "choice",
         "temporal head (transformer): directional (half the "
         "heads attend to earlier chunks, half to later ones: order is in the features "
         "from the first step) or bidirectional (every head attends to every chunk)",
-        choices=("directional", "bidirectional"),
     )
     temporal_input_norm: bool = setting(
         True,
@@ -198,13 +214,11 @@ class ModelConfig:
         "apart when the label alone does not ask for it (relations between far events); 0: none",
         minimum=0.0,
     )
-    chunk_reconstruction_target: str = setting(
+    chunk_reconstruction_target: ReconstructionTarget = choice(
         "colour",
-        "choice",
         "what the chunk reconstruction's thumbnail holds: colour (the mean colour of each bin) or "
         "colour_edges_motion (beside it, the grey frames' edge strength across and along the rows and their change "
         "from frame to frame, signed and its size)",
-        choices=RECONSTRUCTION_TARGETS,
     )
 
 
@@ -237,13 +251,11 @@ class DataConfig:
         "the manifests), instead of on video clips",
         nullable=True,
     )
-    features_format: str = setting(
+    features_format: Literal["npz", "mstcn"] = choice(
         "npz",
-        "choice",
         "npz: data.features_dir holds infer_chunked.py --features files, labels from the manifests; mstcn: it "
         "is a dataset root in MS-TCN's layout (features/*.npy [D, T], groundTruth/*.txt, mapping.txt, "
         "splits/*.bundle: Breakfast, 50Salads, GTEA), read in place, data.frame_stride its sample_rate",
-        choices=("npz", "mstcn"),
     )
     features_split: int = setting(
         1,
@@ -278,12 +290,10 @@ class DataConfig:
     img_size: list[int] = setting(
         112, "size", "the model's frame size, after resize and crop: N (square) or [height, width]"
     )
-    resize: str = setting(
+    resize: Literal["short_side", "stretch"] = choice(
         "short_side",
-        "choice",
         "short_side: keep the aspect ratio (short side to data.short_side), "
         "then crop to img_size; stretch: decode straight to img_size",
-        choices=("short_side", "stretch"),
     )
     short_side: int | None = setting(
         None,
@@ -331,11 +341,9 @@ class DataConfig:
         "augment: classes that swap when a clip is flipped, [[swipe_left, swipe_right], ...]",
         nullable=True,
     )
-    kpt_coords: str = setting(
+    kpt_coords: Literal["normalized", "pixels"] = choice(
         "normalized",
-        "choice",
         "keypoint x, y: normalized (0..1 of the frame) or pixels (of the stored frame)",
-        choices=("normalized", "pixels"),
     )
     kpt_flip_pairs: list | None = setting(
         None,
@@ -357,13 +365,11 @@ class DataConfig:
         nullable=True,
     )
     sample_window_overlap: int = setting(0, "int", "frames shared by consecutive sample windows", minimum=0)
-    decoder: str = setting(
+    decoder: Literal["auto", "opencv", "pyav"] = choice(
         "auto",
-        "choice",
         "video decoder: auto (the faster exact one for each codec and access "
         "pattern, measured by bench/loader.py), opencv, or pyav (same frames and pixels; also "
         "reads AV1)",
-        choices=("auto", "opencv", "pyav"),
     )
     autorotate: bool = setting(
         True,
@@ -371,11 +377,9 @@ class DataConfig:
         "frames as a viewer sees them: the container's display rotation or mirror "
         "(a phone held upright) applied by every decoder; false = as stored",
     )
-    on_bad_video: str = setting(
+    on_bad_video: Literal["raise", "skip"] = choice(
         "raise",
-        "choice",
         "a video that cannot be read: stop, or log it and use another sample",
-        choices=("raise", "skip"),
     )
     sample_timeout_s: float | None = setting(
         300.0,
@@ -408,24 +412,20 @@ class TrainConfig:
         also=(-1,),
     )
     chunk_train_overlap: int = setting(0, "int", "frames shared by consecutive training chunks", minimum=0)
-    ddp_sync: str = setting(
+    ddp_sync: Literal["agreed", "during_backward"] = choice(
         "agreed",
-        "choice",
         "several processes: agreed averages the gradients after each "
         "accumulation group, once every rank agreed on its out-of-memory back-off (an OOM on one "
         "rank is survived; the all-reduce comes after backward); during_backward all-reduces during "
         "backward (DistributedDataParallel's hooks; an OOM on one rank stops "
         "every rank, last.pt as the last checkpoint left it)",
-        choices=("agreed", "during_backward"),
     )
-    recompute: str = setting(
+    recompute: Literal["auto", "all"] = choice(
         "auto",
-        "choice",
         "training chunks: all recomputes every chunk's activations in "
         "backward (the memory of one chunk, each forward run twice); auto keeps the activations "
         "of as many chunks as trainer.memory_budget_gb holds (decided before the first step) "
         "and recomputes only the rest; without a budget auto recomputes every chunk, as all",
-        choices=("auto", "all"),
     )
     grad_chunks: int | str = setting(
         "all",
@@ -436,20 +436,16 @@ class TrainConfig:
         minimum=1,
         also=("all",),
     )
-    feature_bank: str = setting(
+    feature_bank: Literal["off", "host", "disk"] = choice(
         "off",
-        "choice",
         "with grad_chunks K: keep each training sample's chunk features between epochs (host: in memory; disk: "
         "memory-mapped in the run directory) and compute only the K drawn chunks a step, reading the others from "
         "the bank (TALLFormer); each sample must be the same frames every epoch: no data.augment, and each "
         "training clip is placed as evaluation places it (centred in its window); one process",
-        choices=("off", "host", "disk"),
     )
-    chunk_train_aggregation: str = setting(
+    chunk_train_aggregation: Literal["mean", "max", "prob"] = choice(
         "mean",
-        "choice",
         "how the chunk logits of a training clip become its prediction for the loss (chunk_loss: clip)",
-        choices=("mean", "max", "prob"),
         refused=(
             (
                 "last",
@@ -459,12 +455,10 @@ class TrainConfig:
             ),
         ),
     )
-    chunk_loss: str = setting(
+    chunk_loss: Literal["clip", "dense"] = choice(
         "clip",
-        "choice",
         "clip: one loss per clip on the aggregated chunk logits; dense: one "
         "loss per chunk against the label covering most of its frames (segments)",
-        choices=("clip", "dense"),
     )
     accumulate_grad_batches: int = setting(1, "int", "micro-batches per optimizer step", minimum=1)
     global_batch_size: int | None = setting(
@@ -476,7 +470,7 @@ class TrainConfig:
         minimum=1,
         nullable=True,
     )
-    optimizer: str = setting("adamw", "choice", "optimizer", choices=("adamw", "sgd"))
+    optimizer: Literal["adamw", "sgd"] = choice("adamw", "optimizer")
     lr: float = setting(0.001, "float", "peak learning rate", minimum=0.0)
     min_lr: float = setting(0.0, "float", "learning rate at the end of the cosine schedule", minimum=0.0)
     weight_decay: float = setting(0.05, "float", "decoupled weight decay (AdamW) or L2 (SGD)", minimum=0.0)
@@ -521,12 +515,10 @@ class TrainConfig:
         0, "int", "also write last.pt every N optimizer steps; 0 = epoch ends only", minimum=0
     )
     keep_last_k: int = setting(2, "int", "epoch checkpoints kept besides last.pt and best.pt", minimum=0)
-    monitor: str = setting(
+    monitor: Literal["val_video_acc", "val_clip_acc", "val_seg_f1@50", "val_seg_edit", "val_seg_frame_acc"] = choice(
         "val_video_acc",
-        "choice",
         "metric that picks best.pt (higher is better); the val_seg_* "
         "timeline scores need a validation manifest with segments",
-        choices=("val_video_acc", "val_clip_acc", "val_seg_f1@50", "val_seg_edit", "val_seg_frame_acc"),
     )
 
 
@@ -540,11 +532,9 @@ class InferConfig:
         -1, "int", "frames per inference chunk (one forward pass); -1 = the whole clip at once", minimum=1, also=(-1,)
     )
     chunk_overlap: int = setting(0, "int", "frames shared by consecutive inference chunks", minimum=0)
-    chunk_aggregation: str = setting(
+    chunk_aggregation: Literal["mean", "max", "last", "prob"] = choice(
         "mean",
-        "choice",
         "without a temporal head: how chunk logits become one prediction",
-        choices=("mean", "max", "last", "prob"),
     )
     chunks_per_forward: int = setting(
         1, "int", "inference chunks in one forward call (throughput against memory)", minimum=1
@@ -586,21 +576,17 @@ class TrainerConfig:
         "instead of a hang",
         minimum=1.0,
     )
-    tensorboard: bool | str = setting(
+    tensorboard: Literal["auto", True, False] = choice(
         "auto",
-        "choice",
         "also write every scalar of metrics.csv and memory.csv as TensorBoard events in <run>/tb/: auto (when the "
         "tensorboard package is installed; nothing said when it is not), true (an error without the package) or "
         "false",
-        choices=("auto", True, False),
     )
-    memory_snapshot: str = setting(
+    memory_snapshot: Literal["off", "on_oom"] = choice(
         "off",
-        "choice",
         "on_oom: on CUDA, record the allocator's history (each allocation's stack: slower allocations, host memory "
         "for up to 100,000 entries) and, at an out-of-memory error in a training step (backed off or fatal), write "
         "memory_snapshot.pickle to the run directory, for pytorch.org/memory_viz; off: record nothing",
-        choices=("off", "on_oom"),
     )
     stall_timeout_s: float | None = setting(
         180.0,
@@ -654,7 +640,7 @@ SECTIONS = {
 }
 SCHEMA: dict[str, Any] = {
     "experiment": next(f.metadata["key"] for f in fields(Config) if f.name == "experiment"),
-    **{name: {f.name: f.metadata["key"] for f in fields(section)} for name, section in SECTIONS.items()},
+    **{name: section_keys(section) for name, section in SECTIONS.items()},
 }
 
 # Renamed keys, old name -> new: the old name keeps working (a preset or --set with a one-line notice, a

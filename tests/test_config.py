@@ -118,9 +118,16 @@ def test_missing_and_invalid_yaml(tmp_path):
     assert error_of(path).startswith(f"{path}: line ")
 
 
-def test_base_yaml_equals_the_schema_defaults():
+def test_base_yaml_is_the_schema_written_out_with_every_keys_meaning():
+    from config.reference import base_yaml
+
     with open(os.path.join(ROOT, "configs", "base.yaml")) as f:
-        assert yaml.safe_load(f) == defaults()
+        text = f.read()
+    assert text == base_yaml(), "configs/base.yaml differs from the schema: run python -m config.reference"
+    assert yaml.safe_load(text) == defaults()
+    lines = text.splitlines()
+    at = lines.index("  chunk_loss: clip")  # a choice: its meaning and values in the comment above it
+    assert lines[at - 1].endswith("(one of clip, dense)") and lines[at - 2].startswith("  # clip: one loss per clip")
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -460,18 +467,6 @@ def test_the_inference_flags_become_overrides_keyed_by_the_config_key_they_set()
     assert inference_overrides(parser.parse_args(["--batch", "3"])) == {"infer.chunks_per_forward": ("--batch", 3)}
     with pytest.raises(ConfigError, match=r"^--batch many: expected a number of chunks, or auto$"):
         parser.parse_args(["--batch", "many"])
-
-
-@pytest.mark.parametrize("dropout, tcn_dropout", [(0.1, 0.5), (0.3, 0.3)])
-def test_a_tcn_checkpoint_from_before_its_own_dropout_key_keeps_the_dropout_it_trained_with(dropout, tcn_dropout):
-    """Before model.temporal_tcn_dropout the tcn took MS-TCN's 0.5 while model.temporal_dropout was at its default,
-    else model.temporal_dropout."""
-    from config import saved_config
-
-    old = defaults()
-    del old["model"]["temporal_tcn_dropout"]
-    old["model"].update(temporal_head="tcn", temporal_dropout=dropout)
-    assert saved_config(old).model.temporal_tcn_dropout == tcn_dropout
 
 
 def test_memory_snapshot_takes_off_as_yaml_writes_it_and_names_its_choices(tmp_path):
