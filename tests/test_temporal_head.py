@@ -30,9 +30,10 @@ from engine.training import loop
 from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec
 from engine.training.oom import OutOfMemoryError
 from engine.training.step import training_loss
-from models import build_model, temporal
+from models import build_model, chunk_attention, temporal
 from models import set_head_chunks as models_window
-from models.temporal import TemporalHead, clip_contrast, directional_attention, running_contrast, temporal_head
+from models.chunk_attention import attention_block, attention_with_dropout, directional_attention
+from models.temporal import TemporalHead, clip_contrast, running_contrast, temporal_head
 from planner import project
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -153,10 +154,10 @@ def test_the_encoder_gives_the_outputs_of_the_nn_transformer_encoder_it_replaced
 def test_attention_in_recomputed_query_blocks_equals_the_fused_kernel(monkeypatch, causal, padded):
     """The CPU's path for dropped attention probabilities (no fused kernel drops them there), in blocks of a few
     queries: without dropout, the outputs and gradients of F.scaled_dot_product_attention."""
-    monkeypatch.setattr(temporal, "BLOCK_BYTES", 2 * 4 * 11 * 4 * 3)  # blocks of 3 queries of 11
+    monkeypatch.setattr(chunk_attention, "BLOCK_BYTES", 2 * 4 * 11 * 4 * 3)  # blocks of 3 queries of 11
     q, k, v = (torch.randn(2, 4, 11, 8, requires_grad=True) for _ in range(3))
     keys = (torch.arange(11) < torch.tensor([[11], [6]])) if padded else None
-    ours = temporal.attention_with_dropout(q, k, v, causal, keys, 0.0)
+    ours = attention_with_dropout(q, k, v, causal, keys, 0.0)
     fused = nn.functional.scaled_dot_product_attention(
         q, k, v, is_causal=causal, attn_mask=None if keys is None else keys[:, None, None]
     )
@@ -168,14 +169,14 @@ def test_attention_in_recomputed_query_blocks_equals_the_fused_kernel(monkeypatc
 
 def test_dropped_attention_blocks_recomputed_in_backward_give_the_gradients_of_blocks_kept(monkeypatch):
     """Each block's dropout mask is drawn again from the same RNG state when it is recomputed in backward."""
-    monkeypatch.setattr(temporal, "BLOCK_BYTES", 1 * 2 * 9 * 4 * 4)  # blocks of 4 queries of 9
+    monkeypatch.setattr(chunk_attention, "BLOCK_BYTES", 1 * 2 * 9 * 4 * 4)  # blocks of 4 queries of 9
     q, k, v = (torch.randn(1, 2, 9, 8, requires_grad=True) for _ in range(3))
     torch.manual_seed(5)
-    ours = temporal.attention_with_dropout(q, k, v, True, None, 0.5)
+    ours = attention_with_dropout(q, k, v, True, None, 0.5)
     torch.manual_seed(5)
-    kept = torch.cat([temporal._attention_block(q[:, :, s : s + 4], k, v, s, True, None, 0.5) for s in (0, 4, 8)], 2)
+    kept = torch.cat([attention_block(q[:, :, s : s + 4], k, v, s, True, None, 0.5) for s in (0, 4, 8)], 2)
     torch.testing.assert_close(ours, kept)
-    assert not torch.allclose(ours, temporal.attention_with_dropout(q, k, v, True, None, 0.0))  # it did drop
+    assert not torch.allclose(ours, attention_with_dropout(q, k, v, True, None, 0.0))  # it did drop
     for a, b in zip(torch.autograd.grad(ours.sum(), (q, k, v)), torch.autograd.grad(kept.sum(), (q, k, v))):
         torch.testing.assert_close(a, b)
 
