@@ -16,6 +16,7 @@ fix it. The scripts print it and exit with code 2. The modules:
     validation  each value, then the checks across keys; apply_flags, derive (a validated copy with keys changed)
     flags       eval.py's and infer_chunked.py's shared flags, the keys they set (INFERENCE_FLAGS)
     reference   configs/base.yaml written from the schema (python -m config.reference)
+    renames     renamed keys and choices, read under their new names (with_new_names)
 """
 
 from config.flags import INFERENCE_FLAGS, add_inference_flags, apply_inference_flags, inference_overrides

@@ -10,7 +10,8 @@ from typing import Any
 
 import yaml
 
-from config.schema import Config, defaults, flat_keys, with_new_names
+from config.renames import with_new_names
+from config.schema import Config, defaults, flat_keys
 from config.validation import validate
 from core.errors import ConfigError
 
