@@ -118,6 +118,11 @@ def _join_process_group(backend: str, timeout: datetime.timedelta) -> None:
     group could read the dead one's addresses (a reset connection, or a hang in init_process_group). One agent
     (one node) gives all its workers the same restart count: the attempt's prefix. Several agents count apart,
     and there TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 makes each attempt's store new (docs/training.md)."""
+    # torch._dynamo imported after the group exists (the first optimizer does it) keeps references to the group, so
+    # destroy_process_group no longer joins gloo's threads: alive at interpreter exit, one of them releasing a
+    # tensor then aborts the process ("terminate called without an active exception"). Imported first, it holds none.
+    import torch._dynamo  # noqa: F401
+
     restart, max_restarts = elastic_restart(), int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
     fresh_stores = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1"
     if restart is None or max_restarts == 0 or fresh_stores:

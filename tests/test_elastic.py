@@ -5,6 +5,7 @@ for bit; a killed agent is resumed by running the command again; a group without
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -121,6 +122,38 @@ def test_several_agents_with_restarts_need_fresh_stores(monkeypatch):
     monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
     with pytest.raises(UsageError, match="^torchrun with 2 nodes and --max-restarts 1: .*TORCH_DISABLE_SHARE_RDZV"):
         _join_process_group("gloo", None)
+
+
+GROUP_LEFT = r"""
+import datetime, os, sys
+sys.path.insert(0, {root!r})
+import torch
+from core.runtime import _join_process_group
+
+_join_process_group("gloo", datetime.timedelta(seconds=30))
+weights = torch.nn.Parameter(torch.ones(3))
+torch.optim.SGD([weights], lr=0.1)  # its first use imports torch._dynamo
+torch.distributed.all_reduce(weights.data)
+torch.distributed.destroy_process_group()
+print(sorted(open(f"/proc/self/task/{{t}}/comm").read().strip() for t in os.listdir("/proc/self/task")))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="thread names are read from Linux's /proc")
+def test_leaving_the_group_ends_its_threads_before_the_interpreter_exits(tmp_path):
+    """gloo's threads alive at interpreter exit can abort the process as it ends (a run that finished, then failed
+    under torchrun): the group joined by the runtime is gone, threads and all, once destroyed, also after an
+    optimizer imported torch._dynamo (which otherwise keeps references to it)."""
+    script = tmp_path / "leave.py"
+    script.write_text(GROUP_LEFT.format(root=ROOT))
+    with socket.socket() as free:  # a port no other test's group has
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": "0", "WORLD_SIZE": "1"}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    threads = result.stdout.strip()
+    assert threads.startswith("[") and "gloo" not in threads, threads
 
 
 STALLED = r"""
