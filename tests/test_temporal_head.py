@@ -26,7 +26,7 @@ from datasets.manifest import VideoRecord
 from datasets.video.choice import open_reader
 from engine.inference.chunks import chunk_positions, chunk_windows, forward_chunked
 from engine.inference.stream import InferenceSpec, classify_video
-from engine.training import loop
+from engine.training import at_chance, loop
 from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec
 from engine.training.oom import OutOfMemoryError
 from engine.training.step import training_loss
@@ -868,7 +868,7 @@ def _head_warnings(caplog, trainer, histories) -> list[str]:
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         for history in histories:
             trainer.state.history, trainer.state.epoch = history, history[-1]["epoch"]
-            loop._warn_if_head_at_chance(trainer)
+            at_chance.warn_if_head_at_chance(trainer)
     return [r.getMessage() for r in caplog.records]
 
 

@@ -24,8 +24,8 @@ from core import memory_monitor, watchdog
 from engine.data.loaders import GuardedBatches
 from engine.evaluation.evaluate import evaluate
 from engine.metrics.segments import background_indices
+from engine.training.at_chance import warn_if_head_at_chance
 from engine.training.interrupt import next_batch, stop_if_asked
-from engine.training.optim import max_grad_norm, warmup_epochs
 from engine.training.precise_bn import precise_bn_before_validation
 from engine.training.step import clips_per_forward, optimizer_step, train_batch
 from engine.training.trainer import NonFiniteLossError, RunStopped, Trainer
@@ -261,96 +261,8 @@ def _fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | No
             if warning:
                 log.warning("epoch %d: %s", state.epoch + 1, warning)
         _end_epoch(trainer, row, metrics_log)
-        _warn_if_head_at_chance(trainer)
+        warn_if_head_at_chance(trainer)
     return True, confusion
-
-
-HEAD_AT_CHANCE_VALIDATIONS = 3  # validations in a row at chance before a run with a temporal head says so
-
-
-def _warn_if_head_at_chance(trainer: Trainer) -> None:
-    """A temporal head whose validation accuracy has stayed at chance for the last HEAD_AT_CHANCE_VALIDATIONS
-    validations (within 1 / classes + two standard errors of a guess over that many clips, 0.05 at least: 48 clips
-    of 2 classes at 0.58 are a coin's luck): a warning with the switches that help. Two cases, told apart by the
-    training loss and each said once a run (bench/RESULTS.md, "Long-range tasks"): near chance's loss (ln classes),
-    the head is not learning, which a slower head fixed; under half of it, the head fits the training clips but not
-    the validation ones, which no learning rate fixed, and more training videos or fewer, longer chunks did. A
-    transformer head with bidirectional attention is told to make it directional first, and one without its
-    contrast to turn it on first (docs/long-videos.md has the measurements behind each advice)."""
-    if not trainer.has_temporal_head or not trainer.runtime.is_main:
-        return
-    chance = 1.0 / len(trainer.class_names)
-    # a timeline (dense chunk labels) is judged by its frames; a clip's one label is then only its majority's
-    dense = trainer.cfg.train.chunk_loss == "dense"
-    accuracy = "val_seg_frame_acc" if dense else "val_clip_acc"
-    rows = [row for row in trainer.state.history if accuracy in row][-HEAD_AT_CHANCE_VALIDATIONS:]
-    if len(rows) < HEAD_AT_CHANCE_VALIDATIONS:
-        return
-    clips = None if dense else rows[-1].get("val_num_clips")
-    margin = 0.05 if not clips else max(0.05, 2 * math.sqrt(chance * (1 - chance) / clips))
-    if max(row[accuracy] for row in rows) > chance + margin:
-        return
-    train_cfg, said = trainer.cfg.train, trainer.report.head_at_chance_said
-    at_chance = (
-        f"epoch {trainer.state.epoch}: validation {'frame ' if dense else ''}accuracy has stayed at chance "
-        f"({chance:.3f}) for "
-        f"{len(rows)} validations with the temporal head on"
-    )
-    train_loss, chance_loss = rows[-1].get("train_loss"), math.log(len(trainer.class_names))
-    kind = "fitting" if train_loss is not None and train_loss < 0.5 * chance_loss else "not learning"
-    if kind in said:
-        return
-    said.add(kind)
-    model_cfg = trainer.cfg.model
-    # a bidirectional encoder starts nearly blind to order, and tokens without their contrast differ little where
-    # most chunks look alike: the first switches (docs/long-videos.md has the measurements)
-    transformer = model_cfg.temporal_head == "transformer"
-    first = [
-        switch
-        for switch, wanted in (
-            (
-                "model.temporal_attention: directional (now bidirectional)",
-                transformer and model_cfg.temporal_attention == "bidirectional",
-            ),
-            ("model.temporal_contrast: true (now false)", transformer and not model_cfg.temporal_contrast),
-        )
-        if wanted
-    ]
-    first_switches = (
-        f"first set {' and '.join(first)} (docs/long-videos.md, Temporal context across chunks); " if first else ""
-    )
-    if kind == "fitting":
-        # a head on features (data.features_dir) has the chunks infer_chunked.py --features wrote them with
-        chunking = (
-            "infer_chunked.py --features --chunk"
-            if trainer.cfg.data.features_dir is not None
-            else f"train.chunk_train_size, now {train_cfg.chunk_train_size}"
-        )
-        log.warning(
-            "%s while its training loss fell to %.3f (chance: %.3f): it fits the training clips, not the "
-            "task; %sgive it more training videos, or fewer, longer chunks (%s); model.temporal_head: none "
-            "shows what the chunks alone give",
-            at_chance,
-            train_loss,
-            chance_loss,
-            first_switches,
-            chunking,
-        )
-        return
-    max_norm = max_grad_norm(train_cfg, True)
-    log.warning(
-        "%s; %sa head that does not learn usually trains too fast: lower train.temporal_lr_scale (now %g) "
-        "or train.lr (now %g), lengthen train.temporal_warmup_epochs (now %g), set train.temporal_grad_clip "
-        "(now %s), or narrow model.temporal_width (now %d); "
-        "model.temporal_head: none shows what the chunks alone give",
-        at_chance,
-        first_switches,
-        train_cfg.temporal_lr_scale,
-        train_cfg.lr,
-        warmup_epochs(train_cfg, True),
-        "off" if max_norm is None else f"{max_norm:g}",
-        model_cfg.temporal_width,
-    )
 
 
 def _validation_due(trainer_cfg: TrainerConfig, epoch: int) -> bool:
