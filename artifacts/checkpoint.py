@@ -1,5 +1,6 @@
-"""The checkpoint format: what a training checkpoint holds (``training_checkpoint``, ``TrainState``), its atomic
-save, its safe load, and the RNG states it carries. Where checkpoints live is ``artifacts.run_dir``'s; turning
+"""The checkpoint format: what a training checkpoint holds (``Checkpoint``, ``TrainState``), its atomic save, its
+safe load, and the RNG states it carries. Its dict form (what torch.save writes) is written and read here only;
+every other module sees a ``Checkpoint``. Where checkpoints live is ``artifacts.run_dir``'s; turning
 one into a model for evaluation is ``artifacts.trained_model``'s.
 
 Writes go through ``core.files``: a temporary file in the same directory, flushed and fsynced, then renamed
@@ -24,6 +25,7 @@ from config import Config, saved_config
 from core.files import atomic_open
 from core.runtime import unwrap_model
 from core.tensor_files import UnreadableFile, UnsafeFile, load_tensors
+from datasets.shape import DataShape
 
 # bumped when the checkpoint dict's layout changes, or when a new key's default would change what an older
 # checkpoint computes; an older format is refused (load_checkpoint), never read by guesswork.
@@ -51,33 +53,89 @@ class TrainState:
     epoch_loss_sum: float = 0.0  # summed clip losses of this epoch so far: a resumed epoch reports the whole
     epoch_clips: int = 0  # epoch's train_loss, not only the part after the resume
 
+
+@dataclass
+class Checkpoint:
+    """A training checkpoint. ``model``: the unwrapped model's state dict; ``config``: the run's config as its YAML
+    mapping (``saved_config`` reads it); ``shape``: the data it trained on (classes, camera views, keypoints);
+    ``features_source``: a head trained on features, where they came from (the backbone checkpoint's sha256 and
+    path, their chunking; or an MS-TCN dataset's name and feature size). Optimizer, scheduler, scaler and RNG
+    states are those of a resumable run."""
+
+    model: dict
+    config: dict
+    class_names: list
+    shape: DataShape
+    state: TrainState = field(default_factory=TrainState)
+    optimizer: dict | None = None
+    scheduler: dict | None = None
+    scaler: dict | None = None
+    rng: dict | None = None
+    features_source: dict | None = None
+
     @classmethod
-    def from_checkpoint(cls, ckpt: dict) -> "TrainState":
-        """By field name, so adding a field cannot shift the others; fields an older checkpoint lacks keep
-        their defaults. The non-finite streak starts again at 0."""
-        names = {f.name for f in fields(cls)} - {"nonfinite_streak"}
-        return cls(**{name: ckpt[name] for name in names if name in ckpt})
+    def of_training(
+        cls, model, optimizer, scheduler, scaler, state: TrainState, cfg: Config, class_names: list, shape: DataShape
+    ) -> Checkpoint:
+        """A run's checkpoint now: the unwrapped model, optimizer, scheduler and scaler, and the RNG states."""
+        return cls(
+            unwrap_model(model).state_dict(),
+            cfg.to_dict(),
+            class_names,
+            shape,
+            state,
+            optimizer.state_dict(),
+            scheduler.state_dict(),
+            scaler.state_dict(),
+            rng_state(),
+        )
 
+    def to_dict(self) -> dict:
+        """The saved form: the training state by field name (``from_dict`` reads it back the same way, so adding
+        a field cannot shift the others), the data's shape as three entries."""
+        progress = {f.name: getattr(self.state, f.name) for f in fields(TrainState) if f.name != "nonfinite_streak"}
+        saved = {
+            "format": CHECKPOINT_FORMAT,
+            "model": self.model,
+            "optimizer": self.optimizer,
+            "scheduler": self.scheduler,
+            "scaler": self.scaler,
+            **progress,
+            "config": self.config,
+            "class_names": self.class_names,
+            "rng": self.rng,
+            "num_views": self.shape.num_views,
+            "view_names": list(self.shape.view_names),
+            "kpt_shape": self.shape.kpt_shape,
+        }
+        if self.features_source is not None:
+            saved["features_source"] = self.features_source
+        return saved
 
-def training_checkpoint(
-    model, optimizer, scheduler, scaler, state: TrainState, cfg: Config, class_names: list, data_info: dict
-) -> dict:
-    """What a training checkpoint holds: the unwrapped model, optimizer, scheduler and scaler, the training state
-    by field name (``TrainState.from_checkpoint`` reads it back the same way), the config, the class names, the
-    RNG states and the data's shape (views, keypoints)."""
-    progress = {f.name: getattr(state, f.name) for f in fields(TrainState) if f.name != "nonfinite_streak"}
-    return {
-        "format": CHECKPOINT_FORMAT,
-        "model": unwrap_model(model).state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict(),
-        **progress,
-        "config": cfg.to_dict(),
-        "class_names": class_names,
-        "rng": rng_state(),
-        **data_info,
-    }
+    @classmethod
+    def from_dict(cls, saved: dict) -> Checkpoint:
+        """A loaded dict of the current format (``load_checkpoint`` checks it); the non-finite streak starts again
+        at 0."""
+        names = {f.name for f in fields(TrainState)} - {"nonfinite_streak"}
+        kpt_shape = saved["kpt_shape"]
+        shape = DataShape(
+            len(saved["class_names"]),
+            saved["num_views"],
+            tuple(saved["view_names"]),
+            None if kpt_shape is None else tuple(kpt_shape),
+        )
+        return cls(
+            saved["model"],
+            saved["config"],
+            list(saved["class_names"]),
+            shape,
+            TrainState(**{name: saved[name] for name in names if name in saved}),
+            saved.get("optimizer"),
+            saved.get("scheduler"),
+            saved.get("scaler"),
+            saved.get("rng"),
+            saved.get("features_source"),
+        )
 
 
 def changed_settings(saved: dict, cfg: Config) -> dict[str, tuple]:
@@ -109,9 +167,9 @@ def restore_training(
     go on as it began: a default changed since, such as the head's warm-up, would change its schedule), or the
     error when the model no longer fits."""
     ckpt = load_checkpoint(path)
-    changed = changed_settings(ckpt["config"], cfg) if cfg is not None and "config" in ckpt else {}
+    changed = changed_settings(ckpt.config, cfg) if cfg is not None else {}
     try:
-        model.load_state_dict(ckpt["model"])
+        model.load_state_dict(ckpt.model)
     except RuntimeError as e:
         differing = [key for key in changed if key.startswith("model.")]
         settings = ", ".join(differing) or "no model setting differs"
@@ -131,7 +189,7 @@ def restore_training(
             ", ".join(f"{key} {then!r} then, {now!r} now" for key, (then, now) in changed.items()),
             _settings_as_before(changed, changed),
         )
-    saved_groups, groups = len(ckpt["optimizer"]["param_groups"]), len(optimizer.param_groups)
+    saved_groups, groups = len(ckpt.optimizer["param_groups"]), len(optimizer.param_groups)
     if saved_groups != groups:  # 2: one learning rate for all; 4: the temporal head's own (train.temporal_lr_scale)
         scale = "train.temporal_lr_scale"
         if scale in changed:  # the checkpoint's config says which
@@ -145,24 +203,24 @@ def restore_training(
             f"(a temporal head gets groups of its own when {scale} is not 1); resume with the checkpoint's "
             f"setting: {setting}"
         )
-    optimizer.load_state_dict(ckpt["optimizer"])
-    scheduler.load_state_dict(ckpt["scheduler"])
-    scaler.load_state_dict(ckpt["scaler"])
-    state = TrainState.from_checkpoint(ckpt)
+    optimizer.load_state_dict(ckpt.optimizer)
+    scheduler.load_state_dict(ckpt.scheduler)
+    scaler.load_state_dict(ckpt.scaler)
+    state = ckpt.state
     log.info("resumed from %s: epoch %d, step %d", path, state.epoch + 1, state.global_step)
-    return state, ckpt["rng"]
+    return state, ckpt.rng
 
 
-def save_checkpoint(state: dict, path: str) -> None:
+def save_checkpoint(ckpt: Checkpoint, path: str) -> None:
     with atomic_open(path) as f:
-        torch.save(state, f)  # straight into the temporary file: no second copy of the state in host memory
+        torch.save(ckpt.to_dict(), f)  # straight into the temporary file: no second copy in host memory
 
 
-def load_checkpoint(path: str, map_location="cpu") -> dict:
+def load_checkpoint(path: str, map_location="cpu") -> Checkpoint:
     if not os.path.exists(path):
         raise CheckpointError(f"{path}: checkpoint not found")
     try:
-        state = load_tensors(path, map_location)
+        saved = load_tensors(path, map_location)
     except UnsafeFile as e:
         raise CheckpointError(
             f"{path}: {e}; only checkpoints of tensors and plain values are loaded "
@@ -173,9 +231,9 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
             f"{path}: not a readable checkpoint (truncated or corrupt?): {e}; use another "
             f"checkpoint of the run (last.pt, best.pt, epoch_N.pt)"
         )
-    if not isinstance(state, dict) or "model" not in state:
+    if not isinstance(saved, dict) or "model" not in saved:
         raise CheckpointError(f"{path}: not a checkpoint of this project (no 'model' entry)")
-    found = state.get("format", 0)
+    found = saved.get("format", 0)
     if found != CHECKPOINT_FORMAT:
         age = "a newer" if isinstance(found, int) and found > CHECKPOINT_FORMAT else "an older"
         raise CheckpointError(
@@ -183,7 +241,10 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
             f"(this one reads format {CHECKPOINT_FORMAT}); evaluate or resume it with the version that wrote it, "
             f"or train again with this one"
         )
-    return state
+    missing = [name for name in ("config", "class_names", "num_views", "view_names", "kpt_shape") if name not in saved]
+    if missing:
+        raise CheckpointError(f"{path}: not a training checkpoint of this project (no '{missing[0]}' entry)")
+    return Checkpoint.from_dict(saved)
 
 
 def rng_state() -> dict:

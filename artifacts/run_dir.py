@@ -19,7 +19,7 @@ import logging
 import os
 import time
 
-from artifacts.checkpoint import save_checkpoint
+from artifacts.checkpoint import Checkpoint, save_checkpoint
 from config import Config
 from core.errors import ConfigError, UsageError
 from core.files import atomic_link, atomic_symlink
@@ -86,7 +86,7 @@ class RunDirectory:
     def checkpoint(self, name: str) -> str:
         return os.path.join(self.checkpoints, name)
 
-    def save(self, ckpt: dict, name: str = "last.pt") -> str:
+    def save(self, ckpt: Checkpoint, name: str = "last.pt") -> str:
         """``checkpoints/<name>`` written atomically, then ``latest`` points here (only a run with a checkpoint
         becomes the latest)."""
         path = self.checkpoint(name)

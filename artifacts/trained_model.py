@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from artifacts.checkpoint import CheckpointError, load_checkpoint
+from artifacts.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from config import Config, derive, saved_config
 from core.errors import ConfigError
 from core.files import file_sha256
@@ -43,17 +43,16 @@ class CheckpointSummary(NamedTuple):
 
     @classmethod
     def of(
-        cls, ckpt: dict, shape: DataShape | None = None, backbone: str | None = None, features: dict | None = None
+        cls, ckpt: Checkpoint, shape: DataShape | None = None, backbone: str | None = None, features: dict | None = None
     ) -> CheckpointSummary:
-        shape = shape or DataShape.of_checkpoint(ckpt)
-        return cls(ckpt.get("epoch"), ckpt.get("global_step"), shape, backbone, features)
+        return cls(ckpt.state.epoch, ckpt.state.global_step, shape or ckpt.shape, backbone, features)
 
 
 class TrainedModel(NamedTuple):
     """A checkpoint made a model for evaluation."""
 
     model: torch.nn.Module  # in eval mode, on the device asked for
-    cfg: Config  # the checkpoint's config (older keys given the behaviour they were trained with)
+    cfg: Config  # the checkpoint's config
     class_names: list
     checkpoint: CheckpointSummary
 
@@ -64,9 +63,9 @@ def load_trained_model(path: str, device: torch.device, backbone: str | None = N
     records."""
     ckpt = load_checkpoint(path)
     cfg = _config_of(path, ckpt)
-    if "features_source" in ckpt and ckpt["features_source"].get("format") == "mstcn":
+    if ckpt.features_source is not None and ckpt.features_source.get("format") == "mstcn":
         return _head_alone(path, ckpt, cfg, device, backbone)
-    if "features_source" in ckpt:
+    if ckpt.features_source is not None:
         return _paired(path, ckpt, cfg, device, backbone)
     if backbone is not None:
         raise CheckpointError(
@@ -76,18 +75,18 @@ def load_trained_model(path: str, device: torch.device, backbone: str | None = N
     summary = CheckpointSummary.of(ckpt)
     model = _built(path, cfg, summary.shape)
     try:
-        model.load_state_dict(_without_decoder(ckpt["model"]))
+        model.load_state_dict(_without_decoder(ckpt.model))
     except RuntimeError as e:
         raise CheckpointError(
             f"{path}: weights do not match model.backbone={cfg.model.backbone}: {str(e).splitlines()[0]}"
         )
-    return TrainedModel(model.to(device).eval(), cfg, list(ckpt["class_names"]), summary)
+    return TrainedModel(model.to(device).eval(), cfg, list(ckpt.class_names), summary)
 
 
-def _config_of(path: str, ckpt: dict) -> Config:
+def _config_of(path: str, ckpt: Checkpoint) -> Config:
     try:
-        return saved_config(ckpt["config"])
-    except (ConfigError, KeyError) as e:
+        return saved_config(ckpt.config)
+    except ConfigError as e:
         raise CheckpointError(f"{path}: its config does not fit this version of the code: {e}")
 
 
@@ -105,11 +104,13 @@ def _built(path: str, cfg: Config, shape: DataShape):
         raise CheckpointError(f"{path}: its model section cannot be built: {e}")
 
 
-def _paired(path: str, head_state: dict, head_cfg: Config, device: torch.device, backbone: str | None) -> TrainedModel:
+def _paired(
+    path: str, head_state: Checkpoint, head_cfg: Config, device: torch.device, backbone: str | None
+) -> TrainedModel:
     """The backbone checkpoint the head's features came from, its sha256 checked, with the head in place of its
     classifier; the config: the backbone's, with the head's model.temporal_* and timeline settings, and the
     features' chunking (what the head was trained on)."""
-    source = head_state["features_source"]
+    source = head_state.features_source
     wanted = source["checkpoint_sha256"]
     backbone_path = backbone or source.get("checkpoint") or ""
     if not backbone_path or not os.path.exists(backbone_path):
@@ -149,15 +150,15 @@ def _paired(path: str, head_state: dict, head_cfg: Config, device: torch.device,
         cfg = derive(backbone_cfg, changes, f"{path}: its head on the backbone {backbone_path}")
     except ConfigError as e:
         raise CheckpointError(str(e))
-    class_names = list(head_state["class_names"])
-    shape = dataclasses.replace(DataShape.of_checkpoint(backbone_state), num_classes=len(class_names))
+    class_names = list(head_state.class_names)
+    shape = dataclasses.replace(backbone_state.shape, num_classes=len(class_names))
     model = _built(path, cfg, shape)
     weights = {
         k: v
-        for k, v in _without_decoder(backbone_state["model"]).items()
+        for k, v in _without_decoder(backbone_state.model).items()
         if not k.startswith(("classifier.", "temporal."))
     }
-    weights.update(head_state["model"])  # the head's "temporal.*"
+    weights.update(head_state.model)  # the head's "temporal.*"
     try:
         model.load_state_dict(weights)
     except RuntimeError as e:
@@ -173,19 +174,19 @@ def _without_decoder(weights: dict) -> dict:
     return {k: v for k, v in weights.items() if not k.startswith("reconstruction.")}
 
 
-def _head_alone(path: str, ckpt: dict, cfg: Config, device: torch.device, backbone: str | None) -> TrainedModel:
+def _head_alone(path: str, ckpt: Checkpoint, cfg: Config, device: torch.device, backbone: str | None) -> TrainedModel:
     """A head trained on the features MS-TCN's layout came with: no backbone to pair, it runs on those features
     (eval.py scores it on its split's test videos)."""
-    source = ckpt["features_source"]
+    source = ckpt.features_source
     if backbone is not None:
         raise CheckpointError(
             f"{path}: --backbone {backbone}: this head was trained on the features of an MS-TCN dataset "
             f"({source['dataset']}), not on a backbone's of this project; leave --backbone out"
         )
-    class_names = list(ckpt["class_names"])
+    class_names = list(ckpt.class_names)
     try:
         model = build_feature_head(cfg.model, int(source["feature_dim"]), len(class_names))
-        model.load_state_dict(ckpt["model"])
+        model.load_state_dict(ckpt.model)
     except (ModelConfigError, RuntimeError) as e:
         raise CheckpointError(f"{path}: its head cannot be rebuilt: {str(e).splitlines()[0]}")
     summary = CheckpointSummary.of(ckpt, DataShape(len(class_names)), features=source)

@@ -307,10 +307,10 @@ def oom_backoff(suite: Suite) -> list[dict]:
             code, run = train_on_synthetic(suite, work, "data.num_workers=0", "data.sample_timeout_s=null", steps=2)
         finally:
             undo()
-        state = load_checkpoint(os.path.join(run, "checkpoints", "last.pt"))
-    settled = math.ceil(batch / state["micro_splits"])
+        state = load_checkpoint(os.path.join(run, "checkpoints", "last.pt")).state
+    settled = math.ceil(batch / state.micro_splits)
     return [{"preset": "rtx5080.yaml", "batch": batch, "cap_mib": fits / MiB, "settled_batch": settled,
-             "finished": code == 0 and state["global_step"] == 2}]  # fmt: skip
+             "finished": code == 0 and state.global_step == 2}]  # fmt: skip
 
 
 def data_loading(suite: Suite) -> list[dict]:

@@ -263,9 +263,9 @@ def separability(args) -> None:
                 model = build_model(cfg.model, num_classes=len(TASKS[task]["classes"]))
             else:
                 saved = load_checkpoint(source)
-                cfg = saved_config(saved["config"])
-                model = build_model(cfg.model, num_classes=len(saved["class_names"]))
-                model.load_state_dict(saved["model"])
+                cfg = saved_config(saved.config)
+                model = build_model(cfg.model, num_classes=len(saved.class_names))
+                model.load_state_dict(saved.model)
             apart = colours_apart(model, clips, colours, chunk, cfg.data.mean, cfg.data.std)
             print(
                 f"{label:22s} {apart['accuracy']:12.3f} {apart['apart']:12.2f} {apart['events']:16.2f}  {source}",

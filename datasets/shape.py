@@ -52,20 +52,6 @@ class DataShape:
             )
             return cls(10, views, tuple(f"view{i}" for i in range(views)), (17, 3) if cfg.data.load_kpt else None)
 
-    @classmethod
-    def of_checkpoint(cls, ckpt: dict) -> "DataShape":
-        """A checkpoint holds ``checkpoint_fields()`` beside its class names (older ones may lack view_names)."""
-        views = ckpt.get("num_views", 1)
-        return cls(
-            len(ckpt["class_names"]),
-            views,
-            tuple(ckpt.get("view_names") or ("video",) * views),
-            tuple(ckpt["kpt_shape"]) if ckpt.get("kpt_shape") else None,
-        )
-
-    def checkpoint_fields(self) -> dict:
-        return {"num_views": self.num_views, "view_names": list(self.view_names), "kpt_shape": self.kpt_shape}
-
     def model_args(self) -> dict:
         """The keyword arguments of ``models.build_model`` and of the planner's estimates."""
         return {"num_classes": self.num_classes, "num_views": self.num_views, "kpt_shape": self.kpt_shape}

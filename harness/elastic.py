@@ -17,6 +17,8 @@ import time
 
 import torch
 
+from artifacts.checkpoint import load_checkpoint
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYOUTS = ("one-node", "two-agents")
 WORLD_SIZE = 2  # processes in either layout
@@ -158,7 +160,7 @@ def stop(agents: list[subprocess.Popen]) -> None:
 
 
 def final_weights(out: str) -> dict:
-    return torch.load(os.path.join(out, "elastic", "latest", "checkpoints", "last.pt"), weights_only=True)["model"]
+    return load_checkpoint(os.path.join(out, "elastic", "latest", "checkpoints", "last.pt")).model
 
 
 def run(

@@ -10,7 +10,7 @@ import torch
 from conftest import overrides, run_in_process
 
 import train
-from artifacts.checkpoint import CHECKPOINT_FORMAT, CheckpointError, load_checkpoint, save_checkpoint
+from artifacts.checkpoint import CHECKPOINT_FORMAT, CheckpointError, load_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,7 +26,7 @@ def test_resume_from_a_checkpoint_outside_a_run_directory_starts_a_new_one(train
     assert sorted(os.listdir(tmp_path / "somewhere")) == before == ["models"]  # nothing written beside it
     assert os.listdir(users) == ["best.pt"]
     new_run = os.path.realpath(tmp_path / "runs" / "e2e" / "latest")
-    assert load_checkpoint(os.path.join(new_run, "checkpoints", "last.pt"))["epoch"] == 2
+    assert load_checkpoint(os.path.join(new_run, "checkpoints", "last.pt")).state.epoch == 2
 
 
 def test_a_pickled_checkpoint_refusal_gives_no_unsafe_advice_and_no_colour_codes(tmp_path):
@@ -67,7 +67,7 @@ def test_checkpoint_and_pretrained_messages_say_what_to_do(trained_run, tmp_path
 @pytest.mark.parametrize("found, age", [(99, "a newer"), (1, "an older"), (None, "an older")])
 def test_a_checkpoint_of_another_format_is_refused_with_the_way_out(tmp_path, found, age):
     saved = {"model": {}} if found is None else {"format": found, "model": {}}
-    save_checkpoint(saved, str(tmp_path / "other.pt"))
+    torch.save(saved, str(tmp_path / "other.pt"))
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(str(tmp_path / "other.pt"))
     assert str(info.value) == (

@@ -235,9 +235,9 @@ def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(
     assert train.main(overrides(synthetic_root, reference_dir, *extra)) == 0
     checkpoints = os.path.join(reference_dir, "e2e", "latest", "checkpoints")
     reference = load_checkpoint(os.path.join(checkpoints, "last.pt"))
-    assert reference["global_step"] > 0 and reference["config"]["train"]["chunk_train_size"] == 4
+    assert reference.state.global_step > 0 and reference.config["train"]["chunk_train_size"] == 4
     # 8 frames in chunks of 4 sharing 1: 3 chunks, 2 of them with a gradient with train.grad_chunks
-    assert reference["kept_chunks"] == ((2 if sampled else 3) if budget else 0)
+    assert reference.state.kept_chunks == ((2 if sampled else 3) if budget else 0)
     resumed_dir = tmp_path / "resumed" / "e2e" / "run"
     os.makedirs(resumed_dir / "checkpoints")
     shutil.copy(os.path.join(checkpoints, "epoch_0001.pt"), resumed_dir / "checkpoints" / "last.pt")
@@ -245,10 +245,10 @@ def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(
     os.symlink("run", tmp_path / "resumed" / "e2e" / "latest")
     assert train.main(overrides(synthetic_root, tmp_path / "resumed", *extra) + ["--resume", "auto"]) == 0
     resumed = load_checkpoint(str(resumed_dir / "checkpoints" / "last.pt"))
-    assert resumed["global_step"] == reference["global_step"]
-    assert any(key.startswith("temporal.") for key in reference["model"]) == (head != "none")
-    for key, value in reference["model"].items():
-        torch.testing.assert_close(resumed["model"][key], value, rtol=0, atol=0, msg=key)
+    assert resumed.state.global_step == reference.state.global_step
+    assert any(key.startswith("temporal.") for key in reference.model) == (head != "none")
+    for key, value in reference.model.items():
+        torch.testing.assert_close(resumed.model[key], value, rtol=0, atol=0, msg=key)
 
 
 # ------------------------------------------------------------------ train.recompute: auto (the chunks kept)

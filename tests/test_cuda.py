@@ -19,9 +19,9 @@ def test_fp16_training_with_grad_scaler_on_cuda(synthetic_root, tmp_path):
     args = overrides(synthetic_root, tmp_path, "trainer.device=cuda", "trainer.max_epochs=1") + ["--use_amp"]
     assert train.main(args) == 0
     state = load_checkpoint(os.path.join(tmp_path, "e2e", "latest", "checkpoints", "last.pt"))
-    assert state["config"]["trainer"]["precision"] == "amp"
-    assert state["scaler"]["scale"] > 0  # the GradScaler ran and was saved
-    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+    assert state.config["trainer"]["precision"] == "amp"
+    assert state.scaler["scale"] > 0  # the GradScaler ran and was saved
+    assert all(torch.isfinite(v).all() for v in state.model.values() if v.is_floating_point())
 
 
 def test_probe_memory_on_cuda_prints_measured_beside_estimated():

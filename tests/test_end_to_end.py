@@ -11,7 +11,7 @@ import torch
 from conftest import overrides, run_in_process
 
 import train
-from artifacts.checkpoint import CheckpointError, load_checkpoint
+from artifacts.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,11 +28,11 @@ def test_training_writes_the_run_directory(trained_run):
     assert os.path.exists(os.path.join(run_dir, "config.yaml"))
     with open(os.path.join(run_dir, "memory.csv")) as f:
         assert {"1", "2"} <= {row["epoch"] for row in csv.DictReader(f)}  # at least a row each epoch
-    state = load_checkpoint(os.path.join(run_dir, "checkpoints", "last.pt"))
-    assert state["epoch"] == 2 and state["global_step"] == 10  # 18 clips / batch 4 = 5 steps an epoch
-    assert state["class_names"] == ["down", "grow", "left", "right", "shrink", "up"]
-    assert not any(k.startswith(("module.", "_orig_mod.")) for k in state["model"])
-    assert {"optimizer", "scheduler", "scaler", "rng", "config"} <= set(state)
+    ckpt = load_checkpoint(os.path.join(run_dir, "checkpoints", "last.pt"))
+    assert ckpt.state.epoch == 2 and ckpt.state.global_step == 10  # 18 clips / batch 4 = 5 steps an epoch
+    assert ckpt.class_names == ["down", "grow", "left", "right", "shrink", "up"]
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt.model)
+    assert None not in (ckpt.optimizer, ckpt.scheduler, ckpt.scaler, ckpt.rng) and ckpt.config
 
 
 def test_resume_continues_exactly(trained_run, synthetic_root, tmp_path):
@@ -42,10 +42,10 @@ def test_resume_continues_exactly(trained_run, synthetic_root, tmp_path):
     assert train.main(args + ["--stop-after-steps", "3"]) == 0  # stopped in the middle of epoch 1
     assert train.main(args + ["--resume", "auto"]) == 0
     resumed = load_checkpoint(os.path.join(tmp_path, "e2e", "latest", "checkpoints", "last.pt"))
-    assert resumed["global_step"] == reference["global_step"]
-    for key, value in reference["model"].items():
-        torch.testing.assert_close(resumed["model"][key], value, rtol=0, atol=0, msg=key)
-    assert resumed["history"][-1]["val_video_acc"] == reference["history"][-1]["val_video_acc"]
+    assert resumed.state.global_step == reference.state.global_step
+    for key, value in reference.model.items():
+        torch.testing.assert_close(resumed.model[key], value, rtol=0, atol=0, msg=key)
+    assert resumed.state.history[-1]["val_video_acc"] == reference.state.history[-1]["val_video_acc"]
 
 
 def test_resume_auto_without_a_checkpoint_is_an_error(synthetic_root, tmp_path):
@@ -194,12 +194,11 @@ def test_infer_chunked_bad_inputs(trained_run, tmp_path):
 
 
 def test_a_checkpoint_from_an_incompatible_config_is_a_clear_error(trained_run, tmp_path):
-    from artifacts.checkpoint import save_checkpoint
 
     run_dir, _ = trained_run
-    state = load_checkpoint(os.path.join(run_dir, "checkpoints", "best.pt"))
-    state["config"]["model"]["backbone"] = "r3d_18"
-    save_checkpoint(state, str(tmp_path / "other.pt"))
+    ckpt = load_checkpoint(os.path.join(run_dir, "checkpoints", "best.pt"))
+    ckpt.config["model"]["backbone"] = "r3d_18"
+    save_checkpoint(ckpt, str(tmp_path / "other.pt"))
     result = run_in_process(
         [
             "infer_chunked.py",
@@ -258,8 +257,8 @@ def test_a_checkpoint_from_before_the_infer_section_evaluates_as_it_did(trained_
     """A checkpoint whose saved config has the seed guides' layout (the inference chunk under train) evaluates
     with those settings, as one saved with the infer section does, and says nothing about the old names."""
     run_dir, _ = trained_run
-    state = load_checkpoint(os.path.join(run_dir, "checkpoints", "best.pt"))
-    config = state["config"]
+    ckpt = load_checkpoint(os.path.join(run_dir, "checkpoints", "best.pt"))
+    config = ckpt.config
     infer = config.pop("infer")
     assert (infer["chunk_size"], infer["chunk_overlap"]) == (4, 1)
     config["train"].update(
@@ -270,7 +269,7 @@ def test_a_checkpoint_from_before_the_infer_section_evaluates_as_it_did(trained_
     )
     config["model"]["temporal_window"] = infer["head_chunks"]
     old = str(tmp_path / "old.pt")
-    torch.save(state, old)
+    save_checkpoint(ckpt, old)
 
     def run(path):
         result = run_in_process(["eval.py", "--checkpoint", path])

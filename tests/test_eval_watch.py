@@ -72,9 +72,9 @@ def test_a_rewritten_checkpoint_is_evaluated_again(experiment):
     assert len(ledger(experiment)) == 2
     from artifacts.checkpoint import load_checkpoint, save_checkpoint
 
-    state = load_checkpoint(str(target))
-    state["global_step"] = 999  # new content under an old name
-    save_checkpoint(state, str(target))
+    ckpt = load_checkpoint(str(target))
+    ckpt.state.global_step = 999  # new content under an old name
+    save_checkpoint(ckpt, str(target))
     age(target, 30)
     assert bytes(data) != target.read_bytes()
     assert watch(experiment) == 0

@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import error_lines, overrides, run_in_process, run_python
 
+from artifacts.checkpoint import load_checkpoint
 from config import load_config
 from models import build_model
 from planner import project
@@ -146,13 +147,13 @@ def test_a_run_trains_resumes_exactly_and_writes_features(backbone, width, synth
     backbone = backbone.replace("VIDEOMAE", videomae)
     args = overrides(synthetic_root, tmp_path, f"model.backbone={backbone}", "model.grad_checkpointing=true")
     assert train.main(args + ["--set", "experiment=whole"]) == 0
-    whole = torch.load(tmp_path / "whole" / "latest" / "checkpoints" / "last.pt", weights_only=True)
+    whole = load_checkpoint(str(tmp_path / "whole" / "latest" / "checkpoints" / "last.pt"))
     assert train.main(args + ["--set", "experiment=parts", "--stop-after-steps", "3"]) == 0
     assert train.main(args + ["--set", "experiment=parts", "--resume", "auto"]) == 0
-    parts = torch.load(tmp_path / "parts" / "latest" / "checkpoints" / "last.pt", weights_only=True)
-    assert parts["global_step"] == whole["global_step"] == 10
-    for key, value in whole["model"].items():
-        torch.testing.assert_close(parts["model"][key], value, rtol=0, atol=0, msg=key)
+    parts = load_checkpoint(str(tmp_path / "parts" / "latest" / "checkpoints" / "last.pt"))
+    assert parts.state.global_step == whole.state.global_step == 10
+    for key, value in whole.model.items():
+        torch.testing.assert_close(parts.model[key], value, rtol=0, atol=0, msg=key)
     best = str(tmp_path / "whole" / "latest" / "checkpoints" / "best.pt")
     long_video = os.path.join(synthetic_root, "long.jsonl")
     done = run_in_process(
@@ -179,20 +180,19 @@ def test_a_frozen_hf_backbone_trains_only_its_head(synthetic_root, tmp_path, vid
     assert train.main(args + ["--set", "experiment=first", "--stop-after-steps", "1"]) == 0
     assert train.main(args + ["--set", "experiment=whole"]) == 0
     first, whole = (
-        torch.load(tmp_path / run / "latest" / "checkpoints" / "last.pt", weights_only=True)
-        for run in ("first", "whole")
+        load_checkpoint(str(tmp_path / run / "latest" / "checkpoints" / "last.pt")) for run in ("first", "whole")
     )
-    assert whole["global_step"] == 10 and first["global_step"] == 1
-    backbone = [k for k in whole["model"] if k.startswith("rgb.")]
-    head = [k for k in whole["model"] if k.startswith("temporal.")]
+    assert whole.state.global_step == 10 and first.state.global_step == 1
+    backbone = [k for k in whole.model if k.startswith("rgb.")]
+    head = [k for k in whole.model if k.startswith("temporal.")]
     assert backbone and head
     for key in backbone:  # ten steps from the same start: the backbone as it was built
-        torch.testing.assert_close(whole["model"][key], first["model"][key], rtol=0, atol=0, msg=key)
-    assert any(not torch.equal(whole["model"][k], first["model"][k]) for k in head)
+        torch.testing.assert_close(whole.model[key], first.model[key], rtol=0, atol=0, msg=key)
+    assert any(not torch.equal(whole.model[k], first.model[k]) for k in head)
     model = build_model(load_config(str(tmp_path / "whole" / "latest" / "config.yaml")).model, 6)
     trained = [name for name, p in model.named_parameters() if p.requires_grad]
     assert trained and all(name.startswith("temporal.") for name in trained)
-    assert len(whole["optimizer"]["state"]) == len(trained)  # state for the head's parameters alone
+    assert len(whole.optimizer["state"]) == len(trained)  # state for the head's parameters alone
 
 
 def test_local_weights_files_round_trip_into_a_timm_backbone(tmp_path):

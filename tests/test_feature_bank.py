@@ -153,8 +153,8 @@ def test_resume_with_the_bank_is_exact_and_without_it_says_it_is_not(synthetic_r
             args = overrides(synthetic_root, tmp_path / f"resumed_{with_bank}", *extra) + ["--resume", "auto"]
             assert train.main(args) == 0
         resumed = load_checkpoint(str(resumed_dir / "checkpoints" / "last.pt"))
-        assert resumed["global_step"] == reference["global_step"]
-        same = all(torch.equal(resumed["model"][k], v) for k, v in reference["model"].items())
+        assert resumed.state.global_step == reference.state.global_step
+        same = all(torch.equal(resumed.model[k], v) for k, v in reference.model.items())
         assert same == with_bank
         assert ("so this resume is not bit-exact" in caplog.text) == (not with_bank)
 
@@ -164,7 +164,7 @@ def test_disk_storage_trains_exactly_as_host_storage(synthetic_root, tmp_path):
     for storage in ("host", "disk"):
         assert train.main(overrides(synthetic_root, tmp_path / storage, *BANK, f"train.feature_bank={storage}")) == 0
         run = os.path.join(tmp_path, storage, "e2e", "latest")
-        runs[storage] = load_checkpoint(os.path.join(run, "checkpoints", "last.pt"))["model"]
+        runs[storage] = load_checkpoint(os.path.join(run, "checkpoints", "last.pt")).model
         assert os.path.exists(os.path.join(run, "feature_bank.npy")) == (storage == "disk")
         assert os.path.exists(os.path.join(run, "checkpoints", "epoch_0002.bank.npz"))
     for key, value in runs["host"].items():

@@ -11,6 +11,7 @@ import torch
 import yaml
 from conftest import run_in_process
 
+from artifacts.checkpoint import load_checkpoint, save_checkpoint
 from artifacts.trained_model import load_trained_model
 from datasets.clip_transform import ClipTransform
 from datasets.device_input import InputPreparer
@@ -106,9 +107,9 @@ def test_a_rerun_skips_what_was_done_and_other_settings_or_checkpoints_recompute
     assert "written with other settings (chunk)" in changed.stdout
     assert (out / "long_00.npz").stat().st_mtime_ns != before
     other = tmp_path / "other.pt"  # the same weights written again: another file, another content hash
-    state = torch.load(best, weights_only=True)
-    state["global_step"] += 1
-    torch.save(state, other)
+    ckpt = load_checkpoint(best)
+    ckpt.state.global_step += 1
+    save_checkpoint(ckpt, str(other))
     mixed = infer(*[str(other) if a == best else a for a in args], "--shard", "0/2")
     assert (
         "train_0001.npz (" in mixed.stdout and "written with other settings (checkpoint_sha256, chunk)" in mixed.stdout

@@ -188,7 +188,7 @@ def test_every_writer_of_a_run_stops_it_with_one_line_and_resume_continues(
             "the last checkpoint written is intact: free space there, then continue with: "
             f"python train.py --config {args[1]} " + " ".join(f"--set {a}" for a in args[3::2]) + " --resume auto"
         )
-        assert load_checkpoint(last)["epoch"] >= 1
+        assert load_checkpoint(last).state.epoch >= 1
         assert_whole_rows(run_dir)
         assert train.main(args + ["--resume", "auto"]) == 0
     else:  # failed before its first checkpoint: started again
@@ -197,7 +197,7 @@ def test_every_writer_of_a_run_stops_it_with_one_line_and_resume_continues(
         run_dir = os.path.realpath(str(out / "e2e" / "latest"))
     assert_whole_rows(run_dir)
     assert epochs_of(run_dir) == [1, 2]  # nothing lost, nothing twice
-    assert load_checkpoint(os.path.join(run_dir, "checkpoints", "last.pt"))["epoch"] == 2
+    assert load_checkpoint(os.path.join(run_dir, "checkpoints", "last.pt")).state.epoch == 2
 
 
 # ------------------------------------------------------------------------------------------------ a real disk
@@ -221,7 +221,7 @@ def test_a_real_full_disk_training_evaluation_and_features(synthetic_root, small
     result = run("train.py", *args, "--resume", "auto")
     line = one_error_line(result)
     assert result.returncode == 1 and "cannot write it: the disk is full" in line and "--resume auto" in line
-    assert load_checkpoint(os.path.join(run_dir, "checkpoints", "last.pt"))["epoch"] == 1
+    assert load_checkpoint(os.path.join(run_dir, "checkpoints", "last.pt")).state.epoch == 1
     assert_whole_rows(run_dir)
     os.unlink(filler)
     assert run("train.py", *args, "--resume", "auto").returncode == 0

@@ -49,7 +49,7 @@ def test_tensorboard_on_a_full_disk_turns_off_in_one_warning_and_the_run_finishe
     assert os.path.basename(warnings[0].split(":")[0]).startswith("events.out.tfevents.")
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     run = os.path.realpath(out / "e2e" / "latest")
-    assert epochs_of(run) == [1, 2] and load_checkpoint(os.path.join(run, "checkpoints", "last.pt"))["epoch"] == 2
+    assert epochs_of(run) == [1, 2] and load_checkpoint(os.path.join(run, "checkpoints", "last.pt")).state.epoch == 2
     found = events(os.path.join(run, "tb"))  # the first run's events read back, the failed file added nothing
     assert [step for step, _ in found["train_loss"]] == [1]
     assert len(os.listdir(os.path.join(run, "tb"))) == 1

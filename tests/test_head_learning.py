@@ -217,9 +217,9 @@ def test_the_chunk_reconstruction_keeps_a_relation_s_two_event_colours_apart_in_
         run = tmp_path / f"weight_{weight}"
         best_accuracy(data, run, {"run": []}, *settings, f"model.chunk_reconstruction={weight}", epochs=6, chunk=8)
         saved = load_checkpoint(str(run / "run" / "long_range" / "latest" / "checkpoints" / "last.pt"))
-        cfg = saved_config(saved["config"])
+        cfg = saved_config(saved.config)
         model = build_model(cfg.model, num_classes=2)
-        model.load_state_dict(saved["model"])
+        model.load_state_dict(saved.model)
         apart[weight] = colours_apart(model, clips, colours, 8, cfg.data.mean, cfg.data.std)
     assert apart[1]["accuracy"] >= 0.9, apart
     assert apart[1]["apart"] >= 1.15 * apart[0]["apart"], apart

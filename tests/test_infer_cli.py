@@ -40,7 +40,7 @@ def test_infer_counts_only_the_frames_that_exist(trained_run, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     [line] = [json.loads(t) for t in (tmp_path / "out.jsonl").read_text().splitlines()]
-    stride = load_checkpoint(best)["config"]["data"]["frame_stride"]
+    stride = load_checkpoint(best).config["data"]["frame_stride"]
     clip_frames = len(range(0, real, stride))
     assert line["num_frames"] == real and line["chunks"] == -(-clip_frames // 12)  # no chunk past the real end
     assert f"{cut}: {real} frames" in result.stdout  # the console summary as well

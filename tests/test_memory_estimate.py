@@ -293,7 +293,7 @@ def test_infer_batch_auto_picks_the_most_chunks_that_fit(trained_run, synthetic_
     from config import saved_config
 
     checkpoint = os.path.join(trained_run[0], "checkpoints", "best.pt")
-    cfg = saved_config(load_checkpoint(checkpoint)["config"])
+    cfg = saved_config(load_checkpoint(checkpoint).config)
     peaks = {n: project.config_inference_estimate(cfg, 16, n, num_classes=6) for n in (5, 6)}
     assert peaks[6] > peaks[5]
     budget_gb = (peaks[5] + peaks[6]) / 2 / (1 - me.SAFETY_MARGIN) / me.GiB  # on the CPU: no CUDA context

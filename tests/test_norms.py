@@ -304,12 +304,12 @@ def test_precise_bn_in_a_run_changes_only_the_running_statistics(synthetic_root,
     off, on = (
         load_checkpoint(str(tmp_path / name / "e2e" / "latest" / "checkpoints" / "last.pt")) for name in ("off", "on")
     )
-    statistics = [k for k in off["model"] if "running_" in k]
+    statistics = [k for k in off.model if "running_" in k]
     assert statistics
-    for key, value in off["model"].items():
+    for key, value in off.model.items():
         if key in statistics:
-            assert not torch.equal(on["model"][key], value), key
+            assert not torch.equal(on.model[key], value), key
         else:
-            assert torch.equal(on["model"][key], value), key
+            assert torch.equal(on.model[key], value), key
     log = open(os.path.join(tmp_path, "on", "e2e", "latest", "train.log")).read()
     assert "precise BN: running statistics of 3 BatchNorm layers recomputed over 3 batches" in log

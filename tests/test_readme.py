@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import error_lines, run_python
 
-from artifacts.checkpoint import load_checkpoint
+from artifacts.checkpoint import load_checkpoint, save_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOOPS = "--interval"  # the README's eval.py loop never ends by design: not run
@@ -146,9 +146,9 @@ def test_a_head_trained_on_features_beats_per_chunk_classification(two_stage):
     log = two_stage["results"][4].stderr
     assert "training on features:" in log and "from the backbone checkpoint" in log
     assert "memory: a training step on features, batch 1 padded to the longest video (15 chunks" in log
-    state = load_checkpoint(two_stage["head"])
-    assert os.path.realpath(state["features_source"]["checkpoint"]) == os.path.realpath(two_stage["backbone"])
-    assert all(key.startswith("temporal.") for key in state["model"])
+    ckpt = load_checkpoint(two_stage["head"])
+    assert os.path.realpath(ckpt.features_source["checkpoint"]) == os.path.realpath(two_stage["backbone"])
+    assert all(key.startswith("temporal.") for key in ckpt.model)
 
 
 def test_the_head_runs_paired_with_its_backbone_and_scores_as_its_validation(two_stage):
@@ -158,8 +158,8 @@ def test_the_head_runs_paired_with_its_backbone_and_scores_as_its_validation(two
     assert "its backbone: " in shown and "timelines over 6 annotated videos" in shown
     folder = two_stage["folder"]
     scores = json.loads((folder / "timelines_scores.json").read_text())
-    state = load_checkpoint(two_stage["head"])
-    best = max((row for row in state["history"] if "val_seg_f1@50" in row), key=lambda r: r["val_seg_f1@50"])
+    ckpt = load_checkpoint(two_stage["head"])
+    best = max((row for row in ckpt.state.history if "val_seg_f1@50" in row), key=lambda r: r["val_seg_f1@50"])
     for key in ("frame_acc", "edit", "f1@10", "f1@25", "f1@50"):
         assert scores[key] == pytest.approx(best[f"val_seg_{key}"], abs=1e-6), key
     pictures = sorted(os.listdir(folder / "timelines"))
@@ -174,9 +174,9 @@ def test_the_head_runs_paired_with_its_backbone_and_scores_as_its_validation(two
 
 def test_a_mismatched_backbone_is_refused_with_one_line(two_stage, tmp_path):
     other = tmp_path / "other.pt"
-    state = load_checkpoint(two_stage["backbone"])
-    state["history"] = state["history"] + [{"epoch": 99}]  # the same network, another file: another sha256
-    torch.save(state, other)
+    ckpt = load_checkpoint(two_stage["backbone"])
+    ckpt.state.history = ckpt.state.history + [{"epoch": 99}]  # the same network, another file: another sha256
+    save_checkpoint(ckpt, other)
     done = run_python(
         [
             "infer_chunked.py",
@@ -223,7 +223,7 @@ def test_the_features_trained_head_starts_end_to_end_training(two_stage, tmp_pat
     cfg = load_config("configs/timelines.yaml", ["model.temporal_head=tcn"])
     model = build_model(cfg.model, num_classes=9)
     init_temporal_head(model, two_stage["head"])
-    trained = load_checkpoint(two_stage["head"])["model"]
+    trained = load_checkpoint(two_stage["head"]).model
     for name, value in model.temporal.state_dict().items():
         assert torch.equal(value, trained[f"temporal.{name}"]), name
     with pytest.raises(Exception, match="does not fit this one"):

@@ -118,8 +118,9 @@ def test_evaluation_loads_a_checkpoint_with_a_decoder_as_a_model_without_one(tmp
     """The decoder trains beside the backbone and evaluation never runs it: a checkpoint that holds it loads for
     eval.py and infer_chunked.py as the same model without it (a head trained on features, paired with its
     backbone, never had one: tests/test_readme.py runs that pairing)."""
-    from artifacts.checkpoint import CHECKPOINT_FORMAT, save_checkpoint
+    from artifacts.checkpoint import Checkpoint, save_checkpoint
     from artifacts.trained_model import load_trained_model
+    from datasets.shape import DataShape
     from models import build_model
 
     cfg = load_config(None, ["model.width=4", "model.temporal_head=transformer", "model.temporal_width=16"])
@@ -128,9 +129,7 @@ def test_evaluation_loads_a_checkpoint_with_a_decoder_as_a_model_without_one(tmp
     assert trained.reconstruction is not None  # the default weight, 1.0
     path = str(tmp_path / "best.pt")
     state = trained.state_dict()
-    save_checkpoint(
-        {"format": CHECKPOINT_FORMAT, "model": state, "config": cfg.to_dict(), "class_names": ["a", "b", "c"]}, path
-    )
+    save_checkpoint(Checkpoint(state, cfg.to_dict(), ["a", "b", "c"], DataShape(3)), path)
     loaded = load_trained_model(path, torch.device("cpu")).model
     assert loaded.reconstruction is None
     kept = {k: v for k, v in state.items() if not k.startswith("reconstruction.")}

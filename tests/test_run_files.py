@@ -9,7 +9,8 @@ import pytest
 from conftest import overrides, run_in_process
 
 import train
-from artifacts.checkpoint import save_checkpoint
+from artifacts.checkpoint import Checkpoint, save_checkpoint
+from datasets.shape import DataShape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GONE_PID = 4_194_304 + 17  # above Linux's largest pid_max: no process has it
@@ -43,7 +44,7 @@ def test_written_files_get_the_mode_of_the_users_umask(tmp_path, umask, mode):
 
     previous = os.umask(umask)
     try:
-        save_checkpoint({"model": {}}, str(tmp_path / "c.pt"))
+        save_checkpoint(Checkpoint({}, {}, ["a", "b"], DataShape(2)), str(tmp_path / "c.pt"))
         atomic_write_bytes(str(tmp_path / "eval.jsonl"), b"{}\n")
     finally:
         os.umask(previous)

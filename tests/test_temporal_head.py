@@ -23,6 +23,7 @@ from core.runtime import Runtime
 from datasets.device_input import InputPreparer
 from datasets.long_range_tasks import ORDER_CLASSES, order_video
 from datasets.manifest import VideoRecord
+from datasets.shape import DataShape
 from datasets.video.choice import open_reader
 from engine.inference.chunks import chunk_positions, chunk_windows, forward_chunked
 from engine.inference.stream import InferenceSpec, classify_video
@@ -597,6 +598,9 @@ def test_a_saved_config_keeps_every_value_it_was_trained_with_and_a_key_it_lacks
     assert cfg.model.temporal_running is defaults()["model"]["temporal_running"]
 
 
+SHAPE = DataShape(3)  # the checkpoints of these tests: 3 classes, one view
+
+
 def training_parts(cfg):
     """(model, optimizer, scheduler, scaler) of a 3-class run of ``cfg``, as train.py builds them, seeded."""
     from engine.training.optim import build_optimizer, build_scheduler
@@ -612,7 +616,7 @@ def test_resuming_with_settings_other_than_the_checkpoints_names_the_settings_th
     """A run started with model.temporal_contrast and train.temporal_warmup_epochs other than the defaults and
     resumed without them: its head no longer fits (one line naming the key and the --set that resumes it, no
     traceback), and a warm-up that would change its schedule is a warning with the --set that keeps it."""
-    from artifacts.checkpoint import CheckpointError, restore_training, save_checkpoint, training_checkpoint
+    from artifacts.checkpoint import Checkpoint, CheckpointError, restore_training, save_checkpoint
 
     head = [
         "model.width=4",
@@ -621,16 +625,11 @@ def test_resuming_with_settings_other_than_the_checkpoints_names_the_settings_th
         "model.temporal_attention_heads=2",
     ]
     then = load_config(None, [*head, "model.temporal_contrast=false", "train.temporal_warmup_epochs=0"])
-    saved = then.to_dict()
 
     model, optimizer, scheduler, scaler = training_parts(then)
     path = str(tmp_path / "last.pt")
     save_checkpoint(
-        {
-            **training_checkpoint(model, optimizer, scheduler, scaler, TrainState(), then, ["a", "b", "c"], {}),
-            "config": saved,
-        },
-        path,
+        Checkpoint.of_training(model, optimizer, scheduler, scaler, TrainState(), then, ["a"] * 3, SHAPE), path
     )
     with pytest.raises(CheckpointError) as error:
         restore_training(path, *training_parts(load_config(None, head)), load_config(None, head))
@@ -666,7 +665,7 @@ def head_run(synthetic_root, tmp_path_factory):
 
 def test_eval_and_infer_load_the_head_with_no_flags_and_refuse_agg(head_run, synthetic_root):
     state = load_checkpoint(head_run)
-    assert any(key.startswith("temporal.") for key in state["model"])
+    assert any(key.startswith("temporal.") for key in state.model)
     run = ["eval.py", "--checkpoint", head_run, "--split", "val"]
     result = run_in_process(run)
     assert result.returncode == 0, result.stderr
@@ -975,15 +974,13 @@ def test_resuming_with_the_other_group_layout_says_which_setting_to_use(tmp_path
     own (the head's own groups), and the other way round: one clear error naming the key, not torch's "different
     number of parameter groups" (without the checkpoint's config, the scale it needs cannot be named: the line
     says what goes there)."""
-    from artifacts.checkpoint import CHECKPOINT_FORMAT, CheckpointError, restore_training, save_checkpoint
+    from artifacts.checkpoint import Checkpoint, CheckpointError, restore_training, save_checkpoint
     from engine.training.optim import build_optimizer
 
     model = head_model()
     one_rate = build_optimizer(model, load_config(None, []).train)  # the default: 1
     path = str(tmp_path / "last.pt")
-    save_checkpoint(
-        {"format": CHECKPOINT_FORMAT, "model": model.state_dict(), "optimizer": one_rate.state_dict()}, path
-    )
+    save_checkpoint(Checkpoint(model.state_dict(), {}, [], SHAPE, optimizer=one_rate.state_dict()), path)
     own_rate = build_optimizer(model, load_config(None, ["train.temporal_lr_scale=0.3"]).train)
     with pytest.raises(
         CheckpointError,
@@ -991,9 +988,7 @@ def test_resuming_with_the_other_group_layout_says_which_setting_to_use(tmp_path
         r"\(.*\); resume with the checkpoint's setting: --set train\.temporal_lr_scale=1$",
     ):
         restore_training(path, model, own_rate, None, None)
-    save_checkpoint(
-        {"format": CHECKPOINT_FORMAT, "model": model.state_dict(), "optimizer": own_rate.state_dict()}, path
-    )
+    save_checkpoint(Checkpoint(model.state_dict(), {}, [], SHAPE, optimizer=own_rate.state_dict()), path)
     with pytest.raises(
         CheckpointError,
         match=r"its optimizer has 4 parameter groups, this config's has 2 \(.*\); resume with the checkpoint's "
@@ -1007,7 +1002,7 @@ def test_a_run_from_before_the_relation_defaults_resumes_with_the_settings_the_e
     """A run begun with the head's defaults before 2026-11-26 (no running sum, dropout 0.1, no reconstruction,
     the head at 0.3 of the backbone's rate) resumed with today's: its model no longer fits, and the one line says
     every setting that resumes it; given only the model's, the optimizer's groups name the rate the run had."""
-    from artifacts.checkpoint import CheckpointError, restore_training, save_checkpoint, training_checkpoint
+    from artifacts.checkpoint import Checkpoint, CheckpointError, restore_training, save_checkpoint
 
     head = ["model.width=4", "model.temporal_head=transformer", "model.temporal_width=16"]
     before = [
@@ -1019,7 +1014,7 @@ def test_a_run_from_before_the_relation_defaults_resumes_with_the_settings_the_e
 
     then = load_config(None, head + before)
     path = str(tmp_path / "last.pt")
-    save_checkpoint(training_checkpoint(*training_parts(then), TrainState(), then, ["a", "b", "c"], {}), path)
+    save_checkpoint(Checkpoint.of_training(*training_parts(then), TrainState(), then, ["a", "b", "c"], SHAPE), path)
     today = load_config(None, head)
     with pytest.raises(CheckpointError) as error:
         restore_training(path, *training_parts(today), today)

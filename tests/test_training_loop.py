@@ -151,7 +151,7 @@ def test_out_of_memory_at_one_clip_saves_and_gives_the_ordered_advice(tmp_path):
         f"3) trainer.precision 16/bf16 (now 32), 4) a smaller model or preset"
     )
     saved = load_checkpoint(str(tmp_path / "checkpoints" / "last.pt"))
-    assert saved["micro_splits"] == 4 and saved["chunk_train_size"] == 1
+    assert saved.state.micro_splits == 4 and saved.state.chunk_train_size == 1
 
 
 def test_the_step_raises_and_writes_nothing_the_one_save_is_saved_on_stop(tmp_path):
@@ -253,14 +253,15 @@ def test_leak_detector_on_a_real_leaking_validation(synthetic_root, tmp_path, mo
 
 KILLER = """
 import sys, torch
-from artifacts.checkpoint import save_checkpoint
-state = {{"format": 2, "model": {{"w": torch.randn(8_000_000)}}, "step": 0}}
-save_checkpoint(state, {path!r})
+from artifacts.checkpoint import Checkpoint, save_checkpoint
+from datasets.shape import DataShape
+ckpt = Checkpoint({{"w": torch.randn(8_000_000)}}, {{}}, ["a", "b"], DataShape(2))
+save_checkpoint(ckpt, {path!r})
 print("first", flush=True)
 for step in range(1, 10_000):
-    state["step"] = step
-    state["model"]["w"].add_(1)
-    save_checkpoint(state, {path!r})
+    ckpt.state.global_step = step
+    ckpt.model["w"].add_(1)
+    save_checkpoint(ckpt, {path!r})
 """
 
 
@@ -274,10 +275,11 @@ def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
     time.sleep(delay)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
-    state = load_checkpoint(path)
-    assert state["model"]["w"].shape == (8_000_000,)
+    ckpt = load_checkpoint(path)
+    weights, step = ckpt.model["w"], ckpt.state.global_step
+    assert weights.shape == (8_000_000,)
     torch.testing.assert_close(
-        state["model"]["w"] - state["step"], state["model"]["w"][:1].expand(8_000_000) - state["step"], rtol=0, atol=10
+        weights - step, weights[:1].expand(8_000_000) - step, rtol=0, atol=10
     )  # a consistent state, not a torn one
 
 
@@ -357,13 +359,13 @@ def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
     assert all(len([r for r in names if r != "latest"]) == 1 for names in runs)  # rank 1 wrote no run of its own
     a = load_checkpoint(str(tmp_path / "one" / "e2e" / "latest" / "checkpoints" / "last.pt"))
     b = load_checkpoint(str(tmp_path / "two" / "e2e" / "latest" / "checkpoints" / "last.pt"))
-    assert a["global_step"] == b["global_step"]
+    assert a.state.global_step == b.state.global_step
     # an epoch of 48 SGD steps at lr 0.05 (updates of about 5e-3 a step): float rounding, which depends on the
     # compute threads each process has, grows along the way to about 1.3e-4 (one thread each; 2 threads in the
     # one process stayed under 1e-5); a wrong averaging or a clip counted twice moves weights by whole updates
-    for key, value in a["model"].items():
-        torch.testing.assert_close(b["model"][key], value, rtol=1e-3, atol=5e-4, msg=lambda m, key=key: f"{key}: {m}")
-    assert a["history"][0]["val_num_clips"] == b["history"][0]["val_num_clips"] == 6  # gathered, no duplicates
+    for key, value in a.model.items():
+        torch.testing.assert_close(b.model[key], value, rtol=1e-3, atol=5e-4, msg=lambda m, key=key: f"{key}: {m}")
+    assert a.state.history[0]["val_num_clips"] == b.state.history[0]["val_num_clips"] == 6  # gathered, no duplicates
 
 
 def test_an_out_of_memory_step_writes_the_allocator_snapshot_when_recording(tmp_path, caplog, monkeypatch):

@@ -56,7 +56,7 @@ def parse_splits(text: str, root: str) -> list[int]:
 def finished(run: str, epochs: int) -> str | None:
     """``run``'s last.pt when it holds the last epoch, else None (no run, or one that stopped part-way)."""
     path = os.path.join(run, "latest", "checkpoints", "last.pt")
-    return path if os.path.exists(path) and load_checkpoint(path).get("epoch") == epochs else None
+    return path if os.path.exists(path) and load_checkpoint(path).state.epoch == epochs else None
 
 
 def train_split(config: str, root: str, split: int, out: str, overrides: list[str]) -> str:

@@ -246,7 +246,7 @@ def init_temporal_head(model: torch.nn.Module, path: str | None) -> None:
     if path is None:
         return
     try:
-        weights = load_checkpoint(path)["model"]
+        weights = load_checkpoint(path).model
     except CheckpointError as e:
         raise ConfigError(f"model.temporal_head_init: {e}")
     head = {k[len("temporal.") :]: v for k, v in weights.items() if k.startswith("temporal.")}

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from artifacts.checkpoint import TrainState, training_checkpoint
+from artifacts.checkpoint import Checkpoint, TrainState
 from artifacts.csv_log import CsvLog
 from artifacts.run_dir import RunDirectory
 from artifacts.tensorboard import TensorBoardLog
@@ -77,13 +77,12 @@ class Trainer:
         """SyncBatchNorm under DDP: a collective in every forward (no OOM back-off then)."""
         return self.runtime.distributed and self.cfg.model.norm == "sync"
 
-    def checkpoint_dict(self) -> dict:
-        data_info = self.shape.checkpoint_fields()
-        if self.features_source is not None:
-            data_info["features_source"] = self.features_source
-        return training_checkpoint(
-            self.model, self.optimizer, self.scheduler, self.scaler, self.state, self.cfg, self.class_names, data_info
+    def checkpoint(self) -> Checkpoint:
+        ckpt = Checkpoint.of_training(
+            self.model, self.optimizer, self.scheduler, self.scaler, self.state, self.cfg, self.class_names, self.shape
         )
+        ckpt.features_source = self.features_source
+        return ckpt
 
     def chunk_spec(self, batch_in_group: int = 0, piece: int = 0) -> ChunkSpec:
         """The training chunks now: the config's, or the shorter ones the OOM back-off chose; the chunks kept
@@ -104,7 +103,7 @@ class Trainer:
     def save(self, name: str) -> str:
         if not self.runtime.is_main:
             return name
-        path = self.run.save(self.checkpoint_dict(), name)  # only a run with a checkpoint becomes "latest"
+        path = self.run.save(self.checkpoint(), name)  # only a run with a checkpoint becomes "latest"
         if self.bank is not None:
             self.bank.save(path, self.state.global_step)
         return path
