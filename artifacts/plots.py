@@ -8,6 +8,7 @@ import csv
 
 from artifacts.run_dir import RunDirectory
 from core.files import atomic_path
+from core.metric_names import CLIP_METRICS, SEGMENT_METRICS, VALIDATION_PREFIX
 
 
 def pyplot(note_prefix: str):
@@ -61,19 +62,14 @@ def training_plots(
     return written
 
 
-CLIP_METRICS = {"val_clip_acc": "clip accuracy", "val_video_acc": "video accuracy", "val_top5": "top-5 clip accuracy"}
-# frame accuracy is a share of the frames, the others are on the field's 0-100 scale: drawn as percentages
-SEGMENT_METRICS = {
-    "val_seg_frame_acc": "frame accuracy",
-    "val_seg_edit": "edit",
-    "val_seg_f1@10": "F1@10",
-    "val_seg_f1@25": "F1@25",
-    "val_seg_f1@50": "F1@50",
-}
+# metrics.csv's validation columns: frame accuracy is a share of the frames, the other timeline scores are on the
+# field's 0-100 scale: drawn as percentages
+CLIP_COLUMNS = {VALIDATION_PREFIX + name: label for name, label in CLIP_METRICS.items()}
+SEGMENT_COLUMNS = {VALIDATION_PREFIX + name: label for name, label in SEGMENT_METRICS.items()}
 
 
 def metric_label(key: str) -> str:
-    return {**CLIP_METRICS, **SEGMENT_METRICS}.get(key, key)
+    return {**CLIP_COLUMNS, **SEGMENT_COLUMNS}.get(key, key)
 
 
 def percent_scale(key: str) -> float:
@@ -92,7 +88,7 @@ def curves_figure(plt, rows: list[dict], monitor: str, title: str):
     metrics that move: the timeline scores where validation has segments, else the accuracies. A metric constant
     over the run (video accuracy with one clip per video, top-5 of five classes) is named, not drawn."""
     segments = any(r.get("val_seg_f1@50") not in (None, "") for r in rows)
-    others = [k for k in (SEGMENT_METRICS if segments else CLIP_METRICS) if k != monitor and series(rows, k)]
+    others = [k for k in (SEGMENT_COLUMNS if segments else CLIP_COLUMNS) if k != monitor and series(rows, k)]
     constant = [k for k in others if len({v for _, v in series(rows, k)}) == 1]
     moving = [k for k in others if k not in constant]
     panels = 2 + bool(moving or constant)
@@ -177,11 +173,7 @@ def eval_history_plot(entries: list[dict], path: str) -> str | None:
     figure, axis = plt.subplots(figsize=(7.5, 4.2))
     metrics = [e["metrics"] for e in entries]
     timelines = any(m.get("seg_f1@50") is not None for m in metrics)  # scored as timelines: those scores, in percent
-    labels = (
-        {key.removeprefix("val_"): label for key, label in SEGMENT_METRICS.items()}
-        if timelines
-        else {"clip_acc": "top-1 clip accuracy", "video_acc": "video accuracy", "top5": "top-5 clip accuracy"}
-    )
+    labels = SEGMENT_METRICS if timelines else CLIP_METRICS
     for key, label in labels.items():
         points = [
             (e["global_step"], m[key] * percent_scale(key)) for e, m in zip(entries, metrics) if m.get(key) is not None

@@ -13,6 +13,8 @@ import difflib
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
+from core.metric_names import Monitored
+
 # The RGB backbones a config may name. The schema owns the names; models/ registers one builder for each, and
 # registering a name missing here fails at import (so config never imports the model registry above it).
 BACKBONES = (
@@ -510,7 +512,7 @@ class TrainConfig:
         0, "int", "also write last.pt every N optimizer steps; 0 = epoch ends only", minimum=0
     )
     keep_last_k: int = setting(2, "int", "epoch checkpoints kept besides last.pt and best.pt", minimum=0)
-    monitor: Literal["val_video_acc", "val_clip_acc", "val_seg_f1@50", "val_seg_edit", "val_seg_frame_acc"] = choice(
+    monitor: Monitored = choice(
         "val_video_acc",
         "metric that picks best.pt (higher is better); the val_seg_* "
         "timeline scores need a validation manifest with segments",

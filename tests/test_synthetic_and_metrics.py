@@ -141,3 +141,21 @@ def test_metrics_equal_a_hand_computation():
     assert m["top5"] == 1.0
     # video 1 sums softmax([0,2,1]) + softmax([0,1,1.5]) = [0.21, 1.00, 0.79]: class 1 although one clip said 2
     assert m["video_acc"] == pytest.approx(3 / 4) and m["num_videos"] == 4
+
+
+def test_the_metrics_computed_are_the_names_plots_and_train_monitor_use():
+    from typing import get_args
+
+    from config import SCHEMA
+    from core.metric_names import CLIP_METRICS, SEGMENT_METRICS, VALIDATION_PREFIX, Monitored
+    from engine.metrics.segments import SegmentationScores
+
+    meter = ClassificationMeter(6)
+    meter.update(torch.randn(4, 6), torch.tensor([0, 1, 2, 3]), torch.tensor([0, 0, 1, 1]))
+    assert set(CLIP_METRICS) <= set(meter.compute())
+    scores = SegmentationScores()
+    scores.add([0, 0, 1], [0, 1, 1])
+    assert {f"seg_{name}" for name in scores.result()} == set(SEGMENT_METRICS)  # as evaluation names them
+    monitored = get_args(Monitored)
+    assert SCHEMA["train"]["monitor"].choices == monitored
+    assert {name.removeprefix(VALIDATION_PREFIX) for name in monitored} <= {*CLIP_METRICS, *SEGMENT_METRICS}
