@@ -25,11 +25,11 @@ import os
 import re
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 
 from core.files import atomic_open, atomic_write_bytes
 from datasets.manifest import ManifestError
+from datasets.sample import Sample, whole_video_features
 
 BACKGROUND = "background"  # the label MS-TCN's eval.py leaves out of edit and F1 (its bg_class)
 
@@ -159,20 +159,20 @@ class MsTcnVideos(Dataset):
         """The length of a video's training sequence: its frames every ``sample_rate``-th."""
         return -(-len(self.labels[index]) // self.sample_rate)
 
-    def __getitem__(self, index: int) -> dict:
+    def __getitem__(self, index: int) -> Sample:
         features = np.load(os.path.join(self.root, "features", f"{self.names[index]}.npy"), allow_pickle=False)
         frames = self.labels[index]
         starts = np.arange(0, len(frames), self.sample_rate)
         windows = np.stack([starts, np.minimum(starts + self.sample_rate, len(frames))], axis=1)
-        return {
-            "features": torch.from_numpy(np.ascontiguousarray(features[:, :: self.sample_rate].T, np.float32)),
-            "windows": torch.from_numpy(windows).float(),
-            "chunk_labels": torch.from_numpy(frames[:: self.sample_rate].copy()),
-            "frame_labels": torch.from_numpy(frames),
-            "label": int(np.bincount(frames).argmax()) if len(frames) else 0,
-            "video_index": index,
-            "has_segments": True,
-        }
+        return whole_video_features(
+            np.ascontiguousarray(features[:, :: self.sample_rate].T, np.float32),
+            windows,
+            frames[:: self.sample_rate].copy(),
+            frames,
+            int(np.bincount(frames).argmax()) if len(frames) else 0,
+            index,
+            has_segments=True,
+        )
 
 
 def write_video(root: str, name: str, features: np.ndarray, labels: list[str] | None) -> None:

@@ -38,6 +38,7 @@ from datasets.decode import read_clip, read_clip_keypoints
 from datasets.keypoints import keypoint_length
 from datasets.manifest import ManifestError, VideoRecord, read_manifest
 from datasets.records import check_labels, frame_labels, read_split, segment_frames
+from datasets.sample import Sample
 from datasets.video.index_cache import VideoIndexCache
 from datasets.video.info import StalledFile, VideoReadError, several_streams_note
 from datasets.video.prober import Prober
@@ -200,7 +201,7 @@ class VideoWindowDataset(Dataset):
     def __len__(self) -> int:
         return len(self.windows) * self.samples_per_window
 
-    def __getitem__(self, index: int) -> dict:
+    def __getitem__(self, index: int) -> Sample:
         skipped: dict[str, str] = {}
         for attempt in range(min(len(self), MAX_CONSECUTIVE_FAILURES)):
             candidate = (index + attempt) % len(self)
@@ -243,7 +244,7 @@ class VideoWindowDataset(Dataset):
     def path_of(self, index: int) -> str:
         return self.records[self.windows[index // self.samples_per_window].record].first_path
 
-    def _load(self, index: int) -> dict:
+    def _load(self, index: int) -> Sample:
         window = self.windows[index // self.samples_per_window]
         record = self.records[window.record]
         clip = (index % self.samples_per_window) // self.crops  # which of data.test_clips (evaluation)
@@ -263,7 +264,7 @@ class VideoWindowDataset(Dataset):
         label, labels = window.label, frame_labels(window.segments, indices, window.label)
         if plans and plans[0].flipped:  # a mirrored clip of a class with a side is one of its mirror class
             label, labels = int(self.mirror[label]), np.where(labels >= 0, self.mirror[labels], -1)
-        sample = {
+        sample: Sample = {
             "label": label,
             "sample": index,
             "video_index": window.record,

@@ -523,3 +523,10 @@ def test_with_gradients_through_half_the_chunks_the_backbone_still_learns_motion
         with open(os.path.join(out, "e2e", "latest", "metrics.csv")) as f:
             accuracy[name] = max(float(row["val_video_acc"]) for row in csv.DictReader(f))
     assert accuracy["frozen"] <= 0.25 and accuracy["sampled"] >= 0.45, accuracy
+
+
+def test_a_micro_batch_split_carries_keys_of_the_sample_type():
+    from datasets.sample import SAMPLE_KEYS
+    from engine.training.step import MODEL_KEYS
+
+    assert set(MODEL_KEYS) <= SAMPLE_KEYS

@@ -13,6 +13,7 @@ from conftest import run_in_process
 
 from datasets.manifest import read_manifest
 from datasets.mstcn import MsTcnVideos, bundle_names, read_mapping
+from datasets.sample import SAMPLE_KEYS
 from datasets.segmentation_task import generate_features
 from engine.data.feature_files import FeaturesDataset, index_features
 
@@ -253,6 +254,7 @@ def test_our_features_round_trip_through_ms_tcns_layout_identically(written):
     assert classes[-1] == "background"
     name = bundle_names(out, "test", 1)[0]
     back = MsTcnVideos(out, [name], read_mapping(out), sample_rate=1)[0]
+    assert set(ours) == set(back) and set(ours) <= SAMPLE_KEYS  # the sample type's keys, the same from both
     np.testing.assert_array_equal(back["features"].numpy(), ours["features"].numpy())
     covered = ours["chunk_labels"] >= 0
     assert covered.any()

@@ -10,6 +10,7 @@ from conftest import read_barcode, write_with_opencv
 from config import load_config
 from datasets.keypoints import KeypointError, read_keypoints
 from datasets.manifest import ManifestError, read_manifest
+from datasets.sample import SAMPLE_KEYS
 from datasets.video.info import VideoReadError
 from datasets.video.probe import probe
 from datasets.video_dataset import VideoWindowDataset, build_dataset
@@ -96,6 +97,7 @@ def test_timeline_is_clipped_to_each_window_and_keypoints_align(long_video, capl
     assert sample["kpt"][:, 0, 0].tolist() == list(range(160, 250))  # keypoints of exactly the clip's frames
     assert sample["frame_labels"].tolist() == [1] * 20 + [2] * 70
     assert sample["window"].tolist() == [160, 250] and sample["video_index"] == 0
+    assert set(sample) <= SAMPLE_KEYS  # every key the sample type declares
 
 
 def test_training_clips_are_random_but_repeatable_per_epoch(long_video):

@@ -31,6 +31,7 @@ from config import Config, DataConfig
 from core.errors import ConfigError
 from core.runtime import Runtime
 from datasets.manifest import VideoRecord
+from datasets.sample import Sample, whole_video_features
 from datasets.mstcn import MsTcnVideos, bundle_names, feature_shape, read_mapping
 from datasets.records import resolve_class_names, training_records
 from datasets.sampler import EpochSampler
@@ -64,7 +65,7 @@ class FeaturesDataset(Dataset):
     def set_epoch(self, epoch: int) -> None:  # no augmentation: every epoch reads the same features
         pass
 
-    def __getitem__(self, index: int) -> dict:
+    def __getitem__(self, index: int) -> Sample:
         path, header = self.files[index]
         record = self.records[index]
         features, windows = read_arrays(path)
@@ -76,18 +77,12 @@ class FeaturesDataset(Dataset):
             label = self.class_names.index(record.label)
         else:  # the label covering most annotated frames
             label = int(np.bincount(annotated).argmax()) if len(annotated) else 0
-        return {
-            "features": torch.from_numpy(features),
-            "windows": torch.from_numpy(windows).float(),
-            "chunk_labels": torch.from_numpy(per_chunk),
-            "frame_labels": torch.from_numpy(frames),
-            "label": label,
-            "video_index": index,
-            "has_segments": record.segments is not None,
-        }
+        return whole_video_features(
+            features, windows, per_chunk, frames, label, index, has_segments=record.segments is not None
+        )
 
 
-def collate_features(samples: list[dict]) -> dict:
+def collate_features(samples: list[Sample]) -> Sample:
     """Samples padded to the longest: features [B, n, D], windows [B, n, 2], chunk_labels [B, n] (-1 at padding),
     mask [B, n]; frame_labels [B, frames] padded with -1."""
     longest = max(len(s["features"]) for s in samples)

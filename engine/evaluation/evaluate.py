@@ -24,6 +24,7 @@ from datasets.bad_input import BAD_INPUT_ERRORS, BadInputReport
 from datasets.chunk_stream import ChunkStream
 from datasets.device_input import InputPreparer
 from datasets.records import frame_labels
+from datasets.sample import Sample
 from datasets.video_dataset import VideoWindowDataset, build_dataset, index_cache_for
 from engine.data.feature_files import feature_loader, test_videos
 from engine.data.loaders import GuardedBatches, cap_workers, make_loader
@@ -166,7 +167,7 @@ def streamed_predictions(
             continue
         indices = stream.video_frame(np.arange(len(range(0, stream.num_frames, stream.stride))))
         labels = torch.from_numpy(frame_labels(window.segments, indices, window.label))[None]
-        batch = {
+        batch: Sample = {  # collated: a batch of one
             "label": torch.tensor([window.label]),
             "video_index": torch.tensor([window.record]),
             "window": torch.tensor([[window.start, window.end]]),

@@ -17,6 +17,7 @@ import torch
 
 from config import TrainConfig
 from core.errors import ConfigError
+from datasets.sample import Sample
 from engine.inference.chunks import aggregate_chunk_logits, chunk_labels, chunk_windows, clip_length
 from engine.training.chunked_forward import ChunkSpec
 from engine.training.feature_bank import FeatureBank
@@ -187,14 +188,14 @@ def smoothing_loss(chunk_logits: torch.Tensor, real: torch.Tensor) -> torch.Tens
     return squared[pairs].mean()
 
 
+# the keys of a batch (datasets/sample.py) a micro-batch split carries: the model's inputs and what the loss reads
 MODEL_KEYS = ("label", "video", "kpt", "frame_labels", "features", "windows", "mask", "chunk_labels", "sample")
-# (what a micro-batch split carries)
 
 
 def step_loss(
     model,
-    inputs: dict,
-    piece: dict,
+    inputs: Sample,
+    piece: Sample,
     spec: ChunkSpec,
     train_cfg: TrainConfig,
     criterion: torch.nn.Module,
