@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 
 import torch
@@ -24,20 +23,16 @@ from core.cli import add_config_arguments, exit_on_usage_error
 from core.errors import ConfigError
 from core.files import DiskFullError
 from core.logs import detach_log_file, setup_logging
-from core.runtime import elastic_restart, setup_runtime, unwrap_model
+from core.runtime import elastic_restart, setup_runtime
 from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.records import DATA_LAYOUTS
-from datasets.shape import DataShape
 from datasets.video.capture import quiet_decoder_logs
-from engine.data.feature_files import index_feature_data
 from engine.training.build import build_trainer
 from engine.training.interrupt import stop_on_ctrl_c
 from engine.training.loop import fit
 from engine.training.trainer import RunStopped
-from planner.batch_size import batch_for_budget, chunks_to_keep
-from planner.disk import DiskPlan, bytes_written, disk_plan, state_disk_plan
-from planner.features import plan_feature_training
-from planner.host import warn_if_host_memory_short
+from planner.before_the_run import memory_decisions, state_disk_needs
+from planner.disk import DiskPlan
 from planner.memory_table import probe_memory
 
 log = logging.getLogger("longvideo")  # set up by main(): importing train configures nothing
@@ -152,31 +147,6 @@ def main(argv=None) -> int:
             watchdog.stop()
             torch.distributed.destroy_process_group()
     return 0
-
-
-def memory_decisions(cfg: Config, runtime, fit_budget: bool) -> tuple[Config, int, dict | None]:
-    """(the config with its batch fitted to the budget, the training chunks whose activations are kept, the
-    features files' headers of a head trained on features): the planner's decisions before the run is built."""
-    shape = DataShape.of_manifest(cfg)  # read once (manifest, keypoints) for both decisions below
-    if cfg.data.features_dir is not None:  # a temporal head on features: no clips, no chunks to recompute
-        features_index = index_feature_data(cfg.data)  # every file's header, read once for both
-        return plan_feature_training(cfg, runtime, shape.num_classes, features_index), 0, features_index
-    if fit_budget or cfg.data.batch_size == "auto":  # the same decision again on resume: deterministic
-        cfg = batch_for_budget(cfg, runtime, shape)
-    kept_chunks = chunks_to_keep(cfg, runtime, shape)  # train.recompute: auto, at the run's batch
-    if runtime.is_main:
-        warn_if_host_memory_short(cfg, shape, runtime.device.type == "cuda")
-    return cfg, kept_chunks, None
-
-
-def state_disk_needs(trainer, loader_batches: int, resumed: bool) -> DiskPlan:
-    """The disk the run needs, stated (and a warning if the free space is short) before the first step."""
-    cfg = trainer.cfg
-    steps_per_epoch = math.ceil(loader_batches / cfg.train.accumulate_grad_batches)
-    bank = trainer.bank.nbytes if trainer.bank is not None else 0
-    plan = disk_plan(cfg, unwrap_model(trainer.model), steps_per_epoch, bank)
-    state_disk_plan(plan, cfg.trainer.output_dir, written=bytes_written(trainer.run.path) if resumed else 0)
-    return plan
 
 
 def disk_full_advice(
