@@ -108,27 +108,29 @@ def probe(
         f"estimated{'' if cuda else ', no GPU'} (torch {torch.__version__.split('+')[0]}, fake tensors, CUDA's "
         f"autocast policy): peak allocated memory, without the CUDA context, cuDNN workspaces and fragmentation"
     )
-    preset_ckpt = model_cfg.grad_checkpointing
-    header = f"{'num_frames':>10s} {'batch':>5s} {'ckpt off MiB':>12s} {'ckpt on MiB':>11s}"
+    # the two columns: model.grad_checkpointing false (each backbone stage's activations kept) and true
+    recomputed = model_cfg.grad_checkpointing
+    header = f"{'num_frames':>10s} {'batch':>5s} {'stages kept MiB':>15s} {'recomputed MiB':>14s}"
     if cuda:
         header += (
-            f" | measured (ckpt {'on' if preset_ckpt else 'off'}): {'allocated':>9s} {'reserved':>9s} {'est/alloc':>9s}"
+            f" | measured (stages {'recomputed' if recomputed else 'kept'}): {'allocated':>9s} {'reserved':>9s} "
+            f"{'est/alloc':>9s}"
         )
     out(header)
     start = time.perf_counter()
     for num_frames in frames_grid:
         for batch_size in batch_grid:
             estimates = {
-                ckpt: config_training_estimate(
-                    derive(cfg, {"model.grad_checkpointing": ckpt}, WHY),
+                recompute: config_training_estimate(
+                    derive(cfg, {"model.grad_checkpointing": recompute}, WHY),
                     num_frames,
                     batch_size,
                     world_size=world_size,
                     **shape,
                 ).peak
-                for ckpt in (False, True)
+                for recompute in (False, True)
             }
-            line = f"{num_frames:>10d} {batch_size:>5d} {estimates[False] / MiB:>12.0f} {estimates[True] / MiB:>11.0f}"
+            line = f"{num_frames:>10d} {batch_size:>5d} {estimates[False] / MiB:>15.0f} {estimates[True] / MiB:>14.0f}"
             if cuda:
                 measured = measure_training_step_cuda(cfg, num_frames, batch_size, **shape)
                 if measured is None:
@@ -136,7 +138,7 @@ def probe(
                 else:
                     line += (
                         f" | {'':>25s} {measured['allocated'] / MiB:>9.0f} {measured['reserved'] / MiB:>9.0f} "
-                        f"{estimates[preset_ckpt] / measured['allocated']:>8.2f}x"
+                        f"{estimates[recomputed] / measured['allocated']:>8.2f}x"
                     )
             out(line)
     out(f"({len(frames_grid) * len(batch_grid) * 2} estimates in {time.perf_counter() - start:.0f} s)")
@@ -152,7 +154,7 @@ def probe(
     best, _ = largest_batch(cfg, frames, usable, world_size=world_size, **shape)
     out(margin_text(budget, cuda=for_gpu))
     out(
-        f"largest batch at num_frames={frames} (checkpointing {'on' if preset_ckpt else 'off'}, as in the preset) "
+        f"largest batch at num_frames={frames} (stages {'recomputed' if recomputed else 'kept'}, as in the preset) "
         f"that fits: {best if best else 'none: even 1 clip does not fit'}"
     )
     train_cfg = cfg.train

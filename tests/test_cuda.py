@@ -47,7 +47,7 @@ def test_probe_memory_on_cuda_prints_measured_beside_estimated():
         timeout=600,
     )
     assert result.returncode == 0, result.stderr
-    assert "measured (ckpt off)" in result.stdout and "largest batch at num_frames=16" in result.stdout
+    assert "measured (stages kept)" in result.stdout and "largest batch at num_frames=16" in result.stdout
 
 
 @pytest.mark.parametrize("backbone", ["r3d_18", "s3d", "vgg3d"])

@@ -235,7 +235,7 @@ def test_probe_memory_prints_the_estimated_grid_without_a_gpu():
     assert [(int(r[0]), int(r[1])) for r in rows] == [(8, 1), (8, 4), (16, 1), (16, 4)]
     cfg = quickstart()
     expected = project.config_training_estimate(cfg, 16, 4).peak / me.MiB
-    assert float(rows[-1][2]) == pytest.approx(expected, abs=0.6)  # ckpt off column, rounded to MiB
+    assert float(rows[-1][2]) == pytest.approx(expected, abs=0.6)  # the stages-kept column, rounded to MiB
     best, _ = project.largest_batch(cfg, 16, me.usable_bytes(0.5, cuda=False))
     assert f"that fits: {best}" in result.stdout
 
