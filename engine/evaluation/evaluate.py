@@ -8,7 +8,7 @@ import io
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -187,8 +187,14 @@ def score_clip_timelines(scores: SegmentationScores, chunked: ChunkedOutput, fra
             scores.add(*annotated(predicted, truth))
 
 
-def evaluate_dataset(model, dataset, cfg: Config, runtime, class_names: list[str]) -> tuple[dict, list, list]:
-    """(metrics, per-clip rows, per-video rows): train.py's evaluation loop with the rows eval.py writes.
+class DatasetEvaluation(NamedTuple):
+    metrics: dict  # the split's metrics (core.metric_names)
+    clip_rows: list  # eval.py's row a clip: its video, window, label, prediction and probability
+    video_rows: list  # eval.py's row a video (per_video_rows)
+
+
+def evaluate_dataset(model, dataset, cfg: Config, runtime, class_names: list[str]) -> DatasetEvaluation:
+    """train.py's evaluation loop with the rows eval.py writes.
     The test clips x crops of one sample window (data.test_clips x data.test_crops, all of one length) go through
     the model together, ``infer.chunks_per_forward`` chunks a forward call; predictions go to the CPU as they are
     made."""
@@ -227,7 +233,9 @@ def evaluate_dataset(model, dataset, cfg: Config, runtime, class_names: list[str
         background=background_indices(cfg.data.background_labels, class_names),
     )
     bad_inputs.end_run()
-    return metrics, clip_rows, per_video_rows(meter, class_names, lambda index: _video_name(dataset, index))
+    return DatasetEvaluation(
+        metrics, clip_rows, per_video_rows(meter, class_names, lambda index: _video_name(dataset, index))
+    )
 
 
 def per_video_rows(meter: ClassificationMeter, class_names: list[str], name_of) -> list[dict]:

@@ -18,6 +18,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from artifacts.checkpoint import CheckpointError
 from artifacts.ledger import DirectoryLock, append_ledger, read_ledger
@@ -42,8 +43,17 @@ class WatchSpec:
     lock_limit: float = 7200.0  # a lock held longer than this (seconds) is reported as a stuck evaluator
 
 
-def watch_once(spec: WatchSpec, evaluate) -> tuple[int, int, int, int]:
-    """One pass: (evaluated, failed, already done, left for later)."""
+class WatchPass(NamedTuple):
+    """What one pass over a run's checkpoints did, each a count of checkpoints."""
+
+    evaluated: int
+    failed: int
+    skipped: int  # already evaluated (their sha256 is in the ledger)
+    waiting: int  # still being written: left for the next pass
+
+
+def watch_once(spec: WatchSpec, evaluate) -> WatchPass:
+    """One pass over the run's checkpoints: each new one evaluated and appended to the ledger."""
     run_dir, watched = spec.run_dir, WatchedDirectory(spec.run_dir)
     ledger = watched.ledger
     done = {entry.get("sha256") for entry in read_ledger(ledger)}
@@ -92,7 +102,7 @@ def watch_once(spec: WatchSpec, evaluate) -> tuple[int, int, int, int]:
         entry.update(seconds=round(time.perf_counter() - start, 3), time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         append_ledger(ledger, entry)
         done.add(digest)
-    return evaluated, failed, skipped, waiting
+    return WatchPass(evaluated, failed, skipped, waiting)
 
 
 def plot_history(run_dir: str) -> str | None:
