@@ -54,6 +54,10 @@ class TrainState:
     epoch_clips: int = 0  # epoch's train_loss, not only the part after the resume
 
 
+# the training state a checkpoint saves, by field name: the non-finite streak starts again at 0 on a resume
+SAVED_PROGRESS = tuple(f.name for f in fields(TrainState) if f.name != "nonfinite_streak")
+
+
 @dataclass
 class Checkpoint:
     """A training checkpoint. ``model``: the unwrapped model's state dict; ``config``: the run's config as its YAML
@@ -93,7 +97,7 @@ class Checkpoint:
     def to_dict(self) -> dict:
         """The saved form: the training state by field name (``from_dict`` reads it back the same way, so adding
         a field cannot shift the others), the data's shape as three entries."""
-        progress = {f.name: getattr(self.state, f.name) for f in fields(TrainState) if f.name != "nonfinite_streak"}
+        progress = {name: getattr(self.state, name) for name in SAVED_PROGRESS}
         saved = {
             "format": CHECKPOINT_FORMAT,
             "model": self.model,
@@ -116,7 +120,6 @@ class Checkpoint:
     def from_dict(cls, saved: dict) -> Checkpoint:
         """A loaded dict of the current format (``load_checkpoint`` checks it); the non-finite streak starts again
         at 0."""
-        names = {f.name for f in fields(TrainState)} - {"nonfinite_streak"}
         kpt_shape = saved["kpt_shape"]
         shape = DataShape(
             len(saved["class_names"]),
@@ -129,7 +132,7 @@ class Checkpoint:
             saved["config"],
             list(saved["class_names"]),
             shape,
-            TrainState(**{name: saved[name] for name in names if name in saved}),
+            TrainState(**{name: saved[name] for name in SAVED_PROGRESS if name in saved}),
             saved.get("optimizer"),
             saved.get("scheduler"),
             saved.get("scaler"),

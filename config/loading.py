@@ -111,11 +111,7 @@ def saved_config(saved: dict) -> Config:
     an older checkpoint computes comes with a new checkpoint format, not a shim here. Renamed keys and values
     are read under their new names, silently (the checkpoint is not the user's to edit)."""
     cfg = defaults()
-    for section, values in with_new_names(saved).items():
-        if isinstance(values, dict) and isinstance(cfg.get(section), dict):
-            cfg[section].update(values)
-        else:
-            cfg[section] = values
+    _merge(cfg, with_new_names(saved), {}, "a checkpoint's config")
     return Config.from_dict(validate(cfg))
 
 
