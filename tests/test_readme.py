@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from conftest import error_lines, run_python
+from conftest import error_lines, run_in_process
 
 from artifacts.checkpoint import load_checkpoint, save_checkpoint
 
@@ -177,7 +177,7 @@ def test_a_mismatched_backbone_is_refused_with_one_line(two_stage, tmp_path):
     ckpt = load_checkpoint(two_stage["backbone"])
     ckpt.state.history = ckpt.state.history + [{"epoch": 99}]  # the same network, another file: another sha256
     save_checkpoint(ckpt, other)
-    done = run_python(
+    done = run_in_process(
         [
             "infer_chunked.py",
             "--checkpoint",
@@ -205,10 +205,10 @@ def test_training_on_features_resumes_exactly(two_stage, tmp_path):
         "--set",
         "experiment=whole",
     ]
-    assert run_python(args).returncode == 0
+    assert run_in_process(args).returncode == 0
     whole = last_row(tmp_path / "whole")
-    assert run_python(args + ["--set", "experiment=parts", "--stop-after-steps", "5"]).returncode == 0
-    assert run_python(args + ["--set", "experiment=parts", "--resume", "auto"]).returncode == 0
+    assert run_in_process(args + ["--set", "experiment=parts", "--stop-after-steps", "5"]).returncode == 0
+    assert run_in_process(args + ["--set", "experiment=parts", "--resume", "auto"]).returncode == 0
     resumed = last_row(tmp_path / "parts")
     for key in ("train_loss", "val_seg_f1@50", "val_seg_edit", "val_seg_frame_acc"):
         assert float(resumed[key]) == pytest.approx(float(whole[key]), rel=1e-6), key

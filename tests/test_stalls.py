@@ -151,9 +151,10 @@ def train_with_a_stalled_worker(shim, stalled_data, tmp_path, workers, policy):
     return result, stalled
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_sample_stalled_in_a_worker_stops_the_run_with_one_line(shim, stalled_data, tmp_path, workers):
-    result, stalled = train_with_a_stalled_worker(shim, stalled_data, tmp_path, workers, "raise")
+def test_a_sample_stalled_in_a_worker_stops_the_run_with_one_line(shim, stalled_data, tmp_path):
+    """Two workers (data.num_workers: 0 with a deadline loads in 1 worker, which the skip test below runs; the stop
+    after the report is the same for any number of workers)."""
+    result, stalled = train_with_a_stalled_worker(shim, stalled_data, tmp_path, 2, "raise")
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr  # the log, then one error line
     assert errors[0].startswith(f"error: {stalled}: sample window [0, ")
