@@ -28,6 +28,7 @@ from core.errors import UsageError
 from core.files import file_sha256
 from core.logs import setup_logging
 from core.runtime import resolve_device, setup_runtime
+from core.shards import parse_shard, shard
 from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.mstcn import check_one_word
 from datasets.records import resolve_inputs
@@ -38,10 +39,8 @@ from engine.inference.features import (
     FEATURE_LAYOUTS,
     FeatureOutput,
     feature_names,
-    parse_shard,
     prepare_directory,
     settings_of,
-    shard,
 )
 from engine.inference.stream import InferenceSpec, how_it_runs
 from engine.inference.video_outputs import Outputs
@@ -231,6 +230,8 @@ def main(argv=None) -> int:
         f"checkpoint: {checkpoint_path} ({why})\ninput: {source} ({len(records)} videos{part})\n"
         f"{how_it_runs(cfg, head_reach)} batch {spec.batch} on {runtime.device}"
     )
+    if cfg.data.prepared_dir:
+        print(f"videos: their prepared copies in {cfg.data.prepared_dir} where one matches, else the sources")
     if runtime.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(runtime.device)
     outputs = Outputs(args.output, args.plot, args.timeline, args.plot_row_minutes)

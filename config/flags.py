@@ -19,6 +19,7 @@ INFERENCE_FLAGS = {
     "--batch": "infer.chunks_per_forward",
     "--head-chunks": "infer.head_chunks",
     "--sample-timeout": "data.sample_timeout_s",
+    "--prepared": "data.prepared_dir",
     "--num-frames": "data.num_frames",
     "--crops": "data.test_crops",
     "--clips": "data.test_clips",
@@ -78,6 +79,12 @@ def add_inference_flags(parser: argparse.ArgumentParser, clips: bool = False) ->
         metavar="SECONDS",
         help="seconds a video's header, a sample or one group of chunks may take to decode before "
         "the video counts as unreadable (default: the checkpoint's data.sample_timeout_s)",
+    )
+    parser.add_argument(
+        "--prepared",
+        metavar="DIR",
+        help="read each video's prepared copy from DIR where one matches it and the checkpoint's decode size "
+        "(python -m datasets.prepare; default: the checkpoint's data.prepared_dir)",
     )
     parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda if available, else cpu)")
     parser.add_argument("--precision", help="32, 16, bf16 or amp (default: the checkpoint's)")

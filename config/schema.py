@@ -390,6 +390,24 @@ class DataConfig:
     index_cache: str | None = setting(
         None, "str", "JSON cache of video metadata; null = <trainer.output_dir>/.video_index.json", nullable=True
     )
+    prepared_dir: str | None = setting(
+        None,
+        "str",
+        "folder of prepared copies (python -m datasets.prepare): each video re-encoded at this config's decode "
+        "size with short GOPs, read instead of its source when its copy matches the source and these settings; "
+        "null = read the sources",
+        nullable=True,
+    )
+    prepared_gop: int = setting(
+        16, "int", "a prepared copy's frames between keyframes (1 = every frame a keyframe)", minimum=1
+    )
+    prepared_crf: int = setting(
+        18,
+        "int",
+        "a prepared copy's x264 constant quality: 0 = lossless, higher = smaller files",
+        minimum=0,
+        maximum=51,
+    )
     mean: list = setting([0.45, 0.45, 0.45], "list", "per-channel mean (RGB, 0..1) for normalization on the device")
     std: list = setting([0.225, 0.225, 0.225], "list", "per-channel std (RGB, 0..1)")
     pin_memory: bool = setting(True, "bool", "page-locked host batches for non_blocking copies (CUDA only)")

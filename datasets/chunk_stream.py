@@ -18,12 +18,14 @@ from datasets.clip_transform import ClipTransform
 from datasets.decode import read_clip, read_clip_keypoints
 from datasets.keypoints import KeypointError
 from datasets.manifest import VideoRecord
+from datasets.prepared_copies import PreparedCopies
 from datasets.video.choice import open_reader
 from datasets.video.info import StalledFile, VideoReadError, several_streams_note
 from datasets.video.probe import probe
 from datasets.windows import inference_windows
 
 log = logging.getLogger("longvideo")
+_SAID_MISSING: set = set()  # sources whose missing prepared copy was said
 
 
 class ChunkSettings(Protocol):
@@ -92,19 +94,24 @@ class ChunkStream:
         self.plans = self.transform.plan(
             [info.frame_size(data_cfg.autorotate) for info in infos.values()], None, self.crop or 0
         )
+        self.copies = PreparedCopies(data_cfg)  # data.prepared_dir: each view's copy, where one matches
+        read_from = {name: self.copies.read_from(path, infos[name]) for name, path in record.views.items()}
+        for path, why in self.copies.missing.items():
+            if path not in _SAID_MISSING:  # once per file: evaluation streams a video's windows one by one
+                _SAID_MISSING.add(path)
+                log.info("%s: no usable prepared copy (%s): read from the source", path, why)
         self.readers = {
             name: open_reader(
-                path,
+                read_from[name][0],
                 plan.decoded,
                 threads=spec.decode_threads,
-                info=infos[name],
+                info=read_from[name][1],
                 decoder=data_cfg.decoder,
                 access="sequential",
                 autorotate=data_cfg.autorotate,
             )
-            for plan, (name, path) in zip(self.plans, record.views.items())
+            for plan, name in zip(self.plans, record.views)
         }
-        first = next(iter(self.readers.values()))
         for reader in self.readers.values():
             for note in filter(None, (several_streams_note(reader.info), reader.info.header_note())):
                 log.warning("%s", note)
@@ -121,7 +128,7 @@ class ChunkStream:
                 f"[{self.first}, {self.last})"
             )
         self.num_frames = end - self.first  # the video frames streamed, from self.first
-        self.fps = first.info.fps
+        self.fps = next(iter(infos.values())).fps  # the source's: a copy's rate is it to 1/1001
         clip_length = len(range(0, self.num_frames, self.stride))
         self.windows = inference_windows(clip_length, spec.chunk, spec.overlap, spec.aggregation)
         self.batch, self.load_rgb, self.load_kpt = spec.batch, data_cfg.load_rgb, data_cfg.load_kpt

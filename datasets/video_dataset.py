@@ -37,6 +37,7 @@ from datasets.clip_transform import ClipTransform
 from datasets.decode import read_clip, read_clip_keypoints
 from datasets.keypoints import keypoint_length
 from datasets.manifest import ManifestError, VideoRecord, read_manifest
+from datasets.prepared_copies import PreparedCopies
 from datasets.records import check_labels, frame_labels, read_split, segment_frames
 from datasets.sample import Sample
 from datasets.video.index_cache import VideoIndexCache
@@ -96,6 +97,8 @@ class VideoWindowDataset(Dataset):
         self.watch: StallWatch | None = None  # in a worker, with data.sample_timeout_s
         self.video_info: dict = {}  # path -> VideoInfo from the index: readers in the workers do not probe again
         self.fps: dict[str, float] = {}  # first view's path -> frame rate (segments given in seconds)
+        self.copies = PreparedCopies(data_cfg)  # data.prepared_dir
+        self.read_from: dict = {}  # path -> (the path, VideoInfo) its frames are read from: a prepared copy, or itself
         cache = index_cache or VideoIndexCache(None)
         prober = Prober(data_cfg.sample_timeout_s)  # a header that never comes stops in a child, not here
         try:
@@ -103,6 +106,8 @@ class VideoWindowDataset(Dataset):
         finally:
             prober.close()
         cache.save()
+        if self.copies.summary():
+            log.info("%s", self.copies.summary())
         self.view_names = self._check_views()
         self.windows = [w for i, r in enumerate(records) if self.lengths[i] > 0 for w in self._windows_of(i, r)]
         if not self.windows:
@@ -128,7 +133,10 @@ class VideoWindowDataset(Dataset):
             for info in infos.values():
                 for note in filter(None, (several_streams_note(info), info.header_note())):
                     log.warning("%s", note)
-            lengths = {name: info.num_frames for name, info in infos.items()}
+            for name, path in record.views.items():
+                self.read_from[path] = self.copies.read_from(path, infos[name])
+            # a copy holds the frames its source decodes: of a file cut short, fewer than its packets
+            lengths = {name: self.read_from[path][1].num_frames for name, path in record.views.items()}
             if len(set(lengths.values())) > 1:
                 log.warning("%s: views have different lengths %s; using the shortest", record.where, lengths)
             self.fps[record.first_path] = next(iter(infos.values())).fps
@@ -286,10 +294,8 @@ class VideoWindowDataset(Dataset):
         self, record: VideoRecord, window: SampleWindow, place_clip, plans: list, colour: tuple | None
     ) -> tuple[np.ndarray, list]:
         """(frame indices, each view's uint8 [C, T, H, W] clip: ``datasets.decode.read_clip``)."""
-        readers = [
-            _READERS.get(path, plan.decoded, self.video_info.get(path), self.cfg.decoder, self.cfg.autorotate)
-            for path, plan in zip(record.views.values(), plans)
-        ]
+        opened = [(*self.read_from[path], plan.decoded) for path, plan in zip(record.views.values(), plans)]
+        readers = [_READERS.get(path, size, info, self.cfg.decoder, self.cfg.autorotate) for path, info, size in opened]
         end = min([window.end] + [r.num_frames for r in readers])
         while True:  # at most twice: a read can find the video shorter than its container says
             if end <= window.start:

@@ -13,13 +13,14 @@ from conftest import run_in_process
 
 from artifacts.checkpoint import load_checkpoint, save_checkpoint
 from artifacts.trained_model import load_trained_model
+from core.shards import parse_shard, shard
 from datasets.clip_transform import ClipTransform
 from datasets.device_input import InputPreparer
 from datasets.manifest import VideoRecord, read_manifest
 from datasets.video.choice import open_reader
 from datasets.video.probe import probe
 from engine.inference.chunks import chunk_windows
-from engine.inference.features import feature_names, parse_shard, shard
+from engine.inference.features import feature_names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -175,16 +175,9 @@ def _scan_packets(path: str) -> tuple[bool, int]:
     its data ends, and one whose header under- or over-states the duration (an MKV written wrong) has as many
     packets as frames.
     """
-    cap = cv2.VideoCapture(path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
-    try:
-        times = []
-        while cap.grab():
-            times.append(cap.get(cv2.CAP_PROP_POS_MSEC))
-    finally:
-        cap.release()
+    times = frame_times(path) * 1000.0
     if len(times) < 3:
         return True, len(times)
-    times = np.sort(np.asarray(times))
     steps = np.diff(times)
     step = float(np.median(steps))
     # a quarter of a frame allows timestamps rounded to milliseconds (30 fps in MKV: 33 and 34 ms steps)
@@ -196,6 +189,19 @@ def _scan_packets(path: str) -> tuple[bool, int]:
         # packet without the frames shown before it; the frames end before the gap
         return True, int(off_grid[0]) + 1
     return False, len(times)
+
+
+def frame_times(path: str) -> np.ndarray:
+    """The presentation time of each packet of the file's first video stream, in seconds, sorted: frame i's time
+    (read without decoding, OpenCV's raw mode)."""
+    cap = cv2.VideoCapture(path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_FORMAT, -1])
+    try:
+        times = []
+        while cap.grab():
+            times.append(cap.get(cv2.CAP_PROP_POS_MSEC))
+    finally:
+        cap.release()
+    return np.sort(np.asarray(times, dtype=np.float64)) / 1000.0
 
 
 _REORDER_DEPTH = 16  # frames a decoder can hold back for reordering (H.264's largest DPB)

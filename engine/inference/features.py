@@ -70,25 +70,6 @@ class FeatureOutput:
         return reason
 
 
-def parse_shard(text: str | None) -> tuple[int, int]:
-    """--shard i/N -> (i, N); (0, 1) for none."""
-    if text is None:
-        return 0, 1
-    parts = text.split("/")
-    if len(parts) != 2 or not all(p.isdigit() for p in parts) or int(parts[1]) < 1:
-        raise UsageError(f"--shard {text}: expected i/N with 0 <= i < N, e.g. --shard 0/4 (the first of 4 shards)")
-    index, count = int(parts[0]), int(parts[1])
-    if index >= count:
-        raise UsageError(f"--shard {text}: i must be below N ({count} shards are numbered 0 to {count - 1})")
-    return index, count
-
-
-def shard(records: list, index: int, count: int) -> list:
-    """Every count-th record from index: deterministic for the same input list; all shards together take each
-    video once."""
-    return records[index::count]
-
-
 def feature_names(records: list[VideoRecord]) -> list[str]:
     """The file name of each record's features, collision-safe over the whole input list."""
     stems = [os.path.splitext(os.path.basename(r.first_path))[0] for r in records]
@@ -110,7 +91,10 @@ def prepare_directory(directory: str) -> None:
 def settings_of(cfg: Config, chunk: int, overlap: int, dtype: str, checkpoint_sha256: str) -> dict:
     """What decides a video's features: a file with other settings is recomputed."""
     data, model = cfg.data, cfg.model
-    return {
+    # read from prepared copies, the frames differ from the sources' by the re-encode: said only then, so the
+    # files written from the sources keep their settings
+    prepared = {"prepared": {"gop": data.prepared_gop, "crf": data.prepared_crf}} if data.prepared_dir else {}
+    return prepared | {
         "checkpoint_sha256": checkpoint_sha256,
         "chunk": chunk,
         "overlap": overlap,
