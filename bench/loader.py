@@ -5,6 +5,7 @@
                                                          # windows, sequential passes; opencv, pyav and auto
     python -m bench.loader --part samples  # the training sample end to end: decode + geometry + augmentation
     python -m bench.loader --part h264 --frames 1500 --sizes 640x360
+    python -m bench.loader --part prepared --frames 1500   # 1080p GOP 250 and 30: samples from sources vs copies
 
 Videos: H.264, GOP 250, 3 B-frames, moving shapes over a textured background. Every reader decodes with one
 thread (the DataLoader worker setting). Printed per size, in frames per second and as ratios, modes interleaved
@@ -248,6 +249,64 @@ def sample_path(frames: int, count: int, repeat: int, rng) -> None:
         )
 
 
+def prepared_rows(frames: int, count: int, repeat: int, rng) -> None:
+    """Training samples from 1080p H.264 (GOP 250 and GOP 30, B-frames), from the source and from its prepared copy
+    (python -m datasets.prepare's copy at the preset's decode size), for the rtx5080 preset's sample (40 frames at
+    stride 2, 160x210) and long-video-16gb's (250 frames at stride 4 from 1,000-frame windows); beside them PyAV's
+    seek-and-decode recipe on the source (full size, no transform). Then the preparation: estimated (the command's
+    way) and measured, in time and GB per hour of source."""
+    import shutil
+
+    from config import load_config
+    from datasets.manifest import VideoRecord
+    from datasets.prepare import estimate, prepare_one
+    from datasets.prepared_copies import preparation_of
+    from datasets.video.probe import probe
+    from datasets.video_dataset import VideoWindowDataset
+
+    for gop in (250, 30):
+        path = write_h264(os.path.join(CACHE, f"h264_1920x1080_{frames}_gop{gop}.mp4"), frames, 1920, 1080, gop=gop)
+        info = probe(path)
+        hours = frames / info.fps / 3600
+        for preset in ("rtx5080", "long-video-16gb"):
+            folder = os.path.join(CACHE, f"prepared_{preset}")
+            data = load_config(
+                os.path.join(ROOT, "configs", f"{preset}.yaml"),
+                ["data.augment=true", "data.index_cache=null", f"data.prepared_dir={folder}"],
+            ).data
+            preparation = preparation_of(info, data)
+            shutil.rmtree(folder, ignore_errors=True)
+            seconds, size = estimate([(path, info, preparation)], data.decoder)
+            start = time.perf_counter()
+            copy = prepare_one(path, info, folder, preparation, data.decoder)
+            took = time.perf_counter() - start
+            print(
+                f"\n1920x1080 H.264 GOP {gop}, {frames} frames -> {preset} ({preparation.width}x{preparation.height}, "
+                f"GOP {preparation.gop}, crf {preparation.crf}): prepared in {took:.1f} s ({took / hours / 60:.1f} min "
+                f"per hour of source; estimated {seconds:.1f} s, {seconds / took:.2f}x), {copy.record['bytes'] / 1e6:.1f} MB "
+                f"({copy.record['bytes'] / hours / 1e9:.2f} GB per hour; estimated {size / 1e6:.1f} MB)"
+            )
+            record = [VideoRecord({"video": path}, label="a", where="bench")] * count  # count sample windows at least
+            datasets = {
+                "dataset sample, source": dataclasses.replace(data, prepared_dir=None),
+                "dataset sample, prepared copy": data,
+            }
+            samples = {name: VideoWindowDataset(record, ["a"], cfg, training=True) for name, cfg in datasets.items()}
+            order = rng.permutation(len(samples["dataset sample, source"]))[:count]
+            placed = [samples["dataset sample, source"][int(i)]["frame_indices"].numpy() for i in order]
+
+            def dataset_reads(name, samples=samples):
+                def run(_, indices) -> int:
+                    return sum(samples[name][int(i)]["video"].shape[1] for i in indices)
+
+                return run
+
+            modes = {"PyAV seek+decode of the source (full size)": (pyav_clips, placed)}
+            modes.update({name: (dataset_reads(name), order) for name in samples})
+            print(f"  {preset}: {data.num_frames} frames at stride {data.frame_stride}, {len(order)} random samples")
+            print_table("decode + geometry + augmentation", fastest(modes, path, repeat), next(iter(modes)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frames", type=int, default=3000, help="frames per benchmark video")
@@ -261,10 +320,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--part",
-        choices=("all", "h264", "codecs", "samples"),
+        choices=("all", "h264", "codecs", "samples", "prepared"),
         default="all",
         help="h264: the H.264 table and memory; codecs: every codec and access pattern; samples: the "
-        "training sample path",
+        "training sample path; prepared: 1080p sources against their prepared copies (--frames of each)",
     )
     args = parser.parse_args()
     os.makedirs(CACHE, exist_ok=True)
@@ -282,6 +341,8 @@ def main() -> None:
         codec_rows(args.frames, args.clips, args.repeat, rng)
     if args.part in ("all", "samples"):
         sample_path(6000, args.clips, args.repeat, rng)
+    if args.part in ("all", "prepared"):
+        prepared_rows(args.frames, args.clips, args.repeat, rng)
     if args.part not in ("all", "h264"):
         return
     for size in args.sizes.split(","):

@@ -109,9 +109,12 @@ CAMERA_CODECS = {
 }
 
 
-def write_h264(path: str, frames: int, width: int, height: int, fps: int = 25, codec: str = "h264") -> str:
+def write_h264(
+    path: str, frames: int, width: int, height: int, fps: int = 25, codec: str = "h264", gop: int | None = None
+) -> str:
     """A camera-like video (moving texture and shapes) for the benchmarks, in ``codec`` (CAMERA_CODECS; the
-    container follows the path's extension); kept if it exists. Needs PyAV (OpenCV's wheel cannot encode H.264)."""
+    container follows the path's extension; ``gop``: frames between keyframes instead of the codec's camera-like
+    GOP); kept if it exists. Needs PyAV (OpenCV's wheel cannot encode H.264)."""
     if os.path.exists(path):
         return path
     import av  # lazy: PyAV is optional at run time; only the benchmarks' camera-like videos need it here
@@ -122,7 +125,7 @@ def write_h264(path: str, frames: int, width: int, height: int, fps: int = 25, c
     with atomic_path(path) as tmp, av.open(tmp, "w") as container:  # the temp name keeps the extension
         stream = container.add_stream(encoder, rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.options = dict(options)
+        stream.options = dict(options) | ({"g": str(gop), "keyint_min": str(gop)} if gop else {})
         for t in range(frames):
             frame = np.roll(texture, t * 2, axis=1).copy()
             for k in range(4):

@@ -35,6 +35,7 @@ LONGEST_FIRST = (
     "test_features.py",
     "test_chunked_training.py",
     "test_end_to_end.py",
+    "test_prepared.py",
     "test_external_backbones.py",
     "test_memory_estimate.py",
     "test_models.py",
