@@ -143,8 +143,8 @@ def prepare_copy(reader: FrameReader, folder: str, preparation: Preparation, fra
             "bf": "0",  # presentation order is decode order: a seek lands on the frame asked for
             "sc_threshold": "0",  # keyframes exactly every gop frames, where the reader expects them
             "preset": "veryfast",
-            # no CABAC, no deblocking: twice the random-read rate of the default at 284x160, for 15% more bytes
-            # (python -m bench.loader --part prepared, bench/RESULTS.md)
+            # no CABAC, no deblocking: twice the random-read rate of x264's default at 284x160, for 15% more
+            # bytes (bench/RESULTS.md, Loader: prepared copies)
             "tune": "fastdecode",
             "crf": str(preparation.crf),
         }
