@@ -597,6 +597,13 @@ class TrainerConfig:
         "tensorboard package is installed; nothing said when it is not), true (an error without the package) or "
         "false",
     )
+    plots: bool = setting(
+        True,
+        "bool",
+        "draw training_curves.png and confusion_matrix.png when the run ends; false for sweeps of many short runs "
+        "nobody looks at one by one (metrics.csv holds the same figures; matplotlib's import and the drawing take "
+        "a second or two a run)",
+    )
     memory_snapshot: Literal["off", "on_oom"] = choice(
         "off",
         "on_oom: on CUDA, record the allocator's history (each allocation's stack: slower allocations, host memory "

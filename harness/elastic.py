@@ -43,6 +43,7 @@ def settings(data: str, out: str, mode: str, *extra: str) -> list[str]:
         "trainer.max_epochs=2",
         "train.log_every=1",
         "train.checkpoint_every_steps=1",
+        "trainer.plots=false",
         f"train.ddp_sync={mode}",
         "experiment=elastic",
         *extra,

@@ -277,6 +277,7 @@ def overrides(synthetic_root, out, *extra):
         "trainer.device=cpu",
         "trainer.max_epochs=2",
         "train.log_every=1",
+        "trainer.plots=false",  # tests that look at the plots turn them on
         "experiment=e2e",
         *extra,
     ):
@@ -289,7 +290,10 @@ def trained_run(synthetic_root, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     import train
 
-    assert train.main(overrides(synthetic_root, out, "infer.chunk_size=4", "infer.chunk_overlap=1")) == 0
+    assert (
+        train.main(overrides(synthetic_root, out, "infer.chunk_size=4", "infer.chunk_overlap=1", "trainer.plots=true"))
+        == 0
+    )
     return os.path.realpath(os.path.join(out, "e2e", "latest")), out
 
 

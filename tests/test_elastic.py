@@ -198,7 +198,7 @@ def test_the_plots_at_the_end_of_a_run_are_outside_the_stall_bound(synthetic_roo
     monkeypatch.setattr(loop, "training_plots", recording)
     watchdog.start(3600, rank=0)  # as under torchrun; never reached here
     try:
-        assert train.main(overrides(synthetic_root, tmp_path, "trainer.max_epochs=1")) == 0
+        assert train.main(overrides(synthetic_root, tmp_path, "trainer.max_epochs=1", "trainer.plots=true")) == 0
     finally:
         watchdog.stop()
     assert armed_while_plotting == [0]

@@ -172,7 +172,7 @@ def test_every_writer_of_a_run_stops_it_with_one_line_and_resume_continues(
     synthetic_root, tmp_path, monkeypatch, capsys, name, nth
 ):
     out = tmp_path / "runs"
-    args = overrides(synthetic_root, out)
+    args = overrides(synthetic_root, out, "trainer.plots=true")
     failing = FailingWrites(monkeypatch, name, nth)
     with pytest.raises(DiskFullError) as raised:
         train.main(args)

@@ -158,7 +158,7 @@ def test_the_training_curves_on_a_full_disk_stop_in_one_line_and_the_resume_draw
     import artifacts.plots
 
     out = small_disk / "runs"
-    args = overrides(synthetic_root, out, "trainer.max_epochs=1")
+    args = overrides(synthetic_root, out, "trainer.max_epochs=1", "trainer.plots=true")
     full_during(monkeypatch, small_disk, artifacts.plots, "save_figure")
     with pytest.raises(DiskFullError, match=r"training_curves\.png: cannot write it: the disk is full"):
         train.main(args)

@@ -39,6 +39,8 @@ def best_accuracy(data: str, tmp_path, variants: dict, *settings: str, epochs: i
             f"trainer.max_epochs={epochs}",
             "--set",
             "data.img_size=16",
+            "--set",
+            "trainer.plots=false",
         ] + [item for s in (*settings, *changes) for item in ("--set", s)]
         assert train.main(args) == 0
         with open(os.path.join(out, "long_range", "latest", "metrics.csv")) as f:

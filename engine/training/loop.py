@@ -299,10 +299,11 @@ def _end_run(trainer: Trainer, confusion: list | None) -> None:
     if trainer.report.bad_inputs is not None:
         trainer.report.bad_inputs.end_run()
     if trainer.runtime.is_main and state.history:
-        validated = [row["epoch"] for row in state.history if "val_clip_acc" in row]
-        training_plots(
-            trainer.run, trainer.class_names, confusion, cfg.train.monitor, validated[-1] if validated else None
-        )
+        if cfg.trainer.plots:
+            validated = [row["epoch"] for row in state.history if "val_clip_acc" in row]
+            training_plots(
+                trainer.run, trainer.class_names, confusion, cfg.train.monitor, validated[-1] if validated else None
+            )
         log.info("done: best %s %.4f; checkpoints in %s", cfg.train.monitor, state.best_metric, trainer.run.checkpoints)
 
 
