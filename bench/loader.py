@@ -113,6 +113,21 @@ def pyav_clips(path: str, clips) -> int:
     return count
 
 
+def decord_clips(path: str, clips) -> int:
+    """decord's VideoReader, one thread, each clip's frames by get_batch at full size (decord's own recipe)."""
+    import decord  # a bench-only anchor: pip install decord
+
+    reader = decord.VideoReader(path, num_threads=1)
+    return sum(len(reader.get_batch([int(i) for i in clip]).asnumpy()) for clip in clips)
+
+
+def anchors() -> list[str]:
+    """The other decoders' recipes installed here (decord; torchcodec's PyPI wheel needs CUDA's torch)."""
+    import importlib.util
+
+    return [name for name in ("decord",) if importlib.util.find_spec(name) is not None]
+
+
 def fastest(modes: dict, path: str, repeat: int) -> dict:
     """Frames per second of each mode, fastest of ``repeat`` rounds; modes interleaved in every round so a
     slow minute on a shared machine hits all of them alike."""
@@ -264,6 +279,7 @@ def prepared_rows(frames: int, count: int, repeat: int, rng) -> None:
     from datasets.video.probe import probe
     from datasets.video_dataset import VideoWindowDataset
 
+    print(f"anchors installed: PyAV{''.join(', ' + a for a in anchors())}")
     for gop in (250, 30):
         path = write_h264(os.path.join(CACHE, f"h264_1920x1080_{frames}_gop{gop}.mp4"), frames, 1920, 1080, gop=gop)
         info = probe(path)
@@ -302,6 +318,8 @@ def prepared_rows(frames: int, count: int, repeat: int, rng) -> None:
                 return run
 
             modes = {"PyAV seek+decode of the source (full size)": (pyav_clips, placed)}
+            if "decord" in anchors():
+                modes["decord get_batch of the source (full size)"] = (decord_clips, placed)
             modes.update({name: (dataset_reads(name), order) for name in samples})
             print(f"  {preset}: {data.num_frames} frames at stride {data.frame_stride}, {len(order)} random samples")
             print_table("decode + geometry + augmentation", fastest(modes, path, repeat), next(iter(modes)))

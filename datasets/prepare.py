@@ -63,22 +63,26 @@ def prepare_one(
 
 
 def estimate(todo: list[tuple[str, VideoInfo, Preparation]], decoder: str) -> tuple[float, float]:
-    """(seconds, bytes) to prepare ``todo``, from the first video's first TRIAL_FRAMES frames prepared into a
-    temporary folder: seconds per source pixel decoded, bytes per copy pixel written."""
+    """(seconds, bytes) to prepare ``todo``, from two trials on the first video into a temporary folder: its first
+    frame alone (what each video costs whatever its length: opening, probing its times, starting the encoder) and
+    its first TRIAL_FRAMES frames (seconds per source pixel decoded beyond that, bytes per copy pixel written)."""
     path, info, preparation = todo[0]
     trial = tempfile.mkdtemp(prefix="prepare-trial-")
     try:
-        start = time.perf_counter()
-        copy = prepare_one(path, info, trial, preparation, decoder, TRIAL_FRAMES)
-        seconds = time.perf_counter() - start
-        frames = max(1, copy.info.num_frames)
-        per_source_pixel = seconds / (frames * info.width * info.height)
-        per_copy_pixel = copy.record["bytes"] / (frames * preparation.width * preparation.height)
+        timed = []
+        for frames in (1, TRIAL_FRAMES):
+            start = time.perf_counter()
+            copy = prepare_one(path, info, os.path.join(trial, str(frames)), preparation, decoder, frames)
+            timed.append((time.perf_counter() - start, copy))
     finally:
         shutil.rmtree(trial, ignore_errors=True)
+    (per_video, _), (seconds, copy) = timed
+    frames = copy.info.num_frames
+    per_source_pixel = max(0.0, seconds - per_video) / max(1, frames - 1) / (info.width * info.height)
+    per_copy_pixel = copy.record["bytes"] / (frames * preparation.width * preparation.height)
     source_pixels = sum(i.num_frames * i.width * i.height for _, i, _ in todo)
     copy_pixels = sum(i.num_frames * p.width * p.height for _, i, p in todo)
-    return per_source_pixel * source_pixels, per_copy_pixel * copy_pixels
+    return per_video * len(todo) + per_source_pixel * source_pixels, per_copy_pixel * copy_pixels
 
 
 def main(argv=None) -> int:
@@ -117,9 +121,11 @@ def main(argv=None) -> int:
     if todo:
         seconds, size = estimate(todo, cfg.data.decoder)
         print(
-            f"estimated: {size / 1e9:.2f} GB in {folder} ({free_space_text(folder)}) and {seconds / 60:.1f} min, "
-            f"from the first video's first {TRIAL_FRAMES} frames"
+            f"estimated: {size / 1e9:.3f} GB in {folder} ({free_space_text(folder)}) and {seconds:.0f} s "
+            f"({seconds / 3600:.2f} h), from two trials on the first video (its first frame, its first {TRIAL_FRAMES})"
         )
+    else:
+        seconds, size = 0.0, 0.0
     start, written, prepared = time.perf_counter(), 0, 0
     for k, (path, info, preparation) in enumerate(todo, 1):
         try:
@@ -134,7 +140,10 @@ def main(argv=None) -> int:
             f"-> {copy.path} ({copy.record['bytes'] / 1e6:.1f} MB)"
         )
     if todo:
-        print(f"prepared {prepared} videos: {written / 1e9:.2f} GB in {time.perf_counter() - start:.1f} s")
+        print(
+            f"prepared {prepared} videos: {written / 1e9:.3f} GB in {time.perf_counter() - start:.0f} s "
+            f"(estimated {size / 1e9:.3f} GB in {seconds:.0f} s)"
+        )
     for line in failed:
         print(f"error: {line}")
     return 1 if failed else 0

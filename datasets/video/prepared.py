@@ -30,6 +30,16 @@ from datasets.video.info import VideoInfo
 PREPARED_FORMAT = 1  # the record's layout: a record of another format is prepared again
 SAMPLED_BYTES = 64 * 1024  # hashed at each end of a source: an edited file of unchanged size and time is caught
 WINDOW = 64  # frames read from the source at a time while preparing
+# x264's options besides the preparation's: in each copy's record, so a copy made with others is made again
+ENCODER = {
+    "pix_fmt": "yuv444p",
+    "bf": "0",  # presentation order is decode order: a seek lands on the frame asked for
+    "sc_threshold": "0",  # keyframes exactly every gop frames, where the reader expects them
+    "preset": "veryfast",
+    # no CABAC, no deblocking: twice the random-read rate of x264's default at 284x160, for 15% more bytes
+    # (bench/RESULTS.md, Loader: prepared copies)
+    "tune": "fastdecode",
+}
 
 
 @dataclass(frozen=True)
@@ -95,7 +105,7 @@ def find_copy(folder: str, source: str, preparation: Preparation) -> tuple[Prepa
         return None, f"{stem}.json is unreadable"
     if record.get("format") != PREPARED_FORMAT:
         return None, f"{stem}.json is of format {record.get('format')}, this version writes {PREPARED_FORMAT}"
-    if record.get("preparation") != asdict(preparation):
+    if record.get("preparation") != asdict(preparation) or record.get("encoder") != ENCODER:
         return None, f"{stem}.json was made with other settings"
     try:
         identity = source_identity(source)
@@ -136,16 +146,10 @@ def prepare_copy(reader: FrameReader, folder: str, preparation: Preparation, fra
     with atomic_path(stem + ".mp4") as tmp, av.open(tmp, "w") as container:
         rate = Fraction(reader.info.fps).limit_denominator(1001)  # 29.97 as 30000/1001, 25 as 25
         stream = container.add_stream("libx264", rate=rate)
-        stream.width, stream.height, stream.pix_fmt = preparation.width, preparation.height, "yuv444p"
-        stream.options = {
+        stream.width, stream.height, stream.pix_fmt = preparation.width, preparation.height, ENCODER["pix_fmt"]
+        stream.options = {k: v for k, v in ENCODER.items() if k != "pix_fmt"} | {
             "g": str(preparation.gop),
             "keyint_min": str(preparation.gop),
-            "bf": "0",  # presentation order is decode order: a seek lands on the frame asked for
-            "sc_threshold": "0",  # keyframes exactly every gop frames, where the reader expects them
-            "preset": "veryfast",
-            # no CABAC, no deblocking: twice the random-read rate of x264's default at 284x160, for 15% more
-            # bytes (bench/RESULTS.md, Loader: prepared copies)
-            "tune": "fastdecode",
             "crf": str(preparation.crf),
         }
         start = 0
@@ -166,6 +170,7 @@ def prepare_copy(reader: FrameReader, folder: str, preparation: Preparation, fra
         "format": PREPARED_FORMAT,
         "source": identity,
         "preparation": asdict(preparation),
+        "encoder": ENCODER,
         "frames": written,
         "fps": float(rate),  # the copy's own rate: the readers' seeks and checks go by it
         "source_frames": reader.info.num_frames,
