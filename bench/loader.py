@@ -288,7 +288,7 @@ def prepared_rows(frames: int, count: int, repeat: int, rng) -> None:
             folder = os.path.join(CACHE, f"prepared_{preset}")
             data = load_config(
                 os.path.join(ROOT, "configs", f"{preset}.yaml"),
-                ["data.augment=true", "data.index_cache=null", f"data.prepared_dir={folder}"],
+                ["data.index_cache=null", f"data.prepared_dir={folder}"],  # the preset's own sample
             ).data
             preparation = preparation_of(info, data)
             shutil.rmtree(folder, ignore_errors=True)
@@ -308,7 +308,8 @@ def prepared_rows(frames: int, count: int, repeat: int, rng) -> None:
                 "dataset sample, prepared copy": data,
             }
             samples = {name: VideoWindowDataset(record, ["a"], cfg, training=True) for name, cfg in datasets.items()}
-            order = rng.permutation(len(samples["dataset sample, source"]))[:count]
+            # as many decoded frames for either preset: count samples of 40 frames, fewer of 250
+            order = rng.permutation(len(samples["dataset sample, source"]))[: max(3, count * 40 // data.num_frames)]
             placed = [samples["dataset sample, source"][int(i)]["frame_indices"].numpy() for i in order]
 
             def dataset_reads(name, samples=samples):
@@ -321,8 +322,59 @@ def prepared_rows(frames: int, count: int, repeat: int, rng) -> None:
             if "decord" in anchors():
                 modes["decord get_batch of the source (full size)"] = (decord_clips, placed)
             modes.update({name: (dataset_reads(name), order) for name in samples})
+            augment = "augmentation on" if data.augment else "no augmentation (the preset's)"
             print(f"  {preset}: {data.num_frames} frames at stride {data.frame_stride}, {len(order)} random samples")
-            print_table("decode + geometry + augmentation", fastest(modes, path, repeat), next(iter(modes)))
+            print_table(f"decode + geometry, {augment}", fastest(modes, path, repeat), next(iter(modes)))
+
+
+def copy_reads(copy, size):
+    """The reader's reads from a prepared copy (the benchmark's path argument, its source, unused)."""
+
+    def run(_, reads) -> int:
+        with open_reader(copy.path, size, threads=1, info=copy.info, decoder="pyav") as reader:
+            return sum(len(reader.read(frames)) for frames in reads)
+
+    return run
+
+
+def encoding_rows(frames: int, count: int, repeat: int, rng) -> None:
+    """The copy's encoder options: the rtx5080 copy of the 1080p GOP-250 source with x264's fastdecode tuning (the
+    default, ENCODER) and without it: random 40-frame clips at stride 2 read by the reader from each copy, the
+    copy's bytes, and its pixels against the source's read at the same size."""
+    import shutil
+
+    from config import load_config
+    from datasets.prepared_copies import preparation_of
+    from datasets.video.prepared import ENCODER, prepare_copy
+    from datasets.video.probe import probe
+
+    path = write_h264(os.path.join(CACHE, f"h264_1920x1080_{frames}_gop250.mp4"), frames, 1920, 1080, gop=250)
+    info = probe(path)
+    preparation = preparation_of(info, load_config(os.path.join(ROOT, "configs", "rtx5080.yaml")).data)
+    size = (preparation.height, preparation.width)
+    clips = [int(rng.integers(0, frames - 80)) + np.arange(0, 80, 2) for _ in range(count)]
+    with open_reader(path, size, threads=1, decoder="pyav") as reader:
+        original = [reader.read(clip) for clip in clips[:4]]
+    variants = {
+        "fastdecode (ENCODER)": ENCODER,
+        "x264's default tuning": {k: v for k, v in ENCODER.items() if k != "tune"},
+    }
+    modes, notes = {}, []
+    for name, encoder in variants.items():
+        folder = os.path.join(CACHE, "prepared_encoding", name.split()[0])
+        shutil.rmtree(folder, ignore_errors=True)
+        with open_reader(path, size, threads=1, decoder="pyav", access="sequential") as reader:
+            copy = prepare_copy(reader, folder, preparation, encoder=encoder)
+        with open_reader(copy.path, size, threads=1, info=copy.info, decoder="pyav") as reader:
+            error = np.mean([np.abs(reader.read(c).astype(int) - o).mean() for c, o in zip(clips, original)])
+        modes[f"reader on the copy, {name}"] = (copy_reads(copy, size), clips)
+        notes.append(
+            f"{name}: {copy.record['bytes'] / frames / 1e3:.1f} KB a frame, {error:.2f} of 255 from the source"
+        )
+    print(f"\nthe rtx5080 copy ({preparation.width}x{preparation.height}) of 1920x1080 GOP 250, {count} random clips")
+    print_table("random 40-frame clips at stride 2", fastest(modes, path, repeat), next(iter(modes)))
+    for note in notes:
+        print(f"    {note}")
 
 
 def main() -> None:
@@ -338,10 +390,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--part",
-        choices=("all", "h264", "codecs", "samples", "prepared"),
+        choices=("all", "h264", "codecs", "samples", "prepared", "encoding"),
         default="all",
         help="h264: the H.264 table and memory; codecs: every codec and access pattern; samples: the "
-        "training sample path; prepared: 1080p sources against their prepared copies (--frames of each)",
+        "training sample path; prepared: 1080p sources against their prepared copies (--frames of each); "
+        "encoding: the copies' encoder options",
     )
     args = parser.parse_args()
     os.makedirs(CACHE, exist_ok=True)
@@ -361,6 +414,8 @@ def main() -> None:
         sample_path(6000, args.clips, args.repeat, rng)
     if args.part in ("all", "prepared"):
         prepared_rows(args.frames, args.clips, args.repeat, rng)
+    if args.part in ("all", "encoding"):
+        encoding_rows(args.frames, args.clips, args.repeat, rng)
     if args.part not in ("all", "h264"):
         return
     for size in args.sizes.split(","):

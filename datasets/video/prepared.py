@@ -92,9 +92,11 @@ class PreparedCopy:
     record: dict
 
 
-def find_copy(folder: str, source: str, preparation: Preparation) -> tuple[PreparedCopy | None, str]:
-    """The copy of ``source`` made with ``preparation`` in ``folder``, or None and why there is none (no copy
-    yet, a changed source, a record of an older format)."""
+def find_copy(
+    folder: str, source: str, preparation: Preparation, encoder: dict = ENCODER
+) -> tuple[PreparedCopy | None, str]:
+    """The copy of ``source`` made with ``preparation`` (and ``encoder``'s options) in ``folder``, or None and why
+    there is none (no copy yet, a changed source, a record of an older format)."""
     stem = copy_stem(folder, source, preparation)
     try:
         with open(stem + ".json") as f:
@@ -105,7 +107,7 @@ def find_copy(folder: str, source: str, preparation: Preparation) -> tuple[Prepa
         return None, f"{stem}.json is unreadable"
     if record.get("format") != PREPARED_FORMAT:
         return None, f"{stem}.json is of format {record.get('format')}, this version writes {PREPARED_FORMAT}"
-    if record.get("preparation") != asdict(preparation) or record.get("encoder") != ENCODER:
+    if record.get("preparation") != asdict(preparation) or record.get("encoder") != encoder:
         return None, f"{stem}.json was made with other settings"
     try:
         identity = source_identity(source)
@@ -130,12 +132,15 @@ def find_copy(folder: str, source: str, preparation: Preparation) -> tuple[Prepa
     return PreparedCopy(stem + ".mp4", info, record), ""
 
 
-def prepare_copy(reader: FrameReader, folder: str, preparation: Preparation, frame_times=None) -> PreparedCopy:
+def prepare_copy(
+    reader: FrameReader, folder: str, preparation: Preparation, frame_times=None, encoder: dict = ENCODER
+) -> PreparedCopy:
     """Write the copy of ``reader``'s video (opened at the preparation's size, as displayed) into ``folder``:
     every frame the source decodes, read in order through the reader (its pixels are what training reads from the
     source), encoded with a keyframe every ``gop`` frames at a constant rate, frame i at timestamp i. The copy and
     then its record are written atomically; ``frame_times`` (the source's presentation times in seconds, if
-    known) go into the record, cut to the frames kept."""
+    known) go into the record, cut to the frames kept. ``encoder``: x264's other options (another set than
+    ENCODER only to compare them: python -m bench.loader --part prepared)."""
     import av  # the encoder: PyAV (OpenCV's wheel cannot encode H.264)
 
     source = reader.path
@@ -146,8 +151,8 @@ def prepare_copy(reader: FrameReader, folder: str, preparation: Preparation, fra
     with atomic_path(stem + ".mp4") as tmp, av.open(tmp, "w") as container:
         rate = Fraction(reader.info.fps).limit_denominator(1001)  # 29.97 as 30000/1001, 25 as 25
         stream = container.add_stream("libx264", rate=rate)
-        stream.width, stream.height, stream.pix_fmt = preparation.width, preparation.height, ENCODER["pix_fmt"]
-        stream.options = {k: v for k, v in ENCODER.items() if k != "pix_fmt"} | {
+        stream.width, stream.height, stream.pix_fmt = preparation.width, preparation.height, encoder["pix_fmt"]
+        stream.options = {k: v for k, v in encoder.items() if k != "pix_fmt"} | {
             "g": str(preparation.gop),
             "keyint_min": str(preparation.gop),
             "crf": str(preparation.crf),
@@ -170,7 +175,7 @@ def prepare_copy(reader: FrameReader, folder: str, preparation: Preparation, fra
         "format": PREPARED_FORMAT,
         "source": identity,
         "preparation": asdict(preparation),
-        "encoder": ENCODER,
+        "encoder": encoder,
         "frames": written,
         "fps": float(rate),  # the copy's own rate: the readers' seeks and checks go by it
         "source_frames": reader.info.num_frames,
@@ -179,7 +184,7 @@ def prepare_copy(reader: FrameReader, folder: str, preparation: Preparation, fra
     if frame_times is not None:
         record["frame_times"] = [round(float(t), 6) for t in frame_times[:written]]
     atomic_write_bytes(stem + ".json", json.dumps(record).encode())
-    found, why = find_copy(folder, source, preparation)
+    found, why = find_copy(folder, source, preparation, encoder)
     if found is None:  # the source changed while it was read
         raise RuntimeError(f"{source}: its copy is not usable after preparing it: {why}")
     return found
