@@ -28,7 +28,7 @@ from core.shards import parse_shard, shard
 from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.manifest import read_manifest
 from datasets.prepared_copies import preparation_of
-from datasets.records import manifest_path
+from datasets.records import manifest_path, read_split
 from datasets.video.choice import open_reader
 from datasets.video.index_cache import VideoIndexCache
 from datasets.video.info import VideoInfo, VideoReadError
@@ -40,13 +40,15 @@ SPLITS = ("train", "val", "test")
 
 
 def config_videos(cfg: Config) -> list[str]:
-    """Every video path of the config's manifests, each once, in manifest order."""
+    """Every video path of the config's manifests that exist, each once, in manifest order; with none there, the
+    training manifest's error (naming the key and the forms it takes)."""
+    manifests = [p for p in (manifest_path(cfg.data, split) for split in SPLITS) if p is not None and os.path.exists(p)]
+    if not manifests:
+        read_split(cfg.data, "train")  # raises: not set, or not found
     paths: dict[str, None] = {}
-    for split in SPLITS:
-        path = manifest_path(cfg.data, split)
-        if path is not None and os.path.exists(path):
-            for record in read_manifest(path):
-                paths.update(dict.fromkeys(record.views.values()))
+    for manifest in manifests:
+        for record in read_manifest(manifest):
+            paths.update(dict.fromkeys(record.views.values()))
     return list(paths)
 
 

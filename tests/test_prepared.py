@@ -157,14 +157,18 @@ def test_the_command_states_its_cost_prepares_each_shard_and_skips_what_is_done(
     assert again.returncode == 0 and f"{sum(counts)} prepared already, 0 to prepare" in again.stdout
 
 
-def test_without_a_folder_the_command_says_which_key_to_set():
+def test_without_a_folder_or_a_manifest_the_command_says_what_to_set(tmp_path):
     done = run_in_process(["-m", "datasets.prepare", "--config", "configs/quickstart.yaml"])
+    last = done.stderr.strip().splitlines()[-1]
     assert done.returncode == 2
-    assert (
-        done.stderr.strip()
-        .splitlines()[-1]
-        .startswith("error: configs/quickstart.yaml: data.prepared_dir is not set; give the folder the copies go to")
+    assert last.startswith(
+        "error: configs/quickstart.yaml: data.prepared_dir is not set; give the folder the copies go to"
     )
+    flags = ["--set", f"data.prepared_dir={tmp_path / 'copies'}", "--set", f"data.data_dir={tmp_path / 'nowhere'}"]
+    nowhere = run_in_process(["-m", "datasets.prepare", "--config", "configs/quickstart.yaml", *flags])
+    assert nowhere.returncode == 2 and not (tmp_path / "copies").exists()
+    [line] = [x for x in nowhere.stderr.splitlines() if x.startswith("error:")]
+    assert line.startswith(f"error: {tmp_path / 'nowhere' / 'train.jsonl'}: not found (data.train_manifest")
 
 
 def test_training_evaluation_and_streaming_read_the_copies_and_say_so(prepared_synthetic, synthetic_root, caplog):
