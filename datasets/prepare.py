@@ -17,6 +17,7 @@ import argparse
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
         try:
             info = cache.info(path, cfg.data.decoder)
         except VideoReadError as e:
-            failed.append(f"{path}: {e}")
+            failed.append(str(e))  # names the file
             continue
         preparation = preparation_of(info, cfg.data)
         if find_copy(folder, path, preparation)[0] is not None:
@@ -147,7 +148,7 @@ def main(argv=None) -> int:
             f"(estimated {size / 1e9:.3f} GB in {seconds:.0f} s)"
         )
     for line in failed:
-        print(f"error: {line}")
+        print(f"error: {line}", file=sys.stderr)
     return 1 if failed else 0
 
 

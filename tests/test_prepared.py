@@ -171,6 +171,19 @@ def test_without_a_folder_or_a_manifest_the_command_says_what_to_set(tmp_path):
     assert line.startswith(f"error: {tmp_path / 'nowhere' / 'train.jsonl'}: not found (data.train_manifest")
 
 
+def test_a_video_that_cannot_be_read_is_one_line_and_the_others_are_prepared(synthetic_root, tmp_path):
+    good = read_manifest(os.path.join(synthetic_root, "train.jsonl"))[0].first_path
+    missing = str(tmp_path / "gone.mp4")
+    lines = [{"video": good, "label": "up"}, {"video": missing, "label": "up"}]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    flags = ["--set", f"data.data_dir={tmp_path}", "--set", f"data.prepared_dir={tmp_path / 'copies'}"]
+    done = run_in_process(["-m", "datasets.prepare", "--config", "configs/base.yaml", *flags])
+    assert done.returncode == 1
+    [line] = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    assert line.startswith(f"error: {missing}: file not found") and line.count(missing) == 1
+    assert "2 videos: 0 prepared already, 1 to prepare" in done.stdout and "prepared 1 videos" in done.stdout
+
+
 def test_training_evaluation_and_streaming_read_the_copies_and_say_so(prepared_synthetic, synthetic_root, caplog):
     folder, _, _ = prepared_synthetic
     plain = load_config(None, [f"data.data_dir={synthetic_root}", "data.img_size=32", "data.num_frames=8"])
