@@ -16,7 +16,8 @@ Written (paths relative to --out):
   differently (colours, noise, zoom); ``multiview_train.jsonl``, ``multiview_val.jsonl``;
 - ``classes.txt``.
 
-With ``--long-range`` it writes instead the long-range order task (``datasets/long_range_tasks.py``).
+With ``--long-range`` it writes instead the long-range order task, with ``--family NAME`` one of the long-range task
+families (order, relation; ``--modality``: what tells its events apart), both in ``datasets/long_range_tasks.py``.
 
 The output directory is built under a temporary name and renamed when complete, so an interrupted run
 never leaves a half-written dataset; a complete one with the same arguments is left as it is.
@@ -31,7 +32,7 @@ import cv2
 import numpy as np
 
 from core.cli import exit_on_usage_error
-from datasets.long_range_tasks import generate_long_range
+from datasets.long_range_tasks import MODALITIES, TASKS, generate_long_range, generate_task
 from datasets.segmentation_task import LABEL_CONVENTIONS, generate_features, generate_segmentation
 from datasets.video_files import build_once, write_jsonl, write_video
 
@@ -266,6 +267,19 @@ def main(argv=None) -> int:
         "first in mapping.txt; 50salads: action_start/action_end at the ends, no background; gtea: background, "
         "last in mapping.txt); generic: background as class 0",
     )
+    parser.add_argument(
+        "--family",
+        choices=tuple(TASKS),
+        help="write that long-range task family instead ({family}_train/val.jsonl; datasets/long_range_tasks.py): "
+        "--num-train (96), --num-val (48), --size (32), --modality",
+    )
+    parser.add_argument(
+        "--modality",
+        choices=MODALITIES,
+        default="colour",
+        help="--family: what tells its kinds of event apart (colour, a square's motion, texture at one "
+        "brightness, a count of pulses)",
+    )
     parser.add_argument("--event-frames", type=int, default=12, help="--long-range: frames per event")
     parser.add_argument("--min-gap", type=int, default=320, help="--long-range: frames between the two events")
     args = parser.parse_args(argv)
@@ -292,6 +306,19 @@ def main(argv=None) -> int:
             args.num_val or 16,
             args.long_frames or 600,
             quiet=args.quiet,
+        )
+        return 0
+    if args.family:
+        generate_task(
+            args.out,
+            args.family,
+            args.seed,
+            args.size or 32,
+            args.fps,
+            args.num_train or 96,
+            args.num_val or 48,
+            args.quiet,
+            args.modality,
         )
         return 0
     if args.long_range:

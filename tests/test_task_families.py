@@ -100,3 +100,22 @@ def test_each_modality_keeps_the_familys_events_and_tells_the_kinds_apart_only_a
                     seen_lit = lit[phase::PULSE_UNIT]
                     pulses = sum(1 for i, x in enumerate(seen_lit) if x and (i == 0 or not seen_lit[i - 1]))
                     assert pulses == {"A": 1, "B": 2}[kind], (kind, phase, seen_lit)
+
+
+def test_the_synthetic_command_writes_a_family_in_a_modality(tmp_path):
+    """`python -m datasets.synthetic --family NAME --modality M` (the data of configs/long-range-relations.yaml):
+    the family's manifests with as many videos as asked, every label of the family among them, the modality's
+    videos at the family's length."""
+    from datasets.synthetic import main
+
+    out = tmp_path / "task_match_motion"
+    argv = ["--family", "match", "--modality", "motion", "--num-train", "4", "--num-val", "2", "--size", "16"]
+    assert main([*argv, "--out", str(out), "--quiet"]) == 0
+    train = [json.loads(line) for line in open(out / "match_train.jsonl")]
+    val = [json.loads(line) for line in open(out / "match_val.jsonl")]
+    assert len(train) == 4 and len(val) == 2
+    assert {line["label"] for line in train} == set(TASKS["match"]["classes"])
+    capture = cv2.VideoCapture(str(out / train[0]["video"]))
+    assert int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) == TASKS["match"]["frames"]
+    assert int(capture.get(cv2.CAP_PROP_FRAME_WIDTH)) == 16
+    capture.release()
