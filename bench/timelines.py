@@ -118,9 +118,10 @@ def main() -> None:
         default="all,sampled,bank",
         help="--part sampled: every chunk (all), train.grad_chunks K (sampled), K with train.feature_bank (bank)",
     )
+    parser.add_argument("--set", action="append", default=[], help="a config change for every run (KEY=VALUE)")
     args = parser.parse_args()
     data = generate_segmentation(f"{args.data}-{args.size}", size=args.size, quiet=True)
-    shape = [f"data.data_dir={data}", f"data.img_size={args.size}", f"model.width={args.width}"]
+    shape = [f"data.data_dir={data}", f"data.img_size={args.size}", f"model.width={args.width}", *args.set]
     if args.part == "sampled":
         sampled(args, shape)
         return

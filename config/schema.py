@@ -190,7 +190,8 @@ class ModelConfig:
         True,
         "bool",
         "temporal head (transformer): each token also sees the running sum of its clip's contrast up to its "
-        "chunk: how much of each kind of event has come so far (what came first, more of one than another)",
+        "chunk: how much of each kind of event has come so far (what came first, more of one than another); with "
+        "model.chunk_reconstruction, what configs/long-range-relations.yaml sets for labels that relate far events",
     )
     temporal_dropout: float = setting(
         0.0,
@@ -203,12 +204,13 @@ class ModelConfig:
         0.5, "float", "temporal head (tcn): dropout in each dilated layer (MS-TCN: 0.5)", minimum=0.0, maximum=1.0
     )
     chunk_reconstruction: float = setting(
-        1.0,
+        0.0,
         "float",
         "with a temporal head and an RGB backbone that trains: the weight of an auxiliary loss where a linear decoder "
         "from each chunk's features predicts the chunk's thumbnail (model.chunk_reconstruction_target) in 4 x 2 x 2 "
         "bins of time and space, relative to its clip's mean chunk, so the features keep what tells the chunks "
-        "apart when the label alone does not ask for it (relations between far events); 0: none",
+        "apart when the label alone does not ask for it; 1.0 for labels that relate far events told apart by colour "
+        "(configs/long-range-relations.yaml); 0: none",
         minimum=0.0,
     )
     chunk_reconstruction_target: ReconstructionTarget = choice(

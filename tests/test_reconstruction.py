@@ -44,7 +44,7 @@ def test_the_target_is_each_chunk_against_its_clip_at_one_scale_a_clip():
     [
         ({"temporal_head": "transformer", "chunk_reconstruction": 1}, True),
         ({"temporal_head": "tcn", "chunk_reconstruction": 0.5}, True),
-        ({"temporal_head": "transformer"}, True),  # the default: 1.0
+        ({"temporal_head": "transformer"}, False),  # the default: 0
         ({"temporal_head": "transformer", "chunk_reconstruction": 0}, False),
         ({"temporal_head": "none", "chunk_reconstruction": 1}, False),  # no chunk features reach a head
         ({"temporal_head": "transformer", "chunk_reconstruction": 1, "freeze_backbone": "true"}, False),
@@ -54,10 +54,12 @@ def test_the_decoder_is_built_where_a_trained_backbone_feeds_a_head(changes, has
     assert (small_model(**changes).reconstruction is not None) == has_decoder
 
 
-def test_a_checkpoint_saved_without_the_decoder_builds_none():
-    saved = load_config(None, ["model.temporal_head=transformer", "model.chunk_reconstruction=0"]).to_dict()
-    assert saved_config(saved).model.chunk_reconstruction == 0.0
-    assert load_config(None, []).model.chunk_reconstruction == 1.0  # while a new run has it (docs/long-videos.md)
+def test_a_checkpoint_keeps_the_weight_it_trained_with_whatever_the_default():
+    saved = load_config(None, ["model.temporal_head=transformer", "model.chunk_reconstruction=1"]).to_dict()
+    assert saved_config(saved).model.chunk_reconstruction == 1.0
+    assert (
+        load_config(None, []).model.chunk_reconstruction == 0.0
+    )  # a new run has none unless asked (docs/long-videos.md)
 
 
 def test_the_decoder_leaves_every_other_layer_initialized_as_without_it():
@@ -123,10 +125,11 @@ def test_evaluation_loads_a_checkpoint_with_a_decoder_as_a_model_without_one(tmp
     from datasets.shape import DataShape
     from models import build_model
 
-    cfg = load_config(None, ["model.width=4", "model.temporal_head=transformer", "model.temporal_width=16"])
+    changes = ["model.width=4", "model.temporal_head=transformer", "model.temporal_width=16"]
+    cfg = load_config(None, [*changes, "model.chunk_reconstruction=1"])
     torch.manual_seed(0)
     trained = build_model(cfg.model, num_classes=3, num_views=1)
-    assert trained.reconstruction is not None  # the default weight, 1.0
+    assert trained.reconstruction is not None
     path = str(tmp_path / "best.pt")
     state = trained.state_dict()
     save_checkpoint(Checkpoint(state, cfg.to_dict(), ["a", "b", "c"], DataShape(3)), path)

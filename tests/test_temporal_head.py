@@ -917,11 +917,13 @@ def test_a_head_that_fits_its_training_clips_at_chance_is_told_so_once_more(capl
         "fits the training clips, not the task"
     )
     assert "more training videos" in warnings[1] and "train.chunk_train_size, now 4" in warnings[1]
+    assert "model.chunk_reconstruction: 1.0 (configs/long-range-relations.yaml)" in warnings[1]
     # a head on features: its chunks are the ones the features were written with, not train.chunk_train_size
     on_features = _trainer_at(rows, overrides=["data.features_dir=feats"])
     fitting = _head_warnings(caplog, on_features, [rows])
     assert len(fitting) == 1 and "fewer, longer chunks (infer_chunked.py --features --chunk)" in fitting[0]
     assert "train.chunk_train_size" not in fitting[0] and "temporal_attention" not in fitting[0]
+    assert "chunk_reconstruction" not in fitting[0]  # no backbone trains on features
 
 
 def test_a_transformer_head_at_chance_is_told_to_make_its_attention_directional_and_contrasted(caplog):
@@ -999,18 +1001,14 @@ def test_resuming_with_the_other_group_layout_says_which_setting_to_use(tmp_path
 
 
 def test_a_run_from_before_the_relation_defaults_resumes_with_the_settings_the_errors_name(tmp_path):
-    """A run begun with the head's defaults before 2026-11-26 (no running sum, dropout 0.1, no reconstruction,
-    the head at 0.3 of the backbone's rate) resumed with today's: its model no longer fits, and the one line says
-    every setting that resumes it; given only the model's, the optimizer's groups name the rate the run had."""
+    """A run begun with the head's defaults before 2026-11-26 (no running sum, dropout 0.1, the head at 0.3 of the
+    backbone's rate) resumed with today's: its model no longer fits, and the one line says every setting that
+    resumes it; given only the model's, the optimizer's groups name the rate the run had. A run begun with the
+    chunk reconstruction (a default from 2026-11-26 to 2026-11-27) is named its weight the same way."""
     from artifacts.checkpoint import Checkpoint, CheckpointError, restore_training, save_checkpoint
 
     head = ["model.width=4", "model.temporal_head=transformer", "model.temporal_width=16"]
-    before = [
-        "model.temporal_running=false",
-        "model.temporal_dropout=0.1",
-        "model.chunk_reconstruction=0.0",
-        "train.temporal_lr_scale=0.3",
-    ]
+    before = ["model.temporal_running=false", "model.temporal_dropout=0.1", "train.temporal_lr_scale=0.3"]
 
     then = load_config(None, head + before)
     path = str(tmp_path / "last.pt")
@@ -1019,11 +1017,11 @@ def test_a_run_from_before_the_relation_defaults_resumes_with_the_settings_the_e
     with pytest.raises(CheckpointError) as error:
         restore_training(path, *training_parts(today), today)
     message = str(error.value)
-    assert "its model does not fit this config's (model.temporal_running, model.temporal_dropout, " in message
+    assert "its model does not fit this config's (model.temporal_running, model.temporal_dropout); " in message
     assert "resume with the checkpoint's settings: " + " ".join(f"--set {s}" for s in before) in message
     assert "\n" not in message
 
-    model_only = load_config(None, head + before[:3])
+    model_only = load_config(None, head + before[:2])
     with pytest.raises(
         CheckpointError, match=r"resume with the checkpoint's setting: --set train\.temporal_lr_scale=0\.3$"
     ):
@@ -1031,3 +1029,13 @@ def test_a_run_from_before_the_relation_defaults_resumes_with_the_settings_the_e
     resumed = load_config(None, head + before)
     state, _ = restore_training(path, *training_parts(resumed), resumed)  # the settings named resume it
     assert state.epoch == TrainState().epoch
+
+    with_decoder = load_config(None, head + ["model.chunk_reconstruction=1.0"])
+    save_checkpoint(
+        Checkpoint.of_training(*training_parts(with_decoder), TrainState(), with_decoder, ["a", "b", "c"], SHAPE), path
+    )
+    with pytest.raises(
+        CheckpointError,
+        match=r"\(model\.chunk_reconstruction\); resume with the checkpoint's settings: --set model\.chunk_reconstruction=1\.0: ",
+    ):
+        restore_training(path, *training_parts(today), today)

@@ -20,7 +20,8 @@ def warn_if_head_at_chance(trainer: Trainer) -> None:
     of 2 classes at 0.58 are a coin's luck): a warning with the switches that help. Two cases, told apart by the
     training loss and each said once a run (bench/RESULTS.md, "Long-range tasks"): near chance's loss (ln classes),
     the head is not learning, which a slower head fixed; under half of it, the head fits the training clips but not
-    the validation ones, which no learning rate fixed, and more training videos or fewer, longer chunks did. A
+    the validation ones, which no learning rate fixed, and more training videos or fewer, longer chunks did (and,
+    for a relation between events told apart by colour, the chunk reconstruction, named where it can apply). A
     transformer head with bidirectional attention is told to make it directional first, and one without its
     contrast to turn it on first (docs/long-videos.md has the measurements behind each advice)."""
     if not trainer.has_temporal_head or not trainer.runtime.is_main:
@@ -72,15 +73,26 @@ def warn_if_head_at_chance(trainer: Trainer) -> None:
             if trainer.cfg.data.features_dir is not None
             else f"train.chunk_train_size, now {train_cfg.chunk_train_size}"
         )
+        # a relation between far events fitted this way until the backbone was made to keep the events' colours
+        # apart (bench/RESULTS.md, "The chunk reconstruction"); only a backbone that trains here can be
+        reconstruction = (
+            "; a label that relates far events told apart by colour (did the end match the start) also needs "
+            "model.chunk_reconstruction: 1.0 (configs/long-range-relations.yaml)"
+            if model_cfg.chunk_reconstruction == 0
+            and trainer.cfg.data.features_dir is None
+            and not model_cfg.freeze_backbone
+            else ""
+        )
         log.warning(
             "%s while its training loss fell to %.3f (chance: %.3f): it fits the training clips, not the "
             "task; %sgive it more training videos, or fewer, longer chunks (%s); model.temporal_head: none "
-            "shows what the chunks alone give",
+            "shows what the chunks alone give%s",
             at_chance,
             train_loss,
             chance_loss,
             first_switches,
             chunking,
+            reconstruction,
         )
         return
     max_norm = max_grad_norm(train_cfg, True)
