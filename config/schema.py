@@ -190,8 +190,7 @@ class ModelConfig:
         True,
         "bool",
         "temporal head (transformer): each token also sees the running sum of its clip's contrast up to its "
-        "chunk: how much of each kind of event has come so far (what came first, more of one than another); with "
-        "model.chunk_reconstruction, what configs/long-range-relations.yaml sets for labels that relate far events",
+        "chunk: how much of each kind of event has come so far (what came first, more of one than another)",
     )
     temporal_dropout: float = setting(
         0.0,
