@@ -339,8 +339,9 @@ def copy_reads(copy, size):
 
 def encoding_rows(frames: int, count: int, repeat: int, rng) -> None:
     """The copy's encoder options: the rtx5080 copy of the 1080p GOP-250 source with x264's fastdecode tuning (the
-    default, ENCODER) and without it: random 40-frame clips at stride 2 read by the reader from each copy, the
-    copy's bytes, and its pixels against the source's read at the same size."""
+    default, ENCODER), without it, and intra-only (every frame a keyframe, data.prepared_gop 1): random 40-frame
+    clips at stride 2 read by the reader from each copy, the copy's bytes, and its pixels against the source's read
+    at the same size."""
     import shutil
 
     from config import load_config
@@ -356,15 +357,16 @@ def encoding_rows(frames: int, count: int, repeat: int, rng) -> None:
     with open_reader(path, size, threads=1, decoder="pyav") as reader:
         original = [reader.read(clip) for clip in clips[:4]]
     variants = {
-        "fastdecode (ENCODER)": ENCODER,
-        "x264's default tuning": {k: v for k, v in ENCODER.items() if k != "tune"},
+        f"fastdecode (ENCODER), GOP {preparation.gop}": (preparation, ENCODER),
+        "x264's default tuning": (preparation, {k: v for k, v in ENCODER.items() if k != "tune"}),
+        "intra-only (GOP 1), fastdecode": (dataclasses.replace(preparation, gop=1), ENCODER),
     }
     modes, notes = {}, []
-    for name, encoder in variants.items():
+    for name, (prepared, encoder) in variants.items():
         folder = os.path.join(CACHE, "prepared_encoding", name.split()[0])
         shutil.rmtree(folder, ignore_errors=True)
         with open_reader(path, size, threads=1, decoder="pyav", access="sequential") as reader:
-            copy = prepare_copy(reader, folder, preparation, encoder=encoder)
+            copy = prepare_copy(reader, folder, prepared, encoder=encoder)
         with open_reader(copy.path, size, threads=1, info=copy.info, decoder="pyav") as reader:
             error = np.mean([np.abs(reader.read(c).astype(int) - o).mean() for c, o in zip(clips, original)])
         modes[f"reader on the copy, {name}"] = (copy_reads(copy, size), clips)
