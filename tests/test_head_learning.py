@@ -23,12 +23,14 @@ def best_accuracy(
 ) -> dict:
     """The best validation accuracy of ``preset`` (the long-range preset unless named; 16x16, chunks of ``chunk``
     clip frames) on ``data`` with ``settings``, for each variant (its name and its own settings)."""
+    config = os.path.join(ROOT, "configs", preset)
+    experiment = load_config(config, []).experiment  # where train.py writes the run
     accuracy = {}
     for name, changes in variants.items():
         out = tmp_path / name
         args = [
             "--config",
-            os.path.join(ROOT, "configs", preset),
+            config,
             "--set",
             f"data.data_dir={data}",
             "--set",
@@ -45,7 +47,6 @@ def best_accuracy(
             "trainer.plots=false",
         ] + [item for s in (*settings, *changes) for item in ("--set", s)]
         assert train.main(args) == 0
-        (experiment,) = [name for name in os.listdir(out) if not name.startswith(".")]  # the preset's experiment
         with open(os.path.join(out, experiment, "latest", "metrics.csv")) as f:
             accuracy[name] = max(float(row["val_clip_acc"]) for row in csv.DictReader(f))
     return accuracy
@@ -87,7 +88,8 @@ def test_on_the_order_task_the_transformer_head_learns_what_mean_pooled_chunks_c
 def test_at_32_chunks_the_default_directional_attention_learns_the_order(tmp_path):
     """Many short chunks: the first of a red and a green event among 2-4 blue ones (64 videos of 512 frames at
     16x16, the whole video at stride 4 in 32 chunks of 4 clip frames, 5 epochs; measured 0.875, 0.938, 0.875 with
-    the data's seeds 0, 1, 2; 0.906, 0.875, 0.812 with the chunk reconstruction, a default until 2026-11-27). The default, directional attention, learns the order without the contrast
+    the data's seeds 0, 1, 2; 0.906, 0.875, 0.812 with the chunk reconstruction, a default until 2026-11-27). The
+    default, directional attention, learns the order without the contrast
     (model.temporal_contrast, which has a test of its own), so that the attention is what learns it. How
     bidirectional attention fares (it fitted the training clips at chance at 64 chunks) is a comparison, in python
     -m bench.long_range (bench/RESULTS.md), not a promise."""
