@@ -26,6 +26,7 @@ from core.files import atomic_open
 from core.runtime import unwrap_model
 from core.tensor_files import UnreadableFile, UnsafeFile, load_tensors
 from datasets.shape import DataShape
+from models.adapters import frozen_fingerprint, frozen_keys
 
 # bumped when the checkpoint dict's layout changes, or when a new key's default would change what an older
 # checkpoint computes; an older format is refused (load_checkpoint), never read by guesswork.
@@ -63,8 +64,10 @@ class Checkpoint:
     """A training checkpoint. ``model``: the unwrapped model's state dict; ``config``: the run's config as its YAML
     mapping (``saved_config`` reads it); ``shape``: the data it trained on (classes, camera views, keypoints);
     ``features_source``: a head trained on features, where they came from (the backbone checkpoint's sha256 and
-    path, their chunking; or an MS-TCN dataset's name and feature size). Optimizer, scheduler, scaler and RNG
-    states are those of a resumable run."""
+    path, their chunking; or an MS-TCN dataset's name and feature size); ``frozen_weights``: a model with adapters
+    saved without its frozen backbone (train.checkpoint_frozen_weights: false), what loads them again and their
+    fingerprint ({"pretrained", "sha256", "tensors"}). Optimizer, scheduler, scaler and RNG states are those of a
+    resumable run."""
 
     model: dict
     config: dict
@@ -76,14 +79,27 @@ class Checkpoint:
     scaler: dict | None = None
     rng: dict | None = None
     features_source: dict | None = None
+    frozen_weights: dict | None = None
 
     @classmethod
     def of_training(
         cls, model, optimizer, scheduler, scaler, state: TrainState, cfg: Config, class_names: list, shape: DataShape
     ) -> Checkpoint:
-        """A run's checkpoint now: the unwrapped model, optimizer, scheduler and scaler, and the RNG states."""
+        """A run's checkpoint now: the unwrapped model (less its frozen backbone under model.adapter with weights
+        from model.pretrained, unless train.checkpoint_frozen_weights), optimizer, scheduler and scaler, and the RNG
+        states."""
+        classifier = unwrap_model(model)
+        weights, frozen = classifier.state_dict(), frozen_keys(classifier)
+        source = None
+        if frozen and cfg.model.pretrained is not None and not cfg.train.checkpoint_frozen_weights:
+            weights = {k: v for k, v in weights.items() if k not in frozen}
+            source = {
+                "pretrained": cfg.model.pretrained,
+                "sha256": frozen_fingerprint(classifier),
+                "tensors": len(frozen),
+            }
         return cls(
-            unwrap_model(model).state_dict(),
+            weights,
             cfg.to_dict(),
             class_names,
             shape,
@@ -92,7 +108,30 @@ class Checkpoint:
             scheduler.state_dict(),
             scaler.state_dict(),
             rng_state(),
+            frozen_weights=source,
         )
+
+    def load_into(self, classifier, path: str) -> None:
+        """Its weights into ``classifier`` (unwrapped); one saved without its frozen backbone checks that the
+        classifier's (from model.pretrained) are the ones it was trained on. A model that does not fit raises
+        RuntimeError, as load_state_dict does."""
+        if self.frozen_weights is None:
+            classifier.load_state_dict(self.model)
+            return
+        wanted, spec = self.frozen_weights["sha256"], self.frozen_weights["pretrained"]
+        actual = frozen_fingerprint(classifier) if frozen_keys(classifier) else "none (no adapters here)"
+        if actual != wanted:
+            raise CheckpointError(
+                f"{path}: its adapters were trained on a frozen backbone of sha256 {wanted[:12]}... (model.pretrained: "
+                f"{spec}), but the weights loaded now are sha256 {actual[:12]}...; give the weights it was trained "
+                f"on with --set model.pretrained=..., or train the adapters again on these"
+            )
+        missing, unexpected = classifier.load_state_dict(self.model, strict=False)
+        left_out = set(missing) - frozen_keys(classifier)
+        if unexpected or left_out:
+            raise RuntimeError(
+                f"Error(s) in loading state_dict: missing {sorted(left_out)[:3]}, unexpected {unexpected[:3]}"
+            )
 
     def to_dict(self) -> dict:
         """The saved form: the training state by field name (``from_dict`` reads it back the same way, so adding
@@ -114,6 +153,8 @@ class Checkpoint:
         }
         if self.features_source is not None:
             saved["features_source"] = self.features_source
+        if self.frozen_weights is not None:
+            saved["frozen_weights"] = self.frozen_weights
         return saved
 
     @classmethod
@@ -138,6 +179,7 @@ class Checkpoint:
             saved.get("scaler"),
             saved.get("rng"),
             saved.get("features_source"),
+            saved.get("frozen_weights"),
         )
 
 
@@ -172,7 +214,7 @@ def restore_training(
     ckpt = load_checkpoint(path)
     changed = changed_settings(ckpt.config, cfg) if cfg is not None else {}
     try:
-        model.load_state_dict(ckpt.model)
+        ckpt.load_into(unwrap_model(model), path)
     except RuntimeError as e:
         differing = [key for key in changed if key.startswith("model.")]
         settings = ", ".join(differing) or "no model setting differs"

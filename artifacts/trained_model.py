@@ -73,9 +73,9 @@ def load_trained_model(path: str, device: torch.device, backbone: str | None = N
             f"backbone, but this checkpoint is a whole model; leave --backbone out"
         )
     summary = CheckpointSummary.of(ckpt)
-    model = _built(path, cfg, summary.shape)
+    model = _built(path, cfg, summary.shape, ckpt.frozen_weights is not None)
     try:
-        model.load_state_dict(_without_decoder(ckpt.model))
+        dataclasses.replace(ckpt, model=_without_decoder(ckpt.model)).load_into(model, path)
     except RuntimeError as e:
         raise CheckpointError(
             f"{path}: weights do not match model.backbone={cfg.model.backbone}: {str(e).splitlines()[0]}"
@@ -90,14 +90,16 @@ def _config_of(path: str, ckpt: Checkpoint) -> Config:
         raise CheckpointError(f"{path}: its config does not fit this version of the code: {e}")
 
 
-def _built(path: str, cfg: Config, shape: DataShape):
+def _built(path: str, cfg: Config, shape: DataShape, frozen_elsewhere: bool = False):
     # the trained weights replace any pretrained ones: do not fetch those again (the arguments of the build, not a
-    # config: model.norm: frozen without pretrained weights is refused as a config, rightly); and no chunk
-    # reconstruction decoder: it trains beside the backbone and evaluation never runs it (a head trained on
-    # features, paired with its backbone, never had one)
+    # config: model.norm: frozen without pretrained weights is refused as a config, rightly), unless the checkpoint
+    # holds adapters without the frozen backbone they adapt (``frozen_elsewhere``: model.pretrained gives it); and
+    # no chunk reconstruction decoder: it trains beside the backbone and evaluation never runs it (a head trained
+    # on features, paired with its backbone, never had one)
+    pretrained = cfg.model.pretrained if frozen_elsewhere else None
     try:
         return build_model(
-            dataclasses.replace(cfg.model, pretrained=None, temporal_head_init=None, chunk_reconstruction=0.0),
+            dataclasses.replace(cfg.model, pretrained=pretrained, temporal_head_init=None, chunk_reconstruction=0.0),
             **shape.model_args(),
         )
     except ModelConfigError as e:
@@ -152,7 +154,7 @@ def _paired(
         raise CheckpointError(str(e))
     class_names = list(head_state.class_names)
     shape = dataclasses.replace(backbone_state.shape, num_classes=len(class_names))
-    model = _built(path, cfg, shape)
+    model = _built(path, cfg, shape, backbone_state.frozen_weights is not None)
     weights = {
         k: v
         for k, v in _without_decoder(backbone_state.model).items()
@@ -160,7 +162,7 @@ def _paired(
     }
     weights.update(head_state.model)  # the head's "temporal.*"
     try:
-        model.load_state_dict(weights)
+        dataclasses.replace(backbone_state, model=weights).load_into(model, backbone_path)
     except RuntimeError as e:
         raise CheckpointError(
             f"{path} with {backbone_path}: the head does not fit the backbone: {str(e).splitlines()[0]}"

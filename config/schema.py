@@ -109,6 +109,23 @@ class ModelConfig:
         "the RGB backbone is not trained: no gradients, no optimizer state, its BatchNorm in eval mode, chunks "
         "forward without a graph (the end-to-end form of training on features: model.pretrained gives it weights)",
     )
+    adapter: Literal["none", "block", "side", "lora"] = choice(
+        "none",
+        "small trained modules on a frozen RGB backbone (its weights neither trained nor saved): block (a "
+        "bottleneck with a temporal convolution after each block; the gradient flows through the frozen blocks), "
+        "side (modules beside the backbone reading model.adapter_taps of its blocks; the backbone runs without a "
+        "graph), lora (low-rank updates of the attention's query and value projections, of every 3D convolution "
+        "of a CNN; peft); none: the backbone trains, or stays fixed with model.freeze_backbone",
+    )
+    adapter_width: int = setting(
+        64, "int", "the adapters' bottleneck width (block, side), or the LoRA rank (lora)", minimum=1
+    )
+    adapter_kernel: int = setting(
+        3, "int", "frames (tokens in time) the adapters' temporal convolution spans (block, side)", minimum=1
+    )
+    adapter_taps: int = setting(
+        4, "int", "model.adapter: side: the backbone blocks read, evenly spaced, the last among them", minimum=1
+    )
     dropout: float = setting(0.0, "float", "dropout before the classifier", minimum=0.0, maximum=1.0)
     width: int = setting(32, "int", "base channel width of the small models (tiny3d, keypoint branch)", minimum=1)
     pretrained: Any = setting(
@@ -531,6 +548,12 @@ class TrainConfig:
         0, "int", "also write last.pt every N optimizer steps; 0 = epoch ends only", minimum=0
     )
     keep_last_k: int = setting(2, "int", "epoch checkpoints kept besides last.pt and best.pt", minimum=0)
+    checkpoint_frozen_weights: bool = setting(
+        False,
+        "bool",
+        "with model.adapter: checkpoints hold the frozen backbone's weights too; false: the adapters and the head, "
+        "with the fingerprint of model.pretrained's weights, which resume and evaluation load again",
+    )
     monitor: Monitored = choice(
         "val_video_acc",
         "metric that picks best.pt (higher is better); the val_seg_* "

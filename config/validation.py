@@ -214,6 +214,16 @@ def _norm_checks(cfg: dict, origin: Callable[[str], str]) -> None:
             f"{origin('model.freeze_backbone')}: model.freeze_backbone freezes the RGB backbone, and model.input_type "
             f"kpt has none; set it to false (the keypoint branch always trains)"
         )
+    if model["adapter"] != "none" and model["input_type"] == "kpt":
+        raise ConfigError(
+            f"{origin('model.adapter')}: model.adapter adapts a frozen RGB backbone, and model.input_type kpt has "
+            f"none; set it to none (the keypoint branch always trains)"
+        )
+    if model["adapter"] == "lora" and importlib.util.find_spec("peft") is None:
+        raise ConfigError(
+            f"{origin('model.adapter')}: model.adapter: lora needs the peft package, not installed here; "
+            f"pip install -r requirements-backbones.txt, or use model.adapter: block or side"
+        )
     if norm == "group" and model["pretrained"] is True:
         raise ConfigError(
             f"{origin('model.norm')}: model.norm: group replaces BatchNorm, whose statistics "

@@ -78,9 +78,22 @@ def build_model(model_cfg: ModelConfig, num_classes: int, num_views: int = 1, kp
         freeze_backbone=model_cfg.freeze_backbone,
         reconstruction=model_cfg.chunk_reconstruction,
         reconstruction_target=model_cfg.chunk_reconstruction_target,
+        adapter=adapter_settings(model_cfg),
     )
     model.set_grad_checkpointing(model_cfg.grad_checkpointing)
     return model
+
+
+def adapter_settings(model_cfg: ModelConfig) -> dict | None:
+    """model.adapter's constructor arguments (models/adapters.py), or None."""
+    if model_cfg.adapter == "none":
+        return None
+    return {
+        "kind": model_cfg.adapter,
+        "width": model_cfg.adapter_width,
+        "kernel": model_cfg.adapter_kernel,
+        "taps": model_cfg.adapter_taps,
+    }
 
 
 def temporal_settings(model_cfg: ModelConfig) -> dict:

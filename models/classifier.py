@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from models.adapters import AdapterPoints, SideAdapters, build_adapters
 from models.reconstruction import ChunkDecoder
 from models.registry import ModelConfigError
 from models.temporal import temporal_head
@@ -85,6 +86,10 @@ class StagedBackbone(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.pool(self.run_stages(x))
 
+    def adapter_points(self) -> AdapterPoints | None:
+        """Where model.adapter reads it: each stage's output, [B, C, T, H, W]."""
+        return AdapterPoints(self.stages, "channels_first", (1, 3, max(8, self.min_frames), 64, 64))
+
     @staticmethod
     def pool(x: torch.Tensor) -> torch.Tensor:
         return x.mean(dim=tuple(range(2, x.dim())))
@@ -99,7 +104,10 @@ class VideoClassifier(nn.Module):
     or None; with a head, a clip's chunk features go through ``self.temporal`` (the chunked forwards of
     engine/inference/chunks.py do that) and ``forward`` treats its input as one chunk.
     reconstruction: the weight of the chunk reconstruction loss (models/reconstruction.py; 0: none), with a
-    temporal head and an RGB backbone that trains: ``self.reconstruction``, which the training forward runs.
+    temporal head and an RGB backbone whose features train: ``self.reconstruction``, which the training forward runs.
+    adapter: model.adapter's settings ({"kind", "width", "kernel", "taps"}, models/adapters.py) or None: the RGB
+    backbone frozen as with ``freeze_backbone``, ``self.adapters`` trained on it (None for lora, whose layers are
+    inside the backbone).
     """
 
     def __init__(
@@ -115,6 +123,7 @@ class VideoClassifier(nn.Module):
         freeze_backbone: bool = False,
         reconstruction: float = 0.0,
         reconstruction_target: str = "colour",
+        adapter: dict | None = None,
     ):
         super().__init__()
         if rgb is None and kpt is None:
@@ -125,7 +134,10 @@ class VideoClassifier(nn.Module):
                 f"set model.view_fusion to mean, concat or late"
             )
         self.rgb, self.kpt = rgb, kpt
-        self.frozen_backbone = freeze_backbone and rgb is not None
+        adapter = adapter if rgb is not None else None
+        self.frozen_backbone = (freeze_backbone or adapter is not None) and rgb is not None
+        # the backbone's forward keeps a graph where the gradient reaches adapters through it (block, lora)
+        self.backbone_without_graph = self.frozen_backbone and (adapter is None or adapter["kind"] == "side")
         # model.freeze_backbone: no gradients, so no optimizer state (engine/training/optim.py)
         if self.frozen_backbone:
             rgb.requires_grad_(False)
@@ -152,13 +164,19 @@ class VideoClassifier(nn.Module):
                     "keeps one per view; use view_fusion mean or concat"
                 )
             self.temporal = temporal_head(self.feature_dim, num_classes, **temporal)
-        # model.chunk_reconstruction: where chunk features reach a temporal head from an RGB backbone that trains;
-        # created last, so a seed initializes every other layer as it did without it
+        # model.chunk_reconstruction: where chunk features reach a temporal head from an RGB backbone whose features
+        # train; created after the rest, so a seed initializes every other layer as it did without it
         self.reconstruction = (
             ChunkDecoder(self.feature_dim, reconstruction, reconstruction_target)
-            if reconstruction > 0 and self.temporal is not None and rgb is not None and not self.frozen_backbone
+            if reconstruction > 0
+            and self.temporal is not None
+            and rgb is not None
+            and (not self.frozen_backbone or adapter is not None)
             else None
         )
+        # model.adapter: built last for the same reason
+        self.adapter_kind = None if adapter is None else adapter["kind"]
+        self.adapters = None if adapter is None else build_adapters(rgb, feature_dim=rgb.feature_dim, **adapter)
 
     def train(self, mode: bool = True) -> VideoClassifier:
         """A frozen backbone stays in eval mode: its BatchNorm normalizes with its pretrained statistics and never
@@ -183,8 +201,14 @@ class VideoClassifier(nn.Module):
             b, v = video.shape[:2]
             if self.view_fusion == "concat" and v != self.num_views:
                 raise ValueError(f"view_fusion=concat was built for {self.num_views} views, got {v}")
-            with torch.no_grad() if self.frozen_backbone else contextlib.nullcontext():  # no graph to keep
-                per_view = self.rgb(video.flatten(0, 1)).view(b, v, -1)
+            side = self.adapters if isinstance(self.adapters, SideAdapters) else None
+            if side is not None:
+                side.tapped.clear()  # what an earlier forward recorded and no correction read (a bare self.rgb call)
+            with torch.no_grad() if self.backbone_without_graph else contextlib.nullcontext():  # no graph to keep
+                per_view = self.rgb(video.flatten(0, 1))
+            if side is not None:
+                per_view = side(per_view)
+            per_view = per_view.view(b, v, -1)
             if self.view_fusion == "late":
                 parts.append(per_view)
             elif self.view_fusion == "concat":

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from config import EXTERNAL_BACKBONES, external_package_missing
+from models.adapters import AdapterPoints
 from models.registry import ModelConfigError
 
 
@@ -162,6 +163,14 @@ class HFVideo(nn.Module):
             x = x[:, :, torch.linspace(0, t - 1, self.frames, device=x.device).round().long()]
         out = self.net(**{self.input_name: x.transpose(1, 2)}, **self.options)  # [B, T, C, H, W] in transformers
         return out.last_hidden_state.mean(dim=1)
+
+    def adapter_points(self) -> AdapterPoints | None:
+        """Where model.adapter reads it: each encoder layer's tokens, time-major over its tubelets."""
+        layers = getattr(getattr(self.net, "encoder", None), "layer", None)
+        tubelet = int(getattr(self.config, "tubelet_size", 0) or 0)
+        if layers is None or not tubelet or self.size is None:
+            return None
+        return AdapterPoints(layers, "tokens", (1, 3, self.frames, self.size, self.size), self.frames // tubelet)
 
     def load_hub_weights(self) -> dict:
         """The pretrained weights of ``source`` (a local directory's, or the hub's cache): the state dict."""

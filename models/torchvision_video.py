@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from models.adapters import AdapterPoints
 from models.classifier import StagedBackbone, recompute_in_backward
 from models.registry import register_backbone
 
@@ -78,6 +79,10 @@ class TorchvisionSwin3D(StagedBackbone):
         x = self.net.norm(self.run_stages(x))  # [B, T, H, W, C]
         return x.mean(dim=(1, 2, 3))
 
+    def adapter_points(self) -> AdapterPoints:
+        # after the patch embedding, which ``stages`` wraps anew on each call (a hook on it would never run)
+        return AdapterPoints(self.stages[1:], "channels_last", (1, 3, 8, 224, 224))
+
 
 class TorchvisionMViT(StagedBackbone):
     """MViT v2: its positional embedding fixes the clip shape (16 frames at 224x224 for mvit_v2_s)."""
@@ -95,6 +100,9 @@ class TorchvisionMViT(StagedBackbone):
         self.min_frames = self.shape[0]  # the chunked forward pads shorter chunks to this
         self.feature_dim = self.net.head[-1].in_features
         self.net.head = nn.Identity()
+
+    def adapter_points(self) -> None:
+        return None  # a class token among its tokens, and pooling blocks that change their grid
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if tuple(x.shape[-3:]) != self.shape:

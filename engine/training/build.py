@@ -274,10 +274,12 @@ def _model_on_device(cfg: Config, runtime: Runtime, shape: DataShape) -> tuple:
         raise ConfigError(str(e))
     if cfg.model.temporal_head != "none":
         init_temporal_head(model, cfg.model.temporal_head_init)
-    if cfg.model.freeze_backbone and cfg.model.pretrained is None and runtime.is_main:
+    frozen = "model.freeze_backbone" if cfg.model.freeze_backbone else f"model.adapter: {cfg.model.adapter}"
+    if (cfg.model.freeze_backbone or cfg.model.adapter != "none") and cfg.model.pretrained is None and runtime.is_main:
         log.warning(
-            "model.freeze_backbone with model.pretrained null: the backbone stays as it was initialized at random, "
-            "and only the head learns; give it weights with model.pretrained"
+            "%s with model.pretrained null: the backbone stays as it was initialized at random, and only what sits "
+            "on it learns; give it weights with model.pretrained",
+            frozen,
         )
     if cfg.model.norm == "sync":
         _synchronize_norms(model, cfg, runtime)

@@ -127,9 +127,11 @@ class ChunkedTrainingForward(nn.Module):
         return out._replace(auxiliary=decoder(features, thumbnails))
 
     def _recomputed(self, spec: ChunkSpec, chunk: int, chunks: int) -> bool:
-        # a frozen backbone (model.freeze_backbone) runs without a graph: nothing of it to recompute, and
-        # recomputing the chunk would run it twice for the head's or classifier's few activations
-        return spec.recomputed(chunk, chunks) and not getattr(unwrap_model(self.module), "frozen_backbone", False)
+        # a frozen backbone (model.freeze_backbone, side adapters) runs without a graph: nothing of it to recompute,
+        # and recomputing the chunk would run it twice for the head's, classifier's or adapters' few activations
+        return spec.recomputed(chunk, chunks) and not getattr(
+            unwrap_model(self.module), "backbone_without_graph", False
+        )
 
     def _chunk_logits(self, chunk: dict) -> torch.Tensor:
         return self.module(self.normalize(chunk))
