@@ -5,6 +5,7 @@
     python -m bench.long_range --part families --epochs 30   # every task family and modality, two presets' defaults
     python -m bench.long_range --part families --modalities motion --families match,twice
     python -m bench.long_range --part finetune --pretrain last/texture --modalities colour,motion  # from weights
+    python -m bench.long_range --part adapters --families middle,last --modalities colour --seeds 0,1,2
     python -m bench.long_range --part head-alone --seeds 0,1,2  # the head alone on each family's chunk features
     python -m bench.long_range --part separability --families twice --checkpoint runs/.../last.pt  # A and B apart?
 
@@ -22,6 +23,10 @@ epoch.
 --part finetune: --part families from weights instead of from scratch: the backbone of a run on --pretrain (the
 long-range preset with a plain transformer head, no reconstruction, no running sum) stands in for pretrained
 weights, and each case fine-tunes it with the head's settings under test.
+
+--part adapters: --part finetune's cases, the backbone from --pretrain trained each way (--ways): fine-tuned whole,
+frozen with the head alone, and frozen with block, side or LoRA adapters (model.adapter; sizes in ADAPTER_WAYS),
+each with the long-range preset's head. Printed first: what each way trains of the backbone, as a share of it.
 
 Data: ``python -m datasets.synthetic --long-range`` (written to data/long_range if missing): 1,024-frame videos
 with two brief events at least 320 frames apart; the label is their order (datasets/long_range_tasks.py says why no
@@ -153,9 +158,11 @@ def family_data(family: str, root: str, modality: str = "colour") -> tuple[str, 
     ]
 
 
-def families(args, weights=None) -> None:
-    """Each --families x --modalities case from each --presets, at each seed; ``weights(seed)``: a checkpoint whose
-    backbone each run starts from (model.pretrained), or None for a backbone from scratch."""
+def families(args, weights=None, variants: dict | None = None) -> None:
+    """Each --families x --modalities case from each --presets (or each of ``variants``: {name: (config,
+    overrides)}), at each seed; ``weights(seed)``: a checkpoint whose backbone each run starts from
+    (model.pretrained), or None for a backbone from scratch."""
+    variants = variants or {name: PRESETS[name] for name in args.presets.split(",")}
     seeds = [int(s) for s in args.seeds.split(",")]
     print(
         f"long-range task families, {args.epochs} epochs, seeds {seeds}, on the CPU ({os.cpu_count()} CPUs); each "
@@ -176,9 +183,7 @@ def families(args, weights=None) -> None:
         data, shape = family_data(family, os.path.join(ROOT, "data"), modality)
         frames, chunk = FAMILY_SHAPES[family]
         label = family if modality == "colour" else f"{family}/{modality}"
-        for name, (config, overrides) in PRESETS.items():
-            if name not in args.presets.split(","):
-                continue
+        for name, (config, overrides) in variants.items():
             runs = []
             for seed in seeds:
                 start = [] if weights is None else [f"model.pretrained={weights(seed)}"]
@@ -209,6 +214,12 @@ def finetune(args) -> None:
     """--part families from a backbone trained first on --pretrain (a family in one modality, with the long-range
     preset and a plain transformer head: it stands in for pretrained weights), fine-tuned with the head on each
     case. The pretrained checkpoints are kept in data/long_range_pretrained and reused."""
+    families(args, pretrained_weights(args))
+
+
+def pretrained_weights(args):
+    """``weights(seed)``: the checkpoint of a run on --pretrain at that seed (kept in data/long_range_pretrained,
+    trained there first if missing)."""
     family, modality = args.pretrain.split("/")
     data, shape = family_data(family, os.path.join(ROOT, "data"), modality)
     config, overrides = PRESETS["long-range"]
@@ -221,7 +232,38 @@ def finetune(args) -> None:
             print(f"  pretrained on {args.pretrain}, seed {seed}: best {run['best']:.3f}", flush=True)
         return path
 
-    families(args, weights)
+    return weights
+
+
+# --part adapters: the ways of training a backbone from --pretrain's weights, each with the long-range preset's head;
+# the adapters' sizes keep what they train under 5% of the tiny backbone's 70,640 parameters
+ADAPTER_WAYS = {
+    "fine-tuned": [],
+    "frozen": ["model.freeze_backbone=true"],
+    "block": ["model.adapter=block", "model.adapter_width=8"],
+    "side": ["model.adapter=side", "model.adapter_width=8"],
+    "lora": ["model.adapter=lora", "model.adapter_rank=2"],
+}
+
+
+def adapters(args) -> None:
+    """--part finetune's cases trained each way of ADAPTER_WAYS: the whole backbone, the head alone on it frozen, and
+    each kind of adapter on it frozen."""
+    from config import load_config
+    from models import build_model
+
+    config, overrides = PRESETS["long-range"]
+    for way, changes in ADAPTER_WAYS.items():
+        model = build_model(load_config(config, overrides + changes).model, 2)
+        backbone = sum(p.numel() for n, p in model.named_parameters() if n.startswith("rgb.") and ".lora_" not in n)
+        adapted = sum(
+            p.numel() for n, p in model.named_parameters() if p.requires_grad and n.startswith(("rgb.", "adapters."))
+        )
+        print(
+            f"{way}: {adapted:,} backbone or adapter parameters trained ({adapted / backbone:.1%} of the backbone's {backbone:,})"
+        )
+    ways = {way: (config, overrides + changes) for way, changes in ADAPTER_WAYS.items() if way in args.ways.split(",")}
+    families(args, pretrained_weights(args), ways)
 
 
 def head_alone(args) -> None:
@@ -278,7 +320,10 @@ def main() -> None:
         prog="python -m bench.long_range", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--part", choices=("order", "families", "finetune", "head-alone", "separability"), default="order"
+        "--part", choices=("order", "families", "finetune", "adapters", "head-alone", "separability"), default="order"
+    )
+    parser.add_argument(
+        "--ways", default=",".join(ADAPTER_WAYS), help="--part adapters: which ways of training, comma-separated"
     )
     parser.add_argument(
         "--pretrain",
@@ -324,6 +369,9 @@ def main() -> None:
         return
     if args.part == "finetune":
         finetune(args)
+        return
+    if args.part == "adapters":
+        adapters(args)
         return
     if args.part == "separability":
         separability(args)

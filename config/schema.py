@@ -114,12 +114,11 @@ class ModelConfig:
         "small trained modules on a frozen RGB backbone (its weights neither trained nor saved): block (a "
         "bottleneck with a temporal convolution after each block; the gradient flows through the frozen blocks), "
         "side (modules beside the backbone reading model.adapter_taps of its blocks; the backbone runs without a "
-        "graph), lora (low-rank updates of the attention's query and value projections, of every 3D convolution "
-        "of a CNN; peft); none: the backbone trains, or stays fixed with model.freeze_backbone",
+        "graph), lora (peft's low-rank updates of the linear layers a transformer's forward calls, or of a CNN's 3D "
+        "convolutions); none: the backbone trains, or stays fixed with model.freeze_backbone",
     )
-    adapter_width: int = setting(
-        64, "int", "the adapters' bottleneck width (block, side), or the LoRA rank (lora)", minimum=1
-    )
+    adapter_width: int = setting(64, "int", "the block and side adapters' bottleneck width", minimum=1)
+    adapter_rank: int = setting(8, "int", "model.adapter: lora: the rank of each layer's update", minimum=1)
     adapter_kernel: int = setting(
         3, "int", "frames (tokens in time) the adapters' temporal convolution spans (block, side)", minimum=1
     )

@@ -93,6 +93,7 @@ def adapter_settings(model_cfg: ModelConfig) -> dict | None:
         "width": model_cfg.adapter_width,
         "kernel": model_cfg.adapter_kernel,
         "taps": model_cfg.adapter_taps,
+        "rank": model_cfg.adapter_rank,
     }
 
 

@@ -8,7 +8,7 @@ without its weights' gradients and optimizer state (docs/models.md, "Adapting a 
 - ``side``: modules beside the backbone (LoSA's kind) that read a few blocks' outputs, pooled over space, and add a
   correction to the backbone's feature; the backbone runs without a graph, so its activations are one forward's.
 - ``lora``: peft's low-rank updates of the attention's query and value projections (a transformer) or of every 3D
-  convolution (a CNN); the frozen layer's output plus a rank-``width`` product, zero at the start.
+  convolution (a CNN) the forward calls; the frozen layer's output plus a rank-``rank`` product, zero at the start.
 
 A block's output is read in its layout: ``channels_first`` ([B, C, T, H, W], a 3D CNN's stages), ``channels_last``
 ([B, T, H, W, C], Swin3D's) or ``tokens`` ([B, T' * S, C] in time-major order, a video transformer's tubelets). Each
@@ -194,7 +194,7 @@ def add_lora(backbone: nn.Module, targets: list[str], rank: int) -> None:
         parameter.requires_grad_(".lora_" in name)
 
 
-def build_adapters(backbone: nn.Module, kind: str, feature_dim: int, width: int, kernel: int, taps: int):
+def build_adapters(backbone: nn.Module, kind: str, feature_dim: int, width: int, kernel: int, taps: int, rank: int):
     """The adapters of ``kind`` on ``backbone``, its own weights frozen: the module holding the block or side
     adapters (None for lora, whose layers live inside the backbone)."""
     points = backbone.adapter_points() if hasattr(backbone, "adapter_points") else None
@@ -206,7 +206,7 @@ def build_adapters(backbone: nn.Module, kind: str, feature_dim: int, width: int,
     backbone.requires_grad_(False)
     trace = Trace(backbone, points)
     if kind == "lora":
-        add_lora(backbone, lora_targets(trace), width)
+        add_lora(backbone, lora_targets(trace), rank)
         return None
     if kind == "block":
         return BlockAdapters(points, trace.channels, width, kernel)

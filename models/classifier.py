@@ -105,7 +105,7 @@ class VideoClassifier(nn.Module):
     engine/inference/chunks.py do that) and ``forward`` treats its input as one chunk.
     reconstruction: the weight of the chunk reconstruction loss (models/reconstruction.py; 0: none), with a
     temporal head and an RGB backbone whose features train: ``self.reconstruction``, which the training forward runs.
-    adapter: model.adapter's settings ({"kind", "width", "kernel", "taps"}, models/adapters.py) or None: the RGB
+    adapter: model.adapter's settings ({"kind", "width", "kernel", "taps", "rank"}, models/adapters.py) or None: the RGB
     backbone frozen as with ``freeze_backbone``, ``self.adapters`` trained on it (None for lora, whose layers are
     inside the backbone).
     """
@@ -184,6 +184,11 @@ class VideoClassifier(nn.Module):
         super().train(mode)
         if self.frozen_backbone:
             self.rgb.eval()
+            if mode and not self.backbone_without_graph:
+                # block and LoRA adapters train through it: its checkpointing, which asks the training flag of the
+                # unit that recomputes (the backbone, a transformers layer), stays on; their children stay in eval
+                for unit in [self.rgb, *(m for m in self.rgb.modules() if hasattr(m, "gradient_checkpointing"))]:
+                    unit.training = True
         return self
 
     def set_grad_checkpointing(self, enabled: bool = True) -> None:

@@ -2,6 +2,7 @@
 train only themselves, are estimated by the planner as they run, and a run with them trains, resumes exactly, writes
 features and evaluates from checkpoints that hold the adapters and the fingerprint of the frozen weights, not them."""
 
+import dataclasses
 import os
 
 import pytest
@@ -200,3 +201,39 @@ def test_adapters_on_other_weights_are_refused_and_whole_checkpoints_are_asked_f
     assert train.main(whole_args + ["--stop-after-steps", "1"]) == 0
     whole = load_checkpoint(str(tmp_path / "whole" / "latest" / "checkpoints" / "last.pt"))
     assert whole.frozen_weights is None and any(k.startswith("rgb.stages.") for k in whole.model)
+
+
+def test_a_hub_models_weights_saved_as_one_file_load_under_adapters(tmp_path):
+    """docs/models.md's way to the preset's weights: a transformers model's state dict in one .safetensors file (here a
+    tiny V-JEPA 2's, as the hub model's is written), loaded by model.pretrained into the frozen backbone."""
+    if not hasattr(transformers, "VJEPA2Config"):
+        pytest.skip(f"transformers {transformers.__version__} has no V-JEPA 2")
+    from safetensors.torch import save_file
+
+    transformers.VJEPA2Config(
+        crop_size=32, patch_size=8, frames_per_clip=4, tubelet_size=2, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=2, mlp_ratio=2.0, pred_hidden_size=32, pred_num_hidden_layers=1, pred_num_attention_heads=2,
+    ).save_pretrained(tmp_path / "config")  # fmt: skip
+    torch.manual_seed(3)
+    source = transformers.AutoModel.from_config(transformers.AutoConfig.from_pretrained(tmp_path / "config"))
+    save_file(source.state_dict(), str(tmp_path / "weights.safetensors"))
+    cfg = quickstart(
+        f"model.backbone=hf/{tmp_path / 'config'}", f"model.pretrained={tmp_path / 'weights.safetensors'}",
+        "model.adapter=block",
+    )  # fmt: skip
+    model = build_model(cfg.model, 6)
+    for name, value in source.state_dict().items():
+        if not name.startswith("predictor."):  # dropped: the encoder's features are what the project uses
+            torch.testing.assert_close(model.rgb.net.state_dict()[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_the_billion_parameter_preset_trains_its_adapters_alone():
+    """configs/vit-g-adapters-24gb.yaml, built on the meta device (no memory, no weights): V-JEPA 2's ViT-g, about a
+    billion parameters, with block adapters that train under 5% of them."""
+    cfg = load_config(os.path.join(ROOT, "configs", "vit-g-adapters-24gb.yaml"))
+    with torch.device("meta"):
+        model = build_model(dataclasses.replace(cfg.model, pretrained=None), 10)
+    backbone = sum(p.numel() for name, p in model.rgb.named_parameters())
+    adapters = sum(p.numel() for p in model.adapters.parameters())
+    assert model.rgb.feature_dim == 1408 and len(model.adapters.adapters) == 40 and 0.9e9 < backbone < 1.1e9
+    assert all(not p.requires_grad for p in model.rgb.parameters()) and 0 < adapters < 0.05 * backbone
