@@ -1,15 +1,16 @@
 """Adapters on large frozen video transformers: the planner's estimate of one training step for each way of training
 (the whole backbone, the head alone on a frozen backbone, block, side and LoRA adapters) at a clip of a long video.
 
-    python -m bench.adapters                                    # every row (about 20 minutes on 2 CPU cores)
+    python -m bench.adapters                                    # every row (about 35 minutes on 2 CPU cores)
     python -m bench.adapters --models vit-b --frames 1024       # one model, another clip length
+    python -m bench.adapters --models v-jepa-2-g --ways block --batch 4   # the preset's own step
 
 Each row is ``project.config_training_estimate`` (fake tensors: no weights, no GPU; estimated, not measured on a
-card) of configs/vit-g-adapters-24gb.yaml's step with the model and the way of training changed: batch 1, the clip in
-training chunks of the model's own length (16 frames for VideoMAE, 64 for V-JEPA 2), each recomputed in backward,
-block checkpointing, fp16 autocast (bf16 has the same sizes), AdamW. Printed: the peak and its parts in GiB, the
-trained parameters (the head's included) as a share of the backbone's, and whether it fits the usable part of a
-24, 16 and 8 GB budget (``planner.estimate.usable_bytes``).
+card) of configs/vit-g-adapters-24gb.yaml's step with the model and the way of training changed: batch 1 (--batch),
+the clip in training chunks of the model's own length (16 frames for VideoMAE, 64 for V-JEPA 2), each recomputed in
+backward, block checkpointing, fp16 autocast (bf16 has the same sizes), AdamW. Printed: the peak and its parts in
+GiB, the trained parameters (the head's included) as a share of the backbone's, and whether it fits the usable part
+of a 24, 16 and 8 GB budget (``planner.estimate.usable_bytes``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ WAYS = {  # name: the config changes (the head trains in each)
 }
 
 
-def estimate(model: str, way: str, frames: int, precision: str) -> dict:
+def estimate(model: str, way: str, frames: int, batch: int, precision: str) -> dict:
     folder, chunk, size = MODELS[model]
     changes = [
         f"model.backbone=hf/{folder}",
@@ -49,7 +50,7 @@ def estimate(model: str, way: str, frames: int, precision: str) -> dict:
     ]
     cfg = load_config(PRESET, changes)
     start = time.perf_counter()
-    step = project.config_training_estimate(cfg, frames, 1, precision=precision)
+    step = project.config_training_estimate(cfg, frames, batch, precision=precision)
     built = project.ProjectStep(cfg, 10, 1, None, 0).classifier()
     backbone = sum(
         p.numel() for name, p in built.named_parameters() if name.startswith("rgb.") and ".lora_" not in name
@@ -63,10 +64,11 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS), help="which, comma-separated: " + ", ".join(MODELS))
     parser.add_argument("--ways", default=",".join(WAYS), help="which, comma-separated: " + ", ".join(WAYS))
     parser.add_argument("--frames", type=int, default=1536, help="the clip's frames (every frame of the video)")
+    parser.add_argument("--batch", type=int, default=1, help="clips a step")
     parser.add_argument("--precision", default="16", choices=("16", "bf16"), help="the autocast dtype")
     args = parser.parse_args()
     print(
-        f"one training step at a {args.frames}-frame clip, batch 1, precision {args.precision}; GiB estimated on fake tensors "
+        f"one training step at a {args.frames}-frame clip, batch {args.batch}, precision {args.precision}; GiB estimated on fake tensors "
         f"(no GPU); usable: 24 GB {usable_bytes(24) / GiB:.2f}, 16 GB {usable_bytes(16) / GiB:.2f}, "
         f"8 GB {usable_bytes(8) / GiB:.2f} GiB"
     )
@@ -76,7 +78,7 @@ def main() -> None:
     )
     for model in args.models.split(","):
         for way in args.ways.split(","):
-            row = estimate(model, way, args.frames, args.precision)
+            row = estimate(model, way, args.frames, args.batch, args.precision)
             step = row["step"]
             fits = [f"{gb}" for gb in (24, 16, 8) if step.peak <= usable_bytes(gb)]
             print(

@@ -7,8 +7,9 @@ without its weights' gradients and optimizer state (docs/models.md, "Adapting a 
   recomputed under the checkpointing and the training chunks like the backbone's own.
 - ``side``: modules beside the backbone (LoSA's kind) that read a few blocks' outputs, pooled over space, and add a
   correction to the backbone's feature; the backbone runs without a graph, so its activations are one forward's.
-- ``lora``: peft's low-rank updates of the attention's query and value projections (a transformer) or of every 3D
-  convolution (a CNN) the forward calls; the frozen layer's output plus a rank-``rank`` product, zero at the start.
+- ``lora``: peft's low-rank updates of the linear layers the forward calls (a transformer's attention and MLP
+  projections) or else of its 3D convolutions (a CNN): the frozen layer's output plus a rank-``rank`` product, zero
+  at the start.
 
 A block's output is read in its layout: ``channels_first`` ([B, C, T, H, W], a 3D CNN's stages), ``channels_last``
 ([B, T, H, W, C], Swin3D's) or ``tokens`` ([B, T' * S, C] in time-major order, a video transformer's tubelets). Each
@@ -43,11 +44,9 @@ class AdapterPoints:
 def to_time_space(x: torch.Tensor, layout: str, time_steps: int) -> torch.Tensor:
     """A block's output as [B, T, S, C]."""
     if layout == "channels_first":
-        b, c, t = x.shape[:3]
         return x.flatten(3).permute(0, 2, 3, 1)
     if layout == "channels_last":
-        b, t = x.shape[:2]
-        return x.reshape(b, t, -1, x.shape[-1])
+        return x.reshape(x.shape[0], x.shape[1], -1, x.shape[-1])
     b, n, c = x.shape
     return x.view(b, time_steps, n // time_steps, c)
 
@@ -61,8 +60,8 @@ def from_time_space(y: torch.Tensor, like: torch.Tensor, layout: str) -> torch.T
 
 class TemporalBottleneck(nn.Module):
     """Down-projection, a depthwise convolution over time for every spatial position, up-projection: [B, T, S, C] to
-    the same shape. ``zero_output``: the up-projection starts at zero (the block adapter's residual starts as the
-    identity)."""
+    [B, T, S, out_channels] (C unless given). The up-projection starts at zero: an adapter's correction starts at
+    nothing, and training starts from the frozen model's outputs."""
 
     def __init__(self, channels: int, width: int, kernel: int, out_channels: int | None = None):
         super().__init__()

@@ -4,6 +4,7 @@ features and evaluates from checkpoints that hold the adapters and the fingerpri
 
 import dataclasses
 import os
+import re
 
 import pytest
 import torch
@@ -62,6 +63,11 @@ def test_adapters_start_from_the_frozen_backbone_and_train_alone(kind, backbone,
     assert trained and not any(name.startswith("rgb.") and ".lora_" not in name for name in trained)
     assert (kind == "lora") == any(".lora_" in name for name in trained)
     assert adapted.backbone_without_graph == (kind == "side")
+    # the gradient of block and LoRA adapters runs back through the frozen blocks: the units whose training flag
+    # turns checkpointing on (the backbone, transformers' layers) keep it; what normalizes or drops stays in eval
+    units = [adapted.rgb, *(m for m in adapted.rgb.modules() if hasattr(m, "gradient_checkpointing"))]
+    assert all(unit.training == (kind != "side") for unit in units)
+    assert not any(m.training for m in adapted.rgb.modules() if isinstance(m, (torch.nn.BatchNorm3d, torch.nn.Dropout)))
     before = {k: v.clone() for k, v in adapted.state_dict().items() if k in frozen_keys(adapted)}
     assert before and all(k.startswith("rgb.") for k in before)
     optimizer = torch.optim.SGD([p for p in adapted.parameters() if p.requires_grad], lr=1.0)
@@ -141,7 +147,7 @@ def backbone_weights(tmp_path_factory) -> str:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_run_with_adapters_resumes_exactly_and_saves_them_without_the_frozen_weights(
-    kind, backbone_weights, synthetic_root, tmp_path
+    kind, backbone_weights, synthetic_root, tmp_path, caplog
 ):
     import train
 
@@ -153,7 +159,12 @@ def test_a_run_with_adapters_resumes_exactly_and_saves_them_without_the_frozen_w
         "model.adapter_width=4",
         "trainer.max_epochs=1",
     )
-    assert train.main(args + ["--set", "experiment=whole"]) == 0
+    with caplog.at_level("INFO", logger="longvideo"):
+        assert train.main(args + ["--set", "experiment=whole"]) == 0
+    said = re.search(
+        r"model.adapter: (\w+): ([\d,]+) parameters trained on the frozen backbone's ([\d,]+)", caplog.text
+    )
+    assert said and said[1] == kind and 0 < int(said[2].replace(",", "")) < int(said[3].replace(",", ""))
     assert train.main(args + ["--set", "experiment=parts", "--stop-after-steps", "2"]) == 0
     assert train.main(args + ["--set", "experiment=parts", "--resume", "auto"]) == 0
     whole, parts = (

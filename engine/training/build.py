@@ -281,6 +281,20 @@ def _model_on_device(cfg: Config, runtime: Runtime, shape: DataShape) -> tuple:
             "on it learns; give it weights with model.pretrained",
             frozen,
         )
+    if cfg.model.adapter != "none" and runtime.is_main:
+        backbone = sum(p.numel() for name, p in model.rgb.named_parameters() if ".lora_" not in name)
+        adapted = sum(
+            p.numel()
+            for name, p in model.named_parameters()
+            if p.requires_grad and name.startswith(("rgb.", "adapters."))
+        )
+        log.info(
+            "model.adapter: %s: %s parameters trained on the frozen backbone's %s (%.2f%%), beside the head's",
+            cfg.model.adapter,
+            f"{adapted:,}",
+            f"{backbone:,}",
+            100 * adapted / backbone,
+        )
     if cfg.model.norm == "sync":
         _synchronize_norms(model, cfg, runtime)
     model.to(runtime.device)
