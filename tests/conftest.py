@@ -188,6 +188,30 @@ def write_with_opencv(path: str, num_frames: int, fourcc: str = "XVID", fps: int
     return path
 
 
+def tiny_video_transformer(folder, family: str = "videomae", layers: int = 2) -> str:
+    """A tiny transformers video model's config saved in ``folder`` (no download): 4 frames at 32x32, 32 wide;
+    ``family``: videomae or vjepa2 (its predictor one layer deep)."""
+    import transformers
+
+    shape = dict(patch_size=8, tubelet_size=2, hidden_size=32, num_hidden_layers=layers, num_attention_heads=2)
+    if family == "videomae":
+        config = transformers.VideoMAEConfig(image_size=32, num_frames=4, intermediate_size=64, **shape)
+    else:
+        config = transformers.VJEPA2Config(
+            crop_size=32, frames_per_clip=4, mlp_ratio=2.0, pred_hidden_size=32, pred_num_hidden_layers=1,
+            pred_num_attention_heads=2, **shape,
+        )  # fmt: skip
+    config.save_pretrained(folder)
+    return str(folder)
+
+
+def quickstart_config(*changes):
+    """configs/quickstart.yaml with ``changes`` (KEY=VALUE), a 1 GB budget for the planner's lines."""
+    from config import load_config
+
+    return load_config(os.path.join(ROOT, "configs", "quickstart.yaml"), ["trainer.memory_budget_gb=1", *changes])
+
+
 @pytest.fixture(scope="session")
 def barcode_videos(tmp_path_factory):
     """Barcoded test videos in several containers and codecs: {name: (path, frame count)}."""

@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from conftest import error_lines, overrides, run_in_process
+from conftest import error_lines, overrides, quickstart_config, run_in_process, tiny_video_transformer
 
 from artifacts.checkpoint import load_checkpoint
 from config import load_config
@@ -25,23 +25,10 @@ KINDS = ("block", "side", "lora")
 
 @pytest.fixture(scope="module")
 def videomae(tmp_path_factory) -> str:
-    """A tiny VideoMAE config saved as a local directory (no download): 4 frames at 32x32."""
-    folder = str(tmp_path_factory.mktemp("videomae"))
-    transformers.VideoMAEConfig(
-        image_size=32,
-        patch_size=8,
-        num_frames=4,
-        tubelet_size=2,
-        hidden_size=32,
-        num_hidden_layers=3,
-        num_attention_heads=2,
-        intermediate_size=64,
-    ).save_pretrained(folder)
-    return folder
+    return tiny_video_transformer(tmp_path_factory.mktemp("videomae"), layers=3)
 
 
-def quickstart(*changes):
-    return load_config(os.path.join(ROOT, "configs", "quickstart.yaml"), ["trainer.memory_budget_gb=1", *changes])
+quickstart = quickstart_config
 
 
 def clip_for(backbone: str) -> torch.Tensor:
@@ -81,17 +68,10 @@ def test_adapters_start_from_the_frozen_backbone_and_train_alone(kind, backbone,
             torch.testing.assert_close(value, before[key], rtol=0, atol=0, msg=key)
 
 
-def test_lora_updates_layers_the_forward_calls():
+def test_lora_updates_layers_the_forward_calls(videomae):
     """VideoMAE reads its query, key and value weights without calling their layers: LoRA there would change
     nothing. The targets are the layers a forward calls, and every one of them gets a gradient."""
-    import tempfile
-
-    folder = tempfile.mkdtemp()
-    transformers.VideoMAEConfig(
-        image_size=32, patch_size=8, num_frames=4, tubelet_size=2, hidden_size=32, num_hidden_layers=2,
-        num_attention_heads=2, intermediate_size=64,
-    ).save_pretrained(folder)  # fmt: skip
-    model = build_model(quickstart(f"model.backbone=hf/{folder}", "model.adapter=lora").model, 6).train()
+    model = build_model(quickstart(f"model.backbone=hf/{videomae}", "model.adapter=lora").model, 6).train()
     adapted = {name.split(".lora_")[0] for name, _ in model.named_parameters() if ".lora_" in name}
     assert adapted and not any(name.endswith((".query", ".key", ".value")) for name in adapted)
     for module in model.modules():  # lora_B starts at zero: lora_A's gradient would be zero; give B a value
@@ -221,10 +201,7 @@ def test_a_hub_models_weights_saved_as_one_file_load_under_adapters(tmp_path):
         pytest.skip(f"transformers {transformers.__version__} has no V-JEPA 2")
     from safetensors.torch import save_file
 
-    transformers.VJEPA2Config(
-        crop_size=32, patch_size=8, frames_per_clip=4, tubelet_size=2, hidden_size=32, num_hidden_layers=2,
-        num_attention_heads=2, mlp_ratio=2.0, pred_hidden_size=32, pred_num_hidden_layers=1, pred_num_attention_heads=2,
-    ).save_pretrained(tmp_path / "config")  # fmt: skip
+    tiny_video_transformer(tmp_path / "config", "vjepa2")
     torch.manual_seed(3)
     source = transformers.AutoModel.from_config(transformers.AutoConfig.from_pretrained(tmp_path / "config"))
     save_file(source.state_dict(), str(tmp_path / "weights.safetensors"))

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from conftest import error_lines, overrides, run_in_process, run_python
+from conftest import error_lines, overrides, quickstart_config, run_in_process, run_python, tiny_video_transformer
 
 from artifacts.checkpoint import load_checkpoint
 from config import load_config
@@ -23,23 +23,10 @@ TIMM = "timm/test_resnet"  # timm's own test model: 0.37 M parameters, 15 BatchN
 
 @pytest.fixture(scope="module")
 def videomae(tmp_path_factory) -> str:
-    """A tiny VideoMAE config saved as a local directory (no download): 4 frames at 32x32."""
-    folder = str(tmp_path_factory.mktemp("videomae"))
-    transformers.VideoMAEConfig(
-        image_size=32,
-        patch_size=8,
-        num_frames=4,
-        tubelet_size=2,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-    ).save_pretrained(folder)
-    return folder
+    return tiny_video_transformer(tmp_path_factory.mktemp("videomae"))
 
 
-def quickstart(*changes):
-    return load_config(os.path.join(ROOT, "configs", "quickstart.yaml"), ["trainer.memory_budget_gb=1", *changes])
+quickstart = quickstart_config
 
 
 def test_a_timm_model_runs_on_every_frame_and_pools_the_chunk():
@@ -81,19 +68,7 @@ def test_a_hf_video_model_resamples_a_chunk_to_its_frames_and_checks_the_size(vi
 def test_a_v_jepa_2_encoder_runs_without_its_predictor(tmp_path):
     if not hasattr(transformers, "VJEPA2Config"):
         pytest.skip(f"transformers {transformers.__version__} has no V-JEPA 2")
-    transformers.VJEPA2Config(
-        crop_size=32,
-        patch_size=8,
-        frames_per_clip=4,
-        tubelet_size=2,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        mlp_ratio=2.0,
-        pred_hidden_size=32,
-        pred_num_hidden_layers=1,
-        pred_num_attention_heads=2,
-    ).save_pretrained(tmp_path)
+    tiny_video_transformer(tmp_path, "vjepa2")
     model = build_model(quickstart(f"model.backbone=hf/{tmp_path}", "model.grad_checkpointing=true").model, 6)
     assert model.rgb.frames == 4 and model.rgb.net.predictor is None
     model.train()(dict(video=torch.randn(2, 3, 8, 32, 32))).sum().backward()
