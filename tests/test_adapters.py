@@ -104,16 +104,16 @@ def test_the_planner_estimates_adapters_as_it_runs_them(kind, backbone, videomae
     assert fake.peak == real.peak > 0
     for part in ("parameters", "optimizer_state", "inputs"):
         assert getattr(fake, part) == getattr(real, part), part
-    # the adapters' optimizer state, a fraction of the backbone's
-    full = project.config_training_estimate(quickstart(*changes[:1], *changes[3:]), 16, 2, fake=True)
-    frozen = project.config_training_estimate(
-        quickstart(*changes[:1], *changes[3:], "model.freeze_backbone=true"), 16, 2
-    )
-    assert (
-        frozen.optimizer_state
-        < fake.optimizer_state
-        < frozen.optimizer_state + (full.optimizer_state - frozen.optimizer_state) / 2
-    )
+    if backbone == "tiny3d":  # the adapters' optimizer state, a fraction of the backbone's (once: the same sums)
+        full = project.config_training_estimate(quickstart(*changes[:1], *changes[3:]), 16, 2, fake=True)
+        frozen = project.config_training_estimate(
+            quickstart(*changes[:1], *changes[3:], "model.freeze_backbone=true"), 16, 2
+        )
+        assert (
+            frozen.optimizer_state
+            < fake.optimizer_state
+            < frozen.optimizer_state + (full.optimizer_state - frozen.optimizer_state) / 2
+        )
 
 
 @pytest.fixture(scope="module")
