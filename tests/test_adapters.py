@@ -225,3 +225,12 @@ def test_the_billion_parameter_preset_trains_its_adapters_alone():
     adapters = sum(p.numel() for p in model.adapters.parameters())
     assert model.rgb.feature_dim == 1408 and len(model.adapters.adapters) == 40 and 0.9e9 < backbone < 1.1e9
     assert all(not p.requires_grad for p in model.rgb.parameters()) and 0 < adapters < 0.05 * backbone
+
+
+def test_batch_auto_takes_the_largest_batch_the_planner_fits_with_adapters():
+    """batch auto searches over the same estimate for every kind (one kind here: the search is the same)."""
+    from test_memory_estimate import fit  # the planner tests' budget arithmetic
+
+    changes = ["model.adapter=lora", "model.temporal_head=transformer", "train.chunk_train_size=4"]
+    peaks = {b: project.config_training_estimate(quickstart(*changes), 16, b).peak for b in (4, 5)}
+    assert fit(quickstart("data.batch_size=auto", *changes), (peaks[4] + peaks[5]) // 2) == (4, 1)
