@@ -119,7 +119,8 @@ class Checkpoint:
             classifier.load_state_dict(self.model)
             return
         wanted, spec = self.frozen_weights["sha256"], self.frozen_weights["pretrained"]
-        actual = frozen_fingerprint(classifier) if frozen_keys(classifier) else "none (no adapters here)"
+        frozen = frozen_keys(classifier)
+        actual = frozen_fingerprint(classifier) if frozen else "none (no adapters here)"
         if actual != wanted:
             raise CheckpointError(
                 f"{path}: its adapters were trained on a frozen backbone of sha256 {wanted[:12]}... (model.pretrained: "
@@ -127,7 +128,7 @@ class Checkpoint:
                 f"on with --set model.pretrained=..., or train the adapters again on these"
             )
         missing, unexpected = classifier.load_state_dict(self.model, strict=False)
-        left_out = set(missing) - frozen_keys(classifier)
+        left_out = set(missing) - frozen
         if unexpected or left_out:
             raise RuntimeError(
                 f"Error(s) in loading state_dict: missing {sorted(left_out)[:3]}, unexpected {unexpected[:3]}"

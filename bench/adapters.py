@@ -20,6 +20,7 @@ import os
 import time
 
 from config import load_config
+from models.adapters import parameter_counts
 from planner import project
 from planner.estimate import GiB, usable_bytes
 
@@ -52,9 +53,7 @@ def estimate(model: str, way: str, frames: int, batch: int, precision: str) -> d
     start = time.perf_counter()
     step = project.config_training_estimate(cfg, frames, batch, precision=precision)
     built = project.ProjectStep(cfg, 10, 1, None, 0).classifier()
-    backbone = sum(
-        p.numel() for name, p in built.named_parameters() if name.startswith("rgb.") and ".lora_" not in name
-    )
+    backbone = parameter_counts(built)[1]
     trained = sum(p.numel() for p in built.parameters() if p.requires_grad)
     return {"step": step, "backbone": backbone, "trained": trained, "seconds": time.perf_counter() - start}
 

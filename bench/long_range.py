@@ -251,14 +251,11 @@ def adapters(args) -> None:
     each kind of adapter on it frozen."""
     from config import load_config
     from models import build_model
+    from models.adapters import parameter_counts
 
     config, overrides = PRESETS["long-range"]
     for way, changes in ADAPTER_WAYS.items():
-        model = build_model(load_config(config, overrides + changes).model, 2)
-        backbone = sum(p.numel() for n, p in model.named_parameters() if n.startswith("rgb.") and ".lora_" not in n)
-        adapted = sum(
-            p.numel() for n, p in model.named_parameters() if p.requires_grad and n.startswith(("rgb.", "adapters."))
-        )
+        adapted, backbone = parameter_counts(build_model(load_config(config, overrides + changes).model, 2))
         print(
             f"{way}: {adapted:,} backbone or adapter parameters trained ({adapted / backbone:.1%} of the backbone's {backbone:,})"
         )

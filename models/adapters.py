@@ -41,6 +41,11 @@ class AdapterPoints:
         self.blocks, self.layout, self.sample, self.time_steps = list(blocks), layout, sample, time_steps
 
 
+def block_output(output) -> torch.Tensor:
+    """A block's output tensor (transformers' layers may return a tuple, the tensor first)."""
+    return output[0] if isinstance(output, tuple) else output
+
+
 def to_time_space(x: torch.Tensor, layout: str, time_steps: int) -> torch.Tensor:
     """A block's output as [B, T, S, C]."""
     if layout == "channels_first":
@@ -93,7 +98,7 @@ class BlockAdapters(nn.Module):
 
     def _hook(self, adapter: TemporalBottleneck):
         def add(block, args, output):
-            x = output[0] if isinstance(output, tuple) else output
+            x = block_output(output)
             y = x + from_time_space(adapter(to_time_space(x, self.layout, self.time_steps)), x, self.layout)
             return (y, *output[1:]) if isinstance(output, tuple) else y
 
@@ -121,8 +126,9 @@ class SideAdapters(nn.Module):
             points.blocks[i].register_forward_hook(self._record)
 
     def _record(self, block, args, output):
-        x = output[0] if isinstance(output, tuple) else output
-        self.tapped.append(to_time_space(x, self.layout, self.time_steps).mean(dim=2).detach())  # [B, T, C]
+        self.tapped.append(
+            to_time_space(block_output(output), self.layout, self.time_steps).mean(dim=2).detach()
+        )  # [B, T, C]
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """The backbone's features [B, D] corrected by the taps its forward just recorded (then released)."""
@@ -168,7 +174,7 @@ class Trace:
 
     @staticmethod
     def _width(output, points: AdapterPoints) -> int:
-        x = output[0] if isinstance(output, tuple) else output
+        x = block_output(output)
         return int(x.shape[1] if points.layout == "channels_first" else x.shape[-1])
 
 
@@ -188,7 +194,6 @@ def add_lora(backbone: nn.Module, targets: list[str], rank: int) -> None:
     except ImportError:
         raise ModelConfigError("model.adapter: lora needs peft: pip install -r requirements-backbones.txt")
     inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=rank, target_modules=targets), backbone)
-    backbone.requires_grad_(False)
     for name, parameter in backbone.named_parameters():
         parameter.requires_grad_(".lora_" in name)
 
@@ -219,6 +224,18 @@ def frozen_keys(classifier: nn.Module) -> set[str]:
         return set()
     trained = {id(p) for p in classifier.rgb.parameters() if p.requires_grad}
     return {f"rgb.{k}" for k, v in classifier.rgb.state_dict(keep_vars=True).items() if id(v) not in trained}
+
+
+def parameter_counts(classifier: nn.Module) -> tuple[int, int]:
+    """(the parameters adapters train on a classifier's RGB backbone, the backbone's own): what model.adapter costs
+    against what it leaves frozen (the head's left out of both)."""
+    backbone = sum(p.numel() for name, p in classifier.rgb.named_parameters() if ".lora_" not in name)
+    adapted = sum(
+        p.numel()
+        for name, p in classifier.named_parameters()
+        if p.requires_grad and name.startswith(("rgb.", "adapters."))
+    )
+    return adapted, backbone
 
 
 def frozen_fingerprint(classifier: nn.Module) -> str:

@@ -33,6 +33,7 @@ from engine.training.oom import start_memory_history
 from engine.training.optim import build_optimizer, build_scheduler, max_grad_norm, warmup_epochs
 from engine.training.trainer import RunReport, Trainer
 from models import ModelConfigError, build_feature_head, build_model, set_head_chunks, temporal_head_of
+from models.adapters import parameter_counts
 from models.norms import convert_norms
 
 log = logging.getLogger("longvideo")
@@ -282,12 +283,7 @@ def _model_on_device(cfg: Config, runtime: Runtime, shape: DataShape) -> tuple:
             frozen,
         )
     if cfg.model.adapter != "none" and runtime.is_main:
-        backbone = sum(p.numel() for name, p in model.rgb.named_parameters() if ".lora_" not in name)
-        adapted = sum(
-            p.numel()
-            for name, p in model.named_parameters()
-            if p.requires_grad and name.startswith(("rgb.", "adapters."))
-        )
+        adapted, backbone = parameter_counts(model)
         log.info(
             "model.adapter: %s: %s parameters trained on the frozen backbone's %s (%.2f%%), beside the head's",
             cfg.model.adapter,
