@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -63,6 +64,7 @@ from datasets.long_range_tasks import (
     TASKS,
     generate_long_range,
     generate_task,
+    mirrored_classes,
 )
 from harness.long_range import FAMILY_SHAPES, LONG_RANGE_PRESET, colours_apart, event_chunks, train_head_alone
 
@@ -125,7 +127,7 @@ def train_variant(
 PRESETS = {
     "quickstart + head": (
         os.path.join(ROOT, "configs", "quickstart.yaml"),
-        ["model.temporal_head=transformer", "data.flip_label_pairs=null", "data.batch_size=8"],
+        ["model.temporal_head=transformer", "data.batch_size=8"],
     ),
     "long-range": (LONG_RANGE_PRESET, []),
     "order-blind mean": (LONG_RANGE_PRESET, ["model.temporal_head=none"]),
@@ -149,6 +151,8 @@ def family_data(family: str, root: str, modality: str = "colour") -> tuple[str, 
         f"data.val_manifest={names[1]}",
         "data.test_manifest=null",
         "data.class_names=null",
+        # a preset that flips (quickstart) swaps A and B in motion: the family's pairs, none of the preset's classes
+        f"data.flip_label_pairs={json.dumps(mirrored_classes(family, modality)) if modality == 'motion' else 'null'}",
         f"data.num_frames={frames}",
         "data.frame_stride=4",
         f"train.chunk_train_size={chunk}",

@@ -146,6 +146,23 @@ TASKS = {
 }
 
 
+def mirrored_classes(task: str, modality: str) -> list[list[str]]:
+    """The pairs of ``task``'s classes that a horizontal flip swaps (``data.flip_label_pairs``). In the motion
+    modality a mirror turns A's rightward square into B's leftward one (C's downward square, centred, stays C), so a
+    label that names A or B names the other once mirrored; a relation of A and B (match, twice) stays as it is, and
+    nothing swaps in the other modalities. Without these pairs a flip trains on clips whose label says the opposite
+    of what they show: at chance by construction."""
+    if modality != "motion":
+        return []
+    swap = {"A": "B", "B": "A"}
+    pairs = []
+    for name in TASKS[task]["classes"]:
+        mirror = "_".join(swap.get(part, part) for part in name.split("_"))
+        if mirror != name and [mirror, name] not in pairs:
+            pairs.append([name, mirror])
+    return pairs
+
+
 def arrangements(colours: str) -> list[str]:
     """Every distinct order of the multiset ``colours`` ('AABB' -> 'AABB', 'ABAB', ...), sorted."""
     return sorted({"".join(p) for p in permutations(colours)})

@@ -9,7 +9,17 @@ import cv2
 import numpy as np
 import pytest
 
-from datasets.long_range_tasks import MODALITIES, PULSE_UNIT, REPETITION_FRAMES, TASKS, generate_task
+from datasets.long_range_tasks import (
+    MODALITIES,
+    PULSE_UNIT,
+    REPETITION_FRAMES,
+    TASKS,
+    event_frame,
+    generate_task,
+    mirrored_classes,
+    relation_holds,
+    task_events,
+)
 
 
 @pytest.mark.parametrize("task", ["middle", "last", "distractors", "twice", "more", "match"])
@@ -119,3 +129,40 @@ def test_the_synthetic_command_writes_a_family_in_a_modality(tmp_path):
     assert int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) == TASKS["match"]["frames"]
     assert int(capture.get(cv2.CAP_PROP_FRAME_WIDTH)) == 16
     capture.release()
+
+
+def label_of(task: str, kinds: list[str]) -> str:
+    """The class of a ``task`` video whose events are ``kinds`` in time order, as the module docstring states it."""
+    classes = TASKS[task]["classes"]
+    if task in ("twice", "more", "match"):
+        return classes[0] if relation_holds(task, "".join(kinds)) else classes[1]
+    if task == "middle":
+        return f"middle_{kinds[1]}"
+    if task == "last":
+        return f"last_{kinds[-1]}"
+    return "A_first" if kinds.index("A") < kinds.index("B") else "B_first"
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_a_mirrored_motion_video_is_one_of_the_class_its_flip_pairs_name(task):
+    """A horizontal flip (data.augment with data.flip) of a video in motion turns each rightward square (A) into a
+    leftward one (B) pixel for pixel, and back, and leaves the downward one (C); the class of the mirrored events is
+    the one mirrored_classes pairs with the video's class, so a training run that flips with those pairs keeps
+    every label true. In the other modalities a flip swaps no kind and no class."""
+    rng = np.random.default_rng(0)
+    noise = rng.integers(90, 166, size=(32, 32, 3), dtype=np.uint8)
+    swap = {"A": "B", "B": "A", "C": "C"}
+    for kind in "ABC":
+        for step in range(12):
+            shown = event_frame("motion", kind, step, 12, noise)
+            mirrored = event_frame("motion", swap[kind], step, 12, noise[:, ::-1])
+            np.testing.assert_array_equal(shown[:, ::-1], mirrored)
+    pairs = {name: mirror for pair in mirrored_classes(task, "motion") for name, mirror in (pair, pair[::-1])}
+    for label in TASKS[task]["classes"]:
+        for _ in range(8):
+            kinds = task_events(rng, task, label)
+            assert label_of(task, kinds) == label
+            assert label_of(task, [swap[k] for k in kinds]) == pairs.get(label, label), (task, label, kinds)
+    for modality in MODALITIES:
+        if modality != "motion":
+            assert mirrored_classes(task, modality) == []
