@@ -4,6 +4,7 @@
     python -m bench.long_range --epochs 20 --seeds 0,1,2
     python -m bench.long_range --part families --epochs 30   # every task family and modality, two presets' defaults
     python -m bench.long_range --part families --modalities motion --families match,twice
+    python -m bench.long_range --part families --modalities motion --families last --presets long-range --num-train 480
     python -m bench.long_range --part finetune --pretrain last/texture --modalities colour,motion  # from weights
     python -m bench.long_range --part adapters --families middle,last --modalities colour --seeds 0,1,2
     python -m bench.long_range --part head-alone --seeds 0,1,2  # the head alone on each family's chunk features
@@ -18,7 +19,8 @@ event length, number of chunks), trained with the head's defaults from two prese
 model.temporal_head: transformer; configs/long-range.yaml) beside the
 order-blind baseline (the long-range preset with chunk logits averaged). Printed: best and last validation
 accuracy (the mean over seeds, then each seed's), the first epoch at 0.9 or more (the slowest seed's), seconds per
-epoch.
+epoch. A preset that flips (quickstart) gets the family's mirrored classes as data.flip_label_pairs (in motion a
+mirror swaps A and B); --num-train N writes and trains on N training videos a family instead of 96.
 
 --part finetune: --part families from weights instead of from scratch: the backbone of a run on --pretrain (the
 long-range preset with a plain transformer head, no reconstruction, no running sum) stands in for pretrained
@@ -134,8 +136,9 @@ PRESETS = {
 }
 
 
-def family_data(family: str, root: str, modality: str = "colour") -> tuple[str, list[str]]:
-    """(the family's data directory in ``modality``, written if missing; its manifest and shape overrides)."""
+def family_data(family: str, root: str, modality: str = "colour", num_train: int = 96) -> tuple[str, list[str]]:
+    """(the family's data directory in ``modality`` with ``num_train`` training videos, written if missing; its
+    manifest and shape overrides)."""
     if family == "order" and modality == "colour":
         data = generate_long_range(os.path.join(root, "long_range"), quiet=True)
         names = ("order_train.jsonl", "order_val.jsonl")
@@ -143,7 +146,8 @@ def family_data(family: str, root: str, modality: str = "colour") -> tuple[str, 
         raise SystemExit("--part families: the order family is colour only; its kin distractors has every modality")
     else:
         folder = f"task_{family}" if modality == "colour" else f"task_{family}_{modality}"
-        data = generate_task(os.path.join(root, folder), family, quiet=True, modality=modality)
+        folder += "" if num_train == 96 else f"_{num_train}"
+        data = generate_task(os.path.join(root, folder), family, num_train=num_train, quiet=True, modality=modality)
         names = (f"{family}_train.jsonl", f"{family}_val.jsonl")
     frames, chunk = FAMILY_SHAPES[family]
     return data, [
@@ -184,9 +188,10 @@ def families(args, weights=None, variants: dict | None = None) -> None:
         if modality == "colour" or family != "order"
     ]
     for family, modality in cases:
-        data, shape = family_data(family, os.path.join(ROOT, "data"), modality)
+        data, shape = family_data(family, os.path.join(ROOT, "data"), modality, args.num_train)
         frames, chunk = FAMILY_SHAPES[family]
         label = family if modality == "colour" else f"{family}/{modality}"
+        label += "" if args.num_train == 96 else f" x{args.num_train}"
         for name, (config, overrides) in variants.items():
             runs = []
             for seed in seeds:
@@ -343,6 +348,9 @@ def main() -> None:
         "--train-clips", type=int, default=96, help="--part head-alone: training clips a family (96 as the videos)"
     )
     parser.add_argument("--data", default=os.path.join(ROOT, "data", "long_range"), help="the order task's directory")
+    parser.add_argument(
+        "--num-train", type=int, default=96, help="--part families, finetune: training videos a family (48 validate)"
+    )
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--seeds", default="0", help="train.seed values, comma-separated: accuracy is averaged")
     parser.add_argument("--families", default=",".join(FAMILY_SHAPES), help="--part families: which, comma-separated")
@@ -365,6 +373,8 @@ def main() -> None:
         unknown = [name for name in getattr(args, option[2:]).split(",") if name not in known]
         if unknown:
             parser.error(f"{option}: unknown {', '.join(repr(n) for n in unknown)}; choose from {', '.join(known)}")
+    if args.num_train < 1 or (args.num_train != 96 and "order" in args.families.split(",")):
+        parser.error("--num-train: at least 1, and for the families of datasets/long_range_tasks.py (not order)")
     if args.part == "families":
         families(args)
         return

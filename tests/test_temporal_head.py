@@ -731,6 +731,11 @@ def test_the_long_range_bench_names_an_unknown_family_or_preset():
         assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(
             f"python -m bench.long_range: error: {option}: unknown "
         ), done.stderr
+    for count in ("0", "480"):  # the order task's data has its own generator: its 96 videos only
+        done = run_in_process(
+            ["-m", "bench.long_range", "--part", "families", "--families", "order", "--num-train", count]
+        )
+        assert done.returncode == 2 and "error: --num-train: at least 1" in done.stderr.splitlines()[-1], done.stderr
 
 
 def test_the_length_bench_names_an_unknown_family_and_the_scale_bench_measures_a_head_step_alone():
