@@ -341,7 +341,12 @@ class DataConfig:
     crop_ratio: list = setting(
         [0.75, 1.3333], "list", "augment: aspect ratio of a random crop, relative to img_size's [min, max]"
     )
-    flip: bool = setting(True, "bool", "augment: horizontal flip with probability 0.5")
+    flip: bool = setting(
+        True,
+        "bool",
+        "augment: horizontal flip with probability 0.5 (it turns a movement to the right into one to the left: a label "
+        "that names a side or a direction needs data.flip_label_pairs, or false)",
+    )
     color_jitter: float = setting(
         0.0,
         "float",
