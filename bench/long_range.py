@@ -71,6 +71,7 @@ from datasets.long_range_tasks import (
 from harness.long_range import FAMILY_SHAPES, LONG_RANGE_PRESET, colours_apart, event_chunks, train_head_alone
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAMILY_VIDEOS = 96  # training videos a family unless --num-train says otherwise (datasets.synthetic --family's too)
 VARIANTS = {
     "(a) short clips": [
         "data.num_frames=16",
@@ -136,7 +137,9 @@ PRESETS = {
 }
 
 
-def family_data(family: str, root: str, modality: str = "colour", num_train: int = 96) -> tuple[str, list[str]]:
+def family_data(
+    family: str, root: str, modality: str = "colour", num_train: int = FAMILY_VIDEOS
+) -> tuple[str, list[str]]:
     """(the family's data directory in ``modality`` with ``num_train`` training videos, written if missing; its
     manifest and shape overrides)."""
     if family == "order" and modality == "colour":
@@ -146,7 +149,7 @@ def family_data(family: str, root: str, modality: str = "colour", num_train: int
         raise SystemExit("--part families: the order family is colour only; its kin distractors has every modality")
     else:
         folder = f"task_{family}" if modality == "colour" else f"task_{family}_{modality}"
-        folder += "" if num_train == 96 else f"_{num_train}"
+        folder += "" if num_train == FAMILY_VIDEOS else f"_{num_train}"
         data = generate_task(os.path.join(root, folder), family, num_train=num_train, quiet=True, modality=modality)
         names = (f"{family}_train.jsonl", f"{family}_val.jsonl")
     frames, chunk = FAMILY_SHAPES[family]
@@ -156,7 +159,7 @@ def family_data(family: str, root: str, modality: str = "colour", num_train: int
         "data.test_manifest=null",
         "data.class_names=null",
         # a preset that flips (quickstart) swaps A and B in motion: the family's pairs, none of the preset's classes
-        f"data.flip_label_pairs={json.dumps(mirrored_classes(family, modality)) if modality == 'motion' else 'null'}",
+        f"data.flip_label_pairs={json.dumps(mirrored_classes(family, modality))}",
         f"data.num_frames={frames}",
         "data.frame_stride=4",
         f"train.chunk_train_size={chunk}",
@@ -191,7 +194,7 @@ def families(args, weights=None, variants: dict | None = None) -> None:
         data, shape = family_data(family, os.path.join(ROOT, "data"), modality, args.num_train)
         frames, chunk = FAMILY_SHAPES[family]
         label = family if modality == "colour" else f"{family}/{modality}"
-        label += "" if args.num_train == 96 else f" x{args.num_train}"
+        label += "" if args.num_train == FAMILY_VIDEOS else f" x{args.num_train}"
         for name, (config, overrides) in variants.items():
             runs = []
             for seed in seeds:
@@ -349,7 +352,10 @@ def main() -> None:
     )
     parser.add_argument("--data", default=os.path.join(ROOT, "data", "long_range"), help="the order task's directory")
     parser.add_argument(
-        "--num-train", type=int, default=96, help="--part families, finetune: training videos a family (48 validate)"
+        "--num-train",
+        type=int,
+        default=FAMILY_VIDEOS,
+        help="--part families, finetune: training videos a family (48 validate)",
     )
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--seeds", default="0", help="train.seed values, comma-separated: accuracy is averaged")
@@ -373,7 +379,7 @@ def main() -> None:
         unknown = [name for name in getattr(args, option[2:]).split(",") if name not in known]
         if unknown:
             parser.error(f"{option}: unknown {', '.join(repr(n) for n in unknown)}; choose from {', '.join(known)}")
-    if args.num_train < 1 or (args.num_train != 96 and "order" in args.families.split(",")):
+    if args.num_train < 1 or (args.num_train != FAMILY_VIDEOS and "order" in args.families.split(",")):
         parser.error("--num-train: at least 1, and for the families of datasets/long_range_tasks.py (not order)")
     if args.part == "families":
         families(args)
