@@ -5,6 +5,7 @@
     python -m bench.long_range --part families --epochs 30   # every task family and modality, two presets' defaults
     python -m bench.long_range --part families --modalities motion --families match,twice
     python -m bench.long_range --part families --modalities motion --families last --presets long-range --num-train 480
+    python -m bench.long_range --part refit --families match --modalities texture  # the head again, on the backbone
     python -m bench.long_range --part finetune --pretrain last/texture --modalities colour,motion  # from weights
     python -m bench.long_range --part adapters --families middle,last --modalities colour --seeds 0,1,2
     python -m bench.long_range --part head-alone --seeds 0,1,2  # the head alone on each family's chunk features
@@ -21,6 +22,10 @@ order-blind baseline (the long-range preset with chunk logits averaged). Printed
 accuracy (the mean over seeds, then each seed's), the first epoch at 0.9 or more (the slowest seed's), seconds per
 epoch. A preset that flips (quickstart) gets the family's mirrored classes as data.flip_label_pairs (in motion a
 mirror swaps A and B); --num-train N writes and trains on N training videos a family instead of 96.
+
+--part refit: --part families, each run followed by a second with the same settings whose head starts anew on the
+first run's last backbone, frozen (model.pretrained: its last.pt, model.freeze_backbone: true): the head trained
+again on features the end-to-end run made, where it may find a relation it missed while they moved.
 
 --part finetune: --part families from weights instead of from scratch: the backbone of a run on --pretrain (the
 long-range preset with a plain transformer head, no reconstruction, no running sum) stands in for pretrained
@@ -86,9 +91,15 @@ VARIANTS = {
 
 
 def train_variant(
-    overrides: list[str], data: str, epochs: int, seed: int, config: str = LONG_RANGE_PRESET, keep: str | None = None
+    overrides: list[str],
+    data: str,
+    epochs: int,
+    seed: int,
+    config: str = LONG_RANGE_PRESET,
+    keep: str | None = None,
+    kept: str = "best.pt",
 ) -> dict:
-    """One train.py run's validation accuracy by epoch; ``keep``: a path to copy its best.pt to."""
+    """One train.py run's validation accuracy by epoch; ``keep``: a path to copy its checkpoint ``kept`` to."""
     with tempfile.TemporaryDirectory() as out:
         command = [
             sys.executable,
@@ -114,7 +125,7 @@ def train_variant(
         if keep:
             os.makedirs(os.path.dirname(keep), exist_ok=True)
             with atomic_path(keep) as tmp:
-                shutil.copyfile(os.path.join(out, "long_range", "latest", "checkpoints", "best.pt"), tmp)
+                shutil.copyfile(os.path.join(out, "long_range", "latest", "checkpoints", kept), tmp)
     accuracy = [float(r["val_clip_acc"]) for r in rows]
     elapsed = [float(r["elapsed_s"]) for r in rows]
     reached = next((int(r["epoch"]) for r, a in zip(rows, accuracy) if a >= 0.9), None)
@@ -169,19 +180,21 @@ def family_data(
     ]
 
 
-def families(args, weights=None, variants: dict | None = None) -> None:
+def families(args, weights=None, variants: dict | None = None, refit: bool = False) -> None:
     """Each --families x --modalities case from each --presets (or each of ``variants``: {name: (config,
     overrides)}), at each seed; ``weights(seed)``: a checkpoint whose backbone each run starts from
-    (model.pretrained), or None for a backbone from scratch."""
+    (model.pretrained), or None for a backbone from scratch. ``refit``: each run is followed by one with the same
+    settings whose head starts anew on the first run's last backbone, frozen (--part refit)."""
     variants = variants or {name: PRESETS[name] for name in args.presets.split(",")}
     seeds = [int(s) for s in args.seeds.split(",")]
+    width = max(18, *(len(f"{name}, head again" if refit else name) for name in variants))
     print(
         f"long-range task families, {args.epochs} epochs, seeds {seeds}, on the CPU ({os.cpu_count()} CPUs); each "
         f"family's validation set is balanced (chance: 1 / classes); the backbone "
         + ("from scratch" if weights is None else f"from {args.pretrain}'s")
     )
     print(
-        f"{'family':22s} {'chunks':>6s} {'variant':18s} {'best':>6s} {'last':>6s} {'to 0.9':>6s} {'s/epoch':>8s}"
+        f"{'family':22s} {'chunks':>6s} {'variant':{width}s} {'best':>6s} {'last':>6s} {'to 0.9':>6s} {'s/epoch':>8s}"
         f"  best, last of each seed"
     )
     cases = [
@@ -196,26 +209,43 @@ def families(args, weights=None, variants: dict | None = None) -> None:
         label = family if modality == "colour" else f"{family}/{modality}"
         label += "" if args.num_train == FAMILY_VIDEOS else f" x{args.num_train}"
         for name, (config, overrides) in variants.items():
-            runs = []
+            runs = {name: []} if not refit else {name: [], f"{name}, head again": []}
             for seed in seeds:
                 start = [] if weights is None else [f"model.pretrained={weights(seed)}"]
-                runs.append(train_variant(shape + overrides + start + args.set, data, args.epochs, seed, config))
-                if args.verbose:
-                    r = runs[-1]
-                    print(
-                        f"  {label} {name} seed {seed}: best {r['best']:.3f} last {r['last']:.3f} "
-                        f"train loss {r['train_loss']:.3f} to 0.9 {r['to_0.9']}",
-                        flush=True,
+                with tempfile.TemporaryDirectory() as kept:
+                    trained = os.path.join(kept, "last.pt")
+                    case = shape + overrides + args.set
+                    first = train_variant(
+                        case + start, data, args.epochs, seed, config, trained if refit else None, "last.pt"
                     )
-            reached = [r["to_0.9"] for r in runs]
-            each = " ".join(f"{r['best']:.3f},{r['last']:.3f}" for r in runs)
-            print(
-                f"{label:22s} {frames // chunk:6d} {name:18s} {sum(r['best'] for r in runs) / len(runs):6.3f} "
-                f"{sum(r['last'] for r in runs) / len(runs):6.3f} "
-                f"{'-' if None in reached else max(reached):>6} {sum(r['epoch_s'] for r in runs) / len(runs):8.1f}"
-                f"  {each}",
-                flush=True,
-            )
+                    done = [(name, first)]
+                    if refit:  # the same settings, a new head on the trained backbone, frozen
+                        again = [f"model.pretrained={trained}", "model.freeze_backbone=true"]
+                        done.append(
+                            (f"{name}, head again", train_variant(case + again, data, args.epochs, seed, config))
+                        )
+                for row, r in done:
+                    runs[row].append(r)
+                    if args.verbose:
+                        print(
+                            f"  {label} {row} seed {seed}: best {r['best']:.3f} last {r['last']:.3f} "
+                            f"train loss {r['train_loss']:.3f} to 0.9 {r['to_0.9']}",
+                            flush=True,
+                        )
+            for row, rows in runs.items():
+                print_summary(f"{label:22s} {frames // chunk:6d} {row:{width}s}", rows)
+
+
+def print_summary(case: str, runs: list[dict]) -> None:
+    """One line of --part families: a case's mean best and last accuracy over its seeds' runs, the slowest seed's
+    first epoch at 0.9, the mean seconds per epoch, each seed's best and last."""
+    reached = [r["to_0.9"] for r in runs]
+    each = " ".join(f"{r['best']:.3f},{r['last']:.3f}" for r in runs)
+    print(
+        f"{case} {sum(r['best'] for r in runs) / len(runs):6.3f} {sum(r['last'] for r in runs) / len(runs):6.3f} "
+        f"{'-' if None in reached else max(reached):>6} {sum(r['epoch_s'] for r in runs) / len(runs):8.1f}  {each}",
+        flush=True,
+    )
 
 
 # What the pretraining of --part finetune sets: a backbone from elsewhere knows nothing of the head's extras
@@ -329,7 +359,9 @@ def main() -> None:
         prog="python -m bench.long_range", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--part", choices=("order", "families", "finetune", "adapters", "head-alone", "separability"), default="order"
+        "--part",
+        choices=("order", "families", "refit", "finetune", "adapters", "head-alone", "separability"),
+        default="order",
     )
     parser.add_argument(
         "--ways", default=",".join(ADAPTER_WAYS), help="--part adapters: which ways of training, comma-separated"
@@ -355,25 +387,29 @@ def main() -> None:
         "--num-train",
         type=int,
         default=FAMILY_VIDEOS,
-        help="--part families, finetune: training videos a family (48 validate)",
+        help="--part families, refit, finetune: training videos a family (48 validate)",
     )
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--seeds", default="0", help="train.seed values, comma-separated: accuracy is averaged")
-    parser.add_argument("--families", default=",".join(FAMILY_SHAPES), help="--part families: which, comma-separated")
-    parser.add_argument("--presets", default=",".join(PRESETS), help="--part families: which variants, comma-separated")
+    parser.add_argument(
+        "--families", default=",".join(FAMILY_SHAPES), help="--part families, refit: which, comma-separated"
+    )
+    parser.add_argument(
+        "--presets", default=",".join(PRESETS), help="--part families, refit: which variants, comma-separated"
+    )
     parser.add_argument(
         "--modalities",
         default=",".join(MODALITIES),
-        help="--part families, finetune, separability: what tells the events apart (datasets/long_range_tasks.py), "
+        help="--part families, refit, finetune, separability: what tells the events apart (datasets/long_range_tasks.py), "
         "comma-separated; the order family is colour only",
     )
     parser.add_argument(
         "--set",
         action="append",
         default=[],
-        help="--part families, head-alone: a config change for every run (KEY=VALUE)",
+        help="--part families, refit, head-alone: a config change for every run (KEY=VALUE)",
     )
-    parser.add_argument("--verbose", action="store_true", help="--part families: a line for each run as it ends")
+    parser.add_argument("--verbose", action="store_true", help="--part families, refit: a line for each run as it ends")
     args = parser.parse_args()
     for option, known in (("--families", FAMILY_SHAPES), ("--presets", PRESETS), ("--ways", ADAPTER_WAYS)):
         unknown = [name for name in getattr(args, option[2:]).split(",") if name not in known]
@@ -381,8 +417,8 @@ def main() -> None:
             parser.error(f"{option}: unknown {', '.join(repr(n) for n in unknown)}; choose from {', '.join(known)}")
     if args.num_train < 1 or (args.num_train != FAMILY_VIDEOS and "order" in args.families.split(",")):
         parser.error("--num-train: at least 1, and for the families of datasets/long_range_tasks.py (not order)")
-    if args.part == "families":
-        families(args)
+    if args.part in ("families", "refit"):
+        families(args, refit=args.part == "refit")
         return
     if args.part == "finetune":
         finetune(args)

@@ -646,19 +646,20 @@ def test_resuming_with_settings_other_than_the_checkpoints_names_the_settings_th
     assert "--set train.temporal_warmup_epochs=0.0" in caplog.text and "model.temporal_contrast" not in caplog.text
 
 
+HEAD_RUN = (  # head_run's settings: a small transformer head over chunks of 8 frames
+    "model.temporal_head=transformer",
+    "model.temporal_width=32",
+    "train.chunk_train_size=8",
+    "train.chunk_train_overlap=0",
+    "infer.chunk_size=8",
+    "infer.chunk_overlap=0",
+)
+
+
 @pytest.fixture(scope="module")
 def head_run(synthetic_root, tmp_path_factory):
     out = tmp_path_factory.mktemp("head_runs")
-    args = overrides(
-        synthetic_root,
-        out,
-        "model.temporal_head=transformer",
-        "model.temporal_width=32",
-        "train.chunk_train_size=8",
-        "train.chunk_train_overlap=0",
-        "infer.chunk_size=8",
-        "infer.chunk_overlap=0",
-    )
+    args = overrides(synthetic_root, out, *HEAD_RUN)
     assert train.main(args) == 0
     return os.path.join(out, "e2e", "latest", "checkpoints", "best.pt")
 
@@ -699,6 +700,37 @@ def test_eval_and_infer_load_the_head_with_no_flags_and_refuse_agg(head_run, syn
     assert refused.returncode == 2 and "leave --agg out" in refused.stderr
 
 
+def test_a_new_head_trains_on_a_run_s_last_backbone_frozen_and_evaluates_without_that_file(
+    head_run, synthetic_root, tmp_path
+):
+    """docs/long-videos.md, a new head on the trained backbone: model.pretrained names a run's last.pt and
+    model.freeze_backbone keeps its backbone as it was (weights and BatchNorm statistics); the new run's checkpoint
+    holds it, so evaluation runs with the first file gone."""
+    import shutil
+
+    weights = str(tmp_path / "first_last.pt")
+    shutil.copyfile(os.path.join(os.path.dirname(head_run), "last.pt"), weights)
+    first = load_checkpoint(weights)
+    args = overrides(
+        synthetic_root,
+        tmp_path,
+        *HEAD_RUN,
+        "experiment=again",
+        "trainer.max_epochs=1",
+        f"model.pretrained={weights}",
+        "model.freeze_backbone=true",
+    )
+    assert train.main(args) == 0
+    checkpoints = tmp_path / "again" / "latest" / "checkpoints"
+    again = load_checkpoint(str(checkpoints / "last.pt"))
+    backbone = [k for k in first.model if k.startswith("rgb.")]
+    assert backbone and all(torch.equal(again.model[k], first.model[k]) for k in backbone)
+    assert any(not torch.equal(again.model[k], first.model[k]) for k in first.model if k.startswith("temporal."))
+    os.unlink(weights)
+    result = run_in_process(["eval.py", "--checkpoint", str(checkpoints / "best.pt"), "--split", "val"])
+    assert result.returncode == 0, result.stderr
+
+
 def test_the_cron_evaluator_uses_the_head(head_run):
     experiment = os.path.dirname(os.path.dirname(os.path.dirname(head_run)))
     result = run_in_process(
@@ -736,6 +768,62 @@ def test_the_long_range_bench_names_an_unknown_family_or_preset():
             ["-m", "bench.long_range", "--part", "families", "--families", "order", "--num-train", count]
         )
         assert done.returncode == 2 and "error: --num-train: at least 1" in done.stderr.splitlines()[-1], done.stderr
+
+
+def test_the_refit_bench_trains_a_new_head_on_each_run_s_last_backbone_frozen(monkeypatch, capsys):
+    """--part refit: after each run, one with the same settings from the backbone that run ended with (its
+    last.pt, kept before its folder goes), frozen; both rows printed."""
+    from bench import long_range
+
+    calls = []
+
+    def train_variant(overrides, data, epochs, seed, config, keep=None, kept="best.pt"):
+        calls.append({"overrides": overrides, "seed": seed, "keep": keep, "kept": kept})
+        if keep:  # what the bench hands on must exist while the second run reads it
+            open(keep, "wb").close()
+        else:
+            pretrained = next(o.split("=", 1)[1] for o in overrides if o.startswith("model.pretrained="))
+            assert os.path.exists(pretrained)
+        best = 0.5 if keep else 0.75 + seed / 100
+        return {"best": best, "last": best, "train_loss": 0.7, "to_0.9": None, "epoch_s": 1.0}
+
+    monkeypatch.setattr(long_range, "train_variant", train_variant)
+    monkeypatch.setattr(long_range, "family_data", lambda family, root, modality, n: ("data", ["shape=1"]))
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "long_range",
+            "--part",
+            "refit",
+            "--families",
+            "match",
+            "--modalities",
+            "texture",
+            "--presets",
+            "long-range",
+            "--seeds",
+            "0,1",
+            "--set",
+            "a=1",
+        ],
+    )
+    long_range.main()
+    assert [c["seed"] for c in calls] == [0, 0, 1, 1]
+    for first, again in (calls[:2], calls[2:]):
+        assert first["kept"] == "last.pt" and first["overrides"] == ["shape=1", "a=1"]
+        assert again["keep"] is None
+        assert again["overrides"] == [
+            "shape=1",
+            "a=1",
+            f"model.pretrained={first['keep']}",
+            "model.freeze_backbone=true",
+        ]
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("match/texture")]
+    assert [r[2:] for r in rows] == [
+        ["long-range", "0.500", "0.500", "-", "1.0", "0.500,0.500", "0.500,0.500"],
+        ["long-range,", "head", "again", "0.755", "0.755", "-", "1.0", "0.750,0.750", "0.760,0.760"],
+    ]
 
 
 def test_the_length_bench_names_an_unknown_family_and_the_scale_bench_measures_a_head_step_alone():
@@ -891,6 +979,12 @@ def test_a_head_at_chance_is_said_once_with_the_switches(caplog):
     )
     assert "train.temporal_lr_scale (now 0.5)" in warnings[0] and "model.temporal_width (now 64" in warnings[0]
     assert "train.temporal_warmup_epochs (now 2)" in warnings[0]
+    again = "a new head on this run's last backbone, frozen, can find what this one misses"
+    assert again in warnings[0] and "model.freeze_backbone: true" in warnings[0]
+    for elsewhere in ("model.freeze_backbone=true", "data.features_dir=features", "model.adapter=side"):
+        # no backbone trains here: there is no run's backbone to start a new head on
+        frozen = _trainer_at(history, overrides=("train.temporal_lr_scale=0.5", elsewhere))
+        assert again not in _head_warnings(caplog, frozen, [history])[0]
     learning = history[:2] + [{"epoch": 3, "val_clip_acc": 0.5, "train_loss": 1.0}]
     assert not _head_warnings(caplog, _trainer_at(learning), [learning])
 

@@ -21,7 +21,8 @@ def warn_if_head_at_chance(trainer: Trainer) -> None:
     training loss and each said once a run (bench/RESULTS.md, "Long-range tasks"): near chance's loss (ln classes),
     the head is not learning, which a slower head fixed; under half of it, the head fits the training clips but not
     the validation ones, which no learning rate fixed, and more training videos or fewer, longer chunks did (and,
-    for a relation between events told apart by colour, the chunk reconstruction, named where it can apply). A
+    for a relation between events told apart by colour, the chunk reconstruction, named where it can apply; for a
+    head that does not learn beside a backbone that trains, a new head on that backbone, frozen). A
     transformer head with bidirectional attention is told to make it directional first, and one without its
     contrast to turn it on first (docs/long-videos.md has the measurements behind each advice)."""
     if not trainer.has_temporal_head or not trainer.runtime.is_main:
@@ -96,11 +97,21 @@ def warn_if_head_at_chance(trainer: Trainer) -> None:
         )
         return
     max_norm = max_grad_norm(train_cfg, True)
+    # a relation between far events stayed at chance end to end while the backbone's features told the events
+    # apart, and a new head on those features, frozen, learnt it (bench/RESULTS.md, "The head again"); only where
+    # a backbone trains here is there such a run to start from
+    again = (
+        "; once the backbone tells the events apart, a new head on this run's last backbone, frozen, can find "
+        "what this one misses beside features that move (model.pretrained: this run's last.pt, "
+        "model.freeze_backbone: true; docs/long-videos.md)"
+        if trainer.cfg.data.features_dir is None and not model_cfg.freeze_backbone and model_cfg.adapter == "none"
+        else ""
+    )
     log.warning(
         "%s; %sa head that does not learn usually trains too fast: lower train.temporal_lr_scale (now %g) "
         "or train.lr (now %g), lengthen train.temporal_warmup_epochs (now %g), set train.temporal_grad_clip "
         "(now %s), or narrow model.temporal_width (now %d); "
-        "model.temporal_head: none shows what the chunks alone give",
+        "model.temporal_head: none shows what the chunks alone give%s",
         at_chance,
         first_switches,
         train_cfg.temporal_lr_scale,
@@ -108,4 +119,5 @@ def warn_if_head_at_chance(trainer: Trainer) -> None:
         warmup_epochs(train_cfg, True),
         "off" if max_norm is None else f"{max_norm:g}",
         model_cfg.temporal_width,
+        again,
     )
