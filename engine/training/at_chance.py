@@ -50,6 +50,8 @@ def warn_if_head_at_chance(trainer: Trainer) -> None:
         return
     said.add(kind)
     model_cfg = trainer.cfg.model
+    # a backbone that trains in this run (not frozen, not features read from disk): only its features can still change
+    backbone_trains = trainer.cfg.data.features_dir is None and not model_cfg.freeze_backbone
     # a bidirectional encoder starts nearly blind to order, and tokens without their contrast differ little where
     # most chunks look alike: the first switches (docs/long-videos.md has the measurements)
     transformer = model_cfg.temporal_head == "transformer"
@@ -79,9 +81,7 @@ def warn_if_head_at_chance(trainer: Trainer) -> None:
         reconstruction = (
             "; a label that relates far events told apart by colour (did the end match the start) also needs "
             "model.chunk_reconstruction: 1.0 (configs/long-range-relations.yaml)"
-            if model_cfg.chunk_reconstruction == 0
-            and trainer.cfg.data.features_dir is None
-            and not model_cfg.freeze_backbone
+            if model_cfg.chunk_reconstruction == 0 and backbone_trains
             else ""
         )
         log.warning(
@@ -98,13 +98,13 @@ def warn_if_head_at_chance(trainer: Trainer) -> None:
         return
     max_norm = max_grad_norm(train_cfg, True)
     # a relation between far events stayed at chance end to end while the backbone's features told the events
-    # apart, and a new head on those features, frozen, learnt it (bench/RESULTS.md, "The head again"); only where
-    # a backbone trains here is there such a run to start from
+    # apart, and a new head on those features, frozen, learnt it (bench/RESULTS.md, "The head again on the trained
+    # backbone"); only a backbone that trains here, without adapters (a new head would drop them), gives such a run
     again = (
         "; once the backbone tells the events apart, a new head on this run's last backbone, frozen, can find "
         "what this one misses beside features that move (model.pretrained: this run's last.pt, "
         "model.freeze_backbone: true; docs/long-videos.md)"
-        if trainer.cfg.data.features_dir is None and not model_cfg.freeze_backbone and model_cfg.adapter == "none"
+        if backbone_trains and model_cfg.adapter == "none"
         else ""
     )
     log.warning(
