@@ -53,6 +53,7 @@ class TrainState:
     kept_chunks: int | None = None  # training chunks whose activations are kept (train.recompute: auto); None = none
     epoch_loss_sum: float = 0.0  # summed clip losses of this epoch so far: a resumed epoch reports the whole
     epoch_clips: int = 0  # epoch's train_loss, not only the part after the resume
+    epoch_auxiliary_sum: float = 0.0  # the auxiliary loss's part of epoch_loss_sum (model.chunk_reconstruction)
 
 
 # the training state a checkpoint saves, by field name: the non-finite streak starts again at 0 on a resume

@@ -97,7 +97,10 @@ def curves_figure(plt, rows: list[dict], monitor: str, title: str):
     figure.suptitle(title)
     epochs = [int(r["epoch"]) for r in rows]
     loss_axis.plot(epochs, [float(r["train_loss"]) for r in rows], marker="o", label="training loss (mean per clip)")
-    loss_axis.set(xlabel="epoch", ylabel="cross-entropy loss", title="training loss")
+    label_only = series(rows, "train_label_loss")  # with an auxiliary loss (the chunk reconstruction) in train_loss
+    if label_only:
+        loss_axis.plot(*zip(*label_only), marker=".", label="the label's loss alone")
+    loss_axis.set(xlabel="epoch", ylabel="loss" if label_only else "cross-entropy loss", title="training loss")
     percent = monitor.startswith("val_seg_")
     scored = series(rows, monitor)
     if scored:

@@ -77,6 +77,31 @@ def test_a_constant_metric_is_named_and_not_drawn_and_a_run_without_segments_sho
     plt.close(figure)
 
 
+def test_with_an_auxiliary_loss_the_label_s_loss_is_drawn_beside_the_whole_loss():
+    rows = [
+        {
+            "epoch": str(e),
+            "train_loss": str(3.5 - 0.1 * e),
+            "train_label_loss": str(0.7 - 0.1 * e),
+            "val_clip_acc": "0.5",
+        }
+        for e in (1, 2, 3)
+    ]
+    figure = plots.curves_figure(plt, rows, "val_clip_acc", "run")
+    loss = figure.axes[0]
+    assert [line.get_label() for line in loss.get_lines()] == [
+        "training loss (mean per clip)",
+        "the label's loss alone",
+    ]
+    assert list(loss.get_lines()[1].get_ydata()) == pytest.approx([0.6, 0.5, 0.4]) and loss.get_ylabel() == "loss"
+    plt.close(figure)
+    without = plots.curves_figure(
+        plt, [{k: v for k, v in r.items() if k != "train_label_loss"} for r in rows], "val_clip_acc", "run"
+    )
+    assert len(without.axes[0].get_lines()) == 1 and without.axes[0].get_ylabel() == "cross-entropy loss"
+    plt.close(without)
+
+
 def hour_of_labels(frames: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     truth = np.repeat(rng.integers(0, len(CLASSES), frames // 50 + 1), 50)[:frames]

@@ -104,6 +104,40 @@ def test_the_training_step_adds_the_weighted_reconstruction_loss_and_trains_the_
         assert forward(inputs, spec).auxiliary is None
 
 
+@pytest.mark.parametrize("weight", [0.5, 0])
+def test_an_epoch_s_row_gives_the_label_s_loss_apart_from_the_reconstruction_s(tmp_path, weight):
+    """train_loss is what the optimizer minimizes, the label's loss and the reconstruction's together; with the
+    reconstruction on, train_label_loss is the label's alone (the at-chance warning judges a head by it), measured
+    here against the same forward by hand; without it, the row has no such column."""
+    import copy
+
+    from test_training_loop import make_trainer
+
+    from engine.training import loop
+    from engine.training.step import step_losses
+
+    model = small_model(temporal_head="transformer", chunk_reconstruction=weight)
+    trainer, loader = make_trainer(model, 4, 1, tmp_path, count=4, **{"train.chunk_train_size": 2})
+    batch = next(iter(loader))
+    by_hand = ChunkedTrainingForward(copy.deepcopy(model), trainer.prepare.normalize).train()
+    label, auxiliary = step_losses(  # with a graph, as in training: the decoder runs only then
+        by_hand,
+        trainer.prepare.transfer({"video": batch["video"]}),
+        {"label": batch["label"]},
+        trainer.chunk_spec(),
+        trainer.cfg.train,
+        trainer.criterion,
+    )
+    row = loop.train_one_epoch(trainer, loader)  # one batch: the epoch's mean is that batch's
+    if weight == 0:
+        assert auxiliary is None and "train_label_loss" not in row
+        assert row["train_loss"] == pytest.approx(label.item(), rel=1e-5)
+        return
+    assert auxiliary.item() > 0.1
+    assert row["train_label_loss"] == pytest.approx(label.item(), rel=1e-5)
+    assert row["train_loss"] == pytest.approx((label + auxiliary).item(), rel=1e-5)
+
+
 def test_a_clip_of_one_chunk_trains_the_decoder_towards_nothing_so_no_parameter_lacks_a_gradient():
     model = small_model(temporal_head="transformer", chunk_reconstruction=1)
     prepare = InputPreparer(torch.device("cpu"), MEAN, STD)

@@ -18,13 +18,14 @@ def warn_if_head_at_chance(trainer: Trainer) -> None:
     """A temporal head whose validation accuracy has stayed at chance for the last HEAD_AT_CHANCE_VALIDATIONS
     validations (within 1 / classes + two standard errors of a guess over that many clips, 0.05 at least: 48 clips
     of 2 classes at 0.58 are a coin's luck): a warning with the switches that help. Two cases, told apart by the
-    training loss and each said once a run (bench/RESULTS.md, "Long-range tasks"): near chance's loss (ln classes),
-    the head is not learning, which a slower head fixed; under half of it, the head fits the training clips but not
-    the validation ones, which no learning rate fixed, and more training videos or fewer, longer chunks did (and,
-    for a relation between events told apart by colour, the chunk reconstruction, named where it can apply; for a
-    head that does not learn beside a backbone that trains, a new head on that backbone, frozen). A
-    transformer head with bidirectional attention is told to make it directional first, and one without its
-    contrast to turn it on first (docs/long-videos.md has the measurements behind each advice)."""
+    label's training loss (an auxiliary loss's part left out) and each said once a run (bench/RESULTS.md,
+    "Long-range tasks"): near chance's loss (ln classes), the head is not learning, which a slower head fixed; under
+    half of it, the head fits the training clips but not the validation ones, which no learning rate fixed, and more
+    training videos or fewer, longer chunks did (and, for a relation between events told apart by colour, the chunk
+    reconstruction, named where it can apply; for a head that does not learn beside a backbone that trains, a new
+    head on that backbone, frozen). A transformer head with bidirectional attention is told to make it directional
+    first, and one without its contrast to turn it on first (docs/long-videos.md has the measurements behind each
+    advice)."""
     if not trainer.has_temporal_head or not trainer.runtime.is_main:
         return
     chance = 1.0 / len(trainer.class_names)
@@ -44,7 +45,9 @@ def warn_if_head_at_chance(trainer: Trainer) -> None:
         f"({chance:.3f}) for "
         f"{len(rows)} validations with the temporal head on"
     )
-    train_loss, chance_loss = rows[-1].get("train_loss"), math.log(len(trainer.class_names))
+    # the label's loss alone: an auxiliary loss beside it (the chunk reconstruction's) says nothing of the label
+    train_loss = rows[-1].get("train_label_loss", rows[-1].get("train_loss"))
+    chance_loss = math.log(len(trainer.class_names))
     kind = "fitting" if train_loss is not None and train_loss < 0.5 * chance_loss else "not learning"
     if kind in said:
         return
@@ -85,7 +88,7 @@ def warn_if_head_at_chance(trainer: Trainer) -> None:
             else ""
         )
         log.warning(
-            "%s while its training loss fell to %.3f (chance: %.3f): it fits the training clips, not the "
+            "%s while the label's training loss fell to %.3f (chance: %.3f): it fits the training clips, not the "
             "task; %sgive it more training videos, or fewer, longer chunks (%s); model.temporal_head: none "
             "shows what the chunks alone give%s",
             at_chance,

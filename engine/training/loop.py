@@ -27,7 +27,7 @@ from engine.metrics.segments import background_indices
 from engine.training.at_chance import warn_if_head_at_chance
 from engine.training.interrupt import next_batch, stop_if_asked
 from engine.training.precise_bn import precise_bn_before_validation
-from engine.training.step import clips_per_forward, optimizer_step, train_batch
+from engine.training.step import BatchLoss, clips_per_forward, optimizer_step, train_batch
 from engine.training.trainer import NonFiniteLossError, RunStopped, Trainer
 
 log = logging.getLogger("longvideo")
@@ -63,10 +63,10 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
         need_update = batch_index + 1 == group_start + group_size
         group.append(batch)
         with watchdog.warming_up():  # the first steps may compile and search algorithms: not a stall
-            loss_sum, clips = train_batch(trainer, group, group_size, need_update)
+            batch_loss = train_batch(trainer, group, group_size, need_update)
         if batch_index == num_batches // 2:  # the same point of every epoch, workers alive: for the leak check
             mid_epoch_memory = memory_monitor.snapshot(runtime.device)
-        totals["clips"] += _count_loss(trainer, loss_sum, clips)
+        totals["clips"] += _count_loss(trainer, batch_loss)
         if need_update:
             with watchdog.warming_up():
                 optimizer_step(trainer)
@@ -83,8 +83,12 @@ def train_one_epoch(trainer: Trainer, loader: DataLoader) -> dict:
     elapsed = time.perf_counter() - start
     if trainer.report.bad_inputs is not None:
         trainer.report.bad_inputs.end_epoch(state.epoch + 1)
+    counted = max(state.epoch_clips, 1)
+    # with an auxiliary loss, the label's alone too: it is what tells a head that fits from one that does not learn
+    label_loss = {"train_label_loss": (state.epoch_loss_sum - state.epoch_auxiliary_sum) / counted}
     return {
-        "train_loss": state.epoch_loss_sum / max(state.epoch_clips, 1),
+        "train_loss": state.epoch_loss_sum / counted,
+        **(label_loss if trainer.has_auxiliary_loss else {}),
         "train_clips_per_s": totals["clips"] / elapsed,
         "data_time_share": totals["data_time"] / elapsed,
         "lr": trainer.scheduler.get_last_lr()[0],
@@ -109,14 +113,15 @@ def _iterate_resumed(trainer: Trainer, loader: DataLoader):
     return iterator
 
 
-def _count_loss(trainer: Trainer, loss_sum: float, clips: int) -> int:
+def _count_loss(trainer: Trainer, batch_loss: BatchLoss) -> int:
     """A batch's loss into the epoch's, non-finite ones counted in a row; returns the clips counted."""
     state = trainer.state
-    if math.isfinite(loss_sum):
+    if math.isfinite(batch_loss.total):
         state.nonfinite_streak = 0
-        state.epoch_loss_sum += loss_sum
-        state.epoch_clips += clips
-        return clips
+        state.epoch_loss_sum += batch_loss.total
+        state.epoch_auxiliary_sum += batch_loss.auxiliary
+        state.epoch_clips += batch_loss.clips
+        return batch_loss.clips
     state.nonfinite_streak += 1
     return 0
 
@@ -274,7 +279,7 @@ def _end_epoch(trainer: Trainer, row: dict, metrics_log) -> None:
     """The epoch's row into the history and metrics.csv, best.pt if the monitored metric improved, the line."""
     state, cfg = trainer.state, trainer.cfg
     state.epoch += 1
-    state.batches_done, state.epoch_loss_sum, state.epoch_clips = 0, 0.0, 0
+    state.batches_done, state.epoch_loss_sum, state.epoch_auxiliary_sum, state.epoch_clips = 0, 0.0, 0.0, 0
     row.update(time=time.strftime("%Y-%m-%dT%H:%M:%S"), elapsed_s=round(time.time() - trainer.report.started, 3))
     state.history.append(row)
     improved = cfg.train.monitor in row and row[cfg.train.monitor] > state.best_metric

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import math
 import warnings
+from dataclasses import dataclass
 
 import torch
 
@@ -36,11 +37,21 @@ from models.temporal import HeadOutput
 log = logging.getLogger("longvideo")
 
 
-def train_batch(trainer: Trainer, group: list[dict], group_size: int, need_update: bool) -> tuple[float, int]:
+@dataclass(frozen=True)
+class BatchLoss:
+    """A loader batch's clip losses summed over its clips: the whole loss the optimizer minimizes, and the part of it
+    that is the auxiliary loss (model.chunk_reconstruction's; 0 without one), so the label's loss can be told apart."""
+
+    total: float = 0.0
+    auxiliary: float = 0.0
+    clips: int = 0
+
+
+def train_batch(trainer: Trainer, group: list[dict], group_size: int, need_update: bool) -> BatchLoss:
     """The newest loader batch of an accumulation group through forward and backward (with the OOM back-off);
     at the group's end under DDP, every rank's back-off agreed and the gradients averaged (``agree_and_reduce``),
-    so the optimizer step that follows is the same on every rank. Returns (sum of the clip losses, clips)."""
-    result = (0.0, 0)
+    so the optimizer step that follows is the same on every rank."""
+    result = BatchLoss()
     if trainer.pending_advice is None:  # a rank that could back off no further sits out the rest of its group
         try:
             result = accumulate_with_oom_backoff(trainer, group, group_size, need_update)
@@ -92,15 +103,15 @@ def accumulate_with_oom_backoff(trainer: Trainer, group: list[dict], group_size:
 
 def forward_backward(
     trainer: Trainer, batch: dict, group_size: int, ends_group: bool = False, position: int = 0
-) -> tuple[float, int]:
-    """One loader batch in ``state.micro_splits`` pieces; returns (sum of the clip losses, clips). Under torchrun
+) -> BatchLoss:
+    """One loader batch in ``state.micro_splits`` pieces; returns its summed clip losses. Under torchrun
     (train.ddp_sync: agreed) no backward communicates: ``agree_and_reduce`` averages the gradients once the group
     is done on every rank; with during_backward, DDP all-reduces during the backward of the group's last piece
     (``ends_group``: this batch is the group's last), the others under no_sync."""
     model, runtime = trainer.model, trainer.runtime
     size = len(batch["label"])
     pieces = micro_batches(trainer, batch)
-    loss_sum = 0.0
+    loss_sum = auxiliary_sum = 0.0
     for i, piece in enumerate(pieces):
         spec = trainer.chunk_spec(position, i)
         inputs = trainer.prepare.transfer(piece)  # frames stay uint8 until their chunk runs
@@ -108,11 +119,16 @@ def forward_backward(
         syncs = ends_group and i == len(pieces) - 1
         with model.no_sync() if trainer.syncs_in_backward and not syncs else contextlib.nullcontext():
             with runtime.autocast():
-                loss = step_loss(model, inputs, piece, spec, trainer.cfg.train, trainer.criterion, trainer.bank)
+                loss, auxiliary = step_losses(
+                    model, inputs, piece, spec, trainer.cfg.train, trainer.criterion, trainer.bank
+                )
+                if auxiliary is not None:
+                    loss = loss + auxiliary.to(loss.dtype)
             # a piece's mean loss weighted by its share of the batch, over the group: the group's mean loss
             trainer.scaler.scale(loss * (clips / size) / group_size).backward()
         loss_sum += float(loss.detach()) * clips
-    return loss_sum, size
+        auxiliary_sum += 0.0 if auxiliary is None else float(auxiliary.detach()) * clips
+    return BatchLoss(loss_sum, auxiliary_sum, size)
 
 
 def micro_batches(trainer: Trainer, batch: dict) -> list[dict]:
@@ -204,8 +220,22 @@ def step_loss(
     """The forward and loss of one micro-batch, as the training step and the memory planner both run it:
     ``model`` is a ChunkedTrainingForward, ``inputs`` the uint8 model inputs on the device,
     ``piece`` the micro-batch's labels (and its clips' indices in the training set, which the bank reads by)."""
+    loss, auxiliary = step_losses(model, inputs, piece, spec, train_cfg, criterion, bank)
+    return loss if auxiliary is None else loss + auxiliary.to(loss.dtype)
+
+
+def step_losses(
+    model,
+    inputs: Sample,
+    piece: Sample,
+    spec: ChunkSpec,
+    train_cfg: TrainConfig,
+    criterion: torch.nn.Module,
+    bank: FeatureBank | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``step_loss``'s two parts: the label's loss, and the forward's auxiliary loss (None without one)."""
     outputs = model(inputs, spec) if bank is None else model(inputs, spec, bank, piece["sample"])
-    return training_loss(outputs, piece, spec, train_cfg, criterion)
+    return label_loss(outputs, piece, spec, train_cfg, criterion), outputs.auxiliary
 
 
 def clips_per_forward(trainer: Trainer) -> int:

@@ -14,7 +14,7 @@ from artifacts.csv_log import CsvLog
 from artifacts.run_dir import RunDirectory
 from artifacts.tensorboard import TensorBoardLog
 from config import Config
-from core.runtime import Runtime
+from core.runtime import Runtime, unwrap_model
 from datasets.bad_input import BadInputReport
 from datasets.device_input import InputPreparer
 from datasets.shape import DataShape
@@ -66,6 +66,11 @@ class Trainer:
     @property
     def has_temporal_head(self) -> bool:
         return temporal_head_of(self.model) is not None
+
+    @property
+    def has_auxiliary_loss(self) -> bool:
+        """model.chunk_reconstruction's decoder is in the model: the training loss is the label's and its."""
+        return getattr(unwrap_model(self.model), "reconstruction", None) is not None
 
     @property
     def syncs_in_backward(self) -> bool:
