@@ -62,10 +62,10 @@ def test_a_video_reads_as_ms_tcn_reads_it_every_sample_rate_th_frame_and_scored_
 
 @pytest.fixture(scope="module")
 def documented(tmp_path_factory):
-    """docs/timelines.md's MS-TCN commands, run as written in a fresh workspace (test_readme's way): the generated
+    """docs/timelines.md's MS-TCN commands, run as written in a fresh workspace (doc_commands.py): the generated
     set, its cross-validation over 2 splits, eval.py on split 1's head."""
-    from test_readme import bash_blocks, fresh_workspace  # the docs commands run as test_readme runs them
-    from test_readme import run as run_as_written
+    from doc_commands import bash_blocks, fresh_workspace  # the docs commands run as written
+    from doc_commands import run as run_as_written
 
     folder = fresh_workspace(tmp_path_factory)
     commands = bash_blocks("docs/timelines.md", "## MS-TCN's datasets: Breakfast, 50Salads, GTEA")[:3]
@@ -120,8 +120,8 @@ def test_each_datasets_preset_runs_as_documented_on_that_datasets_labels(tmp_pat
     """docs/timelines.md's per-dataset commands, as written: the generated set with Breakfast's, 50Salads' and
     GTEA's label conventions, each cross-validated with its preset; GTEA's preset on Breakfast's labels is refused
     in one line before the first step."""
-    from test_readme import bash_blocks, fresh_workspace
-    from test_readme import run as run_as_written
+    from doc_commands import bash_blocks, fresh_workspace
+    from doc_commands import run as run_as_written
 
     folder = fresh_workspace(tmp_path_factory)
     commands = bash_blocks("docs/timelines.md", "## MS-TCN's datasets: Breakfast, 50Salads, GTEA")[3:]

@@ -224,8 +224,8 @@ def test_training_evaluation_and_streaming_read_the_copies_and_say_so(prepared_s
 def test_the_docs_commands_work_as_written(synthetic_root, tmp_path_factory):
     """docs/data.md's two commands, run as a user's shell runs them, in a fresh workspace whose data/synthetic is
     the tests' small set: the copies are written, then the training run reads them and says so."""
-    from test_readme import bash_blocks, fresh_workspace  # the docs commands run as test_readme runs them
-    from test_readme import run as run_as_written
+    from doc_commands import bash_blocks, fresh_workspace  # the docs commands run as written
+    from doc_commands import run as run_as_written
 
     folder = fresh_workspace(tmp_path_factory)
     (folder / "data").mkdir()

@@ -153,7 +153,7 @@ def test_a_clip_of_one_chunk_trains_the_decoder_towards_nothing_so_no_parameter_
 def test_evaluation_loads_a_checkpoint_with_a_decoder_as_a_model_without_one(tmp_path):
     """The decoder trains beside the backbone and evaluation never runs it: a checkpoint that holds it loads for
     eval.py and infer_chunked.py as the same model without it (a head trained on features, paired with its
-    backbone, never had one: tests/test_readme.py runs that pairing)."""
+    backbone, never had one: tests/test_two_stage.py runs that pairing)."""
     from artifacts.checkpoint import Checkpoint, save_checkpoint
     from artifacts.trained_model import load_trained_model
     from datasets.shape import DataShape

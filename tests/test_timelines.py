@@ -1,5 +1,5 @@
 """Per-frame timelines, the tcn head, batches of whole videos' features, the planner's estimate of a run on them.
-The two-stage path itself (docs/timelines.md's commands, run as written) is tests/test_readme.py's."""
+The two-stage path itself (docs/timelines.md's commands, run as written) is tests/test_two_stage.py's."""
 
 from __future__ import annotations
 
