@@ -122,8 +122,7 @@ def forward_backward(
                 loss, auxiliary = step_losses(
                     model, inputs, piece, spec, trainer.cfg.train, trainer.criterion, trainer.bank
                 )
-                if auxiliary is not None:
-                    loss = loss + auxiliary.to(loss.dtype)
+                loss = with_auxiliary(loss, auxiliary)
             # a piece's mean loss weighted by its share of the batch, over the group: the group's mean loss
             trainer.scaler.scale(loss * (clips / size) / group_size).backward()
         loss_sum += float(loss.detach()) * clips
@@ -147,7 +146,12 @@ def training_loss(
     """The loss of the label (``label_loss``), plus the forward's auxiliary loss where it has one (the chunk
     reconstruction of model.chunk_reconstruction, already weighted)."""
     loss = label_loss(outputs, piece, spec, train_cfg, criterion)
-    return loss if outputs.auxiliary is None else loss + outputs.auxiliary.to(loss.dtype)
+    return with_auxiliary(loss, outputs.auxiliary)
+
+
+def with_auxiliary(loss: torch.Tensor, auxiliary: torch.Tensor | None) -> torch.Tensor:
+    """The label's loss plus the auxiliary loss where there is one: what the optimizer minimizes."""
+    return loss if auxiliary is None else loss + auxiliary.to(loss.dtype)
 
 
 def label_loss(
@@ -220,8 +224,7 @@ def step_loss(
     """The forward and loss of one micro-batch, as the training step and the memory planner both run it:
     ``model`` is a ChunkedTrainingForward, ``inputs`` the uint8 model inputs on the device,
     ``piece`` the micro-batch's labels (and its clips' indices in the training set, which the bank reads by)."""
-    loss, auxiliary = step_losses(model, inputs, piece, spec, train_cfg, criterion, bank)
-    return loss if auxiliary is None else loss + auxiliary.to(loss.dtype)
+    return with_auxiliary(*step_losses(model, inputs, piece, spec, train_cfg, criterion, bank))
 
 
 def step_losses(
