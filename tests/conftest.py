@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import os
 import runpy
@@ -57,6 +58,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BITS = 12
 BLOCK = 10  # pixels per bit: wide blocks survive lossy codecs
 WIDTH, HEIGHT = BITS * BLOCK, 48
+
+
+def needs_packages(*names: str, reason: str):
+    """A test module's skip mark where an optional package is missing, found without importing it: transformers and
+    peft take seconds to import, which every worker would pay while collecting (the tests import them when they
+    run)."""
+    missing = [name for name in names if importlib.util.find_spec(name) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"{' and '.join(missing)} missing: {reason}")
 
 
 def run_python(args, **kwargs) -> subprocess.CompletedProcess:

@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from conftest import error_lines, overrides, quickstart_config, run_in_process, tiny_video_transformer
+from conftest import error_lines, needs_packages, overrides, quickstart_config, run_in_process, tiny_video_transformer
 
 from artifacts.checkpoint import load_checkpoint
 from config import load_config
@@ -16,8 +16,7 @@ from models import build_model, build_rgb_backbone
 from models.adapters import frozen_keys
 from planner import project
 
-transformers = pytest.importorskip("transformers", reason="transformers is an optional extra")
-pytest.importorskip("peft", reason="peft is an optional extra (requirements-backbones.txt)")
+pytestmark = needs_packages("transformers", "peft", reason="optional extras (requirements-backbones.txt)")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = ("block", "side", "lora")
@@ -197,6 +196,8 @@ def test_adapters_on_other_weights_are_refused_and_whole_checkpoints_are_asked_f
 def test_a_hub_models_weights_saved_as_one_file_load_under_adapters(tmp_path):
     """docs/models.md's way to the preset's weights: a transformers model's state dict in one .safetensors file (here a
     tiny V-JEPA 2's, as the hub model's is written), loaded by model.pretrained into the frozen backbone."""
+    import transformers
+
     if not hasattr(transformers, "VJEPA2Config"):
         pytest.skip(f"transformers {transformers.__version__} has no V-JEPA 2")
     from safetensors.torch import save_file

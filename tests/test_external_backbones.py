@@ -7,15 +7,22 @@ import os
 
 import pytest
 import torch
-from conftest import error_lines, overrides, quickstart_config, run_in_process, run_python, tiny_video_transformer
+from conftest import (
+    error_lines,
+    needs_packages,
+    overrides,
+    quickstart_config,
+    run_in_process,
+    run_python,
+    tiny_video_transformer,
+)
 
 from artifacts.checkpoint import load_checkpoint
 from config import load_config
 from models import build_model
 from planner import project
 
-timm = pytest.importorskip("timm", reason="timm is an optional extra (requirements-backbones.txt)")
-transformers = pytest.importorskip("transformers", reason="transformers is an optional extra")
+pytestmark = needs_packages("timm", "transformers", reason="optional extras (requirements-backbones.txt)")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMM = "timm/test_resnet"  # timm's own test model: 0.37 M parameters, 15 BatchNorm layers
@@ -30,6 +37,8 @@ quickstart = quickstart_config
 
 
 def test_a_timm_model_runs_on_every_frame_and_pools_the_chunk():
+    import timm
+
     model = build_model(quickstart(f"model.backbone={TIMM}").model, 6).eval()
     clip = torch.randn(2, 3, 4, 32, 32)
     per_frame = model.rgb.net(clip.transpose(1, 2).flatten(0, 1)).view(2, 4, -1)
@@ -66,6 +75,8 @@ def test_a_hf_video_model_resamples_a_chunk_to_its_frames_and_checks_the_size(vi
 
 
 def test_a_v_jepa_2_encoder_runs_without_its_predictor(tmp_path):
+    import transformers
+
     if not hasattr(transformers, "VJEPA2Config"):
         pytest.skip(f"transformers {transformers.__version__} has no V-JEPA 2")
     tiny_video_transformer(tmp_path, "vjepa2")
@@ -171,6 +182,7 @@ def test_a_frozen_hf_backbone_trains_only_its_head(synthetic_root, tmp_path, vid
 
 
 def test_local_weights_files_round_trip_into_a_timm_backbone(tmp_path):
+    import timm
     from safetensors.torch import save_file
 
     source = timm.create_model("test_resnet", num_classes=10)  # a classifier's file: its head left out
@@ -183,6 +195,8 @@ def test_local_weights_files_round_trip_into_a_timm_backbone(tmp_path):
 
 
 def test_no_network_no_package_and_no_such_model_are_one_line_each(synthetic_root, tmp_path, monkeypatch):
+    import timm
+
     base = overrides(synthetic_root, tmp_path, "model.pretrained=true", f"model.backbone={TIMM}")
     offline = run_python(["train.py", *base], env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert offline.returncode == 2 and len(error_lines(offline.stderr)) == 1, offline.stderr[-2000:]
