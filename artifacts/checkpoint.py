@@ -54,6 +54,7 @@ class TrainState:
     epoch_loss_sum: float = 0.0  # summed clip losses of this epoch so far: a resumed epoch reports the whole
     epoch_clips: int = 0  # epoch's train_loss, not only the part after the resume
     epoch_auxiliary_sum: float = 0.0  # the auxiliary loss's part of epoch_loss_sum (model.chunk_reconstruction)
+    head_refit: bool = False  # train.temporal_refit_epochs: the new head on the frozen backbone has begun
 
 
 # the training state a checkpoint saves, by field name: the non-finite streak starts again at 0 on a resume

@@ -136,6 +136,7 @@ def train_variant(
         "train_loss": float(rows[-1].get("train_label_loss") or rows[-1]["train_loss"]),
         "to_0.9": reached,
         "epoch_s": (elapsed[-1] - elapsed[0]) / max(len(rows) - 1, 1),
+        "by_epoch": accuracy,
     }
 
 
@@ -230,7 +231,8 @@ def families(args, weights=None, variants: dict | None = None, refit: bool = Fal
                     if args.verbose:
                         print(
                             f"  {label} {row} seed {seed}: best {r['best']:.3f} last {r['last']:.3f} "
-                            f"train loss {r['train_loss']:.3f} to 0.9 {r['to_0.9']}",
+                            f"train loss {r['train_loss']:.3f} to 0.9 {r['to_0.9']}; by epoch "
+                            + " ".join(f"{a:.3f}" for a in r["by_epoch"]),
                             flush=True,
                         )
             for row, rows in runs.items():

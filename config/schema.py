@@ -537,6 +537,14 @@ class TrainConfig:
         minimum=0.0,
         nullable=True,
     )
+    temporal_refit_epochs: int = setting(
+        0,
+        "int",
+        "temporal head on, a backbone that trains: the last this many of trainer.max_epochs train a new head "
+        "on the backbone as the epochs before leave it, frozen (its own warm-up and cosine); best.pt keeps "
+        "whichever phase validated better; 0 = off",
+        minimum=0,
+    )
     label_smoothing: float = setting(0.0, "float", "cross-entropy label smoothing", minimum=0.0, maximum=1.0)
     precise_bn_batches: int = setting(
         0,

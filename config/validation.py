@@ -193,6 +193,36 @@ def _temporal_head_checks(cfg: dict, origin: Callable[[str], str]) -> None:
         )
 
 
+def _head_refit_checks(cfg: dict, origin: Callable[[str], str]) -> None:
+    """train.temporal_refit_epochs: a new temporal head on a backbone that trained end to end before it."""
+    train, model, data = cfg["train"], cfg["model"], cfg["data"]
+    refit, epochs = train["temporal_refit_epochs"], cfg["trainer"]["max_epochs"]
+    reasons = (
+        (model["temporal_head"] == "none", "model.temporal_head is none (no head to train anew)"),
+        (data["features_dir"], "data.features_dir trains on features already written"),
+        (model["freeze_backbone"], "model.freeze_backbone is true"),
+        (model["adapter"] != "none", f"model.adapter is {model['adapter']} (the backbone stays frozen)"),
+        (model["input_type"] == "kpt", "model.input_type kpt has no RGB backbone"),
+    )
+    frozen = next((why for refused, why in reasons if refused), None)
+    if frozen is not None:
+        raise ConfigError(
+            f"{origin('train.temporal_refit_epochs')}: train.temporal_refit_epochs trains a new temporal head on "
+            f"a backbone that trained end to end before it, but {frozen}; set temporal_refit_epochs: 0"
+        )
+    if refit >= epochs:
+        raise ConfigError(
+            f"{origin('train.temporal_refit_epochs')}: train.temporal_refit_epochs={refit} must be smaller than "
+            f"trainer.max_epochs={epochs} (the epochs before them train the backbone and the head end to end)"
+        )
+    if train["feature_bank"] != "off":
+        raise ConfigError(
+            f"{origin('train.temporal_refit_epochs')}: train.temporal_refit_epochs freezes the backbone for its "
+            f"epochs, and train.feature_bank keeps chunk features of a backbone that trains; set feature_bank: off, "
+            f"or temporal_refit_epochs: 0"
+        )
+
+
 def _norm_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     """model.norm against the weights it starts from and train.precise_bn_batches."""
     model, norm = cfg["model"], cfg["model"]["norm"]
@@ -292,6 +322,8 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
         _feature_bank_checks(train, data, origin)
     if model["temporal_head"] != "none":
         _temporal_head_checks(cfg, origin)
+    if train["temporal_refit_epochs"]:
+        _head_refit_checks(cfg, origin)
     _norm_checks(cfg, origin)
     if data["batch_size"] == "auto" and not cfg["trainer"]["memory_budget_gb"]:
         raise ConfigError(

@@ -164,6 +164,7 @@ class VideoClassifier(nn.Module):
                     "keeps one per view; use view_fusion mean or concat"
                 )
             self.temporal = temporal_head(self.feature_dim, num_classes, **temporal)
+            self.temporal_args = (self.feature_dim, num_classes, temporal)  # for a new head (new_temporal_head)
         # model.chunk_reconstruction: where chunk features reach a temporal head from an RGB backbone whose features
         # train; created after the rest, so a seed initializes every other layer as it did without it
         self.reconstruction = (
@@ -190,6 +191,22 @@ class VideoClassifier(nn.Module):
                 for unit in [self.rgb, *(m for m in self.rgb.modules() if hasattr(m, "gradient_checkpointing"))]:
                     unit.training = True
         return self
+
+    def freeze_backbone(self) -> None:
+        """The RGB backbone fixed from now on, as model.freeze_backbone builds it: no gradients, its BatchNorm
+        statistics kept, its forward without a graph (train.temporal_refit_epochs)."""
+        self.frozen_backbone = self.backbone_without_graph = True
+        self.rgb.requires_grad_(False)
+        self.train(self.training)
+
+    def new_temporal_head(self, seed: int) -> None:
+        """The temporal head's weights and buffers replaced, in place, by those of a head built anew from ``seed``
+        (the optimizer keeps the same parameters); the global random state is left as it was."""
+        feature_dim, num_classes, settings = self.temporal_args
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            new = temporal_head(feature_dim, num_classes, **settings)
+        self.temporal.load_state_dict(new.state_dict())
 
     def set_grad_checkpointing(self, enabled: bool = True) -> None:
         for branch in (self.rgb, self.kpt):

@@ -909,7 +909,7 @@ def test_with_a_head_the_warm_up_lasts_at_least_its_own_epochs_and_the_run_says_
     model = head_model()
     train_cfg = load_config(None, ["train.lr=0.004", "train.temporal_lr_scale=0.25", "train.warmup_epochs=0.5"]).train
     with caplog.at_level(logging.INFO, logger="longvideo"):
-        _log_temporal_head_settings(build_optimizer(model, train_cfg), train_cfg)
+        _log_temporal_head_settings(build_optimizer(model, train_cfg), train_cfg, 10)
     assert (
         "learning rates: backbone 4.00e-03, temporal head 1.00e-03 (train.temporal_lr_scale 0.25); gradient "
         "norm clip 1 (train.temporal_grad_clip: the whole model's gradient, the backbone's too; train.grad_clip "
@@ -918,7 +918,7 @@ def test_with_a_head_the_warm_up_lasts_at_least_its_own_epochs_and_the_run_says_
     caplog.clear()
     own = load_config(None, ["train.grad_clip=5", "train.warmup_epochs=3"]).train  # the preset's own win: said plainly
     with caplog.at_level(logging.INFO, logger="longvideo"):
-        _log_temporal_head_settings(build_optimizer(model, own), own)
+        _log_temporal_head_settings(build_optimizer(model, own), own, 10)
     assert "gradient norm clip 5; warm-up 3 epochs\n" in caplog.text
 
 
@@ -948,7 +948,7 @@ def _trainer_at(history, classes=("a", "b", "c"), overrides=("train.temporal_lr_
         has_temporal_head=True,
         runtime=SimpleNamespace(is_main=True),
         class_names=list(classes),
-        state=SimpleNamespace(history=history, epoch=len(history)),
+        state=SimpleNamespace(history=history, epoch=len(history), head_refit=False),
         cfg=load_config(None, list(overrides)),
     )
 

@@ -54,7 +54,9 @@ def warn_if_head_at_chance(trainer: Trainer) -> None:
     said.add(kind)
     model_cfg = trainer.cfg.model
     # a backbone that trains in this run (not frozen, not features read from disk): only its features can still change
-    backbone_trains = trainer.cfg.data.features_dir is None and not model_cfg.freeze_backbone
+    backbone_trains = (
+        trainer.cfg.data.features_dir is None and not model_cfg.freeze_backbone and not trainer.state.head_refit
+    )
     # a bidirectional encoder starts nearly blind to order, and tokens without their contrast differ little where
     # most chunks look alike: the first switches (docs/long-videos.md has the measurements)
     transformer = model_cfg.temporal_head == "transformer"
@@ -106,7 +108,7 @@ def warn_if_head_at_chance(trainer: Trainer) -> None:
     again = (
         "; once the backbone tells the events apart, a new head on this run's last backbone, frozen, can find "
         "what this one misses beside features that move (model.pretrained: this run's last.pt, "
-        "model.freeze_backbone: true; docs/long-videos.md)"
+        "model.freeze_backbone: true; or in one run, train.temporal_refit_epochs; docs/long-videos.md)"
         if backbone_trains and model_cfg.adapter == "none"
         else ""
     )

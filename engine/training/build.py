@@ -31,6 +31,7 @@ from engine.training.chunked_forward import ChunkedTrainingForward, FeatureHeadF
 from engine.training.feature_bank import FeatureBank
 from engine.training.oom import start_memory_history
 from engine.training.optim import build_optimizer, build_scheduler, max_grad_norm, warmup_epochs
+from engine.training.refit import resume_head_refit
 from engine.training.trainer import RunReport, Trainer
 from models import ModelConfigError, build_feature_head, build_model, set_head_chunks, temporal_head_of
 from models.adapters import parameter_counts
@@ -52,6 +53,12 @@ def build_trainer(
     training chunks the planner keeps unrecomputed (train.recompute: auto), unless a resumed checkpoint holds
     its own count (the back-off may have lowered it); ``features_index``: data.features_dir's files as
     ``engine.data.feature_files.index_features`` read them for the planner (read here when not given)."""
+    if cfg.train.temporal_refit_epochs and runtime.distributed and cfg.train.ddp_sync == "during_backward":
+        raise ConfigError(
+            "train.temporal_refit_epochs freezes the backbone during the run, and DistributedDataParallel "
+            "(train.ddp_sync: during_backward) keeps the parameters it trains from its start; set train.ddp_sync: "
+            "agreed"
+        )
     torch.manual_seed(cfg.train.seed)
     np.random.seed(cfg.train.seed)
     seed, source = cfg.train.seed, None
@@ -76,7 +83,7 @@ def build_trainer(
     set_head_chunks(model, cfg.infer.head_chunks)  # validation runs a temporal head as eval.py will
     optimizer = build_optimizer(model, cfg.train)
     if runtime.is_main and temporal_head_of(model) is not None:
-        _log_temporal_head_settings(optimizer, cfg.train)
+        _log_temporal_head_settings(optimizer, cfg.train, cfg.trainer.max_epochs)
     steps_per_epoch = math.ceil(len(train_loader) / cfg.train.accumulate_grad_batches)
     scheduler = build_scheduler(
         optimizer,
@@ -84,6 +91,7 @@ def build_trainer(
         steps_per_epoch,
         cfg.trainer.max_epochs,
         has_temporal_head=temporal_head_of(model) is not None,
+        refit_epochs=cfg.train.temporal_refit_epochs,
     )
     scaler = runtime.grad_scaler()
     state, pending_rng, run = TrainState(), None, None
@@ -121,6 +129,7 @@ def build_trainer(
         report=RunReport(bad_inputs=None if source else BadInputReport(train_set, val_set)),
         features_source=source,
     )
+    resume_head_refit(trainer)
     if cfg.train.feature_bank != "off":
         trainer.bank = _feature_bank(trainer, train_set, resume_path)
     if runtime.is_main:
@@ -161,7 +170,7 @@ def _feature_bank(trainer: Trainer, train_set, resume_path: str | None) -> Featu
     return bank
 
 
-def _log_temporal_head_settings(optimizer: torch.optim.Optimizer, train_cfg: TrainConfig) -> None:
+def _log_temporal_head_settings(optimizer: torch.optim.Optimizer, train_cfg: TrainConfig, max_epochs: int) -> None:
     """The learning rates a run with a temporal head trains with (the head has its own unless its scale is 1)."""
     rates = {group.get("name", "model"): group["lr"] for group in optimizer.param_groups}
     head_lr = rates.get("temporal head", train_cfg.lr)
@@ -175,14 +184,22 @@ def _log_temporal_head_settings(optimizer: torch.optim.Optimizer, train_cfg: Tra
         warm += (
             f" (train.temporal_warmup_epochs, above train.warmup_epochs {train_cfg.warmup_epochs:g}: the whole model)"
         )
+    refit = train_cfg.temporal_refit_epochs
+    again = (
+        f"; from epoch {max_epochs - refit + 1} a new head trains on the backbone, frozen, with the warm-up and the "
+        f"schedule again (train.temporal_refit_epochs {refit})"
+        if refit
+        else ""
+    )
     log.info(
         "learning rates: backbone %.2e, temporal head %.2e (train.temporal_lr_scale %g); gradient norm clip %s; "
-        "warm-up %s",
+        "warm-up %s%s",
         rates["model"],
         head_lr,
         train_cfg.temporal_lr_scale,
         clip,
         warm,
+        again,
     )
 
 

@@ -119,7 +119,8 @@ class ChunkedTrainingForward(nn.Module):
         features = torch.stack(outputs, dim=1)
         out = head(features, chunk_positions(windows, self.frame_stride))
         decoder = getattr(unwrap_model(self.module), "reconstruction", None)
-        if decoder is None or not torch.is_grad_enabled():
+        # features without a gradient (a backbone frozen by train.temporal_refit_epochs): nothing for it to shape
+        if decoder is None or not torch.is_grad_enabled() or not features.requires_grad:
             return out
         thumbnails = torch.stack(
             [decoder.thumbnail(slice_time(inputs, start, end)["video"]) for start, end in windows], 1

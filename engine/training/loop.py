@@ -27,6 +27,7 @@ from engine.metrics.segments import background_indices
 from engine.training.at_chance import warn_if_head_at_chance
 from engine.training.interrupt import next_batch, stop_if_asked
 from engine.training.precise_bn import precise_bn_before_validation
+from engine.training.refit import begin_head_refit, refit_due
 from engine.training.step import BatchLoss, clips_per_forward, optimizer_step, train_batch
 from engine.training.trainer import NonFiniteLossError, RunStopped, Trainer
 
@@ -232,6 +233,8 @@ def _fit(trainer: Trainer, train_loader: DataLoader, val_loader: DataLoader | No
     leaks = memory_monitor.LeakDetector(cfg.trainer.leak_check_epochs, cfg.trainer.leak_tolerance_mb)
     confusion = None  # of the last validation, for the plot at the end
     while state.epoch < max_epochs:
+        if refit_due(trainer):
+            begin_head_refit(trainer)
         train_loader.dataset.set_epoch(state.epoch)
         train_loader.sampler.set_epoch(state.epoch, start=state.batches_done * cfg.data.batch_size)
         row = {"epoch": state.epoch + 1, **train_one_epoch(trainer, train_loader)}

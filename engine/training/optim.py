@@ -57,17 +57,31 @@ def warmup_epochs(train_cfg: TrainConfig, has_temporal_head: bool) -> float:
 
 
 def build_scheduler(
-    optimizer, train_cfg: TrainConfig, steps_per_epoch: int, max_epochs: int, has_temporal_head: bool = False
+    optimizer,
+    train_cfg: TrainConfig,
+    steps_per_epoch: int,
+    max_epochs: int,
+    has_temporal_head: bool = False,
+    refit_epochs: int = 0,
 ):
-    """Linear warm-up, then cosine decay to min_lr, stepped once per optimizer step."""
-    total = max(1, steps_per_epoch * max_epochs)
+    """Linear warm-up, then cosine decay to min_lr, stepped once per optimizer step. With ``refit_epochs``
+    (train.temporal_refit_epochs) the schedule runs twice: over the epochs before them, then again, warm-up
+    included, over theirs, for the new head."""
     warmup = int(round(warmup_epochs(train_cfg, has_temporal_head) * steps_per_epoch))
     floor = train_cfg.min_lr / train_cfg.lr if train_cfg.lr > 0 else 0.0
+    refit_start = steps_per_epoch * (max_epochs - refit_epochs) if refit_epochs else None
 
-    def factor(step: int) -> float:
+    def phase(step: int, total: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def factor(step: int) -> float:
+        if refit_start is None:
+            return phase(step, max(1, steps_per_epoch * max_epochs))
+        if step < refit_start:
+            return phase(step, max(1, refit_start))
+        return phase(step - refit_start, max(1, steps_per_epoch * refit_epochs))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

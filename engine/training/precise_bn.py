@@ -32,8 +32,15 @@ log = logging.getLogger("longvideo")
 
 
 def recomputable_norms(model: torch.nn.Module) -> list[_BatchNorm]:
-    """The BatchNorm layers whose running statistics precise BN recomputes (frozen ones keep theirs)."""
-    return [m for m in batch_norms(unwrap_model(model)) if m.track_running_stats and not isinstance(m, FrozenBatchNorm)]
+    """The BatchNorm layers whose running statistics precise BN recomputes: frozen ones keep theirs, and so do those
+    of a frozen backbone (model.freeze_backbone, model.adapter, train.temporal_refit_epochs), which stay in eval."""
+    classifier = unwrap_model(model)
+    fixed = set(batch_norms(classifier.rgb)) if getattr(classifier, "frozen_backbone", False) else set()
+    return [
+        m
+        for m in batch_norms(classifier)
+        if m.track_running_stats and not isinstance(m, FrozenBatchNorm) and m not in fixed
+    ]
 
 
 @torch.no_grad()
