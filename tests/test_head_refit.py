@@ -178,3 +178,14 @@ def test_a_refit_under_torchrun_with_the_all_reduce_in_backward_is_refused_befor
     )
     with pytest.raises(ConfigError, match=r"train.temporal_refit_epochs .*; set train.ddp_sync: agreed$"):
         build_trainer(cfg, Runtime(torch.device("cpu"), "32", rank=0, world_size=2))
+
+
+def test_precise_bn_leaves_the_statistics_of_a_frozen_backbone_alone():
+    from engine.training.precise_bn import recomputable_norms
+
+    cfg = quickstart_config("model.temporal_head=transformer")
+    model = build_model(cfg.model, 4)
+    backbone = {id(m) for m in model.rgb.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
+    assert backbone and backbone <= {id(m) for m in recomputable_norms(model)}
+    model.freeze_backbone()  # as the refit epochs begin; model.freeze_backbone builds it so
+    assert not backbone & {id(m) for m in recomputable_norms(model)}
