@@ -25,7 +25,8 @@ mirror swaps A and B); --num-train N writes and trains on N training videos a fa
 
 --part refit: --part families, each run followed by a second with the same settings whose head starts anew on the
 first run's last backbone, frozen (model.pretrained: its last.pt, model.freeze_backbone: true): the head trained
-again on features the end-to-end run made, where it may find a relation it missed while they moved.
+again on features the end-to-end run made, where it may find a relation it missed while they moved. The same in
+one run: --part families --epochs 24 --set train.temporal_refit_epochs=12 (--verbose prints each epoch's accuracy).
 
 --part finetune: --part families from weights instead of from scratch: the backbone of a run on --pretrain (the
 long-range preset with a plain transformer head, no reconstruction, no running sum) stands in for pretrained
