@@ -7,6 +7,7 @@
     python -m bench.long_range --part families --modalities motion --families last --presets long-range --num-train 480
     python -m bench.long_range --part refit --families match --modalities texture  # the head again, on the backbone
     python -m bench.long_range --part finetune --pretrain last/texture --modalities colour,motion  # from weights
+    python -m bench.long_range --part finetune --pretrain last/motion --pretrain-videos 480 --families match --modalities motion
     python -m bench.long_range --part adapters --families middle,last --modalities colour --seeds 0,1,2
     python -m bench.long_range --part head-alone --seeds 0,1,2  # the head alone on each family's chunk features
     python -m bench.long_range --part separability --families twice --checkpoint runs/.../last.pt  # A and B apart?
@@ -267,11 +268,12 @@ def pretrained_weights(args):
     """``weights(seed)``: the checkpoint of a run on --pretrain at that seed (kept in data/long_range_pretrained,
     trained there first if missing)."""
     family, modality = args.pretrain.split("/")
-    data, shape = family_data(family, os.path.join(ROOT, "data"), modality)
+    data, shape = family_data(family, os.path.join(ROOT, "data"), modality, args.pretrain_videos)
     config, overrides = PRESETS["long-range"]
+    videos = "" if args.pretrain_videos == FAMILY_VIDEOS else f"_{args.pretrain_videos}videos"
 
     def weights(seed: int) -> str:
-        name = f"{family}_{modality}_seed{seed}_{args.pretrain_epochs}epochs.pt"
+        name = f"{family}_{modality}{videos}_seed{seed}_{args.pretrain_epochs}epochs.pt"
         path = os.path.join(ROOT, "data", "long_range_pretrained", name)
         if not os.path.exists(path):
             run = train_variant(shape + overrides + PRETRAINING, data, args.pretrain_epochs, seed, config, keep=path)
@@ -377,6 +379,13 @@ def main() -> None:
         "a plain head learns it from scratch)",
     )
     parser.add_argument("--pretrain-epochs", type=int, default=12, help="--part finetune: epochs of the pretraining")
+    parser.add_argument(
+        "--pretrain-videos",
+        type=int,
+        default=FAMILY_VIDEOS,
+        help="--part finetune: training videos of the pretraining (more where the family needs them: last/motion "
+        "learns its directions from 480)",
+    )
     parser.add_argument(
         "--checkpoint",
         action="append",
