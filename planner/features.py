@@ -73,10 +73,10 @@ def plan_feature_training(cfg: Config, runtime: Runtime, num_classes: int, index
                 "or a number of videos per step (1, as MS-TCN trains)"
             )
 
-        def fits(b: int) -> bool:
-            return feature_training_estimate(cfg, source["feature_dim"], chunks, b, num_classes).peak <= usable
+        def peak(b: int) -> int:
+            return feature_training_estimate(cfg, source["feature_dim"], chunks, b, num_classes).peak
 
-        batch = _largest(fits, min(len(files), 1024))
+        batch = _largest(peak, usable, min(len(files), 1024))
         if not batch:
             raise ConfigError(
                 f"one video of {chunks} chunks does not fit {margin_text(budget, cuda)}; raise "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 
 import torch
 from torch import nn
@@ -165,16 +166,16 @@ def _step_inputs(cfg: Config, frames: int, batch: int, num_views: int, kpt_shape
 
 
 def largest_batch(cfg: Config, num_frames: int, usable: int, limit: int = 1024, **shape) -> tuple[int, list]:
-    """The largest micro-batch whose estimate fits ``usable`` bytes (0 if not even 1), by doubling then
-    bisection (the estimate grows with the batch), and the (batch, estimate) pairs tried."""
+    """The largest micro-batch whose estimate fits ``usable`` bytes (0 if not even 1; see ``_largest``), and the
+    (batch, estimate) pairs tried."""
     tried = []
 
-    def fits(batch: int) -> bool:
+    def peak(batch: int) -> int:
         estimate = config_training_estimate(cfg, num_frames, batch, **shape)
         tried.append((batch, estimate))
-        return estimate.peak <= usable
+        return estimate.peak
 
-    return _largest(fits, limit), tried
+    return _largest(peak, usable, limit), tried
 
 
 def graph_chunk_count(cfg: Config, num_frames: int) -> int:
@@ -189,37 +190,53 @@ def most_chunks_kept(cfg: Config, num_frames: int, batch_size: int, usable: int,
     """train.recompute: auto: the most training chunks of a clip (the last ones) whose activations can be kept
     with the step's estimate within ``usable`` bytes (0: every chunk recomputed), and the peaks estimated on the
     way ({kept: bytes}, the answer's among them). The peak grows with every chunk kept: all of them are tried
-    first, then bisection."""
+    first, then fewer as ``_largest`` searches."""
     chunks = graph_chunk_count(cfg, num_frames)
     peaks: dict[int, int] = {}
 
-    def fits(kept: int) -> bool:
+    def peak(kept: int) -> int:
         peaks[kept] = config_training_estimate(cfg, num_frames, batch_size, kept_chunks=kept, **shape).peak
-        return peaks[kept] <= usable
+        return peaks[kept]
 
-    if fits(chunks):
+    if peak(chunks) <= usable:
         return chunks, peaks
-    low, high = 0, chunks
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle)
-    if low not in peaks:
-        fits(low)
-    return low, peaks
+    kept = _largest(peak, usable, chunks - 1)
+    if kept not in peaks:
+        peak(kept)
+    return kept, peaks
 
 
-def _largest(fits, limit: int) -> int:
-    """The largest n in [1, limit] with fits(n) (0 if none), for a fits() that stays false once false: doubling,
-    then bisection."""
-    if not fits(1):
+LINE_TRIES = 6  # _largest's estimates guided by the line before it bisects
+
+
+def _largest(peak, usable: int, limit: int) -> int:
+    """The largest n in [1, limit] with peak(n) <= usable (0 if none), for a peak() that grows with n. Each estimate
+    costs a traced step, and a step's peak is close to affine in the batch (the weights and optimizer state, then
+    each clip's activations), so after 1 and 2 the next n tried is where a line through two estimates crosses
+    ``usable`` (the bracket's ends once the answer is bracketed, else the last two): 4 estimates where the peak is
+    affine (1, 2, the crossing, the one after it) against 11 for bisection up to 1,024. The line has LINE_TRIES
+    tries; where it misleads (rounding to the allocator's blocks, a layout that changes with the batch) bisection
+    ends the search, so the answer is exact, bisection's, in at most LINE_TRIES more estimates."""
+    if limit < 1:
         return 0
-    low, high = 1, 2
-    while high <= limit and fits(high):
-        low, high = high, high * 2
-    high = min(high, limit + 1)
+    known = {1: peak(1)}
+    if known[1] > usable:
+        return 0
+    low, high, last, tries = 1, limit + 1, 1, 0  # peak(low) fits; high does not, or is past the limit
     while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle)
+        n = (low + high) // 2
+        if tries < LINE_TRIES:
+            tries += 1
+            # the line through the bracket's ends once both are known, else through the last two estimates
+            a, b = (low, high) if high in known else (last, max((m for m in known if m != last), default=None))
+            slope = None if b is None else (known[b] - known[a]) / (b - a)
+            if slope is None:
+                n = low + 1
+            elif slope > 0:  # where the line crosses the budget, kept inside the bracket (low + 1 at least)
+                n = min(max(a + math.floor((usable - known[a]) / slope), low + 1), high - 1)
+        known[n] = peak(n)
+        last = n
+        low, high = (n, high) if known[n] <= usable else (low, n)
     return low
 
 
@@ -254,10 +271,10 @@ def config_inference_estimate(
 def largest_inference_batch(cfg: Config, chunk_frames: int, usable: int, limit: int = 256, **shape) -> int:
     """The most chunks per forward whose estimate fits ``usable`` bytes (0 if not even 1)."""
 
-    def fits(windows: int) -> bool:
-        return config_inference_estimate(cfg, chunk_frames, windows, **shape) <= usable
+    def peak(windows: int) -> int:
+        return config_inference_estimate(cfg, chunk_frames, windows, **shape)
 
-    return _largest(fits, limit)
+    return _largest(peak, usable, limit)
 
 
 def clip_frames(data_cfg: DataConfig) -> int:
