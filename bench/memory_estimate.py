@@ -11,6 +11,12 @@ The estimator counts tensors in 512-byte blocks; the process also holds what tor
 (oneDNN's scratch buffers, thread stacks), which the ratio includes.
 (b) The estimator's time for train.py --probe-memory's whole grid on configs/rtx5080.yaml (5 x 3 cells, gradient
 checkpointing off and on: 30 estimates), on this machine.
+(c) With --part search: the largest-batch search (data.batch_size: auto, --fit-budget, --probe-memory's last line)
+on each preset that states a budget: the batch found, the estimates and seconds it took, against bisection's (the
+line given no tries) in the same run; the two must find the same batch. A billion-parameter preset's estimates
+take minutes each.
+
+    python -m bench.memory_estimate --part search
 """
 
 from __future__ import annotations
@@ -91,6 +97,7 @@ def cpu_step_growth(overrides: list[str], frames: int, batch: int, config: str |
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--part", choices=("steps", "search"), default="steps", help="steps: (a) and (b); search: (c)")
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(real_step(*json.loads(args.worker))))
@@ -101,6 +108,8 @@ def main() -> None:
     from planner import memory_table as memory_estimate
     from planner import project
 
+    if args.part == "search":
+        return search(load_config, project)
     print(
         f"(a) one fp32 training step on the CPU (torch {torch.__version__}, {os.cpu_count()} CPUs): resident "
         f"memory growth of the real step vs the estimate's growth"
@@ -119,6 +128,40 @@ def main() -> None:
     start = time.perf_counter()
     memory_estimate.probe(cfg, cuda=False, out=lambda line: None, num_views=1, kpt_shape=None, num_classes=10)
     print(f"{time.perf_counter() - start:.1f} s, including the search for the largest batch that fits")
+
+
+def search(load_config, project) -> None:
+    """(c): each budgeted preset's largest batch at its num_frames, by the line-guided search and by bisection."""
+    os.environ["HF_HUB_OFFLINE"] = "1"  # a hub backbone not downloaded before is named, not fetched
+    from bench.gpu import gpu_presets
+    from models.registry import ModelConfigError
+    from planner.estimate import usable_bytes
+
+    print("(c) the largest batch that fits each preset's budget (CUDA's usable bytes), searched two ways")
+    print(f"{'preset':28s} {'batch':>5s} {'estimates':>9s} {'s':>6s} {'bisection':>9s} {'s':>6s} {'time ratio':>10s}")
+    tries = project.LINE_TRIES
+    for name in gpu_presets():
+        cfg = load_config(os.path.join(ROOT, "configs", name))
+        usable = usable_bytes(cfg.trainer.memory_budget_gb, cuda=True)
+        found = {}
+        try:
+            for label, line_tries in (("line", tries), ("bisection", 0)):
+                project.LINE_TRIES = line_tries
+                start = time.perf_counter()
+                batch, tried = project.largest_batch(cfg, project.clip_frames(cfg.data), usable)
+                found[label] = (batch, len(tried), time.perf_counter() - start)
+        except ModelConfigError as error:  # a pretrained backbone neither cached nor on disk here
+            print(f"{name:28s} not measured: {error}", flush=True)
+            continue
+        finally:
+            project.LINE_TRIES = tries
+        (batch, count, seconds), (other, other_count, other_seconds) = found["line"], found["bisection"]
+        assert batch == other, (name, found)
+        print(
+            f"{name:28s} {batch:>5d} {count:>9d} {seconds:>6.1f} {other_count:>9d} {other_seconds:>6.1f} "
+            f"{seconds / other_seconds:>9.2f}x",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
