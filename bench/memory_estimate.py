@@ -14,9 +14,9 @@ checkpointing off and on: 30 estimates), on this machine.
 (c) With --part search: the largest-batch search (data.batch_size: auto, --fit-budget, --probe-memory's last line)
 on each preset that states a budget: the batch found, the estimates and seconds it took, against bisection's (the
 line given no tries) in the same run; the two must find the same batch. A billion-parameter preset's estimates
-take minutes each.
+take minutes each on a CPU: --presets names the ones to run.
 
-    python -m bench.memory_estimate --part search
+    python -m bench.memory_estimate --part search [--presets rtx5080.yaml,gtx1650.yaml]
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--part", choices=("steps", "search"), default="steps", help="steps: (a) and (b); search: (c)")
+    parser.add_argument("--presets", help="--part search: these presets (comma-separated file names), not every one")
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(real_step(*json.loads(args.worker))))
@@ -108,8 +109,12 @@ def main() -> None:
     from planner import memory_table as memory_estimate
     from planner import project
 
+    presets = args.presets.split(",") if args.presets else None
+    for name in presets or []:
+        if not os.path.isfile(os.path.join(ROOT, "configs", name)):
+            parser.error(f"--presets: {name}: no such preset in configs/ (a file name such as rtx5080.yaml)")
     if args.part == "search":
-        return search(load_config, project)
+        return search(presets)
     print(
         f"(a) one fp32 training step on the CPU (torch {torch.__version__}, {os.cpu_count()} CPUs): resident "
         f"memory growth of the real step vs the estimate's growth"
@@ -130,17 +135,20 @@ def main() -> None:
     print(f"{time.perf_counter() - start:.1f} s, including the search for the largest batch that fits")
 
 
-def search(load_config, project) -> None:
-    """(c): each budgeted preset's largest batch at its num_frames, by the line-guided search and by bisection."""
+def search(presets: list[str] | None) -> None:
+    """(c): each budgeted preset's (or each of ``presets``) largest batch at its num_frames, by the line-guided
+    search and by bisection."""
     os.environ["HF_HUB_OFFLINE"] = "1"  # a hub backbone not downloaded before is named, not fetched
     from bench.gpu import gpu_presets
+    from config import load_config
     from models.registry import ModelConfigError
+    from planner import project
     from planner.estimate import usable_bytes
 
     print("(c) the largest batch that fits each preset's budget (CUDA's usable bytes), searched two ways")
     print(f"{'preset':28s} {'batch':>5s} {'estimates':>9s} {'s':>6s} {'bisection':>9s} {'s':>6s} {'time ratio':>10s}")
     tries = project.LINE_TRIES
-    for name in gpu_presets():
+    for name in presets or gpu_presets():
         cfg = load_config(os.path.join(ROOT, "configs", name))
         usable = usable_bytes(cfg.trainer.memory_budget_gb, cuda=True)
         found = {}

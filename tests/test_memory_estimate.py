@@ -411,3 +411,11 @@ def test_training_warns_when_the_loader_needs_more_host_memory_than_is_available
     with caplog.at_level("WARNING", logger="longvideo"):
         assert train.main(args) == 0
     assert "host memory" not in caplog.text
+
+
+def test_the_search_bench_names_a_preset_that_is_not_there():
+    done = run_in_process(["-m", "bench.memory_estimate", "--part", "search", "--presets", "rtx5080.yaml,rtx508.yaml"])
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(
+        "error: --presets: rtx508.yaml: no such preset in configs/ (a file name such as rtx5080.yaml)"
+    ), done.stderr
+    assert "(c) the largest batch" not in done.stdout  # refused before the first estimate
