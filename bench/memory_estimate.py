@@ -147,22 +147,20 @@ def search(presets: list[str] | None) -> None:
 
     print("(c) the largest batch that fits each preset's budget (CUDA's usable bytes), searched two ways")
     print(f"{'preset':28s} {'batch':>5s} {'estimates':>9s} {'s':>6s} {'bisection':>9s} {'s':>6s} {'time ratio':>10s}")
-    tries = project.LINE_TRIES
     for name in presets or gpu_presets():
         cfg = load_config(os.path.join(ROOT, "configs", name))
         usable = usable_bytes(cfg.trainer.memory_budget_gb, cuda=True)
         found = {}
         try:
-            for label, line_tries in (("line", tries), ("bisection", 0)):
-                project.LINE_TRIES = line_tries
+            # one estimate first, untimed: the first of a process traces and caches what the later ones reuse
+            project.config_training_estimate(cfg, project.clip_frames(cfg.data), 1)
+            for label, line_tries in (("line", None), ("bisection", 0)):
                 start = time.perf_counter()
-                batch, tried = project.largest_batch(cfg, project.clip_frames(cfg.data), usable)
+                batch, tried = project.largest_batch(cfg, project.clip_frames(cfg.data), usable, line_tries=line_tries)
                 found[label] = (batch, len(tried), time.perf_counter() - start)
         except ModelConfigError as error:  # a pretrained backbone neither cached nor on disk here
             print(f"{name:28s} not measured: {error}", flush=True)
             continue
-        finally:
-            project.LINE_TRIES = tries
         (batch, count, seconds), (other, other_count, other_seconds) = found["line"], found["bisection"]
         assert batch == other, (name, found)
         print(

@@ -165,9 +165,11 @@ def _step_inputs(cfg: Config, frames: int, batch: int, num_views: int, kpt_shape
     return inputs
 
 
-def largest_batch(cfg: Config, num_frames: int, usable: int, limit: int = 1024, **shape) -> tuple[int, list]:
-    """The largest micro-batch whose estimate fits ``usable`` bytes (0 if not even 1; see ``_largest``), and the
-    (batch, estimate) pairs tried."""
+def largest_batch(
+    cfg: Config, num_frames: int, usable: int, limit: int = 1024, line_tries: int | None = None, **shape
+) -> tuple[int, list]:
+    """The largest micro-batch whose estimate fits ``usable`` bytes (0 if not even 1; see ``_largest``, which
+    ``line_tries`` is passed to), and the (batch, estimate) pairs tried."""
     tried = []
 
     def peak(batch: int) -> int:
@@ -175,7 +177,7 @@ def largest_batch(cfg: Config, num_frames: int, usable: int, limit: int = 1024, 
         tried.append((batch, estimate))
         return estimate.peak
 
-    return _largest(peak, usable, limit), tried
+    return _largest(peak, usable, limit, line_tries), tried
 
 
 def graph_chunk_count(cfg: Config, num_frames: int) -> int:
@@ -209,24 +211,26 @@ def most_chunks_kept(cfg: Config, num_frames: int, batch_size: int, usable: int,
 LINE_TRIES = 6  # _largest's estimates guided by the line before it bisects
 
 
-def _largest(peak, usable: int, limit: int) -> int:
+def _largest(peak, usable: int, limit: int, line_tries: int | None = None) -> int:
     """The largest n in [1, limit] with peak(n) <= usable (0 if none), for a peak() that grows with n. Each estimate
     costs a traced step, and a step's peak is close to affine in the batch (the weights and optimizer state, then
     each clip's activations), so after 1 and 2 the next n tried is where a line through two estimates crosses
     ``usable`` (the bracket's ends once the answer is bracketed, else the last two): 4 estimates where the peak is
-    affine (1, 2, the crossing, the one after it) against 11 for bisection up to 1,024. The line has LINE_TRIES
-    tries; where it misleads (rounding to the allocator's blocks, a layout that changes with the batch) bisection
-    ends the search, so the answer is exact, bisection's, in at most LINE_TRIES more estimates."""
+    affine (1, 2, the crossing, the one after it) against 11 for bisection up to 1,024. The line has ``line_tries``
+    tries (LINE_TRIES unless given; 0 is bisection alone); where it misleads (rounding to the allocator's blocks, a
+    layout that changes with the batch) bisection ends the search, so the answer is exact, bisection's, in at most
+    that many more estimates."""
     if limit < 1:
         return 0
     known = {1: peak(1)}
     if known[1] > usable:
         return 0
-    low, high, last, tries = 1, limit + 1, 1, 0  # peak(low) fits; high does not, or is past the limit
+    tries = LINE_TRIES if line_tries is None else line_tries
+    low, high, last = 1, limit + 1, 1  # peak(low) fits; high does not, or is past the limit
     while high - low > 1:
         n = (low + high) // 2
-        if tries < LINE_TRIES:
-            tries += 1
+        if tries > 0:
+            tries -= 1
             # the line through the bracket's ends once both are known, else through the last two estimates
             a, b = (low, high) if high in known else (last, max((m for m in known if m != last), default=None))
             slope = None if b is None else (known[b] - known[a]) / (b - a)
