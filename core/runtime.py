@@ -62,14 +62,19 @@ class Runtime:
 
 
 def resolve_device(name: str) -> torch.device:
+    """The device ``name`` means; a CUDA device always with its index (torch.cuda.set_device refuses a bare
+    "cuda")."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(
             f"trainer.device: {name!r} asked for, but this machine has no CUDA device "
             f"(use --device cpu or trainer.device: auto)"
         )
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

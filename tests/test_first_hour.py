@@ -35,6 +35,20 @@ def test_a_gpu_preset_without_cuda_stops_at_once_with_the_way_out(monkeypatch):
     train.refuse_gpu_preset_without_cuda(load_config("configs/cpu.yaml"), "x", None)  # a CPU preset: allowed
 
 
+@pytest.mark.parametrize("asked", ["cuda", "auto", None])
+def test_a_single_gpu_run_sets_an_indexed_device(monkeypatch, asked):
+    """torch.cuda.set_device refuses a bare "cuda" ("Expected a torch.device with a specified index"): what
+    setup_runtime hands it must name the device, as "cuda", "auto" and the preset's own device all mean one GPU."""
+    set_to = []
+    monkeypatch.setattr(train.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(train.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(train.torch._C, "_cuda_setDevice", set_to.append, raising=False)  # after set_device's check
+    cfg = load_config("configs/rtx5080.yaml")
+    runtime = setup_runtime(cfg.trainer, device=asked)
+    assert runtime.device == train.torch.device("cuda", 0) and set_to == [0]
+    assert runtime.precision == "16"
+
+
 def test_use_amp_without_cuda_says_what_it_does(caplog):
     from core.runtime import resolve_precision
 
