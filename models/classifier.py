@@ -54,6 +54,10 @@ def recompute_in_backward(module: nn.Module, function, *args):
     variance moved twice as far as the momentum says. Dropout draws the same mask both times (the RNG state is
     replayed).
     """
+    if torch.compiler.is_compiling():
+        # torch.compile cannot trace a context_fn; it needs none: the compiled graph applies the BatchNorm's
+        # running-stat updates once, in the forward, and its backward recomputes only what the gradients need
+        return checkpoint(function, *args, use_reentrant=False)
     return checkpoint(
         function,
         *args,

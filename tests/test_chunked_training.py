@@ -142,6 +142,21 @@ def test_gradient_checkpointing_counts_each_step_once():
     assert int(dict(model.named_buffers())["rgb.stages.1.1.num_batches_tracked"]) == 1
 
 
+def test_gradient_checkpointing_compiles_and_counts_each_step_once():
+    """trainer.compile with model.grad_checkpointing: dynamo cannot trace checkpoint's context_fn (the frozen
+    running statistics), so a compiled model checkpoints without it; its graph updates BatchNorm once anyway.
+    aot_eager: the graph torch.compile builds, without generating kernels."""
+    inputs = {"video": clip_batch()["video"].float()}
+    compiled, plain = small_model(grad_checkpointing=True), small_model(grad_checkpointing=True)
+    torch.compile(compiled, backend="aot_eager")(inputs).sum().backward()
+    plain(inputs).sum().backward()
+    for name, buffer in plain.named_buffers():
+        torch.testing.assert_close(dict(compiled.named_buffers())[name], buffer, rtol=1e-6, atol=1e-7, msg=name)
+    assert int(dict(compiled.named_buffers())["rgb.stages.1.1.num_batches_tracked"]) == 1
+    for (name, a), b in zip(compiled.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_dense_chunk_labels_equal_a_hand_computation():
     # clip of 12 frames, chunks of 4 sharing 1: [0,4) [3,7) [6,10) [8,12)
     windows = chunk_windows(12, 4, 1)
