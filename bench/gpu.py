@@ -3,6 +3,10 @@ prediction. Its CPU mode (--quick) runs in make test, so the CUDA branches are e
 
     python -m bench.gpu --out DIR             # on a CUDA device
     python -m bench.gpu --out DIR --quick     # tiny shapes; on the CPU this is what make test runs
+    python -m bench.gpu --out DIR --only presets,batch_auto --presets rtx5080.yaml,gtx1650.yaml
+
+gpu.md and gpu.json are written again after each measurement, so a run stopped at a time limit keeps what it
+measured.
 
 Writes DIR/gpu.md (markdown tables; the device, driver, CUDA, torch and cuDNN versions at the top) and DIR/gpu.json
 (every figure, and each failure's reason), and prints a line per measurement. A measurement that fails (an OOM, an
@@ -17,8 +21,9 @@ Measurements (each a function below, the same code on both devices; they differ 
                     against the estimate's growth, fp32)
     chunked         the rtx5080 preset with training chunks at T = 64, 256, 1,024 (train.recompute: auto at the
                     preset's budget, the temporal head on): estimate against the real step
-    batch_auto      data.batch_size: auto on each GPU preset: the batch the planner picks, whether that batch runs,
-                    and the headroom left under the budget
+    batch_auto      data.batch_size: auto on each GPU preset: the batch the planner picks, whether that batch runs
+                    with the allocator held to the budget less the CUDA context (set_per_process_memory_fraction:
+                    a card of the budget's size on a larger one), and the headroom left under that cap
     inference       the seed guide's table: a 1,000-frame video unchunked and in chunks of 128, 64, 32 with overlap
                     0 and 8 (peak memory and time, the planner's estimate beside it); streaming 100,000 frames
                     against 600 (peak memory ratio, target <= 1.1x)
@@ -36,7 +41,7 @@ With --quick the shapes are tiny (tiny3d width 8, 32x32 frames, 8 frames, batch 
 (rtx5080), T = 16 and 64, a 200-frame video (streaming 2,000 against 200 frames, in this process on the CPU): the
 same functions, so the suite cannot rot on machines without CUDA.
 
-No figure of this suite from a GPU is in bench/RESULTS.md yet.
+Its figures from a GPU: bench/RESULTS.md, "GPU suite".
 """
 
 from __future__ import annotations
@@ -74,36 +79,48 @@ def gpu_presets() -> list[str]:
 class Suite:
     """Where the measurements run (``cuda``), at which shapes (``quick``), and what they found."""
 
-    def __init__(self, quick: bool, cuda: bool):
+    def __init__(self, quick: bool, cuda: bool, presets: list[str] | None = None):
         self.quick, self.cuda = quick, cuda
+        self.chosen_presets = presets  # None: every GPU preset (--quick: rtx5080 alone)
         self.results: dict[str, dict] = {}
+
+    def presets(self) -> list[str]:
+        """The GPU presets to measure: --presets, else rtx5080 with --quick, else every one."""
+        if self.chosen_presets:
+            return self.chosen_presets
+        return ["rtx5080.yaml"] if self.quick else gpu_presets()
 
     def config(self, preset: str, *changes: str) -> tuple[Config, list[str]]:
         """A preset with ``changes``, and with --quick the tiny shape: (the config, the overrides applied)."""
         tiny = ["model.backbone=tiny3d", "model.width=8", "data.img_size=32", "data.num_frames=8", "data.batch_size=2"]
         tiny = tiny + ([] if self.cuda else ["trainer.precision=32"]) if self.quick else []
-        overrides = [*tiny, *changes]
+        # memory does not depend on the weights: none is downloaded (the suite runs where there is no network)
+        overrides = ["model.pretrained=null", *tiny, *changes]
         return load_config(os.path.join(ROOT, "configs", preset), overrides), overrides
 
-    def step_peak(self, cfg: Config, preset: str, overrides: list[str], frames: int, batch: int, kept: int) -> dict:
+    def step_peak(
+        self, cfg: Config, preset: str, overrides: list[str], frames: int, batch: int, kept: int, cap: int | None
+    ) -> dict:
         """The real training step's memory (``cfg``: ``preset`` with ``overrides``, which the CPU's fresh process
-        loads again): CUDA, the allocator's peaks after a warm-up step (None if it ran out of memory); CPU, the
-        resident growth during a step (fp32)."""
+        loads again): CUDA, the allocator's peaks after a warm-up step, the allocator held to ``cap`` bytes if
+        given (None if it ran out of memory); CPU, the resident growth during a step (fp32)."""
         if self.cuda:
             from planner.project import measure_training_step_cuda
 
-            measured = measure_training_step_cuda(cfg, frames, batch, kept_chunks=kept)
+            measured = measure_training_step_cuda(cfg, frames, batch, kept_chunks=kept, cap_bytes=cap)
             return {"oom": True} if measured is None else measured
         return {"growth": cpu_step_growth(overrides, frames, batch, os.path.join(ROOT, "configs", preset), kept)}
 
-    def compare(self, preset: str, overrides: list[str], frames: int, batch: int, kept: int = 0) -> dict:
-        """The planner's estimate beside the real step (``kept`` training chunks not recomputed), and their
-        ratio."""
+    def compare(
+        self, preset: str, overrides: list[str], frames: int, batch: int, kept: int = 0, cap: int | None = None
+    ) -> dict:
+        """The planner's estimate beside the real step (``kept`` training chunks not recomputed; on CUDA the
+        allocator held to ``cap`` bytes if given), and their ratio."""
         from planner.project import config_training_estimate
 
         cfg = load_config(os.path.join(ROOT, "configs", preset), overrides)
         estimate = config_training_estimate(cfg, frames, batch, kept_chunks=kept)
-        measured = self.step_peak(cfg, preset, overrides, frames, batch, kept)
+        measured = self.step_peak(cfg, preset, overrides, frames, batch, kept, cap)
         row = {"frames": frames, "batch": batch}
         if measured.get("oom"):
             return {**row, "estimated_mib": estimate.peak / MiB, "failed": "out of memory"}
@@ -144,19 +161,21 @@ def attempt(measure, **row) -> dict:
 
 def cuda_tests(suite: Suite) -> list[dict]:
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py"],
+        [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", "tests/test_cuda.py"],
         cwd=ROOT,
         capture_output=True,
         text=True,
+        env={**os.environ, "COLUMNS": "1000"},  # the summary cuts each reason at the terminal's width
     )
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr.strip()[-200:]
     counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?)", summary)}
     if not counts:
         raise RuntimeError(f"pytest gave no summary: {summary}")
     failed = counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
-    return [
-        {"tests_passed": counts.get("passed", 0), "tests_failed": failed, "tests_skipped": counts.get("skipped", 0)}
-    ]
+    # pytest -rf's short summary: "FAILED tests/test_cuda.py::name - the reason", one line a failed test
+    failures = [line.removeprefix("FAILED ") for line in done.stdout.splitlines() if line.startswith("FAILED ")]
+    row = {"tests_passed": counts.get("passed", 0), "tests_failed": failed, "tests_skipped": counts.get("skipped", 0)}
+    return [{**row, "failures": "; ".join(failures)} if failures else row]
 
 
 # --quick on the CPU compares the estimate at this shape: a step's growth of about 10 MiB, which resident memory
@@ -167,7 +186,7 @@ MEASURABLE_ON_THE_HOST = ("model.width=16", "data.img_size=64", "data.batch_size
 def presets(suite: Suite) -> list[dict]:
     rows = []
     shape = MEASURABLE_ON_THE_HOST if suite.quick and not suite.cuda else ()
-    for preset in ["rtx5080.yaml"] if suite.quick else gpu_presets():
+    for preset in suite.presets():
         for checkpointing in ("false", "true"):
             cfg, overrides = suite.config(preset, f"model.grad_checkpointing={checkpointing}", *shape)
             row = {"preset": preset, "precision": cfg.trainer.precision, "grad_checkpointing": checkpointing}
@@ -193,21 +212,24 @@ def chunked(suite: Suite) -> list[dict]:
 
 
 def batch_auto(suite: Suite) -> list[dict]:
-    from planner.estimate import usable_bytes
+    from planner.estimate import CUDA_CONTEXT_BYTES, GiB, usable_bytes
     from planner.project import config_training_estimate, largest_batch
 
     rows = []
-    for preset in ["rtx5080.yaml"] if suite.quick else gpu_presets():
+    for preset in suite.presets():
         cfg, overrides = suite.config(preset)
         budget = cfg.trainer.memory_budget_gb
         if suite.quick and not suite.cuda:  # a budget the tiny shape fills: batch 8's estimate and the margin
             budget = config_training_estimate(cfg, cfg.data.num_frames, 8).peak / usable_bytes(1, cuda=False)
         usable = usable_bytes(budget, suite.cuda)
         batch, _ = largest_batch(cfg, cfg.data.num_frames, usable, limit=64 if suite.quick else 1024)
+        # CUDA: the allocator held to the budget less the context, as on a card of the budget's size
+        cap = int(budget * GiB - CUDA_CONTEXT_BYTES)
         row = {"preset": preset, "budget_mib": budget * 1024, "batch": batch}
-        measured = suite.compare(preset, [*overrides, f"data.batch_size={batch}"], cfg.data.num_frames, batch)
+        batched = [*overrides, f"data.batch_size={batch}"]
+        measured = suite.compare(preset, batched, cfg.data.num_frames, batch, cap=cap)
         peak = measured.get("reserved_mib", measured.get("measured_peak_mib"))
-        headroom = None if peak is None else budget * 1024 - peak
+        headroom = None if peak is None else (cap if suite.cuda else budget * GiB) / MiB - peak
         rows.append({**row, **measured, "runs": "failed" not in measured, "headroom_mib": headroom})
     return rows
 
@@ -509,13 +531,23 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="the folder gpu.md and gpu.json go to")
     parser.add_argument("--quick", action="store_true", help="tiny shapes (the CPU's test run)")
     parser.add_argument("--only", default=",".join(MEASUREMENTS), help="which measurements, comma-separated")
+    parser.add_argument(
+        "--presets",
+        help="presets and batch_auto: these presets (comma-separated file names), not every GPU preset (a "
+        "billion-parameter one's estimate takes minutes)",
+    )
     args = parser.parse_args(argv)
     unknown = [name for name in args.only.split(",") if name not in MEASUREMENTS]
     if unknown:
         parser.error(f"--only: unknown {', '.join(unknown)}; choose from {', '.join(MEASUREMENTS)}")
-    suite = Suite(args.quick, torch.cuda.is_available())
+    chosen = args.presets.split(",") if args.presets else None
+    for name in chosen or []:
+        if not os.path.isfile(os.path.join(ROOT, "configs", name)):
+            parser.error(f"--presets: {name}: no such preset in configs/ (a file name such as rtx5080.yaml)")
+    suite = Suite(args.quick, torch.cuda.is_available(), chosen)
     header = versions(suite.cuda)
     print(f"GPU suite on {header['device']}{' (--quick)' if args.quick else ''}", flush=True)
+    os.makedirs(args.out, exist_ok=True)
     for name in args.only.split(","):
         start = time.perf_counter()
         try:
@@ -526,14 +558,19 @@ def main(argv=None) -> int:
             status = f"failed: {suite.results[name]['failed']}"
         suite.results[name]["seconds"] = time.perf_counter() - start
         print(f"{name}: {status} ({suite.results[name]['seconds']:.1f} s)", flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    from core.files import atomic_write_bytes
-
-    atomic_write_bytes(os.path.join(args.out, "gpu.md"), markdown(header, suite.results).encode())
-    report = {"header": header, "quick": args.quick, "results": suite.results}
-    atomic_write_bytes(os.path.join(args.out, "gpu.json"), json.dumps(report, indent=1).encode())
+        # after each measurement: a run stopped at a time limit keeps what it measured
+        write_report(args.out, header, args.quick, suite.results)
     print(f"written: {os.path.join(args.out, 'gpu.md')}, gpu.json", flush=True)
     return 0
+
+
+def write_report(out: str, header: dict, quick: bool, results: dict) -> None:
+    """``out``/gpu.md and gpu.json, each replaced whole."""
+    from core.files import atomic_write_bytes
+
+    atomic_write_bytes(os.path.join(out, "gpu.md"), markdown(header, results).encode())
+    report = {"header": header, "quick": quick, "results": results}
+    atomic_write_bytes(os.path.join(out, "gpu.json"), json.dumps(report, indent=1).encode())
 
 
 if __name__ == "__main__":

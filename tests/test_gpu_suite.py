@@ -62,3 +62,26 @@ def test_the_carrying_steps_name_the_wheels_the_device_lacks():
     assert listed == required - ON_THE_DEVICE
     for wheel in listed:  # each is downloaded and installed by the steps
         assert f"download {wheel} " in text and f"--find-links .whl {wheel}" in text
+
+
+def test_the_report_is_written_after_each_measurement_and_presets_can_be_chosen(tmp_path, monkeypatch, capsys):
+    seen = {}
+
+    def second(suite):  # by now the first measurement is on disk: a run stopped here keeps it
+        seen["on_disk"] = json.loads((tmp_path / "gpu.json").read_text())["results"]
+        seen["presets"] = suite.presets()
+        return [{"x": 1}]
+
+    monkeypatch.setitem(gpu.MEASUREMENTS, "second", second)
+    assert (
+        gpu.main(["--quick", "--out", str(tmp_path), "--only", "cuda_tests,second", "--presets", "gtx1650.yaml"]) == 0
+    )
+    assert list(seen["on_disk"]) == ["cuda_tests"] and seen["on_disk"]["cuda_tests"]["rows"]
+    assert seen["presets"] == ["gtx1650.yaml"]
+    try:
+        gpu.main(["--quick", "--out", str(tmp_path), "--presets", "rtx9090.yaml"])
+    except SystemExit as e:
+        assert e.code == 2
+    else:
+        raise AssertionError("an unknown preset ran")
+    assert "--presets: rtx9090.yaml: no such preset in configs/" in capsys.readouterr().err
