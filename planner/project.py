@@ -112,14 +112,21 @@ def measure_training_step_cuda(
     kpt_shape: tuple | None = None,
     precision: str | None = None,
     kept_chunks: int = 0,
+    cap_bytes: int | None = None,
 ) -> dict | None:
     """The same step on the GPU, really allocated: a warm-up step first (cuDNN's algorithm search with
     ``cudnn.benchmark``, the optimizer state), then the measured one. {"allocated", "reserved"} peak bytes of
-    the measured step, or None if it ran out of memory."""
-    device = torch.device("cuda")
+    the measured step, or None if it ran out of memory. ``cap_bytes``: the allocator may hold no more than this
+    (a smaller card's memory on a larger one: on an uncapped card the allocator keeps what it freed cached, and
+    reserved grows past what a card of the budget's size would have run in)."""
+    device = torch.device("cuda", torch.cuda.current_device())
     runtime = Runtime(device, precision or cfg.trainer.precision)
     step = ProjectStep(cfg, num_classes, num_views, kpt_shape, kept_chunks)
     classifier = optimizer = inputs = None
+    if cap_bytes is not None:
+        torch.cuda.set_per_process_memory_fraction(
+            min(1.0, cap_bytes / torch.cuda.get_device_properties(0).total_memory)
+        )
     try:
         classifier = step.classifier().to(device).train()
         optimizer = build_optimizer(classifier, cfg.train)
@@ -151,6 +158,8 @@ def measure_training_step_cuda(
     finally:
         classifier = optimizer = inputs = None  # the step's tensors freed before the cache is emptied
         torch.cuda.empty_cache()
+        if cap_bytes is not None:
+            torch.cuda.set_per_process_memory_fraction(1.0)
 
 
 def _step_inputs(cfg: Config, frames: int, batch: int, num_views: int, kpt_shape, device) -> dict:
