@@ -208,6 +208,15 @@ class ModelConfig:
         "temporal head (transformer): each token also sees the running sum of its clip's contrast up to its "
         "chunk: how much of each kind of event has come so far (what came first, more of one than another)",
     )
+    temporal_event_contrast: bool = setting(
+        False,
+        "bool",
+        "temporal head (transformer): each token also sees the running sum of its clip's event contrast: each "
+        "chunk's contrast against the mean of the clip's events (the chunks that differ from it more than its "
+        "median chunk), so kinds of event that differ little beside how far any event lies from the background (a "
+        "direction of motion, a rhythm) are counted as the running sum counts kinds that differ much; for a head "
+        "over a backbone that does not train (frozen, features on disk)",
+    )
     temporal_dropout: float = setting(
         0.0,
         "float",

@@ -110,6 +110,7 @@ def temporal_settings(model_cfg: ModelConfig) -> dict:
         "input_norm": model_cfg.temporal_input_norm,
         "contrast": model_cfg.temporal_contrast,
         "running": model_cfg.temporal_running,
+        "event_contrast": model_cfg.temporal_event_contrast,
         "stages": model_cfg.temporal_stages,
         "tcn_layers": model_cfg.temporal_tcn_layers,
     }

@@ -32,6 +32,12 @@ backbone gives one feature vector per chunk, and the head sees the whole sequenc
 - ``transformer`` with ``running`` (``model.temporal_running``, on by default) also gives each token the running
   sum of the contrast up to its chunk, over one scale a clip: how much of each kind of event has come so far, for
   labels that relate far events (does the end match the start, which half held more of one event).
+- ``transformer`` with ``event_contrast`` (``model.temporal_event_contrast``) also gives each token the running sum
+  of its clip's event contrast (``clip_event_contrast``): each chunk's contrast against the mean of its clip's events,
+  the chunks that differ from their clip more than its median chunk does. What every event shares (that something
+  happens: a square crossing, a flash) drops out and what sets one event apart from the others (its kind) stays, at
+  one scale a clip: kinds of event that lie close together beside how far any event lies from the background (a
+  direction of motion beside the square that moves) are counted as the running sum counts kinds that lie far apart.
 
 What each of these choices measured against its alternative: docs/long-videos.md and bench/RESULTS.md ("Long-range
 tasks").
@@ -146,6 +152,25 @@ def clip_contrast(features: torch.Tensor, mask: torch.Tensor | None) -> torch.Te
     # blown up to unit size
     scale = torch.maximum(clip_rms(centred, real), 1e-3 * clip_rms(x, real))
     return (centred / (scale + 1e-6)).to(features.dtype)
+
+
+def clip_event_contrast(contrast: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """[B, n, D] the contrast of ``clip_contrast`` -> each chunk's difference from the mean of its clip's events,
+    the chunks whose contrast is larger than the clip's (lower) median chunk's, each weighted by how much larger;
+    the chunks at or below the median are zero. Over each clip's real chunks of ``mask`` (padded ones are zero),
+    divided by the clip's root mean square (one scale a clip), which is held to at least a hundredth of the
+    contrast's: a clip whose events are all alike gives (nearly) zeros, not their noise blown up."""
+    real = real_chunks(contrast, mask)
+    x = contrast.float() * real
+    size = x.detach().pow(2).sum(dim=-1, keepdim=True)  # [B, n, 1]: how much each chunk differs from its clip
+    count = real.sum(dim=1, keepdim=True).long()  # [B, 1, 1]
+    ranked = size.masked_fill(real == 0, float("inf")).sort(dim=1).values
+    median = ranked.gather(1, (count - 1).clamp_min(0) // 2)
+    above = (size - median).clamp_min(0) * real
+    mean = (above * x).sum(dim=1, keepdim=True) / above.sum(dim=1, keepdim=True).clamp_min(1e-12)
+    events = (x - mean) * (above / above.amax(dim=1, keepdim=True).clamp_min(1e-12)).sqrt()
+    scale = torch.maximum(clip_rms(events, real), 1e-2 * clip_rms(x, real))
+    return (events / (scale + 1e-6)).to(contrast.dtype)
 
 
 def running_contrast(contrast: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -269,6 +294,7 @@ class AttentionHead(TemporalHead):
         super().__init__(chunks_at_once)
         self.width, self.heads = width, heads
         self.input_norm, self.contrast, self.running, self.encoder, self.directional = None, False, False, None, False
+        self.event_contrast = False
         self.project = nn.Linear(feature_dim, width)
         self._add_pooling(num_classes, dropout)
 
@@ -290,9 +316,11 @@ class AttentionHead(TemporalHead):
         raw = features
         if self.input_norm is not None:
             features = self.input_norm(features)
-        if self.contrast or self.running:
+        if self.contrast or self.running or self.event_contrast:
             contrast = clip_contrast(raw, mask)
             extra = ([contrast] if self.contrast else []) + ([running_contrast(contrast, mask)] if self.running else [])
+            if self.event_contrast:
+                extra.append(running_contrast(clip_event_contrast(contrast, mask), mask))
             features = torch.cat([features, *extra], dim=-1)
         tokens = self.project(features) + self.positions(windows.to(features.device)).to(features.dtype)
         padding = None if mask is None else ~mask.to(features.device)
@@ -322,6 +350,7 @@ class TransformerHead(AttentionHead):
         contrast: bool,
         chunks_at_once: int | str,
         running: bool,
+        event_contrast: bool = _MODEL.temporal_event_contrast,
     ):
         if attention not in ("directional", "bidirectional"):
             raise ValueError(f"unknown temporal attention '{attention}'; expected directional or bidirectional")
@@ -330,8 +359,9 @@ class TransformerHead(AttentionHead):
         TemporalHead.__init__(self, chunks_at_once)
         self.width, self.heads = width, heads
         self.directional, self.contrast, self.running = attention == "directional", contrast, running
+        self.event_contrast = event_contrast
         self.input_norm = nn.LayerNorm(feature_dim) if input_norm else None
-        self.project = nn.Linear(feature_dim * (1 + contrast + running), width)
+        self.project = nn.Linear(feature_dim * (1 + contrast + running + event_contrast), width)
         self.encoder = Encoder(EncoderLayer(width, heads, dropout), layers)
         self._add_pooling(num_classes, dropout)
 
@@ -391,6 +421,7 @@ def temporal_head(
     contrast: bool = _MODEL.temporal_contrast,
     chunks_at_once: int | str = _INFER.head_chunks,
     running: bool = _MODEL.temporal_running,
+    event_contrast: bool = _MODEL.temporal_event_contrast,
 ) -> TemporalHead:
     """The head of ``kind`` with the settings that kind has (models.temporal_settings: the model section's); the
     others are not its own and are left out. What is not given is the config's default (config/schema.py)."""
@@ -409,6 +440,7 @@ def temporal_head(
             contrast,
             chunks_at_once,
             running,
+            event_contrast,
         )
     if kind == "tcn":
         return TCNHead(feature_dim, num_classes, width, stages, tcn_layers, tcn_dropout, chunks_at_once)

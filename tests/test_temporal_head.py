@@ -34,7 +34,7 @@ from engine.training.step import training_loss
 from models import build_model, chunk_attention, temporal
 from models import set_head_chunks as models_window
 from models.chunk_attention import attention_block, attention_with_dropout, directional_attention
-from models.temporal import TemporalHead, clip_contrast, running_contrast, temporal_head
+from models.temporal import TemporalHead, clip_contrast, clip_event_contrast, running_contrast, temporal_head
 from planner import project
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -182,12 +182,13 @@ def test_dropped_attention_blocks_recomputed_in_backward_give_the_gradients_of_b
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("running", [False, True])
-def test_a_padded_chunk_anywhere_changes_nothing_in_the_real_ones(running):
+@pytest.mark.parametrize("running, events", [(False, False), (True, False), (True, True)])
+def test_a_padded_chunk_anywhere_changes_nothing_in_the_real_ones(running, events):
     """Padding is not only at the end: a clip whose third chunk is padding gives its other chunks the outputs of
-    the same clip without that chunk (positions kept), in both directions, with the running sum too."""
+    the same clip without that chunk (positions kept), in both directions, with the running sum and the event
+    contrast too."""
     torch.manual_seed(0)
-    head = temporal_head(8, 3, width=16, heads=2, running=running).eval()
+    head = temporal_head(8, 3, width=16, heads=2, running=running, event_contrast=events).eval()
     features, windows = torch.randn(1, 5, 8), torch.rand(1, 5, 2).cumsum(dim=1) * 40
     mask = torch.tensor([[True, True, False, True, True]])
     keep = [0, 1, 3, 4]
@@ -287,6 +288,48 @@ def test_the_running_contrast_counts_what_came_before_each_chunk_at_one_scale_a_
     assert (with_padding[:, 5:7] == 0).all()
     assert temporal_head(8, 2, running=True).project.in_features == 24  # features, contrast, running sum
     assert temporal_head(8, 2, running=True, contrast=False).project.in_features == 16
+
+
+def close_kinds(kinds="ABAB", at=(2, 5, 7, 9), chunks=12):
+    """One clip's features: a shared scene; at each chunk of ``at`` an event, a step of 6 in feature 3 whatever its
+    kind and of 1 in feature 0 (A) or 1 (B): kinds that lie close together beside how far an event lies from the
+    background."""
+    features = torch.ones(1, chunks, 4) * torch.tensor([0.5, -1.0, 2.0, 0.3])
+    for chunk, kind in zip(at, kinds):
+        features[0, chunk, 3] += 6.0
+        features[0, chunk, "AB".index(kind)] += 1.0
+    return features
+
+
+def test_the_event_contrast_keeps_what_sets_the_events_apart_and_drops_what_they_share():
+    """model.temporal_event_contrast: each chunk's contrast against the mean of its clip's events (the chunks that
+    differ from it more than its median chunk): the background is zero, the step every event shares is gone, the
+    kinds stand apart at one scale a clip, whatever the clip's offset and scale; padded chunks neither count nor
+    show; a clip whose events are all of one kind gives (nearly) zeros."""
+    features = close_kinds()
+    events = clip_event_contrast(clip_contrast(features, None), None)[0]
+    background = [i for i in range(12) if i not in (2, 5, 7, 9)]
+    assert events[background].abs().max() == 0
+    assert events[[2, 5, 7, 9], 3].abs().max() < 1e-4  # the step every event shares
+    torch.testing.assert_close(events[2], events[7])
+    torch.testing.assert_close(events[2], -events[5])  # A and B on either side of their mean
+    assert events[2, 0] > 0 > events[2, 1]
+    torch.testing.assert_close(events.pow(2).mean(), torch.tensor(1.0), atol=1e-4, rtol=0)  # one scale a clip
+    # the plain contrast keeps the step the events share: the kinds lie close beside it there
+    contrast = clip_contrast(features, None)[0]
+    assert (contrast[2] - contrast[5]).norm() / 2 < 0.2 * contrast[2].norm()
+    torch.testing.assert_close(
+        clip_event_contrast(clip_contrast(features * 3 - 7, None), None)[0], events, atol=1e-5, rtol=1e-4
+    )
+    padded = torch.cat([features[:, :4], torch.full((1, 2, 4), 50.0), features[:, 4:]], dim=1)
+    mask = torch.tensor([[True] * 4 + [False] * 2 + [True] * 8])
+    with_padding = clip_event_contrast(clip_contrast(padded, mask), mask)[0]
+    torch.testing.assert_close(with_padding[[*range(4), *range(6, 14)]], events, atol=1e-5, rtol=1e-4)
+    assert (with_padding[4:6] == 0).all()
+    alike = clip_event_contrast(clip_contrast(close_kinds("AAAA"), None), None)
+    assert torch.isfinite(alike).all() and alike.abs().max() < 1e-3
+    assert temporal_head(8, 2, event_contrast=True).project.in_features == 32  # features, contrast, both sums
+    assert temporal_head(8, 2).project.in_features == 24  # the config's default: off
 
 
 def test_the_head_output_does_not_depend_on_the_micro_batch_split():
@@ -981,10 +1024,17 @@ def test_a_head_at_chance_is_said_once_with_the_switches(caplog):
     assert "train.temporal_warmup_epochs (now 2)" in warnings[0]
     again = "a new head on this run's last backbone, frozen, can find what this one misses"
     assert again in warnings[0] and "model.freeze_backbone: true" in warnings[0]
+    events, head = "model.temporal_event_contrast: true", "model.temporal_head=transformer"
+    trains = _trainer_at(history, overrides=("train.temporal_lr_scale=0.5", head))
+    assert events not in _head_warnings(caplog, trains, [history])[0]  # the event contrast did not help there
     for elsewhere in ("model.freeze_backbone=true", "data.features_dir=features", "model.adapter=side"):
-        # no backbone trains here: there is no run's backbone to start a new head on
-        frozen = _trainer_at(history, overrides=("train.temporal_lr_scale=0.5", elsewhere))
-        assert again not in _head_warnings(caplog, frozen, [history])[0]
+        # no backbone trains here: there is no run's backbone to start a new head on, and the head's inputs are
+        # fixed features, where the event contrast gives it kinds of event that lie close together
+        frozen = _trainer_at(history, overrides=("train.temporal_lr_scale=0.5", head, elsewhere))
+        said = _head_warnings(caplog, frozen, [history])[0]
+        assert again not in said and (events in said) == (elsewhere != "model.adapter=side")  # adapters move them
+    with_it = ("model.temporal_head=transformer", "model.freeze_backbone=true", "model.temporal_event_contrast=true")
+    assert events not in _head_warnings(caplog, _trainer_at(history, overrides=with_it), [history])[0]
     learning = history[:2] + [{"epoch": 3, "val_clip_acc": 0.5, "train_loss": 1.0}]
     assert not _head_warnings(caplog, _trainer_at(learning), [learning])
 

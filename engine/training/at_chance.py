@@ -23,9 +23,9 @@ def warn_if_head_at_chance(trainer: Trainer) -> None:
     half of it, the head fits the training clips but not the validation ones, which no learning rate fixed, and more
     training videos or fewer, longer chunks did (and, for a relation between events told apart by colour, the chunk
     reconstruction, named where it can apply; for a head that does not learn beside a backbone that trains, a new
-    head on that backbone, frozen). A transformer head with bidirectional attention is told to make it directional
-    first, and one without its contrast to turn it on first (docs/long-videos.md has the measurements behind each
-    advice)."""
+    head on that backbone, frozen; over a backbone that does not train, the event contrast). A transformer head with
+    bidirectional attention is told to make it directional first, and one without its contrast to turn it on first
+    (docs/long-videos.md has the measurements behind each advice)."""
     if not trainer.has_temporal_head or not trainer.runtime.is_main:
         return
     chance = 1.0 / len(trainer.class_names)
@@ -112,11 +112,20 @@ def warn_if_head_at_chance(trainer: Trainer) -> None:
         if backbone_trains and model_cfg.adapter == "none"
         else ""
     )
+    # over fixed features where each event's kind lies close beside the step every event shares, a relation stayed
+    # at chance until the head was given the events' differences from their mean (bench/RESULTS.md, "Kinds of event
+    # close together"); where the backbone trains, the event contrast did not help
+    events = (
+        "; a label that relates far events whose kinds differ little beside how far any event lies from the rest "
+        "(two directions of one movement) also needs model.temporal_event_contrast: true"
+        if transformer and not model_cfg.temporal_event_contrast and not backbone_trains
+        else ""
+    )
     log.warning(
         "%s; %sa head that does not learn usually trains too fast: lower train.temporal_lr_scale (now %g) "
         "or train.lr (now %g), lengthen train.temporal_warmup_epochs (now %g), set train.temporal_grad_clip "
         "(now %s), or narrow model.temporal_width (now %d); "
-        "model.temporal_head: none shows what the chunks alone give%s",
+        "model.temporal_head: none shows what the chunks alone give%s%s",
         at_chance,
         first_switches,
         train_cfg.temporal_lr_scale,
@@ -125,4 +134,5 @@ def warn_if_head_at_chance(trainer: Trainer) -> None:
         "off" if max_norm is None else f"{max_norm:g}",
         model_cfg.temporal_width,
         again,
+        events,
     )
