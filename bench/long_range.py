@@ -339,7 +339,10 @@ def separability(args) -> None:
     from config import load_config, saved_config
     from models import build_model
 
-    print(f"{'family':22s} {'A/B accuracy':>12s} {'|A - B| / 2':>12s} {'|events - empty|':>16s}  backbone")
+    print(
+        f"{'family':22s} {'space':14s} {'A/B accuracy':>12s} {'linear':>7s} {'|A - B| / 2':>12s} "
+        f"{'|events - empty|':>16s}  backbone"
+    )
     cases = [(task, modality) for modality in args.modalities.split(",") for task in args.families.split(",")]
     for task, modality in cases:
         if task not in (*RELATION_EVENTS, "last", "distractors"):
@@ -358,11 +361,13 @@ def separability(args) -> None:
                 cfg = saved_config(saved.config)
                 model = build_model(cfg.model, num_classes=len(saved.class_names))
                 model.load_state_dict(saved.model)
-            apart = colours_apart(model, clips, colours, chunk, cfg.data.mean, cfg.data.std)
-            print(
-                f"{label:22s} {apart['accuracy']:12.3f} {apart['apart']:12.2f} {apart['events']:16.2f}  {source}",
-                flush=True,
-            )
+            for space in ("contrast", "event contrast"):
+                apart = colours_apart(model, clips, colours, chunk, cfg.data.mean, cfg.data.std, space)
+                print(
+                    f"{label:22s} {space:14s} {apart['accuracy']:12.3f} {apart['linear']:7.3f} {apart['apart']:12.2f} "
+                    f"{apart['events']:16.2f}  {source}",
+                    flush=True,
+                )
 
 
 def main() -> None:

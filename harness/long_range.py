@@ -16,7 +16,7 @@ from datasets.long_range_tasks import TASKS, task_events
 from datasets.video_files import MARKER
 from engine.training.optim import build_optimizer, build_scheduler, max_grad_norm
 from models import build_feature_head
-from models.temporal import clip_contrast
+from models.temporal import clip_contrast, clip_event_contrast
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LONG_RANGE_PRESET = os.path.join(ROOT, "configs", "long-range.yaml")
@@ -41,7 +41,7 @@ def event_features(
     the events on distinct chunks in time order, and ``event_step`` in feature 3, whatever its kind: how far an event
     lies from the background beside how far its kinds lie apart (|A - B| / 2 is 0.71, an event's mean lies
     sqrt(0.5 + event_step^2) from the background: 5.7 times as far at event_step 4, as a backbone trained on
-    motion holds two directions, 5.6). Labels are indices into the family's classes."""
+    motion holds two directions, 5.8). Labels are indices into the family's classes."""
     classes = TASKS[task]["classes"]
     noise = torch.from_numpy(rng.standard_normal((clips, chunks, scene.numel()))).float()
     features, labels = scene + 0.05 * noise, torch.zeros(clips, dtype=torch.long)
@@ -123,10 +123,44 @@ def event_chunks(
     return torch.stack(clips), colours
 
 
-def colours_apart(model, clips: torch.Tensor, colours: list[str], chunk: int, mean, std) -> dict:
+def _logistic(x: torch.Tensor, y: torch.Tensor):
+    """A logistic regression of labels ``y`` (0, 1) on rows ``x`` (standardized, a little L2), fitted by L-BFGS:
+    the function that gives rows their logits."""
+    centre, scale = x.mean(dim=0), x.std(dim=0) + 1e-6
+    weight = torch.zeros(x.shape[1], requires_grad=True)
+    bias = torch.zeros(1, requires_grad=True)
+    optimizer = torch.optim.LBFGS([weight, bias], max_iter=200)
+
+    def closure():
+        optimizer.zero_grad()
+        logits = ((x - centre) / scale) @ weight + bias
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y) + 1e-3 * weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return lambda rows: (((rows - centre) / scale) @ weight + bias).detach()
+
+
+def linear_probe(a: torch.Tensor, b: torch.Tensor) -> float:
+    """How well a linear classifier tells rows of ``a`` from rows of ``b`` on rows it did not fit: ``_logistic``
+    fitted on one half of each and scored on the other, both ways, the accuracy of each class averaged."""
+    halves = [(a[: len(a) // 2], b[: len(b) // 2]), (a[len(a) // 2 :], b[len(b) // 2 :])]
+    scores = []
+    for (fit_a, fit_b), (test_a, test_b) in (halves, halves[::-1]):
+        logits = _logistic(torch.cat([fit_a, fit_b]), torch.cat([torch.zeros(len(fit_a)), torch.ones(len(fit_b))]))
+        scores.append(float((logits(test_a) < 0).float().mean() + (logits(test_b) > 0).float().mean()) / 2)
+    return sum(scores) / 2
+
+
+def colours_apart(
+    model, clips: torch.Tensor, colours: list[str], chunk: int, mean, std, space: str = "contrast"
+) -> dict:
     """How well ``model``'s chunk features (eval mode) tell the events' colours A and B apart, in their contrast
-    (``clip_contrast``, as the head sees them): the nearest-centroid accuracy over the chunks that show one event,
-    the distance between the two centroids (halved) and that of their mean from the empty chunks' centroid."""
+    (``clip_contrast``, as the head sees them) or with ``space="event contrast"`` in their event contrast
+    (``clip_event_contrast``, model.temporal_event_contrast's): the nearest-centroid accuracy over the chunks that
+    show one event, a linear probe's (``linear_probe``), the distance between the two centroids (halved) and that of
+    their mean from the empty chunks' centroid."""
 
     model.eval()
     video = (clips.float() / 255 - torch.tensor(mean).view(3, 1, 1, 1)) / torch.tensor(std).view(3, 1, 1, 1)
@@ -134,13 +168,15 @@ def colours_apart(model, clips: torch.Tensor, colours: list[str], chunk: int, me
         features = torch.stack(
             [model.features({"video": video[:, :, i : i + chunk]}) for i in range(0, clips.shape[2], chunk)], dim=1
         )
-    flat = clip_contrast(features, None).flatten(0, 1)
+    contrast = clip_contrast(features, None)
+    flat = (contrast if space == "contrast" else clip_event_contrast(contrast, None)).flatten(0, 1)
     groups = {name: flat[[k == name for k in colours]] for name in "AB-"}
     centre = {name: group.mean(dim=0) for name, group in groups.items()}
     pair = torch.stack([centre["A"], centre["B"]])
     right = [(torch.cdist(groups[name], pair).argmin(dim=1) == i).float().mean() for i, name in enumerate("AB")]
     return {
         "accuracy": float(sum(right) / 2),
+        "linear": linear_probe(groups["A"], groups["B"]),
         "apart": float((centre["A"] - centre["B"]).norm() / 2),
         "events": float(((centre["A"] + centre["B"]) / 2 - centre["-"]).norm()),
     }

@@ -240,3 +240,17 @@ def test_the_chunk_reconstruction_keeps_a_relation_s_two_event_colours_apart_in_
         apart[weight] = colours_apart(model, clips, colours, 8, cfg.data.mean, cfg.data.std)
     assert apart[1]["accuracy"] >= 0.9, apart
     assert apart[1]["apart"] >= 1.15 * apart[0]["apart"], apart
+
+
+def test_the_linear_probe_scores_rows_it_did_not_fit():
+    """harness.long_range.linear_probe (bench.long_range --part separability's "linear"): two clouds apart along
+    one of 16 features are told apart about as well as the best rule does (0.977: 2 standard deviations apart);
+    two draws of one cloud are not, however well the probe fits its half."""
+    from harness.long_range import linear_probe
+
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(200, 16, generator=generator), torch.randn(200, 16, generator=generator)
+    apart = b.clone()
+    apart[:, 3] += 4.0
+    assert linear_probe(a, apart) > 0.95
+    assert 0.4 < linear_probe(a, b) < 0.6
