@@ -117,7 +117,7 @@ def warn_if_head_at_chance(trainer: Trainer) -> None:
     # close together"); where the backbone trains, the event contrast did not help
     events = (
         "; a label that relates far events whose kinds differ little beside how far any event lies from the rest "
-        "(two directions of one movement) also needs model.temporal_event_contrast: true"
+        "(two directions of one movement): try model.temporal_event_contrast: true"
         if transformer and not model_cfg.temporal_event_contrast and not backbone_trains
         else ""
     )
