@@ -361,8 +361,10 @@ def separability(args) -> None:
                 cfg = saved_config(saved.config)
                 model = build_model(cfg.model, num_classes=len(saved.class_names))
                 model.load_state_dict(saved.model)
-            for space in ("contrast", "event contrast"):
-                apart = colours_apart(model, clips, colours, chunk, cfg.data.mean, cfg.data.std, space)
+            spaces = ("contrast", "event contrast")
+            for space, apart in colours_apart(
+                model, clips, colours, chunk, cfg.data.mean, cfg.data.std, spaces
+            ).items():
                 print(
                     f"{label:22s} {space:14s} {apart['accuracy']:12.3f} {apart['linear']:7.3f} {apart['apart']:12.2f} "
                     f"{apart['events']:16.2f}  {source}",

@@ -154,13 +154,13 @@ def linear_probe(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def colours_apart(
-    model, clips: torch.Tensor, colours: list[str], chunk: int, mean, std, space: str = "contrast"
+    model, clips: torch.Tensor, colours: list[str], chunk: int, mean, std, spaces: tuple = ("contrast",)
 ) -> dict:
-    """How well ``model``'s chunk features (eval mode) tell the events' colours A and B apart, in their contrast
-    (``clip_contrast``, as the head sees them) or with ``space="event contrast"`` in their event contrast
-    (``clip_event_contrast``, model.temporal_event_contrast's): the nearest-centroid accuracy over the chunks that
-    show one event, a linear probe's (``linear_probe``), the distance between the two centroids (halved) and that of
-    their mean from the empty chunks' centroid."""
+    """How well ``model``'s chunk features (eval mode, one backbone pass) tell the events' colours A and B apart in
+    each of ``spaces``: "contrast" (``clip_contrast``, as the head sees them), "event contrast"
+    (``clip_event_contrast``, model.temporal_event_contrast's). For each, keyed by its name: the nearest-centroid
+    accuracy over the chunks that show one event, a linear probe's (``linear_probe``), the distance between the two
+    centroids (halved) and that of their mean from the empty chunks' centroid."""
 
     model.eval()
     video = (clips.float() / 255 - torch.tensor(mean).view(3, 1, 1, 1)) / torch.tensor(std).view(3, 1, 1, 1)
@@ -169,14 +169,17 @@ def colours_apart(
             [model.features({"video": video[:, :, i : i + chunk]}) for i in range(0, clips.shape[2], chunk)], dim=1
         )
     contrast = clip_contrast(features, None)
-    flat = (contrast if space == "contrast" else clip_event_contrast(contrast, None)).flatten(0, 1)
-    groups = {name: flat[[k == name for k in colours]] for name in "AB-"}
-    centre = {name: group.mean(dim=0) for name, group in groups.items()}
-    pair = torch.stack([centre["A"], centre["B"]])
-    right = [(torch.cdist(groups[name], pair).argmin(dim=1) == i).float().mean() for i, name in enumerate("AB")]
-    return {
-        "accuracy": float(sum(right) / 2),
-        "linear": linear_probe(groups["A"], groups["B"]),
-        "apart": float((centre["A"] - centre["B"]).norm() / 2),
-        "events": float(((centre["A"] + centre["B"]) / 2 - centre["-"]).norm()),
-    }
+    found = {}
+    for space in spaces:
+        flat = (contrast if space == "contrast" else clip_event_contrast(contrast, None)).flatten(0, 1)
+        groups = {name: flat[[k == name for k in colours]] for name in "AB-"}
+        centre = {name: group.mean(dim=0) for name, group in groups.items()}
+        pair = torch.stack([centre["A"], centre["B"]])
+        right = [(torch.cdist(groups[name], pair).argmin(dim=1) == i).float().mean() for i, name in enumerate("AB")]
+        found[space] = {
+            "accuracy": float(sum(right) / 2),
+            "linear": linear_probe(groups["A"], groups["B"]),
+            "apart": float((centre["A"] - centre["B"]).norm() / 2),
+            "events": float(((centre["A"] + centre["B"]) / 2 - centre["-"]).norm()),
+        }
+    return found
