@@ -444,7 +444,12 @@ def main() -> None:
     )
     parser.add_argument("--verbose", action="store_true", help="--part families, refit: a line for each run as it ends")
     args = parser.parse_args()
-    for option, known in (("--families", FAMILY_SHAPES), ("--presets", PRESETS), ("--ways", ADAPTER_WAYS)):
+    for option, known in (
+        ("--families", FAMILY_SHAPES),
+        ("--presets", PRESETS),
+        ("--ways", ADAPTER_WAYS),
+        ("--modalities", MODALITIES),
+    ):
         unknown = [name for name in getattr(args, option[2:]).split(",") if name not in known]
         if unknown:
             parser.error(f"{option}: unknown {', '.join(repr(n) for n in unknown)}; choose from {', '.join(known)}")

@@ -243,6 +243,24 @@ class ModelConfig:
         "colour_edges_motion (beside it, the grey frames' edge strength across and along the rows and their change "
         "from frame to frame, signed and its size)",
     )
+    chunk_discrimination: float = setting(
+        0.0,
+        "float",
+        "with a temporal head and features that train: the weight of an auxiliary loss where each training chunk "
+        "is computed again from its even frames and from its odd frames, and each half must find its other half "
+        "among the micro-batch's chunks (InfoNCE), so the features keep whatever tells the chunks apart (colour, "
+        "motion, texture, a rhythm) when the label alone does not ask for it; costs about one more forward and "
+        "backward of each chunk with a gradient; 0: none",
+        minimum=0.0,
+    )
+    chunk_discrimination_temperature: float = setting(
+        0.2,
+        "float",
+        "the chunk discrimination's temperature: the cosine similarities are divided by it (lower: the nearest "
+        "other chunks weigh more)",
+        minimum=0.0,
+        refused=((0, "it divides the similarities: give a value above 0 (0.2 unless you have a reason)"),),
+    )
 
 
 @dataclass

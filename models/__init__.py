@@ -79,6 +79,8 @@ def build_model(model_cfg: ModelConfig, num_classes: int, num_views: int = 1, kp
         reconstruction=model_cfg.chunk_reconstruction,
         reconstruction_target=model_cfg.chunk_reconstruction_target,
         adapter=adapter_settings(model_cfg),
+        discrimination=model_cfg.chunk_discrimination,
+        discrimination_temperature=model_cfg.chunk_discrimination_temperature,
     )
     model.set_grad_checkpointing(model_cfg.grad_checkpointing)
     return model

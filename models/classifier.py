@@ -9,6 +9,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from models.adapters import AdapterPoints, SideAdapters, build_adapters
+from models.discrimination import ChunkDiscrimination
 from models.reconstruction import ChunkDecoder
 from models.registry import ModelConfigError
 from models.temporal import temporal_head
@@ -109,6 +110,8 @@ class VideoClassifier(nn.Module):
     engine/inference/chunks.py do that) and ``forward`` treats its input as one chunk.
     reconstruction: the weight of the chunk reconstruction loss (models/reconstruction.py; 0: none), with a
     temporal head and an RGB backbone whose features train: ``self.reconstruction``, which the training forward runs.
+    discrimination: the weight of the chunk discrimination loss (models/discrimination.py; 0: none) and
+    ``discrimination_temperature``, with a temporal head and features that train: ``self.discrimination``.
     adapter: model.adapter's settings ({"kind", "width", "kernel", "taps", "rank"}, models/adapters.py) or None: the RGB
     backbone frozen as with ``freeze_backbone``, ``self.adapters`` trained on it (None for lora, whose layers are
     inside the backbone).
@@ -128,6 +131,8 @@ class VideoClassifier(nn.Module):
         reconstruction: float = 0.0,
         reconstruction_target: str = "colour",
         adapter: dict | None = None,
+        discrimination: float = 0.0,
+        discrimination_temperature: float = 0.2,
     ):
         super().__init__()
         if rgb is None and kpt is None:
@@ -182,6 +187,20 @@ class VideoClassifier(nn.Module):
         # model.adapter: built last for the same reason
         self.adapter_kind = None if adapter is None else adapter["kind"]
         self.adapters = None if adapter is None else build_adapters(rgb, feature_dim=rgb.feature_dim, **adapter)
+        # model.chunk_discrimination: where chunk features reach a temporal head and some of them train (no
+        # parameters of its own: nothing to initialize)
+        self.discrimination = (
+            ChunkDiscrimination(discrimination, discrimination_temperature)
+            if discrimination > 0 and self.temporal is not None and self.features_train
+            else None
+        )
+
+    @property
+    def features_train(self) -> bool:
+        """Does the features' gradient reach something that trains: the RGB backbone, its adapters, the keypoint
+        branch? (Not a backbone frozen by model.freeze_backbone or train.temporal_refit_epochs alone.)"""
+        rgb_trains = self.rgb is not None and (not self.frozen_backbone or self.adapter_kind is not None)
+        return self.kpt is not None or rgb_trains
 
     def train(self, mode: bool = True) -> VideoClassifier:
         """A frozen backbone stays in eval mode: its BatchNorm normalizes with its pretrained statistics and never

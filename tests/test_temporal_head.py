@@ -892,6 +892,14 @@ def test_the_length_bench_names_an_unknown_family_and_the_scale_bench_measures_a
     assert measured["measured"] > 50 and 0.85 <= measured["estimated"] / measured["measured"] <= 1.15, measured
 
 
+def test_the_long_range_bench_names_an_unknown_modality_before_it_trains():
+    done = run_in_process(["-m", "bench.long_range", "--part", "families", "--modalities", "colour,pulses"])
+    assert done.returncode == 2 and done.stderr.splitlines()[-1] == (
+        "python -m bench.long_range: error: --modalities: unknown 'pulses'; choose from colour, motion, texture, "
+        "repetition"
+    )
+
+
 # ------------------------------------------------------------------------------- the head's training defaults
 def test_the_head_trains_in_parameter_groups_of_its_own_at_the_configured_rate():
     from engine.training.optim import build_optimizer, build_scheduler, max_grad_norm

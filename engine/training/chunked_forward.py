@@ -8,15 +8,17 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
 
 from core.runtime import unwrap_model
 from datasets.windows import chunk_windows
-from engine.inference.chunks import chunk_positions, clip_length, slice_time
+from engine.inference.chunks import TIME_AXIS, chunk_positions, clip_length, slice_time
 from models import temporal_head_of
-from models.classifier import recompute_in_backward
+from models.classifier import recompute_in_backward, running_stats_frozen
+from models.discrimination import half_frame_rate
 from models.temporal import HeadOutput
 
 
@@ -92,7 +94,9 @@ class ChunkedTrainingForward(nn.Module):
     1,000-frame clip would be 4x the uint8 one). A clip in one chunk is exactly the plain training forward.
 
     With ``model.chunk_reconstruction`` the classifier's decoder predicts each chunk's thumbnail from its features
-    (models/reconstruction.py): its weighted loss is the output's ``auxiliary``, which the training loss adds.
+    (models/reconstruction.py), and with ``model.chunk_discrimination`` each chunk with a gradient is computed again
+    from its even and from its odd frames (models/discrimination.py): their weighted losses, summed, are the output's
+    ``auxiliary``, which the training loss adds.
 
     The classifier is ``self.module``, which ``unwrap_model`` follows, so checkpoints hold the classifier's state
     dict alone. Under torchrun no collective runs inside it (``oom.agree_and_reduce`` averages gradients).
@@ -113,19 +117,30 @@ class ChunkedTrainingForward(nn.Module):
             return HeadOutput(None, self.module(self.normalize(inputs)).unsqueeze(1))
         if bank is not None and not bank.follows(windows):
             bank.regrid(windows, f"training chunks of {spec.size} frames")
-        outputs = self._chunk_outputs(inputs, windows, spec, head is not None, bank, samples)
+        discrimination = self._discrimination(head is not None)
+        outputs, halves = self._chunk_outputs(inputs, windows, spec, head is not None, bank, samples, discrimination)
         if head is None:
             return HeadOutput(None, torch.stack(outputs, dim=1))
         features = torch.stack(outputs, dim=1)
         out = head(features, chunk_positions(windows, self.frame_stride))
+        losses = [discrimination(halves)] if halves else []
         decoder = getattr(unwrap_model(self.module), "reconstruction", None)
         # features without a gradient (a backbone frozen by train.temporal_refit_epochs): nothing for it to shape
-        if decoder is None or not torch.is_grad_enabled() or not features.requires_grad:
-            return out
-        thumbnails = torch.stack(
-            [decoder.thumbnail(slice_time(inputs, start, end)["video"]) for start, end in windows], 1
-        )
-        return out._replace(auxiliary=decoder(features, thumbnails))
+        if decoder is not None and torch.is_grad_enabled() and features.requires_grad:
+            thumbnails = torch.stack(
+                [decoder.thumbnail(slice_time(inputs, start, end)["video"]) for start, end in windows], 1
+            )
+            losses.append(decoder(features, thumbnails))
+        return out._replace(auxiliary=sum(losses)) if losses else out
+
+    def _discrimination(self, features: bool):
+        """model.chunk_discrimination's loss where it applies now: chunk features for a head, with a gradient to
+        something that trains (none once train.temporal_refit_epochs froze the backbone)."""
+        module = unwrap_model(self.module)
+        discrimination = getattr(module, "discrimination", None)
+        if discrimination is None or not features or not torch.is_grad_enabled() or not module.features_train:
+            return None
+        return discrimination
 
     def _recomputed(self, spec: ChunkSpec, chunk: int, chunks: int) -> bool:
         # a frozen backbone (model.freeze_backbone, side adapters) runs without a graph: nothing of it to recompute,
@@ -140,20 +155,30 @@ class ChunkedTrainingForward(nn.Module):
     def _chunk_features(self, chunk: dict) -> torch.Tensor:
         return self.module.features(self.normalize(chunk))
 
+    def _chunk_and_halves(self, chunk: dict, min_frames: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A chunk's features, then its even frames' and its odd frames' (the chunk discrimination's pair); the
+        halves leave the BatchNorm running statistics to the whole chunk."""
+        features = self._chunk_features(chunk)
+        with running_stats_frozen(self.module):
+            even, odd = (self._chunk_features(half_frame_rate(chunk, first, TIME_AXIS, min_frames)) for first in (0, 1))
+        return features, even, odd
+
     def _chunk_outputs(
-        self, inputs: dict, windows: list, spec: ChunkSpec, features: bool, bank=None, samples=None
-    ) -> list[torch.Tensor]:
+        self, inputs: dict, windows: list, spec: ChunkSpec, features: bool, bank=None, samples=None, discrimination=None
+    ) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
         """Each chunk's logits, or its features for the temporal head (then only the [B, n, D] features and the
         head's own activations stay alive). A chunk with a graph is recomputed in backward unless it is among
         the last ``spec.kept`` of them: one chunk's activations alive at a time. With train.grad_chunks the
         others run without a graph (train-mode BatchNorm, as every chunk) and enter detached, or come from the
-        bank when it holds them for every clip of the batch (each chunk computed is written to it)."""
+        bank when it holds them for every clip of the batch (each chunk computed is written to it).
+        With ``discrimination``, also the even- and odd-frame features of each chunk with a graph and two frames
+        at least, computed (and recomputed) with it."""
         min_frames = getattr(unwrap_model(self.module), "min_frames", 1)
         function = self._chunk_features if features else self._chunk_logits
         graph = spec.graph_chunks(len(windows))
         with_graph = range(len(windows)) if graph is None else sorted(graph)
         order = {chunk: rank for rank, chunk in enumerate(with_graph)}  # its place among the chunks with a graph
-        outputs, from_bank = [], []
+        outputs, from_bank, halves = [], [], []
         for i, (start, end) in enumerate(windows):
             if i not in order and bank is not None:
                 kept = bank.read(samples, i)
@@ -165,10 +190,18 @@ class ChunkedTrainingForward(nn.Module):
             if i not in order:
                 with torch.no_grad():
                     outputs.append(function(chunk))
-            elif self._recomputed(spec, order[i], len(order)):
-                outputs.append(recompute_in_backward(self.module, function, chunk))
             else:
-                outputs.append(function(chunk))
+                paired = discrimination is not None and features and end - start >= 2
+                run = partial(self._chunk_and_halves, min_frames=min_frames) if paired else function
+                output = (
+                    recompute_in_backward(self.module, run, chunk)
+                    if self._recomputed(spec, order[i], len(order))
+                    else run(chunk)
+                )
+                if paired:
+                    output, even, odd = output
+                    halves.append((even, odd))
+                outputs.append(output)
             if bank is not None:
                 bank.write(samples, i, outputs[-1])
             if graph is not None and i in graph:
@@ -176,7 +209,7 @@ class ChunkedTrainingForward(nn.Module):
         computed = outputs[next(i for i in range(len(outputs)) if i not in from_bank)]  # a drawn chunk at least
         for i in from_bank:
             outputs[i] = outputs[i].to(computed.device, computed.dtype, non_blocking=True)
-        return outputs
+        return outputs, halves
 
 
 class FeatureHeadForward(nn.Module):

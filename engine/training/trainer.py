@@ -69,8 +69,10 @@ class Trainer:
 
     @property
     def has_auxiliary_loss(self) -> bool:
-        """model.chunk_reconstruction's decoder is in the model: the training loss is the label's and its."""
-        return getattr(unwrap_model(self.model), "reconstruction", None) is not None
+        """model.chunk_reconstruction's decoder or model.chunk_discrimination is in the model: the training loss is
+        the label's and theirs."""
+        model = unwrap_model(self.model)
+        return any(getattr(model, name, None) is not None for name in ("reconstruction", "discrimination"))
 
     @property
     def syncs_in_backward(self) -> bool:
