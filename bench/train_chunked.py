@@ -6,6 +6,7 @@
     python -m bench.train_chunked --part recompute --frames 256 --chunks 32   # train.recompute: auto vs all
     python -m bench.train_chunked --part sampled --frames 256,1024 --chunks 32   # train.grad_chunks: K vs all
     python -m bench.train_chunked --part reconstruction --frames 256,1024 --chunks 32   # the decoder's cost
+    python -m bench.train_chunked --part discrimination --frames 256,1024 --chunks 32   # the halves' cost
 
 One training step (forward, backward, AdamW step) of the project's training forward (``ChunkedTrainingForward``,
 the one train.py uses) on a clip of T frames, batch 1, fp32, each cell in a fresh process. Memory: on the CPU
@@ -31,7 +32,8 @@ step at T = 64 and against every chunk at the same T; memory against every chunk
 
 ``--part reconstruction``: the temporal head's step (--temporal-head, transformer unless set) with
 ``model.chunk_reconstruction`` 1 against 0, at each T in chunks of the first --chunks: its time and memory as
-ratios (the loss includes the decoder's, as train.py's does).
+ratios (the loss includes the decoder's, as train.py's does). ``--part discrimination``: the same with
+``model.chunk_discrimination`` 1 against 0 (each chunk's even and odd frames computed as well).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def measure(args) -> dict:
             f"model.temporal_head={args.temporal_head}",
             f"model.temporal_width={args.temporal_width}",
             f"model.chunk_reconstruction={args.reconstruction}",
+            f"model.chunk_discrimination={args.discrimination}",
         ],
     )
     model = build_model(cfg.model, num_classes=10).to(device).train()
@@ -93,9 +96,7 @@ def measure(args) -> dict:
             outputs.clip if outputs.clip is not None else aggregate_chunk_logits(outputs.chunks.transpose(0, 1), "mean")
         )
         loss = torch.nn.functional.cross_entropy(logits, labels)
-        if (
-            outputs.auxiliary is not None
-        ):  # model.chunk_reconstruction's loss, as engine.training.step.training_loss adds it
+        if outputs.auxiliary is not None:  # the auxiliary losses, as engine.training.step.training_loss adds them
             loss = loss + outputs.auxiliary
         loss.backward()
         optimizer.step()
@@ -140,6 +141,7 @@ def step_cell(
     grad_chunks: int = 0,
     bank: bool = False,
     reconstruction: float = 1.0,
+    discrimination: float = 0.0,
 ) -> dict | str:
     """One cell of the table: {"peak_mb", "step_s", "input_mb"} of one training step, or the error's last line.
     Memory: every allocation above 64 KB its own mapping, returned when freed, so resident memory follows the
@@ -178,6 +180,8 @@ def step_cell(
         str(int(bank)),
         "--reconstruction",
         str(reconstruction),
+        "--discrimination",
+        str(discrimination),
     ]
     runs = [
         subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
@@ -221,16 +225,19 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument(
         "--part",
-        choices=("growth", "recompute", "sampled", "reconstruction"),
+        choices=("growth", "recompute", "sampled", "reconstruction", "discrimination"),
         default="growth",
         help="growth: memory and time as the clip grows; recompute: train.recompute auto vs all; sampled: "
-        "train.grad_chunks K against every chunk; reconstruction: model.chunk_reconstruction 1 against 0",
+        "train.grad_chunks K against every chunk; reconstruction, discrimination: model.chunk_reconstruction or "
+        "model.chunk_discrimination 1 against 0",
     )
     parser.add_argument("--grad-chunks", default="2,4,8", help="--part sampled: the K values (train.grad_chunks)")
     parser.add_argument(
         "--bank-k", type=int, default=4, help="--part sampled: K of the row with train.feature_bank (host)"
     )
-    args = parse_or_measure(parser, measure, length=int, chunk=int, kept=int, bank=int, reconstruction=float)
+    args = parse_or_measure(
+        parser, measure, length=int, chunk=int, kept=int, bank=int, reconstruction=float, discrimination=float
+    )
     if args is None:
         return
     if args.device is None:
@@ -243,8 +250,8 @@ def main() -> None:
     if args.part == "sampled":
         sampled_table(args)
         return
-    if args.part == "reconstruction":
-        reconstruction_table(args)
+    if args.part in ("reconstruction", "discrimination"):
+        auxiliary_table(args, args.part)
         return
     frames = [int(v) for v in args.frames.split(",")]
     modes = [-1] + [int(v) for v in args.chunks.split(",")]
@@ -389,8 +396,9 @@ def sampled_table(args) -> None:
             )
 
 
-def reconstruction_table(args) -> None:
-    """model.chunk_reconstruction: the temporal head's step with the decoder against without, at each T."""
+def auxiliary_table(args, loss: str) -> None:
+    """model.chunk_reconstruction or model.chunk_discrimination (``loss``): the temporal head's step with it at 1
+    against 0, at each T."""
     args.temporal_head = "transformer" if args.temporal_head == "none" else args.temporal_head
     frames = [int(v) for v in args.frames.split(",")]
     chunk = int(args.chunks.split(",")[0])
@@ -401,10 +409,12 @@ def reconstruction_table(args) -> None:
         f"{os.cpu_count()} CPUs; memory: {memory} during one step",
         flush=True,
     )
-    print(f"{'T':>5s} {'reconstruction':<15s} {'ms/frame':>8s} {'x without':>9s} {'MB':>8s} {'x without':>9s}")
+    print(f"{'T':>5s} {loss:<15s} {'ms/frame':>8s} {'x without':>9s} {'MB':>8s} {'x without':>9s}")
     for length in frames:  # the two interleaved per length: the shared machine's speed drifts between minutes
-        without, with_decoder = (cell_of(args, length, chunk, reconstruction=w) for w in (0.0, 1.0))
-        for name, result in (("0 (none)", without), ("1 (decoder)", with_decoder)):
+        without, with_loss = (
+            cell_of(args, length, chunk, **{"reconstruction": 0.0, "discrimination": 0.0, loss: w}) for w in (0.0, 1.0)
+        )
+        for name, result in (("0 (none)", without), ("1", with_loss)):
             if isinstance(result, str):
                 print(f"{length:>5d} {name:<15s} failed: {result}", flush=True)
                 continue
