@@ -249,8 +249,8 @@ class ModelConfig:
         "with a temporal head and features that train: the weight of an auxiliary loss where each training chunk "
         "is computed again from its even frames and from its odd frames, and each half must find its other half "
         "among the micro-batch's chunks (InfoNCE), so the features keep whatever tells the chunks apart (colour, "
-        "motion, texture, a rhythm) when the label alone does not ask for it; costs about one more forward and "
-        "backward of each chunk with a gradient; 0: none",
+        "motion, texture, a rhythm) when the label alone does not ask for it; each chunk with a gradient runs twice "
+        "more at half its frames, forward and backward; 0: none",
         minimum=0.0,
     )
     chunk_discrimination_temperature: float = setting(

@@ -12,8 +12,8 @@ features, and the other way round (InfoNCE, the loss of SimCLR and MoCo, here wi
 it shapes are the ones the temporal head reads). Two chunks can only be told apart by what differs between them,
 so whatever differs between kinds of event is kept, in any modality.
 
-The cost: two forwards of half a chunk for each chunk with a gradient, about one more forward and backward of the
-chunk; they are recomputed in backward with the chunk, and the memory planner counts them (it runs this forward).
+The cost: two forwards of half a chunk for each chunk with a gradient, and their backward; they are recomputed in
+backward with the chunk, and the memory planner counts them (it runs this forward).
 Their BatchNorm layers normalize with their own batch statistics and leave the running statistics to the whole
 chunk's forward (the halves run at half the frame rate). The other chunks of the micro-batch are the negatives:
 under torchrun each rank's own (no collective runs in the forward). A micro-batch of one chunk has no negative:
