@@ -27,23 +27,6 @@ from torch import nn
 from torch.nn import functional as F
 
 
-def half_frame_rate(inputs: dict, first: int, time_axis: dict, min_frames: int = 1) -> dict:
-    """Every other frame of each input from frame ``first`` (0: the even frames, 1: the odd ones); ``time_axis``
-    maps an input's key to its time axis. Padded by repeating the last frame up to ``min_frames``."""
-    out = {}
-    for key, tensor in inputs.items():
-        axis = time_axis[key] % tensor.dim()
-        index = [slice(None)] * tensor.dim()
-        index[axis] = slice(first, None, 2)
-        part = tensor[tuple(index)]
-        short = min_frames - part.shape[axis]
-        if short > 0:
-            last = part.narrow(axis, part.shape[axis] - 1, 1)
-            part = torch.cat([part] + [last] * short, dim=axis)
-        out[key] = part
-    return out
-
-
 def pair_discrimination(first: torch.Tensor, second: torch.Tensor, temperature: float) -> torch.Tensor:
     """InfoNCE of M pairs ``first[i]``, ``second[i]`` ([M, D] each): the cross-entropy of finding each row's pair
     among all M rows of the other by cosine similarity over ``temperature``, both ways, averaged."""

@@ -9,21 +9,21 @@ from test_chunked_training import MEAN, STD, clip_batch, small_model
 
 from config import ConfigError, load_config
 from datasets.device_input import InputPreparer
-from engine.inference.chunks import TIME_AXIS
+from engine.inference.chunks import half_frame_rate
 from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec
-from models.discrimination import half_frame_rate, pair_discrimination
+from models.discrimination import pair_discrimination
 
 
 def test_the_halves_are_the_even_and_the_odd_frames_of_every_input():
     video = torch.arange(2 * 3 * 5 * 2 * 2).view(2, 3, 5, 2, 2)
     views = torch.stack([video, video + 1000], dim=1)  # [B, V, C, T, H, W]
     kpt = torch.arange(2 * 5 * 4 * 2).view(2, 5, 4, 2).float()
-    even = half_frame_rate({"video": video, "kpt": kpt}, 0, TIME_AXIS)
-    odd = half_frame_rate({"video": views, "kpt": kpt}, 1, TIME_AXIS)
+    even = half_frame_rate({"video": video, "kpt": kpt}, 0)
+    odd = half_frame_rate({"video": views, "kpt": kpt}, 1)
     assert torch.equal(even["video"], video[:, :, [0, 2, 4]]) and torch.equal(even["kpt"], kpt[:, [0, 2, 4]])
     assert torch.equal(odd["video"], views[:, :, :, [1, 3]]) and torch.equal(odd["kpt"], kpt[:, [1, 3]])
     # a backbone that needs more frames gets the last one repeated, as slice_time pads a short chunk
-    padded = half_frame_rate({"video": video}, 1, TIME_AXIS, min_frames=4)["video"]
+    padded = half_frame_rate({"video": video}, 1, min_frames=4)["video"]
     assert torch.equal(padded, video[:, :, [1, 3, 3, 3]])
 
 

@@ -34,12 +34,28 @@ def slice_time(inputs: dict, start: int, end: int, min_frames: int = 1) -> dict:
     out = {}
     for key, tensor in inputs.items():
         axis = TIME_AXIS[key] % tensor.dim()
-        part = tensor.narrow(axis, start, end - start)
-        if end - start < min_frames:
-            last = part.narrow(axis, part.shape[axis] - 1, 1)
-            part = torch.cat([part] + [last] * (min_frames - (end - start)), dim=axis)
-        out[key] = part
+        out[key] = _padded(tensor.narrow(axis, start, end - start), axis, min_frames)
     return out
+
+
+def half_frame_rate(inputs: dict, first: int, min_frames: int = 1) -> dict:
+    """Every other frame of every input from frame ``first`` (0: the even frames, 1: the odd ones); padded by
+    repeating the last frame up to ``min_frames``."""
+    out = {}
+    for key, tensor in inputs.items():
+        axis = TIME_AXIS[key] % tensor.dim()
+        index = [slice(None)] * tensor.dim()
+        index[axis] = slice(first, None, 2)
+        out[key] = _padded(tensor[tuple(index)], axis, min_frames)
+    return out
+
+
+def _padded(part: torch.Tensor, axis: int, min_frames: int) -> torch.Tensor:
+    short = min_frames - part.shape[axis]
+    if short <= 0:
+        return part
+    last = part.narrow(axis, part.shape[axis] - 1, 1)
+    return torch.cat([part] + [last] * short, dim=axis)
 
 
 class LogitAggregator:

@@ -15,10 +15,9 @@ from torch import nn
 
 from core.runtime import unwrap_model
 from datasets.windows import chunk_windows
-from engine.inference.chunks import TIME_AXIS, chunk_positions, clip_length, slice_time
+from engine.inference.chunks import chunk_positions, clip_length, half_frame_rate, slice_time
 from models import temporal_head_of
 from models.classifier import recompute_in_backward, running_stats_frozen
-from models.discrimination import half_frame_rate
 from models.temporal import HeadOutput
 
 
@@ -160,7 +159,7 @@ class ChunkedTrainingForward(nn.Module):
         halves leave the BatchNorm running statistics to the whole chunk."""
         features = self._chunk_features(chunk)
         with running_stats_frozen(self.module):
-            even, odd = (self._chunk_features(half_frame_rate(chunk, first, TIME_AXIS, min_frames)) for first in (0, 1))
+            even, odd = (self._chunk_features(half_frame_rate(chunk, first, min_frames)) for first in (0, 1))
         return features, even, odd
 
     def _chunk_outputs(
