@@ -174,18 +174,15 @@ class VideoClassifier(nn.Module):
                 )
             self.temporal = temporal_head(self.feature_dim, num_classes, **temporal)
             self.temporal_args = (self.feature_dim, num_classes, temporal)  # for a new head (new_temporal_head)
+        self.adapter_kind = None if adapter is None else adapter["kind"]
         # model.chunk_reconstruction: where chunk features reach a temporal head from an RGB backbone whose features
         # train; created after the rest, so a seed initializes every other layer as it did without it
         self.reconstruction = (
             ChunkDecoder(self.feature_dim, reconstruction, reconstruction_target)
-            if reconstruction > 0
-            and self.temporal is not None
-            and rgb is not None
-            and (not self.frozen_backbone or adapter is not None)
+            if reconstruction > 0 and self.temporal is not None and self.rgb_trains
             else None
         )
         # model.adapter: built last for the same reason
-        self.adapter_kind = None if adapter is None else adapter["kind"]
         self.adapters = None if adapter is None else build_adapters(rgb, feature_dim=rgb.feature_dim, **adapter)
         # model.chunk_discrimination: where chunk features reach a temporal head and some of them train (no
         # parameters of its own: nothing to initialize)
@@ -196,11 +193,16 @@ class VideoClassifier(nn.Module):
         )
 
     @property
+    def rgb_trains(self) -> bool:
+        """Does the RGB branch's gradient reach something that trains: the backbone, or adapters on it frozen? (Not
+        a backbone frozen by model.freeze_backbone or train.temporal_refit_epochs alone.)"""
+        return self.rgb is not None and (not self.frozen_backbone or self.adapter_kind is not None)
+
+    @property
     def features_train(self) -> bool:
-        """Does the features' gradient reach something that trains: the RGB backbone, its adapters, the keypoint
-        branch? (Not a backbone frozen by model.freeze_backbone or train.temporal_refit_epochs alone.)"""
-        rgb_trains = self.rgb is not None and (not self.frozen_backbone or self.adapter_kind is not None)
-        return self.kpt is not None or rgb_trains
+        """Does the features' gradient reach something that trains: the RGB branch (``rgb_trains``) or the
+        keypoint branch?"""
+        return self.kpt is not None or self.rgb_trains
 
     def train(self, mode: bool = True) -> VideoClassifier:
         """A frozen backbone stays in eval mode: its BatchNorm normalizes with its pretrained statistics and never

@@ -190,7 +190,7 @@ class ChunkedTrainingForward(nn.Module):
                 with torch.no_grad():
                     outputs.append(function(chunk))
             else:
-                paired = discrimination is not None and features and end - start >= 2
+                paired = discrimination is not None and end - start >= 2  # given for chunk features only
                 run = partial(self._chunk_and_halves, min_frames=min_frames) if paired else function
                 output = (
                     recompute_in_backward(self.module, run, chunk)
