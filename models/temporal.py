@@ -137,7 +137,9 @@ def clip_rms(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     """[B, 1, 1] the root mean square of ``x`` [B, n, D] over each clip's real chunks and features (``x`` is zero
     at the padded ones)."""
     values = real.sum(dim=1, keepdim=True).clamp_min(1) * x.shape[-1]
-    return (x.pow(2).sum(dim=(1, 2), keepdim=True) / values).sqrt()
+    # clamped: the square root's gradient at zero (a clip whose chunks are all alike) is infinite, and would make
+    # every gradient of the step NaN
+    return (x.pow(2).sum(dim=(1, 2), keepdim=True) / values).clamp_min(1e-12).sqrt()
 
 
 def clip_contrast(features: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

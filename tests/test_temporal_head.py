@@ -244,6 +244,18 @@ def test_with_its_input_norm_the_transformer_head_ignores_a_clip_wide_shift_and_
     assert temporal_head(8, 2, kind="attention", input_norm=True).input_norm is None
 
 
+def test_a_clip_whose_chunks_are_all_alike_gives_finite_gradients():
+    """A still scene (or a clip of black frames) gives every chunk the same features: the contrast is zero there,
+    and its scale's square root must not make every gradient of the step NaN."""
+    windows = chunk_positions(chunk_windows(32, 8))
+    for chunk in (torch.zeros(2, 1, 8), torch.randint(-4, 4, (2, 1, 8)).float()):
+        features = chunk.expand(2, 4, 8).clone().requires_grad_()
+        head = temporal_head(8, 2)
+        head(features, windows).clip.sum().backward()
+        gradients = [features.grad, *(p.grad for p in head.parameters() if p.grad is not None)]
+        assert all(torch.isfinite(g).all() for g in gradients)
+
+
 def test_the_clip_contrast_is_each_chunk_against_its_clip_and_ignores_what_every_chunk_shares():
     """model.temporal_contrast: a chunk's difference from its clip's mean chunk over one scale a clip. What every
     chunk of a clip shares (a per-channel offset: the background, the scene) and a clip-wide scale do not move it;
