@@ -10,22 +10,146 @@ Config defaults come from the checkpoint; flags override. Prints top-1, top-5, p
 precision/recall/F1, clip- and video-level accuracy and the confusion matrix; with --output, writes
 PREFIX.json (metrics), PREFIX.csv (one row per video: label, prediction, probability, clips) and
 PREFIX_clips.csv (one row per clip: video, window, label, prediction, probability).
+
+This file holds one evaluation (``evaluate_checkpoint``: the model, the split, the evaluation loop that training's
+validation runs too, the report) and the cron watcher's pass (``watch_pass``); the checkpoint's loading, the
+dataset, the ledger and its lock are calls.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
 
 from artifacts.checkpoint import CheckpointError
-from config import add_inference_flags, inference_overrides
+from artifacts.ledger import append_ledger, read_ledger
+from artifacts.run_dir import WatchedDirectory
+from artifacts.trained_model import load_trained_model
+from config import add_inference_flags, apply_inference_flags, inference_overrides
 from core.cli import exit_on_usage_error
+from core.files import file_sha256
 from core.logs import setup_logging
+from core.runtime import resolve_device, setup_runtime
 from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.video.capture import quiet_decoder_logs
-from engine.evaluation.evaluate import EvaluationSpec, evaluate_checkpoint, format_report, write_outputs
-from engine.evaluation.watch import WatchSpec, watch
+from datasets.video_dataset import build_dataset, index_cache_for
+from engine.data.loaders import cap_workers
+from engine.evaluation.evaluate import (
+    EvaluationResult,
+    evaluate_dataset,
+    evaluate_on_features,
+    format_report,
+    write_outputs,
+)
+from engine.evaluation.watch import WatchPass, WatchSpec, watch
 from engine.inference.stream import how_it_runs
+from models import set_head_chunks
 from planner.batch_size import inference_batch_for_budget
+
+log = logging.getLogger("longvideo")
+
+
+@dataclass(frozen=True)
+class EvaluationSpec:
+    """What a checkpoint is evaluated on, and how: ``overrides`` of the checkpoint config's keys, each with the flag
+    that set it, for the errors ({"infer.chunk_size": ("--chunk", 32)}: config.inference_overrides)."""
+
+    split: str = "val"
+    data: str | None = None  # a manifest instead of the config's split
+    device: str | None = None
+    precision: str | None = None
+    batch_auto: bool = False  # --batch auto: the most chunks per forward the memory budget holds
+    memory_budget_gb: float | None = None  # --memory-budget-gb: the budget of --batch auto, else the config's
+    overrides: dict = field(default_factory=dict)
+    backbone: str | None = None  # a head trained on features: its backbone checkpoint, if not where it was
+
+
+def evaluate_checkpoint(path: str, spec: EvaluationSpec) -> EvaluationResult:
+    """One evaluation: the checkpoint's model and config (the flags applied), its split's clips through the chunked
+    forward of training's validation (``evaluate_dataset``), and the rows eval.py writes."""
+    device = resolve_device(spec.device or "auto")
+    model, cfg, class_names, checkpoint = load_trained_model(path, device, spec.backbone)
+    if checkpoint.features is not None:  # a head on the features its dataset came with: scored on those
+        return evaluate_on_features(path, model, cfg, class_names, checkpoint, spec.precision, spec)
+    cfg = cap_workers(apply_inference_flags(cfg, spec.overrides))
+    head_reach = set_head_chunks(model, cfg.infer.head_chunks)
+    runtime = setup_runtime(cfg.trainer, device=str(device), precision=spec.precision)
+    if spec.batch_auto:  # every evaluated clip of a window (clips x crops) goes through each forward
+        clips = cfg.data.test_clips * cfg.data.test_crops
+        batch = inference_batch_for_budget(cfg, runtime, checkpoint.shape, spec.memory_budget_gb, clips)
+        cfg = apply_inference_flags(cfg, {"infer.chunks_per_forward": ("--batch auto", batch)})
+    dataset = build_dataset(
+        cfg, spec.split, class_names, training=False, manifest=spec.data, index_cache=index_cache_for(cfg)
+    )
+    metrics, clip_rows, video_rows = evaluate_dataset(model, dataset, cfg, runtime, class_names)
+    del model
+    if runtime.device.type == "cuda":
+        torch.cuda.empty_cache()  # the next checkpoint starts from a clean device
+    return EvaluationResult(metrics, cfg, class_names, checkpoint, clip_rows, video_rows, head_reach)
+
+
+def watch_pass(watched: WatchSpec, spec: EvaluationSpec) -> WatchPass:
+    """The cron watcher's pass over a run's checkpoints, oldest first: each new one (by the SHA-256 of its content)
+    evaluated and its line appended to eval.jsonl; one still being written (modified less than --settle seconds
+    ago, or changing while hashed) left for the next pass; one that cannot be loaded recorded as failed, not
+    retried until its content changes."""
+    run_dir, directory = watched.run_dir, WatchedDirectory(watched.run_dir)
+    done = {entry.get("sha256") for entry in read_ledger(directory.ledger)}
+    evaluated = failed = skipped = waiting = 0
+    for path in directory.checkpoints():
+        relative = os.path.relpath(path, run_dir)
+        try:
+            before = os.stat(path)
+            if time.time() - before.st_mtime < watched.settle:
+                log.info("%s: modified %.1f s ago; left for the next run", relative, time.time() - before.st_mtime)
+                waiting += 1
+                continue
+            digest = file_sha256(path)
+            after = os.stat(path)
+        except FileNotFoundError:  # replaced or deleted since listed (keep_last_k): nothing to evaluate
+            continue
+        if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
+            log.info("%s: changing while read; left for the next run", relative)
+            waiting += 1
+            continue
+        if digest in done:
+            skipped += 1
+            continue
+        start = time.perf_counter()
+        entry = {"checkpoint": relative, "sha256": digest, "size": after.st_size, "split": watched.split}
+        try:
+            result = evaluate_checkpoint(path, spec)
+        except CheckpointError as e:  # a property of this file: recorded, not retried until it changes
+            entry.update(status="failed", error=str(e))
+            log.warning("%s: %s", relative, e)
+            failed += 1
+        else:
+            metrics, saved = result.metrics, result.checkpoint
+            entry.update(
+                status="ok",
+                epoch=saved.epoch,
+                global_step=saved.global_step,
+                metrics=metrics,
+                class_names=result.class_names,
+            )
+            log.info(
+                "%s: epoch %s step %s top-1 %.4f video acc %.4f",
+                relative,
+                saved.epoch,
+                saved.global_step,
+                metrics["clip_acc"],
+                metrics.get("video_acc", float("nan")),
+            )
+            evaluated += 1
+        entry.update(seconds=round(time.perf_counter() - start, 3), time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        append_ledger(directory.ledger, entry)
+        done.add(digest)
+    return WatchPass(evaluated, failed, skipped, waiting)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -71,35 +195,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def evaluation_spec(args: argparse.Namespace) -> EvaluationSpec:
-    batch_for_budget = None
-    if args.batch == "auto":
-
-        def batch_for_budget(cfg, shape, runtime):  # every evaluated clip of a window (clips x crops) in each forward
-            clips = cfg.data.test_clips * cfg.data.test_crops
-            return inference_batch_for_budget(cfg, runtime, shape, args.memory_budget_gb, clips)
-
-    return EvaluationSpec(
-        args.split,
-        args.data,
-        args.device,
-        args.precision,
-        fit_batch=batch_for_budget,
-        overrides=inference_overrides(args),
-        backbone=args.backbone,
-    )
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     setup_logging()
     quiet_decoder_logs(args.verbose)
-    spec = evaluation_spec(args)
+    spec = EvaluationSpec(
+        args.split,
+        args.data,
+        args.device,
+        args.precision,
+        batch_auto=args.batch == "auto",
+        memory_budget_gb=args.memory_budget_gb,
+        overrides=inference_overrides(args),
+        backbone=args.backbone,
+    )
     if args.watch:
         watched = WatchSpec(
             args.watch, args.interval, args.settle, args.plot, args.verbose, args.data or args.split, args.lock_limit
         )
-        return watch(watched, lambda path: evaluate_checkpoint(path, spec))
+        return watch(watched, lambda: watch_pass(watched, spec))
     result = evaluate_checkpoint(args.checkpoint, spec)
     saved = result.checkpoint
     print(

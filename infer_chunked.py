@@ -1,4 +1,4 @@
-"""Classify long videos window by window, streamed from the file: memory does not depend on video length.
+"""Classify long videos in inference chunks, streamed from the file: memory does not depend on video length.
 
     python infer_chunked.py --chunk 32 --overlap 8
     python infer_chunked.py --checkpoint best.pt --input video.mp4 --agg prob --timeline --output out.jsonl
@@ -7,15 +7,22 @@ Without --checkpoint, the best checkpoint of the most recent run under runs/ is 
 the test (else val) manifest of that checkpoint's config. Chunk and overlap count clip frames, that is
 frames at the checkpoint's data.frame_stride. A background thread decodes the next inference chunks
 while the model runs the current ones; frames shared by overlapping chunks are decoded once.
+
+The chunked evaluator is this file: ``classify_video`` (the loop over a video's inference chunks), ``run_videos``
+(the loop over the input's videos) and ``main`` (wiring). Decoding (datasets.chunk_stream), the model's loading
+(artifacts.trained_model) and what is written (engine.inference) are calls.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+import time
 from typing import NamedTuple
 
 import torch
+from tqdm import tqdm
 
 from artifacts.checkpoint import CheckpointError
 from artifacts.run_dir import ExperimentDirectory, most_recent_best
@@ -30,23 +37,119 @@ from core.logs import setup_logging
 from core.runtime import resolve_device, setup_runtime
 from core.shards import parse_shard, shard
 from datasets.bad_input import BAD_INPUT_ERRORS
+from datasets.chunk_stream import ChunkStream
+from datasets.device_input import DeviceInputs
+from datasets.manifest import VideoRecord
 from datasets.mstcn import check_one_word
-from datasets.records import resolve_inputs
+from datasets.records import check_labels, resolve_inputs
 from datasets.shape import DataShape
 from datasets.video.capture import quiet_decoder_logs
+from engine.inference.chunks import ChunkOutputs
 from engine.inference.features import (
     FEATURE_DTYPES,
     FEATURE_LAYOUTS,
     FeatureOutput,
     feature_names,
-    prepare_directory,
+    make_features_directory,
     settings_of,
+    write_mstcn_index,
 )
-from engine.inference.stream import InferenceSpec, how_it_runs
-from engine.inference.video_outputs import Outputs
-from engine.inference.video_runs import run_videos
+from engine.inference.stream import InferenceSpec, StreamedGroups, how_it_runs, video_result
+from engine.inference.video_outputs import Outputs, print_result
+from engine.inference.video_result import VideoResult
+from engine.inference.video_runs import Tally, go_on_after, save_features
+from engine.metrics.segments import SegmentationScores, background_indices
 from models import set_head_chunks
 from planner.batch_size import inference_batch_for_budget
+
+
+@torch.inference_mode()
+def classify_video(
+    model,
+    record: VideoRecord,
+    data_cfg,
+    spec: InferenceSpec,
+    runtime,
+    device_inputs: DeviceInputs,
+    class_names: list[str],
+    keep_features: bool = False,
+    scores: SegmentationScores | None = None,
+) -> VideoResult:
+    """One video through the model in inference chunks as they are decoded: ``spec.chunk`` clip frames each,
+    ``spec.overlap`` of them shared with the chunk before, ``spec.batch`` chunks a forward. Without a temporal head
+    each group's logits are aggregated as they come (``spec.aggregation``: mean, max, last or prob); with one, each
+    chunk's features are kept on the host and the head runs once over them all at the end. Its result: the top-k
+    labels, and with ``spec.timeline`` every chunk's and the per-frame timeline (``video_result``)."""
+    check_labels(record, class_names, unlabelled_ok=True)  # the checks and messages of train.py and eval.py
+    stream = ChunkStream(record, data_cfg, spec)  # the chunks, decoded on a thread a few ahead of the model
+    try:
+        outputs = ChunkOutputs(model, spec.aggregation, stream.stride, keep_features, features_on_host=True)
+        groups = StreamedGroups(stream, device_inputs, getattr(model, "min_frames", 1))
+        started = time.perf_counter()
+        with runtime.autocast():
+            for windows, inputs in groups:  # [start, end) clip frames of each chunk; inputs [n, (V,) C, L, H, W]
+                outputs.add(windows, inputs)  # the forward: logits aggregated, or features kept for the head
+            out = outputs.result(stream.windows)  # the video's logits: the aggregation, or the head over all
+        compute_seconds = time.perf_counter() - started - groups.waited  # not waiting for the decoder
+        return video_result(record, stream, out, compute_seconds, spec, class_names, scores, keep_features)
+    finally:
+        stream.close()
+
+
+def run_videos(
+    model,
+    records: list,
+    names: list[str],
+    cfg: Config,
+    spec: InferenceSpec,
+    runtime,
+    class_names,
+    outputs: Outputs,
+    features: FeatureOutput | None,
+) -> int:
+    """Each video classified (and with ``features``, its features written, or skipped when already there); prints
+    each result and the summary; returns the number that failed. A video that cannot be read is one error line and
+    the others go on; a stalled file ends the run."""
+    device_inputs = DeviceInputs(runtime.device, cfg.data.mean, cfg.data.std)
+    scores = SegmentationScores(background_indices(cfg.data.background_labels, class_names))
+    tally = Tally()
+    outputs.start()
+    progress = tqdm(names, desc="videos", disable=not sys.stderr.isatty() or len(records) == 1)
+    for number, (record, name) in enumerate(zip(records, progress)):
+        reason = features.done(name) if features else "new"
+        if reason is None:
+            print(
+                f"skipped {record.first_path}: {os.path.join(features.directory, name)} exists with the same settings"
+            )
+            tally.counts["skipped"] += 1
+            continue
+        try:
+            keep = features is not None
+            result = classify_video(model, record, cfg.data, spec, runtime, device_inputs, class_names, keep, scores)
+        except BAD_INPUT_ERRORS as e:
+            if len(records) == 1:
+                raise
+            if not go_on_after(e, len(records) - number - 1, tally):
+                break
+            result = VideoResult(record.first_path, error=str(e))
+        if features and result.error is None:
+            save_features(name, result, record, cfg, features, class_names, reason, tally)
+        tally.add(result)
+        outputs.write(result, name, class_names)
+        if result.error is None:  # the console shows the summary with --output too
+            print_result(result, spec.timeline)
+    for line in tally.summary(scores, features is not None):
+        print(line)
+    if features and features.layout != "npz":
+        labelled = any(r.segments is not None for r in records)
+        listed = write_mstcn_index(features, class_names, labelled)
+        print(
+            f"MS-TCN's layout: {features.directory}/splits/{features.bundle}.bundle lists {len(listed)} of the "
+            f"{len(features.all_names)} videos" + (", mapping.txt its classes" if labelled else "")
+        )
+    if scores.videos:
+        outputs.write_scores(scores.result(), scores.videos)
+    return tally.counts["failed"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -209,7 +312,7 @@ def main(argv=None) -> int:
     quiet_decoder_logs()
     shard_index, shard_count = parse_shard(args.shard)  # a bad --shard is refused before the model loads
     if args.features:
-        prepare_directory(args.features)
+        make_features_directory(args.features)
     checkpoint_path, why = find_checkpoint(args)
     device = resolve_device(args.device or "auto")
     model, cfg, class_names, saved = load_trained_model(checkpoint_path, device, args.backbone)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 import torch
 
-from config import Config, saved_config
+from config import Config, ConfigError, saved_config
 from core.files import atomic_open
 from core.runtime import unwrap_model
 from core.tensor_files import UnreadableFile, UnsafeFile, load_tensors
@@ -50,11 +50,10 @@ class TrainState:
     micro_splits: int = 1  # forward passes per loader batch: doubled after each out-of-memory error
     history: list = field(default_factory=list)
     chunk_train_size: int | None = None  # training chunk length set by the OOM back-off; None = the config's
-    kept_chunks: int | None = None  # training chunks whose activations are kept (train.recompute: auto); None = none
+    kept_chunks: int | None = None  # training chunks whose activations are kept (as the planner decided); None = none
     epoch_loss_sum: float = 0.0  # summed clip losses of this epoch so far: a resumed epoch reports the whole
     epoch_clips: int = 0  # epoch's train_loss, not only the part after the resume
     epoch_auxiliary_sum: float = 0.0  # the auxiliary loss's part of epoch_loss_sum (model.chunk_reconstruction)
-    head_refit: bool = False  # train.temporal_refit_epochs: the new head on the frozen backbone has begun
 
 
 # the training state a checkpoint saves, by field name: the non-finite streak starts again at 0 on a resume
@@ -67,7 +66,7 @@ class Checkpoint:
     mapping (``saved_config`` reads it); ``shape``: the data it trained on (classes, camera views, keypoints);
     ``features_source``: a head trained on features, where they came from (the backbone checkpoint's sha256 and
     path, their chunking; or an MS-TCN dataset's name and feature size); ``frozen_weights``: a model with adapters
-    saved without its frozen backbone (train.checkpoint_frozen_weights: false), what loads them again and their
+    saved without its frozen backbone, what loads them again and their
     fingerprint ({"pretrained", "sha256", "tensors"}). Optimizer, scheduler, scaler and RNG states are those of a
     resumable run."""
 
@@ -88,12 +87,12 @@ class Checkpoint:
         cls, model, optimizer, scheduler, scaler, state: TrainState, cfg: Config, class_names: list, shape: DataShape
     ) -> Checkpoint:
         """A run's checkpoint now: the unwrapped model (less its frozen backbone under model.adapter with weights
-        from model.pretrained, unless train.checkpoint_frozen_weights), optimizer, scheduler and scaler, and the RNG
-        states."""
+        from model.pretrained: what loads them again and their fingerprint instead), optimizer, scheduler and scaler,
+        and the RNG states."""
         classifier = unwrap_model(model)
         weights, frozen = classifier.state_dict(), frozen_keys(classifier)
         source = None
-        if frozen and cfg.model.pretrained is not None and not cfg.train.checkpoint_frozen_weights:
+        if frozen and cfg.model.pretrained is not None:
             weights = {k: v for k, v in weights.items() if k not in frozen}
             source = {
                 "pretrained": cfg.model.pretrained,
@@ -215,7 +214,10 @@ def restore_training(
     go on as it began: a default changed since, such as the head's warm-up, would change its schedule), or the
     error when the model no longer fits."""
     ckpt = load_checkpoint(path)
-    changed = changed_settings(ckpt.config, cfg) if cfg is not None else {}
+    try:
+        changed = changed_settings(ckpt.config, cfg) if cfg is not None else {}
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: {e}; it cannot be resumed with this version (eval.py cannot use it either)")
     try:
         ckpt.load_into(unwrap_model(model), path)
     except RuntimeError as e:
@@ -238,18 +240,10 @@ def restore_training(
             _settings_as_before(changed, changed),
         )
     saved_groups, groups = len(ckpt.optimizer["param_groups"]), len(optimizer.param_groups)
-    if saved_groups != groups:  # 2: one learning rate for all; 4: the temporal head's own (train.temporal_lr_scale)
-        scale = "train.temporal_lr_scale"
-        if scale in changed:  # the checkpoint's config says which
-            setting = _settings_as_before(changed, [scale])
-        elif saved_groups < groups:
-            setting = f"--set {scale}=1"
-        else:  # its config is not known here
-            setting = f"--set {scale}=<the scale it trained with, not 1: the config.yaml of its run says it>"
+    if saved_groups != groups:  # a temporal head had groups of its own (its own learning rate) before one rate
         raise CheckpointError(
-            f"{path}: its optimizer has {saved_groups} parameter groups, this config's has {groups} "
-            f"(a temporal head gets groups of its own when {scale} is not 1); resume with the checkpoint's "
-            f"setting: {setting}"
+            f"{path}: its optimizer has {saved_groups} parameter groups, this version's has {groups} (the temporal "
+            f"head trained at a rate of its own); it cannot be resumed here, but eval.py and infer_chunked.py use it"
         )
     optimizer.load_state_dict(ckpt.optimizer)
     scheduler.load_state_dict(ckpt.scheduler)

@@ -94,18 +94,12 @@ def _built(path: str, cfg: Config, shape: DataShape, frozen_elsewhere: bool = Fa
     # the trained weights replace any pretrained ones: do not fetch those again (the arguments of the build, not a
     # config: model.norm: frozen without pretrained weights is refused as a config, rightly), unless the checkpoint
     # holds adapters without the frozen backbone they adapt (``frozen_elsewhere``: model.pretrained gives it); and
-    # no chunk reconstruction decoder nor discrimination: they train beside the backbone and evaluation never runs
-    # them (a head trained on features, paired with its backbone, never had one)
+    # no chunk reconstruction decoder: it trains beside the backbone and evaluation never runs it (a head trained on
+    # features, paired with its backbone, never had one)
     pretrained = cfg.model.pretrained if frozen_elsewhere else None
     try:
         return build_model(
-            dataclasses.replace(
-                cfg.model,
-                pretrained=pretrained,
-                temporal_head_init=None,
-                chunk_reconstruction=0.0,
-                chunk_discrimination=0.0,
-            ),
+            dataclasses.replace(cfg.model, pretrained=pretrained, chunk_reconstruction=0.0),
             **shape.model_args(),
         )
     except ModelConfigError as e:

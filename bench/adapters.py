@@ -8,7 +8,7 @@
 Each row is ``project.config_training_estimate`` (fake tensors: no weights, no GPU; estimated, not measured on a
 card) of configs/vit-g-adapters-24gb.yaml's step with the model and the way of training changed: batch 1 (--batch),
 the clip in training chunks of the model's own length (16 frames for VideoMAE, 64 for V-JEPA 2), each recomputed in
-backward, block checkpointing, fp16 autocast (bf16 has the same sizes), AdamW. Printed: the peak and its parts in
+backward, blocks recomputed, fp16 autocast (bf16 has the same sizes), AdamW. Printed: the peak and its parts in
 GiB, the trained parameters (the head's included) as a share of the backbone's, and whether it fits the usable part
 of a 24, 16 and 8 GB budget (``planner.estimate.usable_bytes``).
 """
@@ -19,6 +19,7 @@ import argparse
 import os
 import time
 
+import train
 from config import load_config
 from models.adapters import parameter_counts
 from planner import project
@@ -51,8 +52,8 @@ def estimate(model: str, way: str, frames: int, batch: int, precision: str) -> d
     ]
     cfg = load_config(PRESET, changes)
     start = time.perf_counter()
-    step = project.config_training_estimate(cfg, frames, batch, precision=precision)
-    built = project.ProjectStep(cfg, 10, 1, None, 0).classifier()
+    step = project.config_training_estimate(cfg, train.STEP, frames, batch, precision=precision)
+    built = project.ProjectStep(cfg, train.STEP, 10, 1, None, 0).classifier()
     backbone = parameter_counts(built)[1]
     trained = sum(p.numel() for p in built.parameters() if p.requires_grad)
     return {"step": step, "backbone": backbone, "trained": trained, "seconds": time.perf_counter() - start}

@@ -4,7 +4,7 @@ process, against the planner's estimate.
     python -m bench.ddp                                     # r3d_18 at 64x64, 8 frames, batch 2 a process
     python -m bench.ddp --backbone tiny3d --steps 10
 
-Each mode runs the project's training forward and loss (``engine.training.build.wrap_for_training``, ``step_loss``) in its
+Each mode runs train.py's step (``engine.training.build.wrap_for_training``, ``train.forward_backward``) in its
 own ``torchrun --nproc_per_node=2``, SGD, fp32, on the CPU. Time: the median of --steps steps after one warm-up
 step (forward, backward, the gradients averaged: DDP's hooks during backward with during_backward, ``agree_and_reduce``'s
 averaging after it with agreed; the optimizer step). Memory: rank 0's peak resident memory during the steps above
@@ -32,15 +32,18 @@ def _status_bytes(field: str) -> int:
 
 
 def worker(args) -> None:
+    from functools import partial
+
     import torch
 
+    import train
     from config import load_config
     from core.runtime import setup_runtime
-    from datasets.device_input import InputPreparer
+    from datasets.device_input import DeviceInputs
     from engine.training import build
     from engine.training.chunked_forward import ChunkSpec
     from engine.training.oom import average_gradients
-    from engine.training.step import step_loss
+    from engine.training.step import training_losses
     from models import build_model
 
     cfg = load_config(
@@ -55,10 +58,13 @@ def worker(args) -> None:
     runtime = setup_runtime(cfg.trainer)
     torch.manual_seed(0)
     model = build_model(cfg.model, num_classes=10).train()
-    prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
+    device_inputs = DeviceInputs(runtime.device, cfg.data.mean, cfg.data.std)
     before = _status_bytes("VmRSS")
-    wrapped = build.wrap_for_training(model, prepare, cfg, runtime)
+    wrapped = build.wrap_for_training(model, device_inputs, cfg, runtime)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    scaler = runtime.grad_scaler()
+    losses = partial(training_losses, train_cfg=cfg.train, criterion=torch.nn.CrossEntropyLoss())
     generator = torch.Generator().manual_seed(runtime.rank)
     clip = torch.randint(
         0, 255, (args.batch, 3, args.frames, args.size, args.size), dtype=torch.uint8, generator=generator
@@ -67,14 +73,11 @@ def worker(args) -> None:
 
     def step() -> float:
         start = time.perf_counter()
-        loss = step_loss(
-            wrapped, prepare.transfer({"video": clip}), piece, ChunkSpec(), cfg.train, torch.nn.CrossEntropyLoss()
-        )
-        loss.backward()
+        inputs = device_inputs.transfer({"video": clip})
+        train.forward_backward(wrapped, inputs, piece, ChunkSpec(), losses, runtime, scaler, 1.0)
         if args.mode == "agreed":
             average_gradients([p.grad for p in model.parameters() if p.grad is not None], runtime.world_size)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        train.optimizer_step(model, optimizer, scaler, schedule, None)
         return time.perf_counter() - start
 
     step()
@@ -94,6 +97,7 @@ def worker(args) -> None:
 
 
 def estimate_added_mb(args, mode: str) -> float:
+    import train
     from config import load_config
     from planner.project import config_training_estimate
 
@@ -106,8 +110,8 @@ def estimate_added_mb(args, mode: str) -> float:
             f"data.img_size={args.size}",
         ],
     )
-    alone = config_training_estimate(cfg, args.frames, args.batch)
-    several = config_training_estimate(cfg, args.frames, args.batch, world_size=2)
+    alone = config_training_estimate(cfg, train.STEP, args.frames, args.batch)
+    several = config_training_estimate(cfg, train.STEP, args.frames, args.batch, world_size=2)
     return (several.peak - alone.peak) / MB
 
 

@@ -11,7 +11,7 @@ rank 1 in turn); the final weights are compared with an uninterrupted run of the
 prints a row per kill and the count that finished bit-identically; a kill that fails prints why (exit code, the
 last lines of its agents' output).
 
-harness/elastic.py launches, kills and compares the groups, for tests/test_elastic.py too. Load: the 2 cores run
+tests/elastic_harness.py launches, kills and compares the groups, for tests/test_elastic.py too. Load: the 2 cores run
 both workers, the agents and the decoders.
 """
 
@@ -22,7 +22,7 @@ import os
 import random
 import tempfile
 
-from harness.elastic import LAYOUTS, MODES, final_weights, identical, run
+from tests.elastic_harness import LAYOUTS, MODES, final_weights, identical, run
 
 
 def main() -> None:

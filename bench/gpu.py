@@ -15,7 +15,7 @@ exception) is recorded as failed with its one-line reason, and the suite goes on
 Measurements (each a function below, the same code on both devices; they differ only where a CUDA call is made):
 
     cuda_tests      tests/test_cuda.py run, its pass / fail / skip counts (all skipped on the CPU)
-    presets         every GPU preset (a trainer.memory_budget_gb) at its own shape, gradient checkpointing off and
+    presets         every GPU preset (a trainer.memory_budget_gb) at its own shape, model.recompute_blocks off and
                     on: the planner's estimate against the real training step's peak (CUDA: max_memory_allocated
                     and max_memory_reserved after a warm-up step; CPU: the growth of resident memory during a step,
                     against the estimate's growth, fp32)
@@ -31,7 +31,7 @@ Measurements (each a function below, the same code on both devices; they differ 
                     set_per_process_memory_fraction; CPU: the same error raised above half the batch): the batch it
                     backs off to, and whether it finishes
     throughput      the rtx5080 preset's training step: clips/s (and peak memory on CUDA) in fp32, fp16, bf16, with
-                    checkpointing, chunked, channels_last_3d and torch.compile, against the preset as it is
+                    recomputed blocks, chunked, channels_last_3d and torch.compile, against the preset as it is
     head            the temporal head's training step on features (the timeline path) over a minute and over an
                     hour of chunks (11,250), tcn and transformer: estimate against the measured step
     data_loading    one epoch of train.py on the rtx5080 preset with its workers: clips/s and the share of time
@@ -59,6 +59,7 @@ import traceback
 
 import torch
 
+import train
 from bench.memory_estimate import cpu_step_growth
 from config import Config, load_config
 from core.cli import one_line
@@ -107,7 +108,7 @@ class Suite:
         if self.cuda:
             from planner.project import measure_training_step_cuda
 
-            measured = measure_training_step_cuda(cfg, frames, batch, kept_chunks=kept, cap_bytes=cap)
+            measured = measure_training_step_cuda(cfg, train.STEP, frames, batch, kept_chunks=kept, cap_bytes=cap)
             return {"oom": True} if measured is None else measured
         return {"growth": cpu_step_growth(overrides, frames, batch, os.path.join(ROOT, "configs", preset), kept)}
 
@@ -119,7 +120,7 @@ class Suite:
         from planner.project import config_training_estimate
 
         cfg = load_config(os.path.join(ROOT, "configs", preset), overrides)
-        estimate = config_training_estimate(cfg, frames, batch, kept_chunks=kept)
+        estimate = config_training_estimate(cfg, train.STEP, frames, batch, kept_chunks=kept)
         measured = self.step_peak(cfg, preset, overrides, frames, batch, kept, cap)
         row = {"frames": frames, "batch": batch}
         if measured.get("oom"):
@@ -187,9 +188,9 @@ def presets(suite: Suite) -> list[dict]:
     rows = []
     shape = MEASURABLE_ON_THE_HOST if suite.quick and not suite.cuda else ()
     for preset in suite.presets():
-        for checkpointing in ("false", "true"):
-            cfg, overrides = suite.config(preset, f"model.grad_checkpointing={checkpointing}", *shape)
-            row = {"preset": preset, "precision": cfg.trainer.precision, "grad_checkpointing": checkpointing}
+        for recompute in ("false", "true"):
+            cfg, overrides = suite.config(preset, f"model.recompute_blocks={recompute}", *shape)
+            row = {"preset": preset, "precision": cfg.trainer.precision, "recompute_blocks": recompute}
             frames, batch = cfg.data.num_frames, cfg.data.batch_size
             rows.append(attempt(functools.partial(suite.compare, preset, overrides, frames, batch), **row))
     return rows
@@ -205,7 +206,7 @@ def chunked(suite: Suite) -> list[dict]:
         changes = [f"train.chunk_train_size={chunk}", "model.temporal_head=transformer", f"data.num_frames={frames}"]
         cfg, overrides = suite.config("rtx5080.yaml", *changes)
         budget = cfg.trainer.memory_budget_gb
-        kept = most_chunks_kept(cfg, frames, cfg.data.batch_size, usable_bytes(budget, suite.cuda))[0]
+        kept = most_chunks_kept(cfg, train.STEP, frames, cfg.data.batch_size, usable_bytes(budget, suite.cuda))[0]
         row = {"chunk": chunk, "kept": kept}
         rows.append({**row, **suite.compare("rtx5080.yaml", overrides, frames, cfg.data.batch_size, kept)})
     return rows
@@ -220,9 +221,11 @@ def batch_auto(suite: Suite) -> list[dict]:
         cfg, overrides = suite.config(preset)
         budget = cfg.trainer.memory_budget_gb
         if suite.quick and not suite.cuda:  # a budget the tiny shape fills: batch 8's estimate and the margin
-            budget = config_training_estimate(cfg, cfg.data.num_frames, 8).peak / usable_bytes(1, cuda=False)
+            budget = config_training_estimate(cfg, train.STEP, cfg.data.num_frames, 8).peak / usable_bytes(
+                1, cuda=False
+            )
         usable = usable_bytes(budget, suite.cuda)
-        batch, _ = largest_batch(cfg, cfg.data.num_frames, usable, limit=64 if suite.quick else 1024)
+        batch, _ = largest_batch(cfg, train.STEP, cfg.data.num_frames, usable, limit=64 if suite.quick else 1024)
         # CUDA: the allocator held to the budget less the context, as on a card of the budget's size
         cap = int(budget * GiB - CUDA_CONTEXT_BYTES)
         row = {"preset": preset, "budget_mib": budget * 1024, "batch": batch}
@@ -282,14 +285,13 @@ def inference(suite: Suite) -> list[dict]:
 def train_on_synthetic(suite: Suite, work: str, *changes: str, steps: int | None = None) -> tuple[int, str]:
     """train.py on the rtx5080 preset (the suite's shape) over a small synthetic set written to ``work``, one
     epoch (or ``steps`` steps): (its exit code, its run directory)."""
-    import train
     from datasets.synthetic import generate
 
     size = 32 if suite.quick else 128  # decoded, then resized to the preset's img_size as any file is
     data = generate(os.path.join(work, "data"), size=size, num_train=8 if suite.quick else 48, num_val=2,
                     num_test=0, short_frames=12 if suite.quick else 48, num_long=0, num_multiview=0, quiet=True)  # fmt: skip
     _, overrides = suite.config("rtx5080.yaml", f"data.data_dir={data}", "data.val_fraction=null", *changes)
-    overrides += [f"trainer.output_dir={work}", "trainer.max_epochs=1", "experiment=suite"]
+    overrides += [f"trainer.output_dir={work}", "train.max_epochs=1", "experiment=suite"]
     overrides += [] if suite.cuda else ["trainer.device=cpu"]
     args = ["--config", os.path.join(ROOT, "configs", "rtx5080.yaml")]
     args += [item for change in overrides for item in ("--set", change)]
@@ -311,7 +313,7 @@ def oom_backoff(suite: Suite) -> list[dict]:
 
     cfg, _ = suite.config("rtx5080.yaml")
     batch = cfg.data.batch_size
-    fits = config_training_estimate(cfg, cfg.data.num_frames, batch // 2).peak
+    fits = config_training_estimate(cfg, train.STEP, cfg.data.num_frames, batch // 2).peak
     if suite.cuda:
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(fits / total)  # the allocator's share; the context is outside
@@ -354,37 +356,23 @@ def data_loading(suite: Suite) -> list[dict]:
 
 
 def timed_steps(suite: Suite, cfg: Config, steps: int) -> dict:
-    """The project's training step (``ProjectStep``: the preset's model, chunks, loss and optimizer, under its
-    precision's autocast and GradScaler), with trainer.channels_last_3d and trainer.compile as train.py applies them:
-    clips/s over ``steps`` steps after two warm-up steps, and on CUDA the peak allocated memory."""
+    """train.py's training step (its ``forward_backward`` and ``optimizer_step`` over ``ProjectStep``'s model, chunks,
+    loss and optimizer, under the preset's precision), with trainer.channels_last_3d and trainer.compile as train.py
+    applies them: clips/s over ``steps`` steps after two warm-up steps, and on CUDA the peak allocated memory."""
     from core.runtime import Runtime
-    from datasets.device_input import InputPreparer
-    from engine.training.chunked_forward import ChunkedTrainingForward
-    from engine.training.optim import build_optimizer
-    from engine.training.step import step_loss
     from planner.project import ProjectStep
 
     device = torch.device("cuda" if suite.cuda else "cpu")
-    runtime, step = Runtime(device, cfg.trainer.precision), ProjectStep(cfg)
-    classifier = step.classifier().to(device).train()
-    channels_last = cfg.trainer.channels_last_3d and suite.cuda
-    if channels_last:
-        classifier = classifier.to(memory_format=torch.channels_last_3d)
+    runtime, project = Runtime(device, cfg.trainer.precision), ProjectStep(cfg, train.STEP, gpu=suite.cuda)
+    classifier = project.classifier().to(device).train()
     module = torch.compile(classifier) if cfg.trainer.compile else classifier
-    prepare = InputPreparer(device, cfg.data.mean, cfg.data.std, channels_last)
-    forward = ChunkedTrainingForward(module, prepare.normalize, cfg.data.frame_stride)
-    optimizer, scaler = build_optimizer(classifier, cfg.train), runtime.grad_scaler()
+    optimizer, scaler = project.optimizer(classifier), runtime.grad_scaler()
     batch = cfg.data.batch_size
-    inputs = step.inputs(cfg.data.num_frames, batch, device)
-    model_inputs = {k: v for k, v in inputs.items() if k in ("video", "kpt")}
+    inputs = project.inputs(cfg.data.num_frames, batch, device)
 
     def one() -> None:
-        with runtime.autocast():
-            loss = step_loss(forward, model_inputs, inputs, step.spec, step.loss_cfg, step.criterion)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        project.forward_backward(module, inputs, runtime, scaler, 1.0, device)
+        project.optimizer_step(classifier, optimizer, scaler)
 
     one()
     one()
@@ -404,11 +392,11 @@ def timed_steps(suite: Suite, cfg: Config, steps: int) -> dict:
 
 def throughput(suite: Suite) -> list[dict]:
     """Training throughput on the rtx5080 preset: fp32, fp16 and bf16 (the preset's is fp16), gradient
-    checkpointing on and off, chunked training on, channels_last_3d, torch.compile; each against the preset as it
+    blocks recomputed on and off, chunked training on, channels_last_3d, torch.compile; each against the preset as it
     is. --quick on the CPU: fp32 and bf16 only, and no torch.compile (its compile time alone passes a minute)."""
     precisions = ("32", "bf16") if suite.quick and not suite.cuda else ("32", "16", "bf16")
     variants = [(f"precision {p}", [f"trainer.precision={p}"]) for p in precisions]
-    variants += [("checkpointing on", ["model.grad_checkpointing=true"])]
+    variants += [("blocks recomputed", ["model.recompute_blocks=true"])]
     variants += [("chunked (4 chunks)", [f"train.chunk_train_size={2 if suite.quick else 10}"])]
     variants += [("channels_last_3d", ["trainer.channels_last_3d=true"])]
     if not (suite.quick and not suite.cuda):
@@ -460,7 +448,7 @@ def cuda_head_step(name: str, chunks: int, feature_dim: int) -> dict:
     torch.cuda.reset_peak_memory_stats()
     step()
     torch.cuda.synchronize()
-    estimate = feature_training_estimate(cfg, feature_dim, chunks, 1, len(SEGMENT_CLASSES))
+    estimate = feature_training_estimate(cfg, train.STEP, feature_dim, chunks, 1, len(SEGMENT_CLASSES))
     return {
         "measured": (torch.cuda.max_memory_allocated() - before) / MiB,
         "estimated": (estimate.peak - estimate.before_step) / MiB,

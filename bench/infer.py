@@ -36,12 +36,13 @@ def measure(args) -> dict:
     """One measurement in this process: mode full | last | decode | compute | features."""
     import torch
 
+    import infer_chunked
     from config import load_config
     from core.runtime import setup_runtime
     from datasets.chunk_stream import ChunkStream
-    from datasets.device_input import InputPreparer
+    from datasets.device_input import DeviceInputs
     from datasets.manifest import VideoRecord
-    from engine.inference import stream as infer_chunked
+    from engine.inference.stream import InferenceSpec
     from models import build_model
 
     torch.set_num_threads(args.torch_threads)
@@ -58,20 +59,20 @@ def measure(args) -> dict:
     runtime = setup_runtime(cfg.trainer)
     model = build_model(cfg.model, num_classes=6).to(runtime.device).eval()
     record = VideoRecord({"video": args.video}, where=args.video)
-    spec = infer_chunked.InferenceSpec(
+    spec = InferenceSpec(
         args.chunk,
         args.overlap,
         "last" if args.mode == "last" else "mean",
         args.batch,
         decode_threads=args.decode_threads or None,
     )
-    prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
+    device_inputs = DeviceInputs(runtime.device, cfg.data.mean, cfg.data.std)
     start = time.perf_counter()
     result: dict = {}
     if args.mode in ("full", "last", "features"):
         features = args.mode == "features"  # infer_chunked.py --features: the features kept, then written
         out = infer_chunked.classify_video(
-            model, record, cfg.data, spec, runtime, prepare, [str(i) for i in range(6)], keep_features=features
+            model, record, cfg.data, spec, runtime, device_inputs, [str(i) for i in range(6)], keep_features=features
         )
         if features:
             import tempfile
@@ -105,7 +106,7 @@ def measure(args) -> dict:
         dummy = {"video": frames.permute(0, 4, 1, 2, 3)}
         with torch.inference_mode():
             for _ in range(0, len(windows), args.batch):
-                model(prepare(dummy))
+                model(device_inputs(dummy))
         result["chunks"] = len(windows)
     result["wall_s"] = time.perf_counter() - start
     # VmHWM, not ru_maxrss: a child started by this benchmark inherits the parent's ru_maxrss through fork and exec

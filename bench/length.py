@@ -30,11 +30,10 @@ import subprocess
 import sys
 import tempfile
 
-from bench.long_range import family_data
+from bench.long_range import FAMILY_SHAPES, family_data
 from bench.scale import sets
 from datasets.long_range_tasks import TASKS, generate_long_range, generate_task
 from datasets.segmentation_task import generate_segmentation
-from harness.long_range import FAMILY_SHAPES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCALES = (1, 4, 16)
@@ -114,7 +113,7 @@ def timelines(work: str, args) -> list[tuple[str, dict]]:
     }
     val = {scale: os.path.join(data[scale], "seg_val.jsonl") for scale in SCALES}
     base = [f"data.data_dir={data[1]}", "data.num_workers=0"]
-    backbone = train(work, "backbone", "configs/timelines.yaml", base + [f"trainer.max_epochs={args.backbone_epochs}"])
+    backbone = train(work, "backbone", "configs/timelines.yaml", base + [f"train.max_epochs={args.backbone_epochs}"])
     features = os.path.join(work, "features")
     for manifest in (os.path.join(data[1], "seg_train.jsonl"), val[1]):  # eval.py streams the longer videos
         python(
@@ -131,7 +130,7 @@ def timelines(work: str, args) -> list[tuple[str, dict]]:
             + [
                 f"data.features_dir={features}",
                 f"model.temporal_head={head}",
-                f"trainer.max_epochs={args.head_epochs}",
+                f"train.max_epochs={args.head_epochs}",
             ],
         )
     rows = []
@@ -186,7 +185,7 @@ def families(work: str, args) -> list[tuple[str, dict]]:
                     f"data.data_dir={data}",
                     *shape,
                     f"model.temporal_head={head}",
-                    f"trainer.max_epochs={args.family_epochs}",
+                    f"train.max_epochs={args.family_epochs}",
                 ],
             )
             # one evaluation: the video's label comes from one pass over every chunk, windows or not

@@ -5,12 +5,9 @@
     python -m bench.long_range --part families --epochs 30   # every task family and modality, two presets' defaults
     python -m bench.long_range --part families --modalities motion --families match,twice
     python -m bench.long_range --part families --modalities motion --families last --presets long-range --num-train 480
-    python -m bench.long_range --part refit --families match --modalities texture  # the head again, on the backbone
     python -m bench.long_range --part finetune --pretrain last/texture --modalities colour,motion  # from weights
     python -m bench.long_range --part finetune --pretrain last/motion --pretrain-videos 480 --families match --modalities motion
     python -m bench.long_range --part adapters --families middle,last --modalities colour --seeds 0,1,2
-    python -m bench.long_range --part head-alone --seeds 0,1,2  # the head alone on each family's chunk features
-    python -m bench.long_range --part head-alone --event-step 4 --epochs 20  # kinds close beside the event
     python -m bench.long_range --part separability --families twice --checkpoint runs/.../last.pt  # A and B apart?
 
 --part families: each task family of ``datasets/long_range_tasks.py`` (order: the order of two events, the middle
@@ -25,18 +22,17 @@ accuracy (the mean over seeds, then each seed's), the first epoch at 0.9 or more
 epoch. A preset that flips (quickstart) gets the family's mirrored classes as data.flip_label_pairs (in motion a
 mirror swaps A and B); --num-train N writes and trains on N training videos a family instead of 96.
 
---part refit: --part families, each run followed by a second with the same settings whose head starts anew on the
-first run's last backbone, frozen (model.pretrained: its last.pt, model.freeze_backbone: true): the head trained
-again on features the end-to-end run made, where it may find a relation it missed while they moved. The same in
-one run: --part families --epochs 24 --set train.temporal_refit_epochs=12 (--verbose prints each epoch's accuracy).
-
 --part finetune: --part families from weights instead of from scratch: the backbone of a run on --pretrain (the
-long-range preset with a plain transformer head, no reconstruction, no running sum) stands in for pretrained
-weights, and each case fine-tunes it with the head's settings under test.
+long-range preset's transformer head, no reconstruction) stands in for pretrained weights, and each case
+fine-tunes it.
 
 --part adapters: --part finetune's cases, the backbone from --pretrain trained each way (--ways): fine-tuned whole,
-frozen with the head alone, and frozen with block, side or LoRA adapters (model.adapter; sizes in ADAPTER_WAYS),
-each with the long-range preset's head. Printed first: what each way trains of the backbone, as a share of it.
+frozen with the head alone, and frozen with block, side or LoRA adapters (model.adapter), each with the long-range
+preset's head. Printed first: what each way trains of the backbone, as a share of it.
+
+--part separability: how far a backbone's chunk features keep an event's two kinds apart, as the head sees them
+(each chunk's contrast against its clip): the nearest-centroid accuracy and a linear probe's held-out accuracy over
+the chunks that show one event, of a random backbone or of each --checkpoint's.
 
 Data: ``python -m datasets.synthetic --long-range`` (written to data/long_range if missing): 1,024-frame videos
 with two brief events at least 320 frames apart; the label is their order (datasets/long_range_tasks.py says why no
@@ -76,9 +72,20 @@ from datasets.long_range_tasks import (
     generate_task,
     mirrored_classes,
 )
-from harness.long_range import FAMILY_SHAPES, LONG_RANGE_PRESET, colours_apart, event_chunks, train_head_alone
+from tests.long_range_probes import event_chunks, kinds_apart
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LONG_RANGE_PRESET = os.path.join(ROOT, "configs", "long-range.yaml")
+# Each family at its own shape: (clip frames at stride 4, training/inference chunk in clip frames)
+FAMILY_SHAPES = {
+    "order": (256, 32),
+    "middle": (96, 16),
+    "last": (160, 8),
+    "distractors": (256, 4),
+    "twice": (128, 16),
+    "more": (192, 8),
+    "match": (160, 16),
+}
 FAMILY_VIDEOS = 96  # training videos a family unless --num-train says otherwise (datasets.synthetic --family's too)
 VARIANTS = {
     "(a) short clips": [
@@ -116,7 +123,7 @@ def train_variant(
             "--set",
             f"trainer.output_dir={out}",
             "--set",
-            f"trainer.max_epochs={epochs}",
+            f"train.max_epochs={epochs}",
             "--set",
             f"train.seed={seed}",
         ] + [item for o in overrides for item in ("--set", o)]
@@ -185,14 +192,13 @@ def family_data(
     ]
 
 
-def families(args, weights=None, variants: dict | None = None, refit: bool = False) -> None:
+def families(args, weights=None, variants: dict | None = None) -> None:
     """Each --families x --modalities case from each --presets (or each of ``variants``: {name: (config,
     overrides)}), at each seed; ``weights(seed)``: a checkpoint whose backbone each run starts from
-    (model.pretrained), or None for a backbone from scratch. ``refit``: each run is followed by one with the same
-    settings whose head starts anew on the first run's last backbone, frozen (--part refit)."""
+    (model.pretrained), or None for a backbone from scratch."""
     variants = variants or {name: PRESETS[name] for name in args.presets.split(",")}
     seeds = [int(s) for s in args.seeds.split(",")]
-    width = max(18, *(len(f"{name}, head again" if refit else name) for name in variants))
+    width = max(18, *(len(name) for name in variants))
     print(
         f"long-range task families, {args.epochs} epochs, seeds {seeds}, on the CPU ({os.cpu_count()} CPUs); each "
         f"family's validation set is balanced (chance: 1 / classes); the backbone "
@@ -214,32 +220,19 @@ def families(args, weights=None, variants: dict | None = None, refit: bool = Fal
         label = family if modality == "colour" else f"{family}/{modality}"
         label += "" if args.num_train == FAMILY_VIDEOS else f" x{args.num_train}"
         for name, (config, overrides) in variants.items():
-            runs = {name: []} if not refit else {name: [], f"{name}, head again": []}
+            runs = []
             for seed in seeds:
                 start = [] if weights is None else [f"model.pretrained={weights(seed)}"]
-                with tempfile.TemporaryDirectory() as kept:
-                    trained = os.path.join(kept, "last.pt")
-                    case = shape + overrides + args.set
-                    first = train_variant(
-                        case + start, data, args.epochs, seed, config, trained if refit else None, "last.pt"
+                r = train_variant(shape + overrides + args.set + start, data, args.epochs, seed, config)
+                runs.append(r)
+                if args.verbose:
+                    print(
+                        f"  {label} {name} seed {seed}: best {r['best']:.3f} last {r['last']:.3f} "
+                        f"train loss {r['train_loss']:.3f} to 0.9 {r['to_0.9']}; by epoch "
+                        + " ".join(f"{a:.3f}" for a in r["by_epoch"]),
+                        flush=True,
                     )
-                    done = [(name, first)]
-                    if refit:  # the same settings, a new head on the trained backbone, frozen
-                        again = [f"model.pretrained={trained}", "model.freeze_backbone=true"]
-                        done.append(
-                            (f"{name}, head again", train_variant(case + again, data, args.epochs, seed, config))
-                        )
-                for row, r in done:
-                    runs[row].append(r)
-                    if args.verbose:
-                        print(
-                            f"  {label} {row} seed {seed}: best {r['best']:.3f} last {r['last']:.3f} "
-                            f"train loss {r['train_loss']:.3f} to 0.9 {r['to_0.9']}; by epoch "
-                            + " ".join(f"{a:.3f}" for a in r["by_epoch"]),
-                            flush=True,
-                        )
-            for row, rows in runs.items():
-                print_summary(f"{label:22s} {frames // chunk:6d} {row:{width}s}", rows)
+            print_summary(f"{label:22s} {frames // chunk:6d} {name:{width}s}", runs)
 
 
 def print_summary(case: str, runs: list[dict]) -> None:
@@ -254,8 +247,8 @@ def print_summary(case: str, runs: list[dict]) -> None:
     )
 
 
-# What the pretraining of --part finetune sets: a backbone from elsewhere knows nothing of the head's extras
-PRETRAINING = ["model.temporal_head=transformer", "model.chunk_reconstruction=0", "model.temporal_running=false"]
+# What the pretraining of --part finetune sets: the long-range preset's head, no auxiliary loss
+PRETRAINING = ["model.temporal_head=transformer", "model.chunk_reconstruction=0"]
 
 
 def finetune(args) -> None:
@@ -284,14 +277,13 @@ def pretrained_weights(args):
     return weights
 
 
-# --part adapters: the ways of training a backbone from --pretrain's weights, each with the long-range preset's head;
-# the adapters' sizes keep what they train under 5% of the tiny backbone's 70,640 parameters
+# --part adapters: the ways of training a backbone from --pretrain's weights, each with the long-range preset's head
 ADAPTER_WAYS = {
     "fine-tuned": [],
     "frozen": ["model.freeze_backbone=true"],
-    "block": ["model.adapter=block", "model.adapter_width=8"],
-    "side": ["model.adapter=side", "model.adapter_width=8"],
-    "lora": ["model.adapter=lora", "model.adapter_rank=2"],
+    "block": ["model.adapter=block"],
+    "side": ["model.adapter=side"],
+    "lora": ["model.adapter=lora"],
 }
 
 
@@ -312,36 +304,15 @@ def adapters(args) -> None:
     families(args, pretrained_weights(args), ways)
 
 
-def head_alone(args) -> None:
-    seeds = [int(s) for s in args.seeds.split(",")]
-    print(
-        f"the temporal head alone on chunk features (no backbone), {args.train_clips} training clips, 400 validation "
-        f"clips, {args.epochs} epochs, seeds {seeds}, each event's step shared by every kind {args.event_step}, "
-        f"changes: {args.set or 'none'}"
-    )
-    print(f"{'family':12s} {'chunks':>6s} {'best':>6s}  best, train acc, train loss of each seed")
-    for family in args.families.split(","):
-        if family not in TASKS:
-            continue  # the order task's events are not a TASKS family
-        runs = [
-            train_head_alone(family, seed, args.train_clips, args.epochs, tuple(args.set), args.event_step)
-            for seed in seeds
-        ]
-        each = "; ".join(f"{r['best']:.3f}, {r['train_acc']:.3f}, {r['train_loss']:.3f}" for r in runs)
-        frames, chunk = FAMILY_SHAPES[family]
-        print(f"{family:12s} {frames // chunk:6d} {sum(r['best'] for r in runs) / len(runs):6.3f}  {each}", flush=True)
-
-
 def separability(args) -> None:
-    """``colours_apart`` of a random backbone (initialized at the first of --seeds) or of each --checkpoint's, on
+    """``kinds_apart`` of a random backbone (initialized at the first of --seeds) or of each --checkpoint's, on
     the first 48 training videos of each family of --families with two kinds of event, in each of --modalities."""
     from artifacts.checkpoint import load_checkpoint
     from config import load_config, saved_config
     from models import build_model
 
     print(
-        f"{'family':22s} {'space':14s} {'A/B accuracy':>12s} {'linear':>7s} {'|A - B| / 2':>12s} "
-        f"{'|events - empty|':>16s}  backbone"
+        f"{'family':22s} {'A/B accuracy':>12s} {'linear':>7s} {'|A - B| / 2':>12s} {'|events - empty|':>16s}  backbone"
     )
     cases = [(task, modality) for modality in args.modalities.split(",") for task in args.families.split(",")]
     for task, modality in cases:
@@ -361,15 +332,12 @@ def separability(args) -> None:
                 cfg = saved_config(saved.config)
                 model = build_model(cfg.model, num_classes=len(saved.class_names))
                 model.load_state_dict(saved.model)
-            spaces = ("contrast", "event contrast")
-            for space, apart in colours_apart(
-                model, clips, colours, chunk, cfg.data.mean, cfg.data.std, spaces
-            ).items():
-                print(
-                    f"{label:22s} {space:14s} {apart['accuracy']:12.3f} {apart['linear']:7.3f} {apart['apart']:12.2f} "
-                    f"{apart['events']:16.2f}  {source}",
-                    flush=True,
-                )
+            apart = kinds_apart(model, clips, colours, chunk, cfg.data.mean, cfg.data.std)
+            print(
+                f"{label:22s} {apart['accuracy']:12.3f} {apart['linear']:7.3f} {apart['apart']:12.2f} "
+                f"{apart['events']:16.2f}  {source}",
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -378,7 +346,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--part",
-        choices=("order", "families", "refit", "finetune", "adapters", "head-alone", "separability"),
+        choices=("order", "families", "finetune", "adapters", "separability"),
         default="order",
     )
     parser.add_argument(
@@ -404,45 +372,30 @@ def main() -> None:
         help="--part separability: a training checkpoint whose backbone to measure (repeat for several; none: a "
         "random one, initialized at the first of --seeds)",
     )
-    parser.add_argument(
-        "--train-clips", type=int, default=96, help="--part head-alone: training clips a family (96 as the videos)"
-    )
-    parser.add_argument(
-        "--event-step",
-        type=float,
-        default=0.0,
-        help="--part head-alone: a step every event adds in a feature its kinds share, beside the unit steps that "
-        "tell the kinds apart (4: an event lies 5.7 times as far from the background as the kinds from their mean, "
-        "as a backbone trained on motion holds two directions)",
-    )
     parser.add_argument("--data", default=os.path.join(ROOT, "data", "long_range"), help="the order task's directory")
     parser.add_argument(
         "--num-train",
         type=int,
         default=FAMILY_VIDEOS,
-        help="--part families, refit, finetune: training videos a family (48 validate)",
+        help="--part families, finetune: training videos a family (48 validate)",
     )
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--seeds", default="0", help="train.seed values, comma-separated: accuracy is averaged")
-    parser.add_argument(
-        "--families", default=",".join(FAMILY_SHAPES), help="--part families, refit: which, comma-separated"
-    )
-    parser.add_argument(
-        "--presets", default=",".join(PRESETS), help="--part families, refit: which variants, comma-separated"
-    )
+    parser.add_argument("--families", default=",".join(FAMILY_SHAPES), help="--part families: which, comma-separated")
+    parser.add_argument("--presets", default=",".join(PRESETS), help="--part families: which variants, comma-separated")
     parser.add_argument(
         "--modalities",
         default=",".join(MODALITIES),
-        help="--part families, refit, finetune, separability: what tells the events apart (datasets/long_range_tasks.py), "
+        help="--part families, finetune, separability: what tells the events apart (datasets/long_range_tasks.py), "
         "comma-separated; the order family is colour only",
     )
     parser.add_argument(
         "--set",
         action="append",
         default=[],
-        help="--part families, refit, head-alone: a config change for every run (KEY=VALUE)",
+        help="--part families: a config change for every run (KEY=VALUE)",
     )
-    parser.add_argument("--verbose", action="store_true", help="--part families, refit: a line for each run as it ends")
+    parser.add_argument("--verbose", action="store_true", help="--part families: a line for each run as it ends")
     args = parser.parse_args()
     for option, known in (
         ("--families", FAMILY_SHAPES),
@@ -455,8 +408,8 @@ def main() -> None:
             parser.error(f"{option}: unknown {', '.join(repr(n) for n in unknown)}; choose from {', '.join(known)}")
     if args.num_train < 1 or (args.num_train != FAMILY_VIDEOS and "order" in args.families.split(",")):
         parser.error("--num-train: at least 1, and for the families of datasets/long_range_tasks.py (not order)")
-    if args.part in ("families", "refit"):
-        families(args, refit=args.part == "refit")
+    if args.part == "families":
+        families(args)
         return
     if args.part == "finetune":
         finetune(args)
@@ -466,14 +419,6 @@ def main() -> None:
         return
     if args.part == "separability":
         separability(args)
-        return
-    if args.part == "head-alone":
-        from core.errors import ConfigError
-
-        try:
-            head_alone(args)
-        except ConfigError as e:
-            parser.error(str(e))
         return
     generate_long_range(args.data, quiet=True)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -489,15 +434,12 @@ def main() -> None:
         epoch_s = sum(r["epoch_s"] for r in runs) / len(runs)
         short = name.startswith("(a)")
         head = next(o.split("=")[1] for o in overrides if o.startswith("model.temporal_head"))
-        memory = step_cell(
-            "tiny3d", 16, 32, 16 if short else 256, -1 if short else 32, repeat=1, temporal_head=head, temporal_width=64
-        )
+        memory = step_cell("tiny3d", 16, 32, 16 if short else 256, -1 if short else 32, repeat=1, temporal_head=head)
         step_mb = f"{memory['peak_mb']:8.1f}" if isinstance(memory, dict) else f"{'failed':>8s}"
         clip = "16 frames" if short else "256 in chunks of 32"
         print(f"{name:18s} {best:12.3f} {last:12.3f} {epoch_s:8.1f} {step_mb} {clip:>16s}", flush=True)
     cells = {
-        length: step_cell("tiny3d", 16, 32, length, 32, repeat=1, temporal_head="transformer", temporal_width=64)
-        for length in (64, 1024)
+        length: step_cell("tiny3d", 16, 32, length, 32, repeat=1, temporal_head="transformer") for length in (64, 1024)
     }
     if all(isinstance(c, dict) for c in cells.values()):
         print(

@@ -10,7 +10,7 @@ estimator's peak minus what was alive when its step began (parameters, optimizer
 The estimator counts tensors in 512-byte blocks; the process also holds what torch allocates outside tensors
 (oneDNN's scratch buffers, thread stacks), which the ratio includes.
 (b) The estimator's time for train.py --probe-memory's whole grid on configs/rtx5080.yaml (5 x 3 cells, gradient
-checkpointing off and on: 30 estimates), on this machine.
+model.recompute_blocks off and on: 30 estimates), on this machine.
 (c) With --part search: the largest-batch search (data.batch_size: auto, --fit-budget, --probe-memory's last line)
 on each preset that states a budget: the batch found, the estimates and seconds it took, against bisection's (the
 line given no tries) in the same run; the two must find the same batch. A billion-parameter preset's estimates
@@ -35,11 +35,11 @@ MiB = 2**20
 
 CASES = [  # (name, --set overrides, num_frames, batch)
     ("tiny3d w32 64x64", ["model.width=32", "data.img_size=64"], 32, 4),
-    ("tiny3d w32 64x64 ckpt", ["model.width=32", "data.img_size=64", "model.grad_checkpointing=true"], 32, 4),
+    ("tiny3d w32 64x64 ckpt", ["model.width=32", "data.img_size=64", "model.recompute_blocks=true"], 32, 4),
     ("tiny3d w32 64x64 chunks of 8", ["model.width=32", "data.img_size=64", "train.chunk_train_size=8"], 64, 2),
     ("vgg3d w16 64x64", ["model.backbone=vgg3d", "model.width=16", "data.img_size=64"], 16, 4),
     ("r3d_18 64x64", ["model.backbone=r3d_18", "data.img_size=64"], 16, 2),
-    ("r3d_18 64x64 ckpt", ["model.backbone=r3d_18", "data.img_size=64", "model.grad_checkpointing=true"], 16, 2),
+    ("r3d_18 64x64 ckpt", ["model.backbone=r3d_18", "data.img_size=64", "model.recompute_blocks=true"], 16, 2),
 ]
 
 
@@ -48,24 +48,24 @@ def real_step(overrides: list[str], frames: int, batch: int, config: str | None 
     ``overrides``, ``kept`` training chunks not recomputed."""
     import torch
 
+    import train
     from config import load_config
-    from engine.training.optim import build_optimizer
-    from planner import project as memory_estimate
+    from core.runtime import Runtime
+    from planner.project import ProjectStep
 
     torch.manual_seed(0)
     cfg = load_config(config, overrides)
     device = torch.device("cpu")
-    project = memory_estimate.ProjectStep(cfg, kept_chunks=kept)  # the step the estimate runs, on real tensors
+    project = ProjectStep(cfg, train.STEP, kept_chunks=kept, gpu=False)  # the step the estimate runs, real tensors
     classifier = project.classifier().train()
-    optimizer = build_optimizer(classifier, cfg.train)
-    for group in optimizer.param_groups:
-        group["foreach"] = True  # as on CUDA, where torch picks it: the step the estimate models
+    optimizer = project.optimizer(classifier, foreach=True)  # as on CUDA, where torch picks it
+    runtime = Runtime(device, "32")
+    scaler = runtime.grad_scaler()
     inputs = project.inputs(frames, batch, device)
 
     def step():
-        project.loss(classifier, inputs, device).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        project.forward_backward(classifier, inputs, runtime, scaler, 1.0, device)
+        project.optimizer_step(classifier, optimizer, scaler)
 
     step()
     before = reset_high_water_mark()
@@ -105,6 +105,7 @@ def main() -> None:
         return
     import torch
 
+    import train
     from config import load_config
     from planner import memory_table as memory_estimate
     from planner import project
@@ -122,7 +123,9 @@ def main() -> None:
     print(f"{'case':30s} {'T':>4s} {'batch':>5s} {'real MiB':>9s} {'estimated MiB':>13s} {'est/real':>8s}")
     for name, overrides, frames, batch in CASES:
         real = cpu_step_growth(overrides, frames, batch)
-        estimate = project.config_training_estimate(load_config(None, overrides), frames, batch, precision="32")
+        estimate = project.config_training_estimate(
+            load_config(None, overrides), train.STEP, frames, batch, precision="32"
+        )
         growth = estimate.peak - estimate.before_step
         print(
             f"{name:30s} {frames:>4d} {batch:>5d} {real / MiB:>9.1f} {growth / MiB:>13.1f} {growth / real:>7.2f}x",
@@ -131,7 +134,7 @@ def main() -> None:
     print("(b) train.py --probe-memory's grid on configs/rtx5080.yaml (30 estimates)")
     cfg = load_config(os.path.join(ROOT, "configs", "rtx5080.yaml"))
     start = time.perf_counter()
-    memory_estimate.probe(cfg, cuda=False, out=lambda line: None, num_views=1, kpt_shape=None, num_classes=10)
+    memory_estimate.probe(cfg, train.STEP, False, out=lambda line: None, num_views=1, kpt_shape=None, num_classes=10)
     print(f"{time.perf_counter() - start:.1f} s, including the search for the largest batch that fits")
 
 
@@ -139,6 +142,7 @@ def search(presets: list[str] | None) -> None:
     """(c): each budgeted preset's (or each of ``presets``) largest batch at its num_frames, by the line-guided
     search and by bisection."""
     os.environ["HF_HUB_OFFLINE"] = "1"  # a hub backbone not downloaded before is named, not fetched
+    import train
     from bench.gpu import gpu_presets
     from config import load_config
     from models.registry import ModelConfigError
@@ -153,10 +157,11 @@ def search(presets: list[str] | None) -> None:
         found = {}
         try:
             # one estimate first, untimed: the first of a process traces and caches what the later ones reuse
-            project.config_training_estimate(cfg, project.clip_frames(cfg.data), 1)
+            project.config_training_estimate(cfg, train.STEP, project.clip_frames(cfg.data), 1)
             for label, line_tries in (("line", None), ("bisection", 0)):
                 start = time.perf_counter()
-                batch, tried = project.largest_batch(cfg, project.clip_frames(cfg.data), usable, line_tries=line_tries)
+                frames = project.clip_frames(cfg.data)
+                batch, tried = project.largest_batch(cfg, train.STEP, frames, usable, line_tries=line_tries)
                 found[label] = (batch, len(tried), time.perf_counter() - start)
         except ModelConfigError as error:  # a pretrained backbone neither cached nor on disk here
             print(f"{name:28s} not measured: {error}", flush=True)

@@ -174,7 +174,7 @@ def project_splits(root: str, splits: list[int], epochs: int, seed: int, out: st
         os.path.join(ROOT, "configs", "mstcn.yaml"),
     ]
     command += ["--root", root, "--splits", ",".join(map(str, splits)), "--out", out]
-    command += ["--set", f"trainer.max_epochs={epochs}", "--set", f"train.seed={seed}"]
+    command += ["--set", f"train.max_epochs={epochs}", "--set", f"train.seed={seed}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one compute thread, as the reference here
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     if done.returncode != 0:

@@ -86,7 +86,7 @@ def main() -> None:
         generate(args.data)
     seeds = [int(s) for s in args.seeds.split(",")]
     with tempfile.TemporaryDirectory() as work:
-        rows = train([f"trainer.max_epochs={args.pretrain_epochs}"], args.data, os.path.join(work, "pretrain"))
+        rows = train([f"train.max_epochs={args.pretrain_epochs}"], args.data, os.path.join(work, "pretrain"))
         checkpoint = os.path.join(work, "pretrain", "quickstart", "latest", "checkpoints", "last.pt")
         print(
             f"normalization at batch 2, training chunks of 8 frames (tiny3d, demo data, {args.epochs} epochs, seeds "
@@ -102,7 +102,7 @@ def main() -> None:
             runs = [
                 summary(
                     train(
-                        SMALL_BATCH + overrides + [f"trainer.max_epochs={args.epochs}", f"train.seed={seed}"],
+                        SMALL_BATCH + overrides + [f"train.max_epochs={args.epochs}", f"train.seed={seed}"],
                         args.data,
                         os.path.join(work, f"{name}-{seed}".replace(" ", "_")),
                     )

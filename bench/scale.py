@@ -39,6 +39,7 @@ from datasets.segmentation_task import LOOKS, SEGMENT_CLASSES
 from datasets.video_files import write_video
 from engine.inference.features import read_header
 from planner.features import feature_training_estimate
+from train import STEP
 
 STEP_CHUNKS = 11_250  # an hour at 25 fps in chunks of 8 frames at stride 1
 
@@ -108,7 +109,7 @@ def measure(work: str, frames: int) -> dict:
         f"data.val_manifest={videos[SHORT]}",
         "data.num_workers=0",
         "data.sample_timeout_s=null",
-        "trainer.max_epochs=1",
+        "train.max_epochs=1",
         f"trainer.output_dir={work}/runs",
     )
     peak_rss_mib(
@@ -145,7 +146,7 @@ def measure(work: str, frames: int) -> dict:
                         f"model.temporal_head={head}",
                         f"experiment={run}",
                         f"trainer.output_dir={work}/runs",
-                        "trainer.max_epochs=1",
+                        "train.max_epochs=1",
                     ),
                 ],
             )
@@ -161,7 +162,7 @@ def measure(work: str, frames: int) -> dict:
             )
             estimates[(head, length)] = (
                 feature_training_estimate(
-                    cfg, int(header["feature_dim"]), int(header["chunks"]), 1, len(SEGMENT_CLASSES)
+                    cfg, STEP, int(header["feature_dim"]), int(header["chunks"]), 1, len(SEGMENT_CLASSES)
                 ).peak
                 / 2**20
             )
@@ -175,14 +176,18 @@ def measure(work: str, frames: int) -> dict:
     return {"rows": rows, "estimates": estimates, "steps": steps}
 
 
-def head_step_parts(head: str, chunks: int, feature_dim: int, device=None):
+def head_step_parts(head: str, chunks: int, feature_dim: int, device="cpu"):
     """(config, head, optimizer, batch, one training step) of ``head`` (configs/timelines-head.yaml) over one video
     of ``chunks`` chunks on ``device`` (the CPU by default)."""
+    from functools import partial
+
     import torch
 
+    import train
+    from core.runtime import Runtime
     from engine.training.chunked_forward import ChunkSpec, FeatureHeadForward
     from engine.training.optim import build_optimizer
-    from engine.training.step import training_loss
+    from engine.training.step import training_losses
     from models import build_feature_head
 
     torch.manual_seed(0)
@@ -193,7 +198,10 @@ def head_step_parts(head: str, chunks: int, feature_dim: int, device=None):
     classes = len(SEGMENT_CLASSES)
     model = build_feature_head(cfg.model, feature_dim, classes).to(device).train()
     optimizer = build_optimizer(model, cfg.train)
-    criterion = torch.nn.CrossEntropyLoss()
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    runtime = Runtime(torch.device(device), "32")
+    scaler = runtime.grad_scaler()
+    losses = partial(training_losses, train_cfg=cfg.train, criterion=torch.nn.CrossEntropyLoss())
     starts = torch.arange(chunks, dtype=torch.float32) * 16
     batch = {
         "features": torch.randn(1, chunks, feature_dim),
@@ -204,11 +212,9 @@ def head_step_parts(head: str, chunks: int, feature_dim: int, device=None):
     }
     batch = {key: value.to(device) for key, value in batch.items()}
 
-    def step() -> None:
-        loss = training_loss(FeatureHeadForward(model)(batch, ChunkSpec()), batch, ChunkSpec(), cfg.train, criterion)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    def step() -> None:  # train.py's step, over the features of whole videos
+        train.forward_backward(FeatureHeadForward(model), batch, batch, ChunkSpec(), losses, runtime, scaler, 1.0)
+        train.optimizer_step(model, optimizer, scaler, schedule, None)
 
     return cfg, model, optimizer, batch, step
 
@@ -222,7 +228,7 @@ def step_worker(head: str, chunks: int, feature_dim: int) -> dict:
     before = reset_high_water_mark()
     step()
     measured = growth_since(before) / 2**20
-    estimate = feature_training_estimate(cfg, feature_dim, chunks, 1, classes)
+    estimate = feature_training_estimate(cfg, STEP, feature_dim, chunks, 1, classes)
     return {"measured": measured, "estimated": (estimate.peak - estimate.before_step) / 2**20}
 
 

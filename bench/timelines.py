@@ -40,6 +40,7 @@ from datasets.segmentation_task import SEGMENT_CLASSES, generate_segmentation
 from engine.data.feature_files import index_features
 from planner.features import feature_training_estimate
 from planner.project import config_training_estimate
+from train import STEP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -132,9 +133,11 @@ def main() -> None:
     )
     rows = {}
     with tempfile.TemporaryDirectory() as out:
-        epochs = f"trainer.max_epochs={args.backbone_epochs}"
+        epochs = f"train.max_epochs={args.backbone_epochs}"
         rows["per-chunk"] = train(out, "per_chunk", shape + [epochs])
-        rows["per-chunk"]["peak"] = config_training_estimate(cfg, 300, cfg.data.batch_size, len(SEGMENT_CLASSES)).peak
+        rows["per-chunk"]["peak"] = config_training_estimate(
+            cfg, STEP, 300, cfg.data.batch_size, len(SEGMENT_CLASSES)
+        ).peak
         features = os.path.join(out, "features")
         write_features(rows["per-chunk"]["checkpoint"], data, features)
         files, source = index_features(features)
@@ -143,18 +146,18 @@ def main() -> None:
             overrides = shape + [
                 f"data.features_dir={features}",
                 f"model.temporal_head={head}",
-                f"trainer.max_epochs={args.head_epochs}",
+                f"train.max_epochs={args.head_epochs}",
             ]
             rows[f"features + {head}"] = train(out, f"features_{head}", overrides, "configs/timelines-head.yaml")
             head_cfg = load_config(os.path.join(ROOT, "configs", "timelines-head.yaml"), overrides)
             rows[f"features + {head}"]["peak"] = feature_training_estimate(
-                head_cfg, source["feature_dim"], chunks, head_cfg.data.batch_size, len(SEGMENT_CLASSES)
+                head_cfg, STEP, source["feature_dim"], chunks, head_cfg.data.batch_size, len(SEGMENT_CLASSES)
             ).peak
         e2e = shape + [epochs, "model.temporal_head=transformer"]
         rows["end to end + transformer"] = train(out, "end_to_end", e2e)
         e2e_cfg = load_config(os.path.join(ROOT, "configs", "timelines.yaml"), e2e)
         rows["end to end + transformer"]["peak"] = config_training_estimate(
-            e2e_cfg, 300, e2e_cfg.data.batch_size, len(SEGMENT_CLASSES)
+            e2e_cfg, STEP, 300, e2e_cfg.data.batch_size, len(SEGMENT_CLASSES)
         ).peak
     end_to_end = rows["end to end + transformer"]
     print(
@@ -183,7 +186,7 @@ def sampled(args, shape: list[str]) -> None:
     print(
         f"{'train.grad_chunks':18s} {'F1@50':>6s} {'edit':>6s} {'frame acc':>9s} {'train s/ep':>10s}  F1@50, edit a seed"
     )
-    base = shape + [f"trainer.max_epochs={args.backbone_epochs}", "model.temporal_head=transformer"]
+    base = shape + [f"train.max_epochs={args.backbone_epochs}", "model.temporal_head=transformer"]
     with tempfile.TemporaryDirectory() as out:
         sampled_rows = {
             "all": ("all", []),

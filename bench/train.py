@@ -1,4 +1,4 @@
-"""Training benchmark: throughput and peak memory for fp32 vs mixed precision, with and without checkpointing.
+"""Training benchmark: throughput and peak memory for fp32 vs mixed precision, with and without recomputed blocks.
 
     python -m bench.train                     # CPU: configs/quickstart.yaml; CUDA: configs/rtx5080.yaml
     python -m bench.train --config configs/cpu.yaml --steps 20
@@ -6,7 +6,7 @@
 Each variant trains the same steps on the synthetic data (generated into data/synthetic if missing) in a fresh
 process, --repeat times (the fastest run is kept). Printed: clips/s, the data-loading share of the step time
 (is the model starved?), and the peak memory (CUDA: allocated device memory; CPU: host RSS of the main process,
-sampled), each also as a ratio to fp32 without checkpointing.
+sampled), each also as a ratio to fp32 without recomputed blocks.
 """
 
 from __future__ import annotations
@@ -26,34 +26,35 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def measure(args) -> dict:
     import torch
 
+    import train
     from config import load_config
     from core import memory_monitor
     from core.logs import setup_logging
     from core.runtime import setup_runtime
-    from engine.training import build, loop
+    from engine.training import build
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(
             args.config,
             [
                 f"trainer.precision={args.precision}",
-                f"model.grad_checkpointing={args.checkpointing}",
+                f"model.recompute_blocks={args.recompute_blocks}",
                 f"trainer.output_dir={out}",
-                "train.log_every=1000000",
+                "trainer.log_every=1000000",
                 *args.set,
             ],
         )
         runtime = setup_runtime(cfg.trainer)
         setup_logging(is_main=False)  # errors only: the table is the output
-        trainer, loader, _ = build.build_trainer(cfg, runtime, stop_after_steps=args.steps)
+        run, loader, _ = build.build_run(cfg, runtime, stop_after_steps=args.steps)
         if runtime.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         with memory_monitor.PeakRssSampler() as sampler:
-            metrics = loop.train_one_epoch(trainer, loader)
+            metrics = train.train_one_epoch(run, loader)
         result = {
             "clips_per_s": metrics["train_clips_per_s"],
             "data_share": metrics["data_time_share"],
-            "steps": trainer.state.global_step,
+            "steps": run.state.global_step,
             "precision": runtime.precision,
             "peak_mb": sampler.peak_mb,
             "memory": "host RSS",
@@ -69,7 +70,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12, help="optimizer steps per variant")
     parser.add_argument("--repeat", type=int, default=2, help="runs per variant; the fastest is kept")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides")
-    args = parse_or_measure(parser, measure, precision=str, checkpointing=str)
+    args = parse_or_measure(parser, measure, precision=str, recompute_blocks=str)
     if args is None:
         return
     import torch
@@ -91,7 +92,7 @@ def main() -> None:
     )
     rows = []
     for precision in ("32", mixed):
-        for checkpointing in ("false", "true"):
+        for recompute in ("false", "true"):
             command = [
                 sys.executable,
                 "-m",
@@ -103,8 +104,8 @@ def main() -> None:
                 str(args.steps),
                 "--precision",
                 precision,
-                "--checkpointing",
-                checkpointing,
+                "--recompute_blocks",
+                recompute,
             ]
             for item in args.set:
                 command += ["--set", item]
@@ -117,15 +118,15 @@ def main() -> None:
                 for _ in range(args.repeat)
             ]
             best = max(runs, key=lambda r: r["clips_per_s"])
-            rows.append((precision, checkpointing, best))
+            rows.append((precision, recompute, best))
     base = rows[0][2]
     print(
-        f"{'precision':>9s} {'checkpointing':>13s} {'clips/s':>8s} {'x fp32':>7s} {'data share':>10s} "
+        f"{'precision':>9s} {'recompute_blocks':>16s} {'clips/s':>8s} {'x fp32':>7s} {'data share':>10s} "
         f"{'peak MB (' + base['memory'] + ')':>28s} {'x fp32':>7s}"
     )
-    for precision, checkpointing, r in rows:
+    for precision, recompute, r in rows:
         print(
-            f"{precision:>9s} {checkpointing:>13s} {r['clips_per_s']:8.1f} {r['clips_per_s'] / base['clips_per_s']:6.2f}x "
+            f"{precision:>9s} {recompute:>16s} {r['clips_per_s']:8.1f} {r['clips_per_s'] / base['clips_per_s']:6.2f}x "
             f"{100 * r['data_share']:9.0f}% {r['peak_mb']:28.0f} {r['peak_mb'] / base['peak_mb']:6.2f}x"
         )
 

@@ -3,13 +3,12 @@
     python -m bench.train_chunked                                 # tiny3d width 32, 64x64, T = 64 ... 1,024
     python -m bench.train_chunked --backbone r3d_18 --size 112 --frames 64,128 --chunks 16
     python -m bench.train_chunked --temporal-head transformer      # with the temporal head over the chunks
-    python -m bench.train_chunked --part recompute --frames 256 --chunks 32   # train.recompute: auto vs all
+    python -m bench.train_chunked --part recompute --frames 256 --chunks 32   # chunks kept vs all recomputed
     python -m bench.train_chunked --part sampled --frames 256,1024 --chunks 32   # train.grad_chunks: K vs all
     python -m bench.train_chunked --part reconstruction --frames 256,1024 --chunks 32   # the decoder's cost
-    python -m bench.train_chunked --part discrimination --frames 256,1024 --chunks 32   # the halves' cost
 
-One training step (forward, backward, AdamW step) of the project's training forward (``ChunkedTrainingForward``,
-the one train.py uses) on a clip of T frames, batch 1, fp32, each cell in a fresh process. Memory: on the CPU
+One training step of train.py (its ``forward_backward`` and ``optimizer_step``, AdamW, over the training forward
+``ChunkedTrainingForward``) on a clip of T frames, batch 1, fp32, each cell in a fresh process. Memory: on the CPU
 the growth of the process's resident memory during the second step (the kernel's high-water mark, reset just
 before it through /proc/self/clear_refs, minus the resident memory before it: model, optimizer state and the
 uint8 clip are already there; allocations above 64 KB are mapped and unmapped one by one so resident memory
@@ -18,10 +17,10 @@ before it.
 Time: the fastest of --repeat further steps, per clip frame, in a second process with the usual allocator. Printed as ratios: memory against T = 64 of the
 same mode, time per frame against the whole-clip step at the same T.
 
-``--part recompute``: train.recompute at one T and chunk size, in one run: the whole clip (the plain step), auto
-with a budget that holds every chunk's activations, auto with one that holds half of them (the budgets are the
+``--part recompute``: the training chunks kept unrecomputed at one T and chunk size, in one run: the whole clip (the
+plain step), a budget that holds every chunk's activations, one that holds half of them (the budgets are the
 planner's estimates of those two steps over 1 - its safety margin, as a user would set them; the kept counts are
-the planner's decisions for them), and all (every chunk recomputed). Time per frame against the plain step;
+the planner's decisions for them), and every chunk recomputed (no budget). Time per frame against the plain step;
 memory: the step's peak (the estimate of what the step began with plus the measured growth during it) beside the
 planner's estimate of the peak, and the budget.
 
@@ -32,8 +31,7 @@ step at T = 64 and against every chunk at the same T; memory against every chunk
 
 ``--part reconstruction``: the temporal head's step (--temporal-head, transformer unless set) with
 ``model.chunk_reconstruction`` 1 against 0, at each T in chunks of the first --chunks: its time and memory as
-ratios (the loss includes the decoder's, as train.py's does). ``--part discrimination``: the same with
-``model.chunk_discrimination`` 1 against 0 (each chunk's even and odd frames computed as well).
+ratios (the loss includes the decoder's, as train.py's does).
 """
 
 from __future__ import annotations
@@ -53,12 +51,17 @@ MB = 2**20
 
 
 def measure(args) -> dict:
+    from functools import partial
+
     import torch
 
+    import train
     from config import load_config
-    from datasets.device_input import InputPreparer
-    from engine.inference.chunks import aggregate_chunk_logits
+    from core.runtime import Runtime
+    from datasets.device_input import DeviceInputs
     from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec
+    from engine.training.optim import build_optimizer
+    from engine.training.step import training_losses
     from models import build_model
 
     torch.manual_seed(0)
@@ -69,38 +72,33 @@ def measure(args) -> dict:
             f"model.backbone={args.backbone}",
             f"model.width={args.width}",
             f"model.temporal_head={args.temporal_head}",
-            f"model.temporal_width={args.temporal_width}",
             f"model.chunk_reconstruction={args.reconstruction}",
-            f"model.chunk_discrimination={args.discrimination}",
+            "train.lr=0.0001",
         ],
     )
     model = build_model(cfg.model, num_classes=10).to(device).train()
-    prepare = InputPreparer(device, cfg.data.mean, cfg.data.std)
-    forward = ChunkedTrainingForward(model, prepare.normalize)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    clip = {"video": torch.randint(0, 255, (1, 3, args.length, args.size, args.size), dtype=torch.uint8)}
-    inputs = prepare.transfer(clip)
-    labels = torch.tensor([3], device=device)
-    steps = iter(range(10**9))
+    device_inputs = DeviceInputs(device, cfg.data.mean, cfg.data.std)
     bank, samples = None, None
     if args.bank:  # train.feature_bank: host; the warm-up step fills it, the measured ones read it
         from datasets.windows import chunk_windows
         from engine.training.feature_bank import FeatureBank
 
         bank, samples = FeatureBank(1, chunk_windows(args.length, args.chunk, args.overlap), "host"), torch.tensor([0])
+    forward = ChunkedTrainingForward(model, device_inputs.normalize, bank=bank)
+    optimizer = build_optimizer(model, cfg.train)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    runtime = Runtime(device, "32")
+    scaler = runtime.grad_scaler()
+    losses = partial(training_losses, train_cfg=cfg.train, criterion=torch.nn.CrossEntropyLoss())
+    clip = {"video": torch.randint(0, 255, (1, 3, args.length, args.size, args.size), dtype=torch.uint8)}
+    inputs = device_inputs.transfer(clip)
+    piece = {"label": torch.tensor([3], device=device), "sample": samples}
+    steps = iter(range(10**9))
 
     def step():
         spec = ChunkSpec(args.chunk, args.overlap, kept=args.kept, grad_chunks=int(args.grad_chunks), draw=next(steps))
-        outputs = forward(inputs, spec, bank, samples)  # with a temporal head its clip logits, else None
-        logits = (
-            outputs.clip if outputs.clip is not None else aggregate_chunk_logits(outputs.chunks.transpose(0, 1), "mean")
-        )
-        loss = torch.nn.functional.cross_entropy(logits, labels)
-        if outputs.auxiliary is not None:  # the auxiliary losses, as engine.training.step.training_loss adds them
-            loss = loss + outputs.auxiliary
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        train.forward_backward(forward, inputs, piece, spec, losses, runtime, scaler, 1.0)
+        train.optimizer_step(model, optimizer, scaler, schedule, None)
 
     cuda = device.type == "cuda"
     step()  # the optimizer state, the CPU's thread pools and cuDNN's algorithm search arrive in the first step
@@ -136,12 +134,10 @@ def step_cell(
     repeat: int = 3,
     device: str = "cpu",
     temporal_head: str = "none",
-    temporal_width: int = 64,
     kept: int = 0,
     grad_chunks: int = 0,
     bank: bool = False,
     reconstruction: float = 1.0,
-    discrimination: float = 0.0,
 ) -> dict | str:
     """One cell of the table: {"peak_mb", "step_s", "input_mb"} of one training step, or the error's last line.
     Memory: every allocation above 64 KB its own mapping, returned when freed, so resident memory follows the
@@ -170,8 +166,6 @@ def step_cell(
         device,
         "--temporal-head",
         temporal_head,
-        "--temporal-width",
-        str(temporal_width),
         "--kept",
         str(kept),
         "--grad-chunks",
@@ -180,8 +174,6 @@ def step_cell(
         str(int(bank)),
         "--reconstruction",
         str(reconstruction),
-        "--discrimination",
-        str(discrimination),
     ]
     runs = [
         subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
@@ -206,7 +198,6 @@ def cell_of(args, length: int, chunk: int, **changes) -> dict | str:
         args.repeat,
         args.device,
         args.temporal_head,
-        args.temporal_width,
         **changes,
     )
 
@@ -220,24 +211,20 @@ def main() -> None:
     parser.add_argument("--chunks", default="16,32", help="chunk_train_size values beside the whole clip")
     parser.add_argument("--overlap", type=int, default=0)
     parser.add_argument("--temporal-head", default="none", help="model.temporal_head: none, attention, transformer")
-    parser.add_argument("--temporal-width", type=int, default=64, help="model.temporal_width")
     parser.add_argument("--repeat", type=int, default=3, help="timed steps after the measured one; the fastest kept")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument(
         "--part",
-        choices=("growth", "recompute", "sampled", "reconstruction", "discrimination"),
+        choices=("growth", "recompute", "sampled", "reconstruction"),
         default="growth",
-        help="growth: memory and time as the clip grows; recompute: train.recompute auto vs all; sampled: "
-        "train.grad_chunks K against every chunk; reconstruction, discrimination: model.chunk_reconstruction or "
-        "model.chunk_discrimination 1 against 0",
+        help="growth: memory and time as the clip grows; recompute: training chunks kept against all recomputed; "
+        "sampled: train.grad_chunks K against every chunk; reconstruction: model.chunk_reconstruction 1 against 0",
     )
     parser.add_argument("--grad-chunks", default="2,4,8", help="--part sampled: the K values (train.grad_chunks)")
     parser.add_argument(
         "--bank-k", type=int, default=4, help="--part sampled: K of the row with train.feature_bank (host)"
     )
-    args = parse_or_measure(
-        parser, measure, length=int, chunk=int, kept=int, bank=int, reconstruction=float, discrimination=float
-    )
+    args = parse_or_measure(parser, measure, length=int, chunk=int, kept=int, bank=int, reconstruction=float)
     if args is None:
         return
     if args.device is None:
@@ -250,13 +237,13 @@ def main() -> None:
     if args.part == "sampled":
         sampled_table(args)
         return
-    if args.part in ("reconstruction", "discrimination"):
-        auxiliary_table(args, args.part)
+    if args.part == "reconstruction":
+        reconstruction_table(args)
         return
     frames = [int(v) for v in args.frames.split(",")]
     modes = [-1] + [int(v) for v in args.chunks.split(",")]
     memory = "device allocated" if args.device == "cuda" else "host RSS growth"
-    head = "" if args.temporal_head == "none" else f", temporal head {args.temporal_head} (width {args.temporal_width})"
+    head = "" if args.temporal_head == "none" else f", temporal head {args.temporal_head}"
     print(
         f"{args.backbone} (width {args.width}){head} at {args.size}x{args.size}, batch 1, fp32, AdamW, on {args.device}, "
         f"{os.cpu_count()} CPUs; memory: {memory} during one step"
@@ -291,7 +278,8 @@ def main() -> None:
 
 
 def recompute_table(args) -> None:
-    """train.recompute: auto (budgets holding every chunk, half of them) and all, against the plain step."""
+    """The training chunks kept by a budget holding every chunk, half of them, and none, against the plain step."""
+    import train
     from config import load_config
     from planner.estimate import SAFETY_MARGIN
     from planner.project import config_training_estimate, graph_chunk_count, most_chunks_kept
@@ -301,20 +289,22 @@ def recompute_table(args) -> None:
         f"model.backbone={args.backbone}",
         f"model.width={args.width}",
         f"model.temporal_head={args.temporal_head}",
-        f"model.temporal_width={args.temporal_width}",
         f"data.img_size={args.size}",
         f"data.num_frames={length}",
         "data.batch_size=1",
     ]
     cfg = load_config(None, [*common, f"train.chunk_train_size={chunk}", f"train.chunk_train_overlap={args.overlap}"])
-    plain = config_training_estimate(load_config(None, common), length, 1)
+    plain = config_training_estimate(load_config(None, common), train.STEP, length, 1)
     chunks = graph_chunk_count(cfg, length)
-    estimates = {k: config_training_estimate(cfg, length, 1, kept_chunks=k) for k in (0, chunks // 2, chunks)}
+    estimates = {
+        k: config_training_estimate(cfg, train.STEP, length, 1, kept_chunks=k) for k in (0, chunks // 2, chunks)
+    }
     rows = [("whole clip (plain step)", -1, 0, None)]
-    for name, held in (("auto, budget holds every chunk", chunks), ("auto, budget holds half", chunks // 2)):
+    for name, held in (("budget holds every chunk", chunks), ("budget holds half", chunks // 2)):
         usable = estimates[held].peak  # the budget a user would set: this, with the planner's margin on top
-        rows.append((name, chunk, most_chunks_kept(cfg, length, 1, usable)[0], usable / (1 - SAFETY_MARGIN)))
-    rows.append(("all (every chunk recomputed)", chunk, 0, None))
+        kept = most_chunks_kept(cfg, train.STEP, length, 1, usable)[0]
+        rows.append((name, chunk, kept, usable / (1 - SAFETY_MARGIN)))
+    rows.append(("no budget (every chunk recomputed)", chunk, 0, None))
     print(
         f"{args.backbone} (width {args.width}) at {args.size}x{args.size}, T={length}, training chunks of {chunk} "
         f"({chunks} chunks), batch 1, fp32, AdamW, on {args.device}, {os.cpu_count()} CPUs"
@@ -322,21 +312,23 @@ def recompute_table(args) -> None:
     results = [cell_of(args, length, size, kept=kept) for _, size, kept, _ in rows]
     whole = results[0]
     print(
-        f"{'train.recompute':<32s} {'kept':>6s} {'ms/frame':>8s} {'x plain':>7s} {'measured MB':>11s} "
+        f"{'training chunks':<34s} {'kept':>6s} {'ms/frame':>8s} {'x plain':>7s} {'measured MB':>11s} "
         f"{'estimated MB':>12s} {'budget MB':>9s}"
     )
     for (name, size, kept, budget), result in zip(rows, results):
         if isinstance(result, str):
-            print(f"{name:<32s} failed: {result}")
+            print(f"{name:<34s} failed: {result}")
             continue
         estimate = (
-            plain if size == -1 else (estimates.get(kept) or config_training_estimate(cfg, length, 1, kept_chunks=kept))
+            plain
+            if size == -1
+            else (estimates.get(kept) or config_training_estimate(cfg, train.STEP, length, 1, kept_chunks=kept))
         )
         kept_text = "-" if size == -1 else f"{kept}/{chunks}"
         budget_text = "-" if budget is None else f"{budget / MB:.1f}"
         measured = estimate.before_step / MB + result["peak_mb"]  # what the step began with, plus its growth
         print(
-            f"{name:<32s} {kept_text:>6s} {1000 * result['step_s'] / length:>8.2f} "
+            f"{name:<34s} {kept_text:>6s} {1000 * result['step_s'] / length:>8.2f} "
             f"{result['step_s'] / whole['step_s']:>6.2f}x {measured:>11.1f} {estimate.peak / MB:>12.1f} "
             f"{budget_text:>9s}",
             flush=True,
@@ -349,7 +341,7 @@ def sampled_table(args) -> None:
     frames = [int(v) for v in args.frames.split(",")]
     chunk = int(args.chunks.split(",")[0])
     samples = [int(k) for k in args.grad_chunks.split(",")]
-    head = "" if args.temporal_head == "none" else f", temporal head {args.temporal_head} (width {args.temporal_width})"
+    head = "" if args.temporal_head == "none" else f", temporal head {args.temporal_head}"
     memory = "device allocated" if args.device == "cuda" else "host RSS growth"
     print(
         f"{args.backbone} (width {args.width}){head} at {args.size}x{args.size}, training chunks of {chunk}, batch 1, "
@@ -396,24 +388,21 @@ def sampled_table(args) -> None:
             )
 
 
-def auxiliary_table(args, loss: str) -> None:
-    """model.chunk_reconstruction or model.chunk_discrimination (``loss``): the temporal head's step with it at 1
-    against 0, at each T."""
+def reconstruction_table(args) -> None:
+    """model.chunk_reconstruction: the temporal head's step with it at 1 against 0, at each T."""
     args.temporal_head = "transformer" if args.temporal_head == "none" else args.temporal_head
     frames = [int(v) for v in args.frames.split(",")]
     chunk = int(args.chunks.split(",")[0])
     memory = "device allocated" if args.device == "cuda" else "host RSS growth"
     print(
-        f"{args.backbone} (width {args.width}), temporal head {args.temporal_head} (width {args.temporal_width}) at "
+        f"{args.backbone} (width {args.width}), temporal head {args.temporal_head} at "
         f"{args.size}x{args.size}, training chunks of {chunk}, batch 1, fp32, AdamW, on {args.device}, "
         f"{os.cpu_count()} CPUs; memory: {memory} during one step",
         flush=True,
     )
-    print(f"{'T':>5s} {loss:<15s} {'ms/frame':>8s} {'x without':>9s} {'MB':>8s} {'x without':>9s}")
+    print(f"{'T':>5s} {'reconstruction':<15s} {'ms/frame':>8s} {'x without':>9s} {'MB':>8s} {'x without':>9s}")
     for length in frames:  # the two interleaved per length: the shared machine's speed drifts between minutes
-        without, with_loss = (
-            cell_of(args, length, chunk, **{"reconstruction": 0.0, "discrimination": 0.0, loss: w}) for w in (0.0, 1.0)
-        )
+        without, with_loss = (cell_of(args, length, chunk, reconstruction=w) for w in (0.0, 1.0))
         for name, result in (("0 (none)", without), ("1", with_loss)):
             if isinstance(result, str):
                 print(f"{length:>5d} {name:<15s} failed: {result}", flush=True)

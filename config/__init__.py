@@ -9,17 +9,20 @@ scripts takes the section it uses (``DataConfig``, ...), not the whole config.
 Errors are ``ConfigError``: one line naming the file (or ``--set``), the key, what is wrong and how to
 fix it. The scripts print it and exit with code 2. The modules:
 
-    schema      the sections (Config, ModelConfig, DataConfig, TrainConfig, InferConfig,
-                TrainerConfig), every key as a field
-                (SCHEMA: the same as a mapping), its default and range; the backbone and norm names
+    keys        how a key is declared: a field with its Key (type, default, range, meaning): setting, choice
+    schema      the sections (Config, ModelConfig, TrainConfig, InferConfig, TrainerConfig), every key as a
+                field (SCHEMA: the same as a mapping); the backbone and norm names
+    data_schema the data section (DataConfig), the largest
     loading     YAML presets with base:, --set, dump; a checkpoint's saved config (saved_config)
     validation  each value, then the checks across keys; apply_flags, derive (a validated copy with keys changed)
     flags       eval.py's and infer_chunked.py's shared flags, the keys they set (INFERENCE_FLAGS)
     reference   configs/base.yaml written from the schema (python -m config.reference)
-    renames     renamed keys and choices, read under their new names (with_new_names)
+    renames     renamed and removed keys and choices: the new names read, the removed ones named (with_new_names)
 """
 
+from config.data_schema import DataConfig
 from config.flags import INFERENCE_FLAGS, add_inference_flags, apply_inference_flags, inference_overrides
+from config.keys import Key
 from config.loading import dump, load_config, parse_override, saved_config
 from config.schema import (
     ALL_KEYS,
@@ -28,9 +31,7 @@ from config.schema import (
     NORMS,
     SCHEMA,
     Config,
-    DataConfig,
     InferConfig,
-    Key,
     ModelConfig,
     TrainConfig,
     TrainerConfig,

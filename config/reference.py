@@ -10,7 +10,8 @@ import textwrap
 
 import yaml
 
-from config.schema import SCHEMA, SECTIONS, Key
+from config.keys import Key
+from config.schema import SCHEMA, SECTIONS
 from core.files import atomic_write_bytes
 
 BASE_YAML = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "base.yaml")

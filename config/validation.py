@@ -6,7 +6,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Callable
 
-from config.schema import BACKBONES, EXTERNAL_BACKBONES, SCHEMA, Config, Key, did_you_mean
+from config.keys import Key
+from config.schema import BACKBONES, EXTERNAL_BACKBONES, SCHEMA, Config, did_you_mean
 from core.errors import ConfigError
 from core.runtime import PRECISION_ALIASES
 
@@ -116,22 +117,7 @@ def validate(cfg: dict, origins: dict | None = None) -> dict:
     return cfg
 
 
-def _number_pair(data: dict, key: str, origin: Callable[[str], str], low: float, high: float) -> None:
-    value = data[key]
-    if not (
-        len(value) == 2
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
-        and low < value[0] <= value[1] <= high
-    ):
-        raise ConfigError(
-            f"{origin('data.' + key)}: data.{key} must be [min, max] with {low:g} < min <= max <= "
-            f"{high:g}, got {value!r}"
-        )
-
-
 def _augmentation_checks(data: dict, origin: Callable[[str], str]) -> None:
-    _number_pair(data, "crop_scale", origin, 0.0, 1.0)
-    _number_pair(data, "crop_ratio", origin, 0.0, float("inf"))
     for key in ("flip_label_pairs", "kpt_flip_pairs"):
         pairs = data[key]
         if pairs is not None and not all(isinstance(p, list) and len(p) == 2 for p in pairs):
@@ -178,48 +164,6 @@ def _temporal_head_checks(cfg: dict, origin: Callable[[str], str]) -> None:
         raise ConfigError(
             f"{origin('infer.head_chunks')}: infer.head_chunks: 0 chunks cannot hold a chunk; "
             f"give a number of chunks, -1 (the whole video) or auto (the head's longest training clip)"
-        )
-    heads, where = model["temporal_attention_heads"], origin("model.temporal_attention_heads")
-    if model["temporal_width"] % heads:
-        raise ConfigError(
-            f"{where}: model.temporal_attention_heads={heads} must divide "
-            f"model.temporal_width={model['temporal_width']}"
-        )
-    if model["temporal_head"] == "transformer" and model["temporal_attention"] == "directional" and heads < 2:
-        raise ConfigError(
-            f"{where}: model.temporal_attention: directional gives half the attention heads to earlier "
-            f"chunks and half to later ones, but model.temporal_attention_heads is 1; "
-            f"give 2 or more, or set model.temporal_attention: bidirectional"
-        )
-
-
-def _head_refit_checks(cfg: dict, origin: Callable[[str], str]) -> None:
-    """train.temporal_refit_epochs: a new temporal head on a backbone that trained end to end before it."""
-    train, model, data = cfg["train"], cfg["model"], cfg["data"]
-    refit, epochs = train["temporal_refit_epochs"], cfg["trainer"]["max_epochs"]
-    reasons = (
-        (model["temporal_head"] == "none", "model.temporal_head is none (no head to train anew)"),
-        (data["features_dir"], "data.features_dir trains on features already written"),
-        (model["freeze_backbone"], "model.freeze_backbone is true"),
-        (model["adapter"] != "none", f"model.adapter is {model['adapter']} (the backbone stays frozen)"),
-        (model["input_type"] == "kpt", "model.input_type kpt has no RGB backbone"),
-    )
-    frozen = next((why for refused, why in reasons if refused), None)
-    if frozen is not None:
-        raise ConfigError(
-            f"{origin('train.temporal_refit_epochs')}: train.temporal_refit_epochs trains a new temporal head on "
-            f"a backbone that trained end to end before it, but {frozen}; set temporal_refit_epochs: 0"
-        )
-    if refit >= epochs:
-        raise ConfigError(
-            f"{origin('train.temporal_refit_epochs')}: train.temporal_refit_epochs={refit} must be smaller than "
-            f"trainer.max_epochs={epochs} (the epochs before them train the backbone and the head end to end)"
-        )
-    if train["feature_bank"] != "off":
-        raise ConfigError(
-            f"{origin('train.temporal_refit_epochs')}: train.temporal_refit_epochs freezes the backbone for its "
-            f"epochs, and train.feature_bank keeps chunk features of a backbone that trains; set feature_bank: off, "
-            f"or temporal_refit_epochs: 0"
         )
 
 
@@ -322,8 +266,6 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
         _feature_bank_checks(train, data, origin)
     if model["temporal_head"] != "none":
         _temporal_head_checks(cfg, origin)
-    if train["temporal_refit_epochs"]:
-        _head_refit_checks(cfg, origin)
     _norm_checks(cfg, origin)
     if data["batch_size"] == "auto" and not cfg["trainer"]["memory_budget_gb"]:
         raise ConfigError(
@@ -421,7 +363,7 @@ def apply_flags(cfg: Config, flags: dict) -> Config:
 
 
 def derive(cfg: Config, changes: dict[str, Any], why: str) -> Config:
-    """A validated copy of ``cfg`` with ``{"model.grad_checkpointing": True, ...}`` changed: the one way code
+    """A validated copy of ``cfg`` with ``{"model.recompute_blocks": True, ...}`` changed: the one way code
     builds a config from another (the planner's alternatives, the precision a run resolved, a head with its
     backbone's settings). A change the checks refuse is a ConfigError naming the key and ``why`` it was made."""
     return _changed(cfg, changes, {dotted: why for dotted in changes})

@@ -89,8 +89,8 @@ def resolve_precision(precision: str, device: torch.device) -> str:
         capability = torch.backends.cpu.get_cpu_capability()
         if "AVX512" not in capability and "AMX" not in capability:
             log.warning(
-                "bf16 on this CPU (%s, no AVX512-BF16/AMX) is emulated, many times slower than fp32 "
-                "(bench/RESULTS.md, Training); use precision 32 here",
+                "bf16 on this CPU (%s, no AVX512-BF16/AMX) is emulated, many times slower than fp32; use "
+                "precision 32 here",
                 capability,
             )
     if precision == "16" and device.type == "cpu":
@@ -105,7 +105,6 @@ class RuntimeSettings(Protocol):
 
     device: str
     precision: str
-    allow_tf32: bool
     process_group_timeout_s: float
     stall_timeout_s: float | None
 
@@ -167,8 +166,8 @@ def setup_runtime(trainer_cfg: RuntimeSettings, device: str | None = None, preci
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
         # TF32 keeps fp32 range with a 10-bit mantissa on Ampere+: faster matmuls/convs, same memory
-        torch.backends.cuda.matmul.allow_tf32 = trainer_cfg.allow_tf32
-        torch.backends.cudnn.allow_tf32 = trainer_cfg.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.benchmark = True
     normal = PRECISION_ALIASES.get(str(precision or trainer_cfg.precision).lower())
     if normal is None:

@@ -91,9 +91,7 @@ class ChunkStream:
         crops = 1 if self.crop is None else data_cfg.test_crops
         self.transform = ClipTransform(dataclasses.replace(data_cfg, test_crops=crops), training=False)
         infos = {name: probe(path, data_cfg.decoder) for name, path in record.views.items()}
-        self.plans = self.transform.plan(
-            [info.frame_size(data_cfg.autorotate) for info in infos.values()], None, self.crop or 0
-        )
+        self.plans = self.transform.plan([info.frame_size() for info in infos.values()], None, self.crop or 0)
         self.copies = PreparedCopies(data_cfg)  # data.prepared_dir: each view's copy, where one matches
         read_from = {name: self.copies.read_from(path, infos[name]) for name, path in record.views.items()}
         for path, why in self.copies.missing.items():
@@ -108,7 +106,6 @@ class ChunkStream:
                 info=read_from[name][1],
                 decoder=data_cfg.decoder,
                 access="sequential",
-                autorotate=data_cfg.autorotate,
             )
             for plan, name in zip(self.plans, record.views)
         }

@@ -8,7 +8,7 @@ The steps, for every view of a sample (``data.*`` keys):
    as it is decoded, so a 1080p clip never exists at full size.
 2. **Crop** to ``img_size``: at evaluation the centre (``test_crops: 3``: three crops along the long side, each an
    evaluated clip); when training, a random position, or with ``augment`` a random resized crop (area share in
-   ``crop_scale``, aspect ratio ``crop_ratio`` times the output's, log-uniform), resized to ``img_size``.
+   ``CROP_SCALE``, aspect ratio ``CROP_RATIO`` times the output's, log-uniform), resized to ``img_size``.
 3. **Augmentation** (``augment``, training only): horizontal flip (``flip``) and colour jitter (``color_jitter``:
    brightness, contrast and saturation factors drawn in [1 - s, 1 + s]).
 
@@ -42,6 +42,11 @@ from torch.nn import functional as nnf
 from config import DataConfig
 
 RANDOM_CROP_ATTEMPTS = 10  # torchvision's RandomResizedCrop: then the largest centred box of the allowed ratio
+
+# data.augment's random resized crop: the share of the decoded frame's area it covers, and its aspect ratio relative
+# to data.img_size's (torchvision's RandomResizedCrop with the area of video recipes, which keep more of the frame)
+CROP_SCALE = (0.35, 1.0)
+CROP_RATIO = (0.75, 1.3333)
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,7 @@ class ClipTransform:
             if not self.training:
                 box = evaluation_boxes(decoded, self.out, self.crops)[crop]
             elif self.augment:
-                box = random_resized_box(decoded, self.out, self.cfg.crop_scale, self.cfg.crop_ratio, rng)
+                box = random_resized_box(decoded, self.out, CROP_SCALE, CROP_RATIO, rng)
             else:
                 box = random_box(decoded, self.out, rng)
             plans.append(ViewGeometry(tuple(source), decoded, box, self.out, flipped))

@@ -1,13 +1,13 @@
-"""Device-side input preparation: samples stay uint8 through the DataLoader (4x less host memory and
-PCIe traffic than float32); conversion to float and normalization happen on the device."""
+"""Batches onto the device: samples stay uint8 through the DataLoader (4x less host memory and PCIe traffic than
+float32); conversion to float and normalization happen on the device."""
 
 from __future__ import annotations
 
 import torch
 
 
-class InputPreparer:
-    """Turns a collated batch into model inputs on the device: ``{"video": float, "kpt": float}``."""
+class DeviceInputs:
+    """A collated batch as model inputs on the device: ``{"video": float, "kpt": float}``."""
 
     def __init__(self, device: torch.device, mean, std, channels_last: bool = False):
         self.device = device

@@ -4,7 +4,7 @@ A phone filming upright stores landscape frames and a display matrix that turns 
 tools (``-noautorotate`` turns it off) and OpenCV (``CAP_PROP_ORIENTATION_AUTO``) apply it. OpenCV applies only
 its rotation angle (a mirrored matrix comes out rotated 180 degrees) and PyAV applies nothing, so both decoders
 here decode the stored frame with OpenCV's own rotation off, and this module turns it, the same way for both:
-the same pixels whatever ``data.decoder`` says, and ``data.autorotate: false`` for the stored orientation.
+the same pixels whatever ``data.decoder`` says (a reader opened with ``autorotate=False`` reads them as stored).
 
 The matrix (FFmpeg's ``AV_PKT_DATA_DISPLAYMATRIX``, 16.16 fixed point ``[a b u; c d v; x y w]``) maps a stored
 pixel (p, q) to the displayed one (a*p + c*q + x, b*p + d*q + y), y pointing down. Its 2x2 part, for the eight

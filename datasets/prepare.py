@@ -2,7 +2,7 @@
 
 Every video of the config's manifests (data.train_manifest, val_manifest, test_manifest; each view of a
 multi-view sample) gets a copy in ``data.prepared_dir`` at the size this config decodes it to, turned as
-displayed, with a keyframe every ``data.prepared_gop`` frames (``datasets.video.prepared``). Training, evaluation,
+displayed, with a keyframe every 16 frames (``datasets.video.prepared``). Training, evaluation,
 eval.py, infer_chunked.py and its --features then read the copy wherever it matches the source and these settings.
 
 Before it starts it says how much it will write and how long it will take (from preparing the first video's

@@ -287,15 +287,15 @@ class VideoWindowDataset(Dataset):
         return sample
 
     def _sources(self, record: VideoRecord) -> list[tuple[int, int]]:
-        """Each view's (height, width) as read: displayed, or stored with data.autorotate false."""
-        return [self.video_info[path].frame_size(self.cfg.autorotate) for path in record.views.values()]
+        """Each view's (height, width) as read: as displayed."""
+        return [self.video_info[path].frame_size() for path in record.views.values()]
 
     def _read_frames(
         self, record: VideoRecord, window: SampleWindow, place_clip, plans: list, colour: tuple | None
     ) -> tuple[np.ndarray, list]:
         """(frame indices, each view's uint8 [C, T, H, W] clip: ``datasets.decode.read_clip``)."""
         opened = [(*self.read_from[path], plan.decoded) for path, plan in zip(record.views.values(), plans)]
-        readers = [_READERS.get(path, size, info, self.cfg.decoder, self.cfg.autorotate) for path, info, size in opened]
+        readers = [_READERS.get(path, size, info, self.cfg.decoder) for path, info, size in opened]
         end = min([window.end] + [r.num_frames for r in readers])
         while True:  # at most twice: a read can find the video shorter than its container says
             if end <= window.start:
@@ -320,7 +320,7 @@ class VideoWindowDataset(Dataset):
 
 
 def index_cache_for(cfg: Config) -> VideoIndexCache:
-    path = cfg.data.index_cache or os.path.join(cfg.trainer.output_dir, ".video_index.json")
+    path = os.path.join(cfg.trainer.output_dir, ".video_index.json")
     return VideoIndexCache(path)
 
 

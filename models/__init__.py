@@ -3,7 +3,7 @@
 Every model is a :class:`models.classifier.VideoClassifier`: an RGB backbone and/or a keypoint branch,
 optional fusion of camera views, and one linear classifier. All expose ``features(inputs)`` and
 ``classify(features)`` (so chunked inference can aggregate logits or features), ``min_frames`` and
-``set_grad_checkpointing()``. Inputs are dicts: ``{"video": [B, C, T, H, W] or [B, V, C, T, H, W]
+``set_recompute_blocks()``. Inputs are dicts: ``{"video": [B, C, T, H, W] or [B, V, C, T, H, W]
 float, "kpt": [B, T, J, C] float}``.
 """
 
@@ -53,11 +53,7 @@ def build_model(model_cfg: ModelConfig, num_classes: int, num_views: int = 1, kp
             raise ModelConfigError(f"model.input_type={input_type} needs keypoints, but the data has none")
         kpt = KeypointTCN(num_joints=kpt_shape[0], channels=kpt_shape[1], width=model_cfg.width * 2)
     norm, branches = model_cfg.norm, [b for b in (rgb, kpt) if b is not None]
-    converted = (
-        sum(convert_norms(b, norm, model_cfg.norm_groups, model_cfg.norm_frozen_affine) for b in branches)
-        if norm in ("frozen", "group")
-        else 0
-    )
+    converted = sum(convert_norms(b, norm) for b in branches) if norm in ("frozen", "group") else 0
     if norm != "batch" and not converted and not any(batch_norms(b) for b in branches):
         raise ModelConfigError(
             f"model.norm: {norm}: {model_cfg.backbone} has no BatchNorm layer to convert (it "
@@ -65,57 +61,19 @@ def build_model(model_cfg: ModelConfig, num_classes: int, num_views: int = 1, kp
         )
     if rgb is not None and model_cfg.pretrained is not None:
         load_pretrained(rgb, model_cfg.pretrained, model_cfg.backbone, norm)
-    temporal = temporal_settings(model_cfg) if model_cfg.temporal_head != "none" else None
     model = VideoClassifier(
         rgb=rgb,
         kpt=kpt,
         num_classes=num_classes,
         view_fusion=model_cfg.view_fusion,
         num_views=num_views,
-        dropout=model_cfg.dropout,
-        fusion=model_cfg.fusion,
-        temporal=temporal,
+        temporal=None if model_cfg.temporal_head == "none" else model_cfg.temporal_head,
         freeze_backbone=model_cfg.freeze_backbone,
         reconstruction=model_cfg.chunk_reconstruction,
-        reconstruction_target=model_cfg.chunk_reconstruction_target,
-        adapter=adapter_settings(model_cfg),
-        discrimination=model_cfg.chunk_discrimination,
-        discrimination_temperature=model_cfg.chunk_discrimination_temperature,
+        adapter=None if model_cfg.adapter == "none" else model_cfg.adapter,
     )
-    model.set_grad_checkpointing(model_cfg.grad_checkpointing)
+    model.set_recompute_blocks(model_cfg.recompute_blocks)
     return model
-
-
-def adapter_settings(model_cfg: ModelConfig) -> dict | None:
-    """model.adapter's constructor arguments (models/adapters.py), or None."""
-    if model_cfg.adapter == "none":
-        return None
-    return {
-        "kind": model_cfg.adapter,
-        "width": model_cfg.adapter_width,
-        "kernel": model_cfg.adapter_kernel,
-        "taps": model_cfg.adapter_taps,
-        "rank": model_cfg.adapter_rank,
-    }
-
-
-def temporal_settings(model_cfg: ModelConfig) -> dict:
-    """The temporal head's constructor arguments (models/temporal.py) from the model section."""
-    return {
-        "kind": model_cfg.temporal_head,
-        "width": model_cfg.temporal_width,
-        "layers": model_cfg.temporal_layers,
-        "heads": model_cfg.temporal_attention_heads,
-        "dropout": model_cfg.temporal_dropout,
-        "tcn_dropout": model_cfg.temporal_tcn_dropout,
-        "attention": model_cfg.temporal_attention,
-        "input_norm": model_cfg.temporal_input_norm,
-        "contrast": model_cfg.temporal_contrast,
-        "running": model_cfg.temporal_running,
-        "event_contrast": model_cfg.temporal_event_contrast,
-        "stages": model_cfg.temporal_stages,
-        "tcn_layers": model_cfg.temporal_tcn_layers,
-    }
 
 
 def temporal_head_of(model: nn.Module) -> TemporalHead | None:
@@ -135,7 +93,7 @@ def set_head_chunks(model: nn.Module, chunks: int | str) -> str:
     reach = head.reach()
     if reach is None:
         return "whole videos at once" + (" (it has not been trained)" if chunks == "auto" else "")
-    return f"windows of {reach} chunks, overlapping by half" + (
+    return f"spans of {reach} chunks, overlapping by half" + (
         " (its longest training clip)" if chunks == "auto" else ""
     )
 
@@ -147,4 +105,4 @@ def build_feature_head(model_cfg: ModelConfig, feature_dim: int, num_classes: in
             "data.features_dir trains a temporal head on features, but model.temporal_head is "
             "none; set it to tcn, transformer or attention"
         )
-    return FeatureHead(feature_dim, num_classes, **temporal_settings(model_cfg))
+    return FeatureHead(feature_dim, num_classes, model_cfg.temporal_head)

@@ -8,7 +8,7 @@ without its weights' gradients and optimizer state (docs/models.md, "Adapting a 
 - ``side``: modules beside the backbone (LoSA's kind) that read a few blocks' outputs, pooled over space, and add a
   correction to the backbone's feature; the backbone runs without a graph, so its activations are one forward's.
 - ``lora``: peft's low-rank updates of the linear layers the forward calls (a transformer's attention and MLP
-  projections) or else of its 3D convolutions (a CNN): the frozen layer's output plus a rank-``rank`` product, zero
+  projections) or else of its 3D convolutions (a CNN): the frozen layer's output plus a rank-``RANK`` product, zero
   at the start.
 
 A block's output is read in its layout: ``channels_first`` ([B, C, T, H, W], a 3D CNN's stages), ``channels_last``
@@ -29,6 +29,10 @@ from torch.func import functional_call
 from models.registry import ModelConfigError
 
 LAYOUTS = ("channels_first", "channels_last", "tokens")
+WIDTH = 64  # the block and side adapters' bottleneck
+KERNEL = 3  # frames (tokens in time) their temporal convolution spans
+TAPS = 4  # the blocks side adapters read, evenly spaced, the last among them
+RANK = 8  # LoRA's
 
 
 class AdapterPoints:
@@ -198,7 +202,7 @@ def add_lora(backbone: nn.Module, targets: list[str], rank: int) -> None:
         parameter.requires_grad_(".lora_" in name)
 
 
-def build_adapters(backbone: nn.Module, kind: str, feature_dim: int, width: int, kernel: int, taps: int, rank: int):
+def build_adapters(backbone: nn.Module, kind: str, feature_dim: int):
     """The adapters of ``kind`` on ``backbone``, its own weights frozen: the module holding the block or side
     adapters (None for lora, whose layers live inside the backbone)."""
     points = backbone.adapter_points() if hasattr(backbone, "adapter_points") else None
@@ -210,11 +214,11 @@ def build_adapters(backbone: nn.Module, kind: str, feature_dim: int, width: int,
     backbone.requires_grad_(False)
     trace = Trace(backbone, points)
     if kind == "lora":
-        add_lora(backbone, lora_targets(trace), rank)
+        add_lora(backbone, lora_targets(trace), RANK)
         return None
     if kind == "block":
-        return BlockAdapters(points, trace.channels, width, kernel)
-    return SideAdapters(points, trace.channels, feature_dim, width, kernel, taps)
+        return BlockAdapters(points, trace.channels, WIDTH, KERNEL)
+    return SideAdapters(points, trace.channels, feature_dim, WIDTH, KERNEL, TAPS)
 
 
 def frozen_keys(classifier: nn.Module) -> set[str]:

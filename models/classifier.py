@@ -9,7 +9,6 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from models.adapters import AdapterPoints, SideAdapters, build_adapters
-from models.discrimination import ChunkDiscrimination
 from models.reconstruction import ChunkDecoder
 from models.registry import ModelConfigError
 from models.temporal import temporal_head
@@ -78,11 +77,11 @@ class StagedBackbone(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.grad_checkpointing = False
+        self.recompute_blocks = False
 
     def run_stages(self, x: torch.Tensor) -> torch.Tensor:
         for stage in self.stages:
-            if self.grad_checkpointing and self.training and torch.is_grad_enabled():
+            if self.recompute_blocks and self.training and torch.is_grad_enabled():
                 x = recompute_in_backward(stage, stage, x)
             else:
                 x = stage(x)
@@ -105,16 +104,13 @@ class VideoClassifier(nn.Module):
 
     view_fusion: none (a single view), mean (features averaged over views), concat (features
     concatenated; the view count is fixed at build time), late (one prediction per view, logits averaged).
-    temporal: the temporal head's settings ({"kind", "width", "layers", "heads", "dropout"}, models/temporal.py)
-    or None; with a head, a clip's chunk features go through ``self.temporal`` (the chunked forwards of
-    engine/inference/chunks.py do that) and ``forward`` treats its input as one chunk.
+    temporal: the temporal head's kind (model.temporal_head, models/temporal.py) or None; with a head, a clip's chunk
+    features go through ``self.temporal`` (the chunked forwards of engine/inference/chunks.py do that) and
+    ``forward`` treats its input as one chunk.
     reconstruction: the weight of the chunk reconstruction loss (models/reconstruction.py; 0: none), with a
     temporal head and an RGB backbone whose features train: ``self.reconstruction``, which the training forward runs.
-    discrimination: the weight of the chunk discrimination loss (models/discrimination.py; 0: none) and
-    ``discrimination_temperature``, with a temporal head and features that train: ``self.discrimination``.
-    adapter: model.adapter's settings ({"kind", "width", "kernel", "taps", "rank"}, models/adapters.py) or None: the RGB
-    backbone frozen as with ``freeze_backbone``, ``self.adapters`` trained on it (None for lora, whose layers are
-    inside the backbone).
+    adapter: model.adapter (block, side or lora; models/adapters.py) or None: the RGB backbone frozen as with
+    ``freeze_backbone``, ``self.adapters`` trained on it (None for lora, whose layers are inside the backbone).
     """
 
     def __init__(
@@ -124,15 +120,10 @@ class VideoClassifier(nn.Module):
         num_classes: int,
         view_fusion: str = "none",
         num_views: int = 1,
-        dropout: float = 0.0,
-        fusion: str = "concat",
-        temporal: dict | None = None,
+        temporal: str | None = None,
         freeze_backbone: bool = False,
         reconstruction: float = 0.0,
-        reconstruction_target: str = "colour",
-        adapter: dict | None = None,
-        discrimination: float = 0.0,
-        discrimination_temperature: float = 0.2,
+        adapter: str | None = None,
     ):
         super().__init__()
         if rgb is None and kpt is None:
@@ -146,23 +137,18 @@ class VideoClassifier(nn.Module):
         adapter = adapter if rgb is not None else None
         self.frozen_backbone = (freeze_backbone or adapter is not None) and rgb is not None
         # the backbone's forward keeps a graph where the gradient reaches adapters through it (block, lora)
-        self.backbone_without_graph = self.frozen_backbone and (adapter is None or adapter["kind"] == "side")
+        self.backbone_without_graph = self.frozen_backbone and adapter in (None, "side")
         # model.freeze_backbone: no gradients, so no optimizer state (engine/training/optim.py)
         if self.frozen_backbone:
             rgb.requires_grad_(False)
         self.view_fusion, self.num_views = view_fusion, num_views
         rgb_dim = 0 if rgb is None else rgb.feature_dim * (num_views if view_fusion == "concat" else 1)
         kpt_dim = 0 if kpt is None else kpt.feature_dim
-        self.weighted = fusion == "weighted" and rgb is not None and kpt is not None
-        if self.weighted:  # both branches projected to the RGB size, mixed by learned softmax weights
-            self.kpt_projection = nn.Linear(kpt_dim, rgb_dim)
-            self.fusion_logits = nn.Parameter(torch.zeros(2))
-            self.feature_dim = rgb_dim
-        else:  # concatenated
-            self.feature_dim = rgb_dim + kpt_dim
-        # with a temporal head, the head's own classifier replaces this one (an unused one would stall DDP)
+        self.feature_dim = rgb_dim + kpt_dim  # the branches' features concatenated
+        # with a temporal head, the head's own classifier replaces this one (an unused one would stall DDP); a
+        # Sequential whose second entry is the linear layer: the checkpoints' key (classifier.1.*)
         self.classifier = (
-            nn.Sequential(nn.Dropout(dropout), nn.Linear(self.feature_dim, num_classes)) if temporal is None else None
+            nn.Sequential(nn.Identity(), nn.Linear(self.feature_dim, num_classes)) if temporal is None else None
         )
         self.min_frames = max(b.min_frames for b in (rgb, kpt) if b is not None)
         self.temporal = None
@@ -172,37 +158,23 @@ class VideoClassifier(nn.Module):
                     "model.temporal_head needs one feature vector per chunk, but view_fusion late "
                     "keeps one per view; use view_fusion mean or concat"
                 )
-            self.temporal = temporal_head(self.feature_dim, num_classes, **temporal)
-            self.temporal_args = (self.feature_dim, num_classes, temporal)  # for a new head (new_temporal_head)
-        self.adapter_kind = None if adapter is None else adapter["kind"]
+            self.temporal = temporal_head(self.feature_dim, num_classes, temporal)
+        self.adapter_kind = adapter
         # model.chunk_reconstruction: where chunk features reach a temporal head from an RGB backbone whose features
         # train; created after the rest, so a seed initializes every other layer as it did without it
         self.reconstruction = (
-            ChunkDecoder(self.feature_dim, reconstruction, reconstruction_target)
+            ChunkDecoder(self.feature_dim, reconstruction)
             if reconstruction > 0 and self.temporal is not None and self.rgb_trains
             else None
         )
         # model.adapter: built last for the same reason
-        self.adapters = None if adapter is None else build_adapters(rgb, feature_dim=rgb.feature_dim, **adapter)
-        # model.chunk_discrimination: where chunk features reach a temporal head and some of them train (no
-        # parameters of its own: nothing to initialize)
-        self.discrimination = (
-            ChunkDiscrimination(discrimination, discrimination_temperature)
-            if discrimination > 0 and self.temporal is not None and self.features_train
-            else None
-        )
+        self.adapters = None if adapter is None else build_adapters(rgb, adapter, rgb.feature_dim)
 
     @property
     def rgb_trains(self) -> bool:
         """Does the RGB branch's gradient reach something that trains: the backbone, or adapters on it frozen? (Not
-        a backbone frozen by model.freeze_backbone or train.temporal_refit_epochs alone.)"""
+        a backbone frozen by model.freeze_backbone alone.)"""
         return self.rgb is not None and (not self.frozen_backbone or self.adapter_kind is not None)
-
-    @property
-    def features_train(self) -> bool:
-        """Does the features' gradient reach something that trains: the RGB branch (``rgb_trains``) or the
-        keypoint branch?"""
-        return self.kpt is not None or self.rgb_trains
 
     def train(self, mode: bool = True) -> VideoClassifier:
         """A frozen backbone stays in eval mode: its BatchNorm normalizes with its pretrained statistics and never
@@ -217,26 +189,10 @@ class VideoClassifier(nn.Module):
                     unit.training = True
         return self
 
-    def freeze_backbone(self) -> None:
-        """The RGB backbone fixed from now on, as model.freeze_backbone builds it: no gradients, its BatchNorm
-        statistics kept, its forward without a graph (train.temporal_refit_epochs)."""
-        self.frozen_backbone = self.backbone_without_graph = True
-        self.rgb.requires_grad_(False)
-        self.train(self.training)
-
-    def new_temporal_head(self, seed: int) -> None:
-        """The temporal head's weights and buffers replaced, in place, by those of a head built anew from ``seed``
-        (the optimizer keeps the same parameters); the global random state is left as it was."""
-        feature_dim, num_classes, settings = self.temporal_args
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            new = temporal_head(feature_dim, num_classes, **settings)
-        self.temporal.load_state_dict(new.state_dict())
-
-    def set_grad_checkpointing(self, enabled: bool = True) -> None:
+    def set_recompute_blocks(self, enabled: bool = True) -> None:
         for branch in (self.rgb, self.kpt):
             if branch is not None:
-                branch.grad_checkpointing = enabled
+                branch.recompute_blocks = enabled
 
     def features(self, inputs: dict) -> torch.Tensor:
         """[B, D] features; [B, V, D] with late view fusion (one feature row per view)."""
@@ -267,9 +223,6 @@ class VideoClassifier(nn.Module):
             if self.view_fusion == "late" and parts:
                 kpt_features = kpt_features.unsqueeze(1).expand(-1, parts[0].shape[1], -1)
             parts.append(kpt_features)
-        if self.weighted:
-            weights = self.fusion_logits.softmax(dim=0)
-            return weights[0] * parts[0] + weights[1] * self.kpt_projection(parts[1])
         return torch.cat(parts, dim=-1)
 
     def classify(self, features: torch.Tensor) -> torch.Tensor:

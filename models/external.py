@@ -75,11 +75,11 @@ class TimmFrames(nn.Module):
         self._checkpointing = False
 
     @property
-    def grad_checkpointing(self) -> bool:
+    def recompute_blocks(self) -> bool:
         return self._checkpointing
 
-    @grad_checkpointing.setter
-    def grad_checkpointing(self, enabled: bool) -> None:
+    @recompute_blocks.setter
+    def recompute_blocks(self, enabled: bool) -> None:
         self._checkpointing = enabled
         self.net.set_grad_checkpointing(enabled)  # timm's: one block (or stage) at a time, recomputed in backward
 
@@ -140,11 +140,11 @@ class HFVideo(nn.Module):
         self._checkpointing = False
 
     @property
-    def grad_checkpointing(self) -> bool:
+    def recompute_blocks(self) -> bool:
         return self._checkpointing
 
-    @grad_checkpointing.setter
-    def grad_checkpointing(self, enabled: bool) -> None:
+    @recompute_blocks.setter
+    def recompute_blocks(self, enabled: bool) -> None:
         self._checkpointing = enabled
         if enabled:
             self.net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

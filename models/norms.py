@@ -5,12 +5,13 @@ Every backbone is built with BatchNorm (ours and torchvision's); :func:`convert_
 
 - ``batch``: left as is (statistics of each micro-batch, or of each training chunk).
 - ``frozen``: :class:`FrozenBatchNorm`, which normalizes with the running statistics in training too and never
-  updates them (MMAction2's ``norm_eval``); its scale and shift train unless ``frozen_affine``. The state dict
+  updates them (MMAction2's ``norm_eval``); its scale and shift train. The state dict
   keys are BatchNorm's, so pretrained weights load into it and checkpoints move between modes.
 - ``sync``: :class:`SyncBatchNorm`, the statistics of the batch over every DDP process (``convert_norms`` is
   called with it only when torchrun started more than one; on one process ``sync`` is BatchNorm).
-- ``group``: ``nn.GroupNorm`` with :func:`group_count` groups: per sample, so any micro-batch or chunk gives
-  the same result; for training from scratch (it has no running statistics to take from pretrained weights).
+- ``group``: ``nn.GroupNorm`` with :func:`group_count` groups (``GROUPS`` where the channels allow): per sample,
+  so any micro-batch or chunk gives the same result; for training from scratch (it has no running statistics to
+  take from pretrained weights).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from config import NORMS
 
+GROUPS = 32  # model.norm: group's groups a layer, as GroupNorm's paper
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)  # and subclasses: torchvision's are these
 
 
@@ -198,12 +200,9 @@ def _replace(module: nn.Module, make) -> int:
     return count
 
 
-def _frozen(bn: _BatchNorm, frozen_affine: bool) -> FrozenBatchNorm:
+def _frozen(bn: _BatchNorm) -> FrozenBatchNorm:
     frozen = FrozenBatchNorm(bn.num_features, bn.eps, bn.momentum, bn.affine, track_running_stats=True)
     frozen.load_state_dict(bn.state_dict())
-    if frozen.affine:
-        frozen.weight.requires_grad_(not frozen_affine)
-        frozen.bias.requires_grad_(not frozen_affine)
     return frozen
 
 
@@ -213,18 +212,14 @@ def _sync(bn: _BatchNorm) -> SyncBatchNorm:
     return sync
 
 
-def _group(bn: _BatchNorm, groups: int) -> nn.GroupNorm:
-    return nn.GroupNorm(group_count(bn.num_features, groups), bn.num_features, eps=bn.eps, affine=bn.affine)
+def _group(bn: _BatchNorm) -> nn.GroupNorm:
+    return nn.GroupNorm(group_count(bn.num_features, GROUPS), bn.num_features, eps=bn.eps, affine=bn.affine)
 
 
-def convert_norms(model: nn.Module, norm: str, groups: int = 32, frozen_affine: bool = False) -> int:
-    """Swap the BatchNorm layers of ``model`` in place for model.norm's kind; returns how many were swapped.
-    ``groups``: model.norm_groups (group); ``frozen_affine``: model.norm_frozen_affine (frozen)."""
+def convert_norms(model: nn.Module, norm: str) -> int:
+    """Swap the BatchNorm layers of ``model`` in place for model.norm's kind; returns how many were swapped."""
     if norm not in NORMS:
         raise ValueError(f"unknown norm '{norm}'; expected one of {', '.join(NORMS)}")
     if norm == "batch":
         return 0
-    make = {"frozen": lambda bn: _frozen(bn, frozen_affine), "sync": _sync, "group": lambda bn: _group(bn, groups)}[
-        norm
-    ]
-    return _replace(model, make)
+    return _replace(model, {"frozen": _frozen, "sync": _sync, "group": _group}[norm])

@@ -10,54 +10,38 @@ backbone gives one feature vector per chunk, and the head sees the whole sequenc
     ->  clip logits [B, K]  and  chunk logits [B, n, K] (each token through the classifier: the timeline and
                                                          ``train.chunk_loss: dense``)
 
-- ``attention``: each chunk's feature projected to ``temporal_width`` plus its position, pooled by attention with
-  a learned query; chunk logits see their own chunk only.
-- ``transformer``: the same, after ``temporal_layers`` pre-norm encoder layers over the chunk tokens, so each
-  chunk's logits (the timeline) see context from both sides. Its attention is ``directional`` by default: half
-  the heads of each layer attend to the chunks up to their own, the other half to the chunks from their own on
-  (the forward and backward masks of DiSAN, Shen et al., AAAI 2018), so order is in the tokens from the first
-  step (a token averaging every chunk is the same whatever their order); ``bidirectional``: every head attends
-  to every chunk.
-- ``transformer`` puts each chunk's features through a LayerNorm before the projection (``input_norm``,
-  ``model.temporal_input_norm``): the backbone's pooled features shift and scale with the whole clip (its
-  brightness, its contrast), which would move every token of the clip and drown the positions added to them.
-  Not the ``attention`` head's: with no encoder, its order comes from positions alone, which normalized features
-  drown.
-- ``transformer`` also gives each token its chunk's contrast (``contrast``, ``model.temporal_contrast``): the
-  chunk's difference from the clip's mean chunk, over the clip's root mean square difference, beside its own
-  normalized features. In a long clip most chunks look alike (the scene, the background) and the few that differ
-  carry the label; the contrast removes what all chunks share and keeps how much each differs (one scale a clip:
-  a chunk that differs little stays small), so attention can pick the events out from the start. Its own features
-  stay beside it, so a clip whose chunks all show the same action keeps its content.
-- ``transformer`` with ``running`` (``model.temporal_running``, on by default) also gives each token the running
-  sum of the contrast up to its chunk, over one scale a clip: how much of each kind of event has come so far, for
-  labels that relate far events (does the end match the start, which half held more of one event).
-- ``transformer`` with ``event_contrast`` (``model.temporal_event_contrast``) also gives each token the running sum
-  of its clip's event contrast (``clip_event_contrast``): each chunk's contrast against the mean of its clip's events,
-  the chunks that differ from their clip more than its median chunk does. What every event shares (that something
-  happens: a square crossing, a flash) drops out and what sets one event apart from the others (its kind) stays, at
-  one scale a clip: kinds of event that lie close together beside how far any event lies from the background (a
-  direction of motion beside the square that moves) are counted as the running sum counts kinds that lie far apart.
+- ``attention``: each chunk's feature projected to ``WIDTH`` plus its position, pooled by attention with a learned
+  query; chunk logits see their own chunk only. Its order comes from the positions alone.
+- ``transformer``: the same, after ``LAYERS`` pre-norm encoder layers over the chunk tokens, so each chunk's logits
+  (the timeline) see context from both sides. Its attention is directional: half the heads of each layer attend to
+  the chunks up to their own, the other half to the chunks from their own on (the forward and backward masks of
+  DiSAN, Shen et al., AAAI 2018), so order is in the tokens from the first step (a token averaging every chunk is
+  the same whatever their order). Each token is made of three parts of its chunk:
 
-What each of these choices measured against its alternative: docs/long-videos.md and bench/RESULTS.md ("Long-range
-tasks").
+  - its features through a LayerNorm: the backbone's pooled features shift and scale with the whole clip (its
+    brightness, its contrast), which would move every token of the clip and drown the positions added to them;
+  - its contrast (``clip_contrast``): the chunk's difference from the clip's mean chunk, over the clip's root mean
+    square difference. In a long clip most chunks look alike (the scene, the background) and the few that differ
+    carry the label; the contrast removes what all chunks share and keeps how much each differs (one scale a clip),
+    so attention can pick the events out from the start;
+  - the running sum of the contrast up to the chunk (``running_contrast``): how much of each kind of event has come
+    so far, for labels that relate far events (does the end match the start, which half held more of one event).
 - ``tcn``: a multi-stage temporal convolutional network as MS-TCN (Farha and Gall, CVPR 2019) defines it, the
-  temporal action segmentation baseline: ``temporal_stages`` stages of ``temporal_tcn_layers`` dilated residual
-  layers (kernel 3, dilation 1, 2, 4, ...: a receptive field of 2^layers chunks), each later stage refining the
-  softmax of the one before; linear in the number of chunks, so a whole video of thousands of chunks trains in
-  one forward. Clip logits are its last stage's chunk logits averaged. Its per-stage logits (``HeadOutput.stages``)
-  train with the paper's loss: cross-entropy on every stage plus 0.15 x the truncated MSE of neighbouring chunks'
-  log-probabilities (engine.training.step).
+  temporal action segmentation baseline: ``TCN_STAGES`` stages of ``TCN_LAYERS`` dilated residual layers (kernel 3,
+  dilation 1, 2, 4, ...: a receptive field of 2^layers chunks), each later stage refining the softmax of the one
+  before; linear in the number of chunks, so a whole video of thousands of chunks trains in one forward. Clip logits
+  are its last stage's chunk logits averaged. Its per-stage logits (``HeadOutput.stages``) train with the paper's
+  loss: cross-entropy on every stage plus 0.15 x the truncated MSE of neighbouring chunks' log-probabilities
+  (engine.training.step).
 
 ``mask`` [B, n] (True for real chunks) lets clips of different lengths share a batch (features of whole videos,
 padded): padded chunks change nothing in the real ones' outputs.
 
 At inference the head sees at most as many chunks at once as it was trained on (``chunks_at_once``,
 ``infer.head_chunks``: auto; the chunks it trains on are counted in the ``trained_chunks`` buffer, saved with
-its weights). A longer video runs in windows of that many chunks overlapping by half, each window's positions
-counted from its first chunk as a training clip's are; each chunk keeps the outputs of the window it is most
-central in. The clip logits come from one pass over every chunk: a label about the whole video needs all of it.
-Why (measured on both kinds of label): docs/long-videos.md.
+its weights). A longer video runs in spans of that many chunks overlapping by half, each span's positions counted
+from its first chunk as a training clip's are; each chunk keeps the outputs of the span it is most central in. The
+clip logits come from one pass over every chunk: a label about the whole video needs all of it.
 
 Positions are sinusoidal encodings of each chunk's centre and length in video frames (the clip's frame stride is
 in them): defined for any number of chunks and any length, so a 100,000-frame video at inference neither fails nor
@@ -74,12 +58,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from config.schema import InferConfig, ModelConfig
 from models.chunk_attention import Encoder, EncoderLayer
 
-_MODEL, _INFER = ModelConfig(), InferConfig()  # the config's defaults: the one home of each, taken here too
-
-HEADS = ("none", "attention", "transformer", "tcn")
+WIDTH = 64  # the tokens of the attention and transformer heads, and MS-TCN's feature maps
+ATTENTION_HEADS = 4
+LAYERS = 2  # the transformer head's encoder layers
+TCN_STAGES, TCN_LAYERS, TCN_DROPOUT = 4, 10, 0.5  # MS-TCN's
 
 
 class HeadOutput(NamedTuple):
@@ -156,25 +140,6 @@ def clip_contrast(features: torch.Tensor, mask: torch.Tensor | None) -> torch.Te
     return (centred / (scale + 1e-6)).to(features.dtype)
 
 
-def clip_event_contrast(contrast: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """[B, n, D] the contrast of ``clip_contrast`` -> each chunk's difference from the mean of its clip's events,
-    the chunks whose contrast is larger than the clip's (lower) median chunk's, each weighted by how much larger;
-    the chunks at or below the median are zero. Over each clip's real chunks of ``mask`` (padded ones are zero),
-    divided by the clip's root mean square (one scale a clip), which is held to at least a hundredth of the
-    contrast's: a clip whose events are all alike gives (nearly) zeros, not their noise blown up."""
-    real = real_chunks(contrast, mask)
-    x = contrast.float() * real
-    size = x.detach().pow(2).sum(dim=-1, keepdim=True)  # [B, n, 1]: how much each chunk differs from its clip
-    count = real.sum(dim=1, keepdim=True).long()  # [B, 1, 1]
-    ranked = size.masked_fill(real == 0, float("inf")).sort(dim=1).values
-    median = ranked.gather(1, (count - 1).clamp_min(0) // 2)
-    above = (size - median).clamp_min(0) * real
-    mean = (above * x).sum(dim=1, keepdim=True) / above.sum(dim=1, keepdim=True).clamp_min(1e-12)
-    events = (x - mean) * (above / above.amax(dim=1, keepdim=True).clamp_min(1e-12)).sqrt()
-    scale = torch.maximum(clip_rms(events, real), 1e-2 * clip_rms(x, real))
-    return (events / (scale + 1e-6)).to(contrast.dtype)
-
-
 def running_contrast(contrast: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """[B, n, D] the contrast of ``clip_contrast`` -> its running sum over the chunks up to each (in time order),
     divided by the clip's root mean square of it (one scale a clip). How much of each kind of event has come so
@@ -185,8 +150,8 @@ def running_contrast(contrast: torch.Tensor, mask: torch.Tensor | None) -> torch
     return (running / (clip_rms(running, real) + 1e-6)).to(contrast.dtype)
 
 
-def window_starts(n: int, size: int) -> list[int]:
-    """The first chunk of each window of ``size`` chunks over ``n`` (> size), overlapping by half, the last
+def span_starts(n: int, size: int) -> list[int]:
+    """The first chunk of each span of ``size`` chunks over ``n`` (> size), overlapping by half, the last
     ending with the last chunk."""
     hop = max(size - size // 2, 1)
     starts = list(range(0, n - size, hop))
@@ -194,17 +159,17 @@ def window_starts(n: int, size: int) -> list[int]:
 
 
 def most_central(n: int, size: int, starts: list[int]) -> torch.Tensor:
-    """[n] for each chunk the index of the window of ``size`` chunks (``starts``) where it is farthest from a window
+    """[n] for each chunk the index of the span of ``size`` chunks (``starts``) where it is farthest from a span's
     edge."""
     index = torch.arange(n)
     begin = torch.tensor(starts)
-    inside = (index[:, None] >= begin[None]) & (index[:, None] < begin[None] + size)  # [n, windows]
+    inside = (index[:, None] >= begin[None]) & (index[:, None] < begin[None] + size)  # [n, spans]
     margin = torch.minimum(index[:, None] - begin[None], begin[None] + size - 1 - index[:, None])
     return torch.where(inside, margin, -1).argmax(dim=1)
 
 
 class TemporalHead(nn.Module):
-    """What every kind of head shares: the count of the chunks it trained on, and inference in windows of that many
+    """What every kind of head shares: the count of the chunks it trained on, and inference in spans of that many
     (the module docstring). A kind defines ``_forward``: features [B, n, D] at windows -> HeadOutput."""
 
     kind = ""
@@ -225,7 +190,7 @@ class TemporalHead(nn.Module):
     def forward(self, features: torch.Tensor, windows: torch.Tensor, mask: torch.Tensor | None = None) -> HeadOutput:
         """Clip logits [B, K] and chunk logits [B, n, K] of chunk features [B, n, D] at ``windows``; ``mask``
         [B, n] marks the real chunks of padded clips (None: all are). In training the clip lengths are counted
-        (``trained_chunks``); at inference a clip longer than ``reach()`` runs in windows."""
+        (``trained_chunks``); at inference a clip longer than ``reach()`` runs in spans of that many chunks."""
         if self.training:
             with torch.no_grad():
                 real = torch.tensor(features.shape[1]) if mask is None else mask.sum(dim=1).max()
@@ -234,16 +199,16 @@ class TemporalHead(nn.Module):
         else:
             reach = self.reach()
             if reach is not None and features.shape[1] > reach:
-                return self._in_windows(features, windows, mask, reach)
+                return self._in_spans(features, windows, mask, reach)
         return self._forward(features, windows, mask)
 
     def _forward(self, features: torch.Tensor, windows: torch.Tensor, mask: torch.Tensor | None = None) -> HeadOutput:
         raise NotImplementedError
 
-    def _in_windows(
+    def _in_spans(
         self, features: torch.Tensor, windows: torch.Tensor, mask: torch.Tensor | None, reach: int
     ) -> HeadOutput:
-        """Each clip's real chunks in windows of ``reach`` chunks (module docstring), outputs back in place."""
+        """Each clip's real chunks in spans of ``reach`` chunks (module docstring), outputs back in place."""
         batch, n = features.shape[:2]
         windows = windows.expand(batch, *windows.shape[-2:]) if windows.dim() == 2 else windows
         clips, chunk_out, stage_out = [], None, None
@@ -266,106 +231,77 @@ class TemporalHead(nn.Module):
 
     def _stitched(self, x: torch.Tensor, at: torch.Tensor, reach: int) -> tuple[list, torch.Tensor]:
         """One clip's chunk features [1, n, D] at ``at`` [n, 2]: its chunk outputs (the chunk logits, then each tcn
-        stage's) through windows of ``reach`` chunks, each from the window the chunk is most central in; its clip
+        stage's) through spans of ``reach`` chunks, each from the span the chunk is most central in; its clip
         logits from one pass over every chunk (a label about the whole video needs all of it)."""
         n = x.shape[1]
-        starts = window_starts(n, reach)
+        starts = span_starts(n, reach)
         outs = [self._forward(x[:, s : s + reach], at[s : s + reach] - at[s, 0]) for s in starts]
         pick = most_central(n, reach, starts).to(x.device)
         offset = torch.arange(n, device=x.device) - torch.tensor(starts, device=x.device)[pick]
-        per_window = [[o.chunks, *(o.stages or [])] for o in outs]  # each [1, reach, K]
-        parts = [torch.cat([w[i] for w in per_window])[pick, offset][None] for i in range(len(per_window[0]))]
+        per_span = [[o.chunks, *(o.stages or [])] for o in outs]  # each [1, reach, K]
+        parts = [torch.cat([w[i] for w in per_span])[pick, offset][None] for i in range(len(per_span[0]))]
         return parts, self._forward(x, at).clip
 
 
 class AttentionHead(TemporalHead):
-    """``attention``: each chunk's features projected to ``width`` plus its position, pooled by attention with a
+    """``attention``: each chunk's features projected to ``WIDTH`` plus its position, pooled by attention with a
     learned query; chunk logits see their own chunk only."""
 
     kind = "attention"
 
-    def __init__(
-        self,
-        feature_dim: int,
-        num_classes: int,
-        width: int,
-        heads: int,
-        dropout: float,
-        chunks_at_once: int | str,
-    ):
+    def __init__(self, feature_dim: int, num_classes: int, chunks_at_once: int | str):
         super().__init__(chunks_at_once)
-        self.width, self.heads = width, heads
-        self.input_norm, self.contrast, self.running, self.encoder, self.directional = None, False, False, None, False
-        self.event_contrast = False
-        self.project = nn.Linear(feature_dim, width)
-        self._add_pooling(num_classes, dropout)
+        self.project = nn.Linear(feature_dim, WIDTH)
+        self.encoder = None  # the transformer's
+        self._add_pooling(num_classes)
 
-    def _add_pooling(self, num_classes: int, dropout: float) -> None:
-        self.query = nn.Parameter(torch.randn(1, 1, self.width) * 0.02)
-        self.pool = nn.MultiheadAttention(self.width, self.heads, dropout=dropout, batch_first=True)
-        self.norm = nn.LayerNorm(self.width)
-        self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(self.width, num_classes))
+    def _add_pooling(self, num_classes: int) -> None:
+        self.query = nn.Parameter(torch.randn(1, 1, WIDTH) * 0.02)
+        self.pool = nn.MultiheadAttention(WIDTH, ATTENTION_HEADS, batch_first=True)
+        self.norm = nn.LayerNorm(WIDTH)
+        # a Sequential whose second entry is the linear layer: the checkpoints' key (classifier.1.*)
+        self.classifier = nn.Sequential(nn.Identity(), nn.Linear(WIDTH, num_classes))
 
-    def positions(self, windows: torch.Tensor) -> torch.Tensor:
-        """[..., n, 2] chunk windows in video frames -> [..., n, width]: centre and length, half the width each."""
+    @staticmethod
+    def positions(windows: torch.Tensor) -> torch.Tensor:
+        """[..., n, 2] chunk windows in video frames -> [..., n, WIDTH]: centre and length, half the width each."""
         windows = windows.float()
         centre, length = windows.mean(dim=-1), windows[..., 1] - windows[..., 0]
-        return torch.cat(
-            [sinusoidal(centre, self.width // 2), sinusoidal(length, self.width - self.width // 2)], dim=-1
-        )
+        return torch.cat([sinusoidal(centre, WIDTH // 2), sinusoidal(length, WIDTH - WIDTH // 2)], dim=-1)
+
+    def _tokens(self, features: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return features
 
     def _forward(self, features: torch.Tensor, windows: torch.Tensor, mask: torch.Tensor | None = None) -> HeadOutput:
-        raw = features
-        if self.input_norm is not None:
-            features = self.input_norm(features)
-        if self.contrast or self.running or self.event_contrast:
-            contrast = clip_contrast(raw, mask)
-            extra = ([contrast] if self.contrast else []) + ([running_contrast(contrast, mask)] if self.running else [])
-            if self.event_contrast:
-                extra.append(running_contrast(clip_event_contrast(contrast, mask), mask))
-            features = torch.cat([features, *extra], dim=-1)
+        features = self._tokens(features, mask)
         tokens = self.project(features) + self.positions(windows.to(features.device)).to(features.dtype)
         padding = None if mask is None else ~mask.to(features.device)
         if self.encoder is not None:
-            tokens = self.encoder(tokens, None if mask is None else mask.to(features.device), self.directional)
+            tokens = self.encoder(tokens, None if mask is None else mask.to(features.device))
         query = self.query.expand(tokens.shape[0], -1, -1).to(tokens.dtype)
         pooled, _ = self.pool(query, tokens, tokens, key_padding_mask=padding, need_weights=False)
         return HeadOutput(self.classifier(self.norm(pooled[:, 0])), self.classifier(self.norm(tokens)))
 
 
 class TransformerHead(AttentionHead):
-    """``transformer``: the attention head after ``layers`` pre-norm encoder layers over the chunk tokens, with
-    the input LayerNorm, the contrast features and the directional attention of the module docstring."""
+    """``transformer``: the attention head after ``LAYERS`` pre-norm encoder layers with directional attention over
+    the chunk tokens, each token made of its chunk's normalized features, its contrast and the contrast's running
+    sum (the module docstring)."""
 
     kind = "transformer"
 
-    def __init__(
-        self,
-        feature_dim: int,
-        num_classes: int,
-        width: int,
-        heads: int,
-        dropout: float,
-        layers: int,
-        attention: str,
-        input_norm: bool,
-        contrast: bool,
-        chunks_at_once: int | str,
-        running: bool,
-        event_contrast: bool = _MODEL.temporal_event_contrast,
-    ):
-        if attention not in ("directional", "bidirectional"):
-            raise ValueError(f"unknown temporal attention '{attention}'; expected directional or bidirectional")
+    def __init__(self, feature_dim: int, num_classes: int, chunks_at_once: int | str):
         # TemporalHead's, not AttentionHead's: the layers register in the order of the checkpoints (and of the
         # optimizer states) this head has always saved: input norm, projection, encoder, pooling
         TemporalHead.__init__(self, chunks_at_once)
-        self.width, self.heads = width, heads
-        self.directional, self.contrast, self.running = attention == "directional", contrast, running
-        self.event_contrast = event_contrast
-        self.input_norm = nn.LayerNorm(feature_dim) if input_norm else None
-        self.project = nn.Linear(feature_dim * (1 + contrast + running + event_contrast), width)
-        self.encoder = Encoder(EncoderLayer(width, heads, dropout), layers)
-        self._add_pooling(num_classes, dropout)
+        self.input_norm = nn.LayerNorm(feature_dim)
+        self.project = nn.Linear(3 * feature_dim, WIDTH)  # features, contrast, running sum
+        self.encoder = Encoder(EncoderLayer(WIDTH, ATTENTION_HEADS), LAYERS)
+        self._add_pooling(num_classes)
+
+    def _tokens(self, features: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        contrast = clip_contrast(features, mask)
+        return torch.cat([self.input_norm(features), contrast, running_contrast(contrast, mask)], dim=-1)
 
 
 class TCNHead(TemporalHead):
@@ -374,20 +310,11 @@ class TCNHead(TemporalHead):
 
     kind = "tcn"
 
-    def __init__(
-        self,
-        feature_dim: int,
-        num_classes: int,
-        width: int,
-        stages: int,
-        layers: int,
-        dropout: float,
-        chunks_at_once: int | str,
-    ):
+    def __init__(self, feature_dim: int, num_classes: int, chunks_at_once: int | str):
         super().__init__(chunks_at_once)
-        self.width = width
         self.stages = nn.ModuleList(
-            TCNStage(feature_dim if i == 0 else num_classes, width, num_classes, layers, dropout) for i in range(stages)
+            TCNStage(feature_dim if i == 0 else num_classes, WIDTH, num_classes, TCN_LAYERS, TCN_DROPOUT)
+            for i in range(TCN_STAGES)
         )
 
     def _forward(self, features: torch.Tensor, windows: torch.Tensor, mask: torch.Tensor | None = None) -> HeadOutput:
@@ -407,58 +334,27 @@ class TCNHead(TemporalHead):
         return HeadOutput(clip, chunks[-1], chunks)
 
 
+KINDS = {"attention": AttentionHead, "transformer": TransformerHead, "tcn": TCNHead}
+
+
 def temporal_head(
-    feature_dim: int,
-    num_classes: int,
-    kind: str = "transformer",
-    width: int = _MODEL.temporal_width,
-    layers: int = _MODEL.temporal_layers,
-    heads: int = _MODEL.temporal_attention_heads,
-    dropout: float = _MODEL.temporal_dropout,
-    tcn_dropout: float = _MODEL.temporal_tcn_dropout,
-    stages: int = _MODEL.temporal_stages,
-    tcn_layers: int = _MODEL.temporal_tcn_layers,
-    attention: str = _MODEL.temporal_attention,
-    input_norm: bool = _MODEL.temporal_input_norm,
-    contrast: bool = _MODEL.temporal_contrast,
-    chunks_at_once: int | str = _INFER.head_chunks,
-    running: bool = _MODEL.temporal_running,
-    event_contrast: bool = _MODEL.temporal_event_contrast,
+    feature_dim: int, num_classes: int, kind: str = "transformer", chunks_at_once: int | str = "auto"
 ) -> TemporalHead:
-    """The head of ``kind`` with the settings that kind has (models.temporal_settings: the model section's); the
-    others are not its own and are left out. What is not given is the config's default (config/schema.py)."""
-    if kind == "attention":
-        return AttentionHead(feature_dim, num_classes, width, heads, dropout, chunks_at_once)
-    if kind == "transformer":
-        return TransformerHead(
-            feature_dim,
-            num_classes,
-            width,
-            heads,
-            dropout,
-            layers,
-            attention,
-            input_norm,
-            contrast,
-            chunks_at_once,
-            running,
-            event_contrast,
-        )
-    if kind == "tcn":
-        return TCNHead(feature_dim, num_classes, width, stages, tcn_layers, tcn_dropout, chunks_at_once)
-    raise ValueError(f"unknown temporal head '{kind}'; expected one of {', '.join(HEADS[1:])}")
+    """The head of ``kind`` (model.temporal_head); ``chunks_at_once``: infer.head_chunks."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown temporal head '{kind}'; expected one of {', '.join(KINDS)}")
+    return KINDS[kind](feature_dim, num_classes, chunks_at_once)
 
 
 class FeatureHead(nn.Module):
     """The temporal head alone, over chunk features read from files (training on features, data.features_dir).
     Its state dict is the end-to-end classifier's ``temporal.*`` entries, so either loads into the other
-    (eval.py and infer_chunked.py pair it with the backbone; model.temporal_head_init starts end-to-end training
-    from it)."""
+    (eval.py and infer_chunked.py pair it with the backbone)."""
 
-    def __init__(self, feature_dim: int, num_classes: int, **temporal):
+    def __init__(self, feature_dim: int, num_classes: int, kind: str, chunks_at_once: int | str = "auto"):
         super().__init__()
         self.feature_dim = feature_dim
-        self.temporal = temporal_head(feature_dim, num_classes, **temporal)
+        self.temporal = temporal_head(feature_dim, num_classes, kind, chunks_at_once)
 
     def forward(self, features: torch.Tensor, windows: torch.Tensor, mask: torch.Tensor | None = None) -> HeadOutput:
         return self.temporal(features, windows, mask)

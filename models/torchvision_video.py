@@ -116,7 +116,7 @@ class TorchvisionMViT(StagedBackbone):
         x = net.pos_encoding(net.conv_proj(x).flatten(2).transpose(1, 2))
         thw = (net.pos_encoding.temporal_size,) + tuple(net.pos_encoding.spatial_size)
         for block in net.blocks:
-            if self.grad_checkpointing and self.training and torch.is_grad_enabled():
+            if self.recompute_blocks and self.training and torch.is_grad_enabled():
                 x, thw = recompute_in_backward(block, block, x, thw)
             else:
                 x, thw = block(x, thw)

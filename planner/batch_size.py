@@ -1,6 +1,6 @@
 """The decisions taken from the estimates: ``data.batch_size: auto`` / ``--fit-budget`` (the largest micro-batch
-that fits, with the accumulation that keeps the global batch), ``train.recompute: auto`` (the training chunks whose
-activations the budget holds) and ``infer_chunked.py --batch auto``."""
+that fits, with the accumulation that keeps the global batch), the training chunks whose activations the budget
+holds, and ``infer_chunked.py --batch auto``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from datasets.shape import DataShape
 from planner.estimate import margin_text, usable_bytes
 from planner.memory_table import nothing_fits
 from planner.project import (
+    LoopStep,
     clip_frames,
     config_training_estimate,
     graph_chunk_count,
@@ -24,7 +25,7 @@ from planner.project import (
 log = logging.getLogger("longvideo")
 
 
-def batch_for_budget(cfg: Config, runtime: Runtime, data_shape: DataShape) -> Config:
+def batch_for_budget(cfg: Config, runtime: Runtime, data_shape: DataShape, step: LoopStep) -> Config:
     """data.batch_size: auto (or --fit-budget): the largest micro-batch whose estimate fits the budget, and the
     accumulation that keeps the global batch (train.global_batch_size, or batch x accumulation as written).
     Returns a new config holding the decision (the run's config.yaml and checkpoints record it)."""
@@ -33,9 +34,9 @@ def batch_for_budget(cfg: Config, runtime: Runtime, data_shape: DataShape) -> Co
     cuda = runtime.device.type == "cuda"
     usable = usable_bytes(budget, cuda)
     frames = clip_frames(cfg.data)
-    fitting, tried = largest_batch(cfg, frames, usable, **shape)
+    fitting, tried = largest_batch(cfg, step, frames, usable, **shape)
     if not fitting:
-        raise ConfigError(nothing_fits(cfg, frames, tried[0][1].peak, usable, budget, cuda, shape))
+        raise ConfigError(nothing_fits(cfg, step, frames, tried[0][1].peak, usable, budget, cuda, shape))
     global_batch = train_cfg.global_batch_size
     if global_batch is None and data.batch_size != "auto":
         global_batch = data.batch_size * train_cfg.accumulate_grad_batches * runtime.world_size
@@ -49,7 +50,9 @@ def batch_for_budget(cfg: Config, runtime: Runtime, data_shape: DataShape) -> Co
         per_process = global_batch // runtime.world_size
         batch = max(b for b in range(1, min(fitting, per_process) + 1) if per_process % b == 0)
         accumulate = per_process // batch
-    estimate = next((e for b, e in tried if b == batch), None) or config_training_estimate(cfg, frames, batch, **shape)
+    estimate = next((e for b, e in tried if b == batch), None) or config_training_estimate(
+        cfg, step, frames, batch, **shape
+    )
     log.info(
         "memory budget: batch %d x %d accumulated x %d processes (largest batch that fits: %d), estimated "
         "peak %.2f GiB of %s",
@@ -64,13 +67,12 @@ def batch_for_budget(cfg: Config, runtime: Runtime, data_shape: DataShape) -> Co
     return apply_flags(cfg, {"data.batch_size": (fitted, batch), "train.accumulate_grad_batches": (fitted, accumulate)})
 
 
-def chunks_to_keep(cfg: Config, runtime: Runtime, data_shape: DataShape) -> int:
-    """train.recompute: auto: how many training chunks keep their activations (the last of each clip; the rest are
-    recomputed in backward): the most whose estimated step fits trainer.memory_budget_gb at the run's batch, so
-    recomputation is paid only where the budget forces it. 0 (every chunk recomputed, as recompute: all) without
-    training chunks, with recompute: all, or without a budget (said in the log)."""
-    train_cfg = cfg.train
-    if train_cfg.recompute == "all" or train_cfg.chunk_train_size == -1:
+def chunks_to_keep(cfg: Config, runtime: Runtime, data_shape: DataShape, step: LoopStep) -> int:
+    """How many training chunks keep their activations (the last of each clip; the rest are recomputed in
+    backward): the most whose estimated step fits trainer.memory_budget_gb at the run's batch, so recomputation is
+    paid only where the budget forces it. 0 (every chunk recomputed) without training chunks or without a budget
+    (said in the log)."""
+    if cfg.train.chunk_train_size == -1:
         return 0
     frames = clip_frames(cfg.data)
     chunks = graph_chunk_count(cfg, frames)
@@ -79,13 +81,14 @@ def chunks_to_keep(cfg: Config, runtime: Runtime, data_shape: DataShape) -> int:
     budget = cfg.trainer.memory_budget_gb
     if not budget:
         log.info(
-            "train.recompute: auto without trainer.memory_budget_gb: every training chunk is recomputed in "
-            "backward (as recompute: all); with a budget, the chunks it holds keep their activations"
+            "training chunks without trainer.memory_budget_gb: every training chunk is recomputed in backward; with "
+            "a budget, the chunks it holds keep their activations"
         )
         return 0
     cuda = runtime.device.type == "cuda"
     kept, peaks = most_chunks_kept(
         cfg,
+        step,
         frames,
         cfg.data.batch_size,
         usable_bytes(budget, cuda),
@@ -94,7 +97,7 @@ def chunks_to_keep(cfg: Config, runtime: Runtime, data_shape: DataShape) -> int:
     )
     peak = peaks[kept]
     log.info(
-        "train.recompute: auto: keeping the activations of %d of %d training chunks, recomputing %d in "
+        "the memory budget: keeping the activations of %d of %d training chunks, recomputing %d in "
         "backward (estimated peak %.2f GiB of %s)",
         kept,
         chunks,

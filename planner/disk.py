@@ -23,13 +23,14 @@ from torch import nn
 
 from config import Config
 from core.files import free_bytes
-from planner.estimate import OPTIMIZER_STATES, MiB
+from planner.estimate import MiB
 
 log = logging.getLogger("longvideo")
 CHECKPOINT_EXTRAS = 256 * 1024  # the config, class names, RNG states, history and the zip's own records
 LOG_BYTES_PER_STEP = 600  # one train.log line (~200 bytes) and one memory.csv row (~400)
 LOG_BYTES_PER_EPOCH = 1500  # the epoch's train.log lines and its metrics.csv row
 PLOT_BYTES = 2 * 150 * 1024  # training_curves.png and confusion_matrix.png
+OPTIMIZER_STATES = {"adamw": 2, "sgd": 1}  # state tensors per parameter a checkpoint holds (SGD: momentum)
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,8 @@ def checkpoint_bytes(model: nn.Module, optimizer: str) -> int:
 
 def disk_plan(cfg: Config, model: nn.Module, steps_per_epoch: int, bank_bytes: int = 0) -> DiskPlan:
     """``bank_bytes``: train.feature_bank's size (the run knows it once its training set is read)."""
-    train, epochs = cfg.train, cfg.trainer.max_epochs
-    logged_steps = epochs * math.ceil(steps_per_epoch / train.log_every)
+    train, epochs = cfg.train, cfg.train.max_epochs
+    logged_steps = epochs * math.ceil(steps_per_epoch / cfg.trainer.log_every)
     return DiskPlan(
         checkpoint_bytes(model, train.optimizer),
         train.keep_last_k + 3,

@@ -1,20 +1,22 @@
 """The device memory of one training step (or one chunked inference forward), estimated on any machine.
 
-The project's real step runs on fake tensors (``torch._subclasses.fake_tensor.FakeTensorMode``: shapes and
-dtypes, no data, no memory) while :class:`LiveBytes`, a dispatch mode, counts the bytes of every live storage,
-each rounded up to the CUDA caching allocator's 512-byte blocks, and records the peak and what was alive then.
+train.py's own step (its ``forward_backward`` and ``optimizer_step``, handed in by the script) runs on fake tensors
+(``torch._subclasses.fake_tensor.FakeTensorMode``: shapes and dtypes, no data, no memory) while :class:`LiveBytes`,
+a dispatch mode, counts the bytes of every live storage, each rounded up to the CUDA caching allocator's 512-byte
+blocks, and records the peak and what was alive then.
 
-What is modelled: parameters and buffers, gradients (fp32, kept between micro-batches under accumulation), the
-optimizer state (AdamW: 2 tensors per parameter; SGD with momentum: 1) and the parameter-sized temporaries of
-torch's foreach optimizer step, the uint8 clip on the device and everything the forward and backward allocate:
-activations saved for backward, recomputed ones (gradient checkpointing, chunked training), temporaries.
-Mixed precision follows CUDA's autocast: the step runs on fake *CPU* tensors (backward on fake CUDA tensors asks
-the driver for a device, pytorch/pytorch#92627) and :class:`CudaAutocast` casts as CUDA's autocast does
-(CPU autocast's own policy differs: it also casts pooling and norms to fp32).
+What it counts: parameters and buffers, gradients (kept between micro-batches under accumulation), the optimizer's
+state and its step's temporaries (torch's foreach implementation, as on CUDA), the uint8 clip on the device and
+everything the forward and backward allocate: activations saved for backward, recomputed ones (recomputed blocks,
+chunked training), temporaries. Mixed precision follows CUDA's autocast: the step runs on fake *CPU* tensors
+(backward on fake CUDA tensors asks the driver for a device, pytorch/pytorch#92627) and :class:`CudaAutocast` casts
+as CUDA's autocast does (CPU autocast's own policy differs: it also casts pooling and norms to fp32). A value the
+step reads back on the host (the scaler's inf/NaN check, a gradient norm's finiteness) is answered as a step that is
+taken: nothing found, finite.
 
-What is not: the CUDA context (outside PyTorch's allocator; 0.3-0.5 GB, so ``CUDA_CONTEXT_BYTES`` is set aside
-from a budget), what the step allocates on a GPU beyond the estimate (0.86-1.01x of allocated measured) and the
-caching allocator's fragmentation (``SAFETY_MARGIN`` of what is left). The estimate compares with
+What it does not count: the CUDA context (outside PyTorch's allocator, so ``CUDA_CONTEXT_BYTES`` is set aside from a
+budget), what the step allocates on a GPU beyond the estimate (cuDNN's workspaces among them) and the caching
+allocator's fragmentation (``SAFETY_MARGIN`` of what is left). The estimate compares with
 ``torch.cuda.max_memory_allocated()``; reserved memory is higher by fragmentation.
 """
 
@@ -29,7 +31,7 @@ from typing import Callable
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -39,13 +41,9 @@ from core.runtime import AUTOCAST_DTYPES
 BLOCK = 512  # the CUDA caching allocator rounds every allocation up to 512 bytes
 MiB, GiB = 2**20, 2**30
 CUDA_CONTEXT_BYTES = GiB // 2  # the CUDA context and cuBLAS/cuDNN handles: outside the allocator's figures
-# of what is left: what the estimate misses on a GPU and the allocator's fragmentation. Measured on an H200
-# (bench/RESULTS.md, GPU suite): the estimate was 0.86-1.01x of max_memory_allocated over the GPU presets, and
-# every batch ran with the allocator capped at the budget less the context up to 0.90 of that cap; at 0.10 the
-# largest batch of gtx1650 and long-video-16gb ran out of memory under that cap. At 0.22 the lowest ratio puts a
-# batch at 0.91 of the cap.
+# of what is left: what the estimate misses on a GPU and the allocator's fragmentation, set from the lowest ratio of
+# estimate to max_memory_allocated measured on the GPU presets (docs/memory-planner.md)
 SAFETY_MARGIN = 0.22
-OPTIMIZER_STATES = {"adamw": 2, "sgd": 1}  # state tensors per parameter (SGD: momentum buffer)
 
 
 def usable_bytes(budget_gb: float, cuda: bool = True) -> int:
@@ -67,154 +65,107 @@ class LiveBytes(TorchDispatchMode):
     """Counts the bytes of live storages (each counted once, however many views share it) and the peak.
 
     Storages created by ops while the mode is active are tracked automatically; tensors made before it
-    (parameters, inputs) are added with :meth:`track`. A storage stops counting when it is freed.
+    (parameters, inputs) are added with :meth:`track`. A storage stops counting when it is freed. Each storage gets
+    a serial, never reused, so what was alive at the peak can be told after it was freed (``bytes_at_peak``).
+    A value the step reads on the host that fake tensors do not have is answered as ``HOST_READS`` says.
     """
 
     def __init__(self):
         super().__init__()
-        # id of a live storage -> (its weak reference, its bytes, its serial): an id is reused once its storage
-        # is freed, so what was alive at the peak is remembered by serial, which a later storage never shares
-        self.entries: dict[int, tuple[weakref.ref, int, int]] = {}
+        self.entries: dict[int, tuple[weakref.ref, int]] = {}  # id of a live storage -> (its weak reference, serial)
+        self.sizes: dict[int, int] = {}  # serial -> bytes, of every storage tracked
         self.serials = itertools.count()
         self.current = 0
         self.peak = 0
         self.alive_at_peak: set[int] = set()
 
-    @staticmethod
-    def storage_key(tensor: torch.Tensor) -> int:
-        return id(tensor.untyped_storage())
+    def serial(self, tensor: torch.Tensor) -> int:
+        """The serial of a tracked tensor's storage."""
+        self.track(tensor)
+        return self.entries[id(tensor.untyped_storage())][1]
 
     def track(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
         key = id(storage)
         if key in self.entries:
             return
-        size = math.ceil(storage.nbytes() / BLOCK) * BLOCK
-        self.entries[key] = (weakref.ref(storage, lambda _, key=key: self._freed(key)), size, next(self.serials))
+        size, serial = math.ceil(storage.nbytes() / BLOCK) * BLOCK, next(self.serials)
+        self.entries[key] = (weakref.ref(storage, lambda _, key=key: self._freed(key)), serial)
+        self.sizes[serial] = size
         self.current += size
         if self.current > self.peak:
             self.reset_peak()
 
+    def forget(self, tensor: torch.Tensor) -> None:
+        """Stop counting a tensor's storage: one the real run keeps on the host."""
+        self._freed(id(tensor.untyped_storage()))
+
     def _freed(self, key: int) -> None:
         entry = self.entries.pop(key, None)
         if entry is not None:
-            self.current -= entry[1]
+            self.current -= self.sizes[entry[1]]
 
     def reset_peak(self) -> None:
         self.peak = self.current
-        self.alive_at_peak = {serial for _, _, serial in self.entries.values()}
+        self.alive_at_peak = {serial for _, serial in self.entries.values()}
 
-    def alive_bytes_at_peak(self, keys: set[int]) -> int:
-        """Bytes of the storages among ``keys`` (still alive now) that were alive at the peak."""
-        alive = [self.entries[k] for k in keys if k in self.entries]
-        return sum(size for _, size, serial in alive if serial in self.alive_at_peak)
+    def bytes_at_peak(self, serials: set[int]) -> int:
+        """Bytes of the storages among ``serials`` that were alive at the peak."""
+        return sum(self.sizes[s] for s in serials & self.alive_at_peak)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        try:
+            out = func(*args, **(kwargs or {}))
+        except DataDependentOutputException:  # a value read on the host: fake tensors have none
+            return HOST_READS[args[0].dtype == torch.bool]
         for value in tree_leaves(out):
             if isinstance(value, torch.Tensor):
                 self.track(value)
         return out
 
 
+# What a host read of a fake tensor answers: the step is one that is taken. A flag (a gradient norm's finiteness)
+# reads True; a number (the scaler's count of inf/NaN gradients, its scale) reads 0.
+HOST_READS = {True: True, False: 0}
+
+
 # CUDA autocast's policy (torch/csrc/autograd/autocast_mode.cpp, the CUDA lists), by op name: ops that run in
 # the lower precision, and ops that run in fp32. Every other op runs in the dtype of its inputs.
-LOWER_PRECISION_OPS = {
-    "conv1d",
-    "conv2d",
-    "conv3d",
-    "conv_transpose1d",
-    "conv_transpose2d",
-    "conv_transpose3d",
-    "convolution",
-    "_convolution",
-    "conv_tbc",
-    "linear",
-    "matmul",
-    "mm",
-    "bmm",
-    "addmm",
-    "addmv",
-    "addr",
-    "baddbmm",
-    "addbmm",
-    "chain_matmul",
-    "multi_dot",
-    "prelu",
-    "scaled_dot_product_attention",
-    "_scaled_dot_product_attention",
-    "lstm_cell",
-    "gru_cell",
-    "rnn_tanh_cell",
-    "rnn_relu_cell",
-    "einsum",
-}
-FP32_OPS = {
-    "softmax",
-    "log_softmax",
-    "layer_norm",
-    "group_norm",
-    "norm",
-    "frobenius_norm",
-    "nuclear_norm",
-    "cosine_similarity",
-    "cross_entropy",
-    "nll_loss",
-    "binary_cross_entropy_with_logits",
-    "kl_div",
-    "l1_loss",
-    "smooth_l1_loss",
-    "huber_loss",
-    "mse_loss",
-    "margin_ranking_loss",
-    "soft_margin_loss",
-    "triplet_margin_loss",
-    "multi_margin_loss",
-    "multilabel_margin_loss",
-    "poisson_nll_loss",
-    "cosine_embedding_loss",
-    "hinge_embedding_loss",
-    "acos",
-    "asin",
-    "cosh",
-    "erfinv",
-    "exp",
-    "expm1",
-    "log",
-    "log10",
-    "log2",
-    "log1p",
-    "reciprocal",
-    "rsqrt",
-    "sinh",
-    "tan",
-    "pow",
-    "softplus",
-    "logsumexp",
-    "cumsum",
-    "cumprod",
-    "prod",
-    "dist",
-    "pdist",
-    "cdist",
-    "renorm",
-    "upsample_trilinear3d",
-    "upsample_bilinear2d",
-    "interpolate",
-}
+LOWER_PRECISION_OPS = set(
+    """
+    conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d convolution _convolution conv_tbc
+    linear matmul mm bmm addmm addmv addr baddbmm addbmm chain_matmul multi_dot prelu
+    scaled_dot_product_attention _scaled_dot_product_attention lstm_cell gru_cell rnn_tanh_cell rnn_relu_cell
+    einsum
+    """.split()
+)
+FP32_OPS = set(
+    """
+    softmax log_softmax layer_norm group_norm norm frobenius_norm nuclear_norm cosine_similarity cross_entropy
+    nll_loss binary_cross_entropy_with_logits kl_div l1_loss smooth_l1_loss huber_loss mse_loss
+    margin_ranking_loss soft_margin_loss triplet_margin_loss multi_margin_loss multilabel_margin_loss
+    poisson_nll_loss cosine_embedding_loss hinge_embedding_loss acos asin cosh erfinv exp expm1 log log10 log2
+    log1p reciprocal rsqrt sinh tan pow softplus logsumexp cumsum cumprod prod dist pdist cdist renorm
+    upsample_trilinear3d upsample_bilinear2d interpolate
+    """.split()
+)
 
 
 class CudaAutocast(TorchFunctionMode):
     """CUDA autocast's casts on tensors of any device (fake CPU tensors here), seen above autograd so the casts
-    are recorded in the graph as autocast's are. Casts of parameters are cached during the forward, as autocast
-    caches the lower-precision copies of leaf tensors that need grad until its context exits. Keep the mode
-    active through backward (with :meth:`end_forward` called first): recomputation (checkpointing) re-runs Python
-    forwards there, each under a fresh autocast context in CUDA's case, so nothing is cached then."""
+    are recorded in the graph as autocast's are. Casts of parameters are cached during a forward
+    (``start_forward`` .. ``end_forward``), as autocast caches the lower-precision copies of leaf tensors that need
+    grad until its context exits. The mode stays active through the backward (``Tensor.backward`` runs with it
+    pushed again): forwards recomputed there (checkpointing) are cast as torch.utils.checkpoint recomputes them,
+    under the autocast state of their first run, each without a cache."""
 
     def __init__(self, dtype: torch.dtype):
         super().__init__()
         self.dtype = dtype
         self.cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.caching = False
+
+    def start_forward(self) -> None:
         self.caching = True
 
     def end_forward(self) -> None:
@@ -234,6 +185,8 @@ class CudaAutocast(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.Tensor.backward:
+            return self._backward(*args, **kwargs)
         name = getattr(func, "__name__", "")
         target = self.dtype if name in LOWER_PRECISION_OPS else torch.float32 if name in FP32_OPS else None
         if target is not None:
@@ -241,10 +194,47 @@ class CudaAutocast(TorchFunctionMode):
             kwargs = {k: self._cast_all(v, target) for k, v in kwargs.items()}
         return func(*args, **kwargs)
 
+    def _backward(self, tensor: torch.Tensor, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+        # a torch function runs with the function modes off: the mode is pushed again, and the backward started from
+        # the tensor's gradient edge (a tensor argument would be a torch function call of its own)
+        with self:
+            edge = torch.autograd.graph.get_gradient_edge(tensor)
+            grad = torch.ones_like(tensor) if gradient is None else gradient
+            torch.autograd.backward(edge, grad_tensors=grad, retain_graph=retain_graph, create_graph=create_graph)
+
     def _cast_all(self, value, dtype):
         if isinstance(value, (list, tuple)):
             return type(value)(self._cast(v, dtype) for v in value)
         return self._cast(value, dtype)
+
+
+class EstimatedRuntime:
+    """What the loop's step asks of its runtime (``core.runtime.Runtime``), for a step on fake CPU tensors: its
+    ``autocast()`` casts as CUDA's autocast does (``CudaAutocast``), and ``active()`` keeps the casts on through the
+    backward and the optimizer step."""
+
+    def __init__(self, precision: str):
+        self.precision = precision
+        dtype = AUTOCAST_DTYPES[precision]
+        self.casts = CudaAutocast(dtype) if dtype is not None else None
+
+    @contextlib.contextmanager
+    def autocast(self):
+        if self.casts is None:
+            yield
+            return
+        self.casts.start_forward()
+        try:
+            yield
+        finally:
+            self.casts.end_forward()
+
+    def active(self):
+        return self.casts if self.casts is not None else contextlib.nullcontext()
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        # the loop's scaler (fp16 needs loss scaling), on the estimate's CPU tensors
+        return torch.amp.GradScaler("cpu", enabled=self.precision == "16")
 
 
 @dataclass
@@ -267,14 +257,6 @@ def _fake_mode():
     return FakeTensorMode(allow_non_fake_inputs=False)
 
 
-class _FullPrecision(contextlib.nullcontext):
-    def __enter__(self):
-        return self
-
-    def end_forward(self) -> None:
-        pass
-
-
 def _on_meta(build_model: Callable[[], nn.Module], fake: bool) -> nn.Module | None:
     """Built on the meta device (no memory, no initialization: some initializers, e.g. truncated normal, read
     values, which fake tensors cannot), outside the fake mode; None for a real run."""
@@ -292,8 +274,8 @@ def _with_storage(model: nn.Module | None, build_model: Callable[[], nn.Module])
     made: dict[int, torch.Tensor] = {}
 
     def fake_like(tensor: torch.Tensor) -> torch.Tensor:
-        if id(tensor) not in made:
-            empty = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+        if id(tensor) not in made:  # its strides too: a model in channels_last_3d keeps its layout
+            empty = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
             made[id(tensor)] = nn.Parameter(empty, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else empty
         return made[id(tensor)]
 
@@ -305,85 +287,83 @@ def _with_storage(model: nn.Module | None, build_model: Callable[[], nn.Module])
     return model
 
 
-def _precision_context(precision: str):
-    dtype = AUTOCAST_DTYPES[precision]
-    return CudaAutocast(dtype) if dtype is not None else _FullPrecision()
-
-
 def estimate_training_step(
     build_model: Callable[[], nn.Module],
     make_inputs: Callable[[], dict],
-    step_loss: Callable[[nn.Module, dict], torch.Tensor],
+    make_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
+    forward_backward: Callable,
+    optimizer_step: Callable,
     precision: str = "32",
-    optimizer: str = "adamw",
     accumulate: int = 1,
     fake: bool = True,
     on_step_start: Callable[[], None] | None = None,
     average_bucket: int = 0,
     ddp_buckets: bool = False,
 ) -> StepEstimate:
-    """Peak device bytes of one training step in its steady state (optimizer state present; under gradient
+    """Peak device bytes of one training step in its steady state (the optimizer's state present; under gradient
     accumulation the gradients of earlier micro-batches alive through the forward).
 
     ``build_model()`` returns the model to train (built inside the fake mode, so its parameters are fake),
-    ``make_inputs()`` the batch as it sits on the device, ``step_loss(model, inputs)`` the loss of one forward.
-    ``precision``: "32", "16" or "bf16" (CUDA's autocast policy). ``fake=False`` runs on real CPU tensors (to
-    check the estimate against a step that really allocates). The optimizer step is modelled, not run (a fake
-    step cannot read its step counter): its state, then one parameter-sized set of temporaries as torch's
-    foreach implementation on CUDA makes. ``on_step_start`` is called as the measured step begins (a benchmark
-    resets the process's peak memory there). ``average_bucket``: under torchrun, the largest bucket the
-    gradients are averaged through after backward (``average_gradients`` of engine/training/oom.py; at most the
-    gradients' size), alive beside them. ``ddp_buckets``: DistributedDataParallel's gradient buckets
-    (train.ddp_sync: during_backward), gradient-sized and alive from the start; the gradients are views of them once a
-    backward synced, but the forward that makes the peak already has them whole, so they are counted beside the
-    gradients.
+    ``make_inputs()`` the batch as it sits on the device, ``make_optimizer(model)`` its optimizer;
+    ``forward_backward(model, inputs, runtime, scaler, weight)`` runs one micro-batch's forward and backward and
+    ``optimizer_step(model, optimizer, scaler)`` the step after them, as the loop runs them. ``precision``: "32",
+    "16" or "bf16" (CUDA's autocast policy). ``fake=False`` runs on real CPU tensors (to check the estimate against a
+    step that really allocates). The steady state comes from one optimizer step over zero gradients before the
+    measured one. ``on_step_start`` is called as the measured step begins (a benchmark resets the process's peak
+    memory there). ``average_bucket``: under torchrun, the largest bucket the gradients are averaged through after
+    backward (``average_gradients`` of engine/training/oom.py; at most the gradients' size), alive beside them.
+    ``ddp_buckets``: DistributedDataParallel's gradient buckets (train.ddp_sync: during_backward), gradient-sized and
+    alive from the start; the gradients are views of them once a backward synced, but the forward that makes the
+    peak already has them whole, so they are counted beside the gradients.
     """
     meta = _on_meta(build_model, fake)
+    runtime = EstimatedRuntime(precision)
     with _fake_mode() if fake else contextlib.nullcontext():
         model = _with_storage(meta, build_model)
         tracker = LiveBytes()
         with tracker:
             params = [p for p in model.parameters()]
-            for tensor in [*params, *model.buffers()]:
-                tracker.track(tensor)
+            parameters = {tracker.serial(t) for t in [*params, *model.buffers()]}
             trained = [p for p in params if p.requires_grad]
-            states = [torch.zeros_like(p) for p in trained for _ in range(OPTIMIZER_STATES[optimizer])]
+            optimizer, scaler = make_optimizer(model), runtime.grad_scaler()
+            for p in trained:
+                p.grad = torch.zeros_like(p)
+            scaler.scale(torch.zeros(()))  # the scaler's scale, as the first scaled loss makes it
+            optimizer_step(model, optimizer, scaler)  # the optimizer's state, as every step after the first has it
+            states = set()
+            for state in optimizer.state.values():
+                for name, value in state.items():
+                    if name == "step" and not value.dim():  # Adam's step count: a host tensor unless fused
+                        tracker.forget(value)
+                    elif isinstance(value, torch.Tensor):
+                        states.add(tracker.serial(value))
             buckets = [torch.empty_like(p) for p in trained] if ddp_buckets else []  # noqa: F841 (alive, counted)
             inputs = make_inputs()
-            for value in tree_leaves(inputs):
-                if isinstance(value, torch.Tensor):
-                    tracker.track(value)
-
-            def forward_backward():
-                with _precision_context(precision) as autocast:
-                    loss = step_loss(model, inputs)
-                    autocast.end_forward()
-                    # backward from the loss's gradient edge, not loss.backward(): that is a torch function, run
-                    # with the function modes off, and the forwards recomputed in backward must see the casts
-                    edge = torch.autograd.graph.get_gradient_edge(loss)
-                    torch.autograd.backward(edge, grad_tensors=torch.ones_like(loss))
-                del loss
-
+            given = {tracker.serial(t) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)}
             if accumulate > 1:
-                forward_backward()  # the gradients of the group's earlier micro-batches
+                with runtime.active():  # the gradients of the group's earlier micro-batches
+                    forward_backward(model, inputs, runtime, scaler, 1 / accumulate)
             tracker.reset_peak()
             before_step = tracker.current
             if on_step_start is not None:
                 on_step_start()
-            forward_backward()
+            with runtime.active():
+                forward_backward(model, inputs, runtime, scaler, 1 / accumulate)
+            gradients = {tracker.serial(p.grad) for p in trained if p.grad is not None}
             if average_bucket:  # the gradients averaged across processes through one bucket, then freed
                 gradient_bytes = sum(p.numel() * p.element_size() for p in trained)
                 bucket = torch.empty(min(average_bucket, gradient_bytes), dtype=torch.uint8)
                 del bucket
-            temporaries = [torch.empty_like(p) for p in trained]  # foreach: a parameter-sized set at once
-            del temporaries
-            keys = {
-                "parameters": {tracker.storage_key(t) for t in [*params, *model.buffers()]},
-                "gradients": {tracker.storage_key(p.grad) for p in trained if p.grad is not None},
-                "optimizer_state": {tracker.storage_key(t) for t in states},
-                "inputs": {tracker.storage_key(t) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)},
+            optimizer_step(model, optimizer, scaler)
+            sizes = {
+                name: tracker.bytes_at_peak(serials)
+                for name, serials in (
+                    ("parameters", parameters),
+                    ("gradients", gradients),
+                    ("optimizer_state", states),
+                    ("inputs", given),
+                )
             }
-            sizes = {name: tracker.alive_bytes_at_peak(group) for name, group in keys.items()}
             peak = tracker.peak
     return StepEstimate(peak=peak, activations=peak - sum(sizes.values()), before_step=before_step, **sizes)
 
@@ -398,6 +378,7 @@ def estimate_inference(
     """Peak device bytes of one inference forward (no graph kept): parameters, inputs and the largest set of
     activations alive at once."""
     meta = _on_meta(build_model, fake)
+    runtime = EstimatedRuntime(precision)
     with _fake_mode() if fake else contextlib.nullcontext():
         model = _with_storage(meta, build_model).eval()
         tracker = LiveBytes()
@@ -408,7 +389,7 @@ def estimate_inference(
             for value in tree_leaves(inputs):
                 if isinstance(value, torch.Tensor):
                     tracker.track(value)
-            with torch.inference_mode(), _precision_context(precision):
+            with torch.inference_mode(), runtime.active(), runtime.autocast():
                 out = forward(model, inputs)
             del out
             return tracker.peak

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from functools import partial
 
 import torch
 from torch import nn
@@ -15,24 +16,30 @@ from config import Config, apply_flags
 from core.errors import ConfigError
 from core.runtime import Runtime
 from engine.training.chunked_forward import ChunkSpec, FeatureHeadForward
-from engine.training.step import training_loss
+from engine.training.optim import build_optimizer, max_grad_norm
+from engine.training.step import training_losses
 from models import build_feature_head
 from planner.estimate import StepEstimate, estimate_training_step, margin_text, usable_bytes
-from planner.project import _largest
+from planner.project import LoopStep, _largest
 
 log = logging.getLogger("longvideo")
 
 
 def feature_training_estimate(
-    cfg: Config, feature_dim: int, chunks: int, batch: int, num_classes: int, precision: str | None = None
+    cfg: Config,
+    step: LoopStep,
+    feature_dim: int,
+    chunks: int,
+    batch: int,
+    num_classes: int,
+    precision: str | None = None,
 ) -> StepEstimate:
     """One training step of the head over ``batch`` videos of ``chunks`` chunks (the longest: every batch is padded
-    to its longest video)."""
-    criterion = nn.CrossEntropyLoss()
-    model_cfg = dataclasses.replace(cfg.model, temporal_head_init=None)
+    to its longest video): train.py's ``step``."""
     # the loss on the clip logits: the dense one picks labelled chunks by value, which fake tensors do not have
     # (a [n, B, K] logits' worth of memory either way); every stage of a tcn is still in the graph
     loss_cfg = dataclasses.replace(cfg.train, chunk_loss="clip")
+    losses = partial(training_losses, train_cfg=loss_cfg, criterion=nn.CrossEntropyLoss())
 
     def inputs() -> dict:
         return {
@@ -43,22 +50,27 @@ def feature_training_estimate(
             "label": torch.zeros(batch, dtype=torch.long),
         }
 
-    def loss(model, batch_inputs):
-        return training_loss(
-            FeatureHeadForward(model)(batch_inputs, ChunkSpec()), batch_inputs, ChunkSpec(), loss_cfg, criterion
+    def forward_backward(model, batch_inputs, runtime, scaler, weight):
+        step.forward_backward(
+            FeatureHeadForward(model), batch_inputs, batch_inputs, ChunkSpec(), losses, runtime, scaler, weight
         )
 
+    def optimizer_step(model, optimizer, scaler):
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+        step.optimizer_step(model, optimizer, scaler, schedule, max_grad_norm(cfg.train, True))
+
     return estimate_training_step(
-        lambda: build_feature_head(model_cfg, feature_dim, num_classes).train(),
+        lambda: build_feature_head(cfg.model, feature_dim, num_classes).train(),
         inputs,
-        loss,
+        lambda model: build_optimizer(model, cfg.train, foreach=True),
+        forward_backward,
+        optimizer_step,
         precision or cfg.trainer.precision,
-        cfg.train.optimizer,
         cfg.train.accumulate_grad_batches,
     )
 
 
-def plan_feature_training(cfg: Config, runtime: Runtime, num_classes: int, index: tuple) -> Config:
+def plan_feature_training(cfg: Config, runtime: Runtime, num_classes: int, index: tuple, step: LoopStep) -> Config:
     """The estimate of a features run stated (and with data.batch_size: auto, the batch chosen) from its files'
     ``index`` (``engine.data.feature_files.index_features``); returns the config that runs."""
     files, source = index
@@ -74,22 +86,23 @@ def plan_feature_training(cfg: Config, runtime: Runtime, num_classes: int, index
             )
 
         def peak(b: int) -> int:
-            return feature_training_estimate(cfg, source["feature_dim"], chunks, b, num_classes).peak
+            return feature_training_estimate(cfg, step, source["feature_dim"], chunks, b, num_classes).peak
 
         batch = _largest(peak, usable, min(len(files), 1024))
         if not batch:
             raise ConfigError(
                 f"one video of {chunks} chunks does not fit {margin_text(budget, cuda)}; raise "
-                f"trainer.memory_budget_gb or use a smaller model.temporal_width"
+                f"trainer.memory_budget_gb, or write fewer chunks a video (a longer infer_chunked.py --features "
+                f"--chunk)"
             )
         cfg = apply_flags(cfg, {"data.batch_size": ("the memory planner (data.batch_size: auto)", batch)})
-    estimate = feature_training_estimate(cfg, source["feature_dim"], chunks, batch, num_classes)
+    estimate = feature_training_estimate(cfg, step, source["feature_dim"], chunks, batch, num_classes)
     fit = ""
     if usable is not None:
         fit = (
             f"; fits {margin_text(budget, cuda)}"
             if estimate.peak <= usable
-            else f"; over {margin_text(budget, cuda)}: lower data.batch_size or model.temporal_width"
+            else f"; over {margin_text(budget, cuda)}: lower data.batch_size"
         )
     (log.warning if usable is not None and estimate.peak > usable else log.info)(
         "memory: a training step on features, batch %d padded to the longest video (%d chunks of %d features): "

@@ -1,8 +1,8 @@
 """The host memory of the training loader: what the DataLoader holds before and while the steps run.
 
-    batches in flight   num_workers x prefetch_factor batches (each worker fills its share ahead of the loop;
+    batches in flight   num_workers x PREFETCH_FACTOR batches (each worker fills its share ahead of the loop;
                         without workers: the one batch being loaded)
-    pinned copies       on CUDA with data.pin_memory: one page-locked copy of every batch in flight
+    pinned copies       on CUDA: one page-locked copy of every batch in flight
     the step's group    train.accumulate_grad_batches batches kept until their optimizer step (the OOM replay)
     decoders            a worker's decoding process: the peak RSS python -m bench.loader measured for a process
                         reading one clip (640x360; 67 MB with opencv, 87 MB with pyav), per worker (or the main
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from config import Config
 from core import memory_monitor
 from datasets.shape import DataShape
+from engine.data.loaders import PREFETCH_FACTOR
 from planner.project import clip_frames
 
 log = logging.getLogger("longvideo")
@@ -58,8 +59,8 @@ def loader_host_bytes(cfg: Config, shape: DataShape, cuda: bool) -> HostEstimate
         clip += 4 * frames * joints * channels
     batch = batch_size * clip
     workers = data.num_workers
-    in_flight = batch * (workers * data.prefetch_factor if workers else 1)
-    pinned = in_flight if cuda and data.pin_memory else 0
+    in_flight = batch * (workers * PREFETCH_FACTOR if workers else 1)
+    pinned = in_flight if cuda else 0
     return HostEstimate(
         batch, in_flight, pinned, batch * train_cfg.accumulate_grad_batches, DECODER_PROCESS_BYTES * max(workers, 1)
     )
@@ -76,7 +77,7 @@ def warn_if_host_memory_short(cfg: Config, shape: DataShape, cuda: bool) -> str 
     warning = (
         f"host memory: the training loader is estimated at {estimate.text()}, more than the "
         f"{available / GB:.2f} GB this machine has available; lower data.num_workers ({data.num_workers}), "
-        f"data.prefetch_factor ({data.prefetch_factor}), data.batch_size ({data.batch_size}) or the "
+        f"data.batch_size ({data.batch_size}) or the "
         f"clip (data.num_frames {data.num_frames}, data.max_video_frames {data.max_video_frames})"
     )
     log.warning("%s", warning)

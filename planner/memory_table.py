@@ -18,6 +18,7 @@ from planner.disk import disk_plan, model_on_meta, state_disk_plan
 from planner.estimate import GiB, MiB, margin_text, usable_bytes
 from planner.host import loader_host_bytes
 from planner.project import (
+    LoopStep,
     ProjectStep,
     clip_frames,
     config_training_estimate,
@@ -31,7 +32,12 @@ WHY = "--probe-memory's alternative"  # names the change in the error of a confi
 
 
 def probe_memory(
-    cfg: Config, device: str | None, frames_arg: str | None, batches_arg: str | None, world_size: int = 1
+    cfg: Config,
+    step: LoopStep,
+    device: str | None,
+    frames_arg: str | None,
+    batches_arg: str | None,
+    world_size: int = 1,
 ) -> int:
     """--probe-memory: estimated (and with CUDA measured) peak memory per num_frames x batch_size, and the
     largest batch that fits the budget; for ``world_size`` processes (torchrun)."""
@@ -54,6 +60,7 @@ def probe_memory(
 
     code = probe(
         cfg,
+        step,
         for_gpu and torch.cuda.is_available(),
         grid(frames_arg),
         grid(batches_arg),
@@ -62,7 +69,7 @@ def probe_memory(
         world_size=world_size,
         **shape,
     )
-    classifier = model_on_meta(ProjectStep(cfg, **shape).classifier)
+    classifier = model_on_meta(ProjectStep(cfg, step, **shape).classifier)
     state_disk_plan(disk_plan(cfg, classifier, _steps_per_epoch(cfg)), cfg.trainer.output_dir, out)
     return code
 
@@ -79,6 +86,7 @@ def _steps_per_epoch(cfg: Config) -> int:
 
 def probe(
     cfg: Config,
+    step: LoopStep,
     cuda: bool,
     frames_grid: list[int] | None = None,
     batch_grid: list[int] | None = None,
@@ -87,8 +95,8 @@ def probe(
     world_size: int = 1,
     **shape,
 ) -> int:
-    """The table of ``train.py --probe-memory``: estimated peak per num_frames x batch_size, gradient
-    checkpointing off and on (with CUDA: measured beside the estimate for the preset's setting), then the
+    """The table of ``train.py --probe-memory``: estimated peak per num_frames x batch_size, blocks kept and
+    recomputed (model.recompute_blocks) (with CUDA: measured beside the estimate for the preset's setting), then the
     largest batch within the budget at the preset's clip (``for_gpu``: the CUDA context set aside from it).
     Rows are printed as they are computed. ``world_size`` > 1: the estimates hold the bucket the gradients are
     averaged through, and a line says what several processes add."""
@@ -108,8 +116,8 @@ def probe(
         f"estimated{'' if cuda else ', no GPU'} (torch {torch.__version__.split('+')[0]}, fake tensors, CUDA's "
         f"autocast policy): peak allocated memory, without the CUDA context, cuDNN workspaces and fragmentation"
     )
-    # the two columns: model.grad_checkpointing false (each backbone stage's activations kept) and true
-    recomputed = model_cfg.grad_checkpointing
+    # the two columns: model.recompute_blocks false (each backbone stage's activations kept) and true
+    recomputed = model_cfg.recompute_blocks
     header = f"{'num_frames':>10s} {'batch':>5s} {'stages kept MiB':>15s} {'recomputed MiB':>14s}"
     if cuda:
         header += (
@@ -122,7 +130,8 @@ def probe(
         for batch_size in batch_grid:
             estimates = {
                 recompute: config_training_estimate(
-                    derive(cfg, {"model.grad_checkpointing": recompute}, WHY),
+                    derive(cfg, {"model.recompute_blocks": recompute}, WHY),
+                    step,
                     num_frames,
                     batch_size,
                     world_size=world_size,
@@ -132,7 +141,7 @@ def probe(
             }
             line = f"{num_frames:>10d} {batch_size:>5d} {estimates[False] / MiB:>15.0f} {estimates[True] / MiB:>14.0f}"
             if cuda:
-                measured = measure_training_step_cuda(cfg, num_frames, batch_size, **shape)
+                measured = measure_training_step_cuda(cfg, step, num_frames, batch_size, **shape)
                 if measured is None:
                     line += f" | {'':>25s} {'OOM':>9s}"
                 else:
@@ -145,28 +154,28 @@ def probe(
     host = loader_host_bytes(cfg, DataShape(**shape), cuda=for_gpu)
     out(f"host memory of the training loader (estimated, planner/host.py): {host.text()}")
     if world_size > 1:
-        out(_processes_text(cfg, frames, batch, world_size, shape))
+        out(_processes_text(cfg, step, frames, batch, world_size, shape))
     budget = cfg.trainer.memory_budget_gb
     if not budget:
         out("trainer.memory_budget_gb is not set: no largest batch computed")
         return 0
     usable = usable_bytes(budget, cuda=for_gpu)
-    best, _ = largest_batch(cfg, frames, usable, world_size=world_size, **shape)
+    best, _ = largest_batch(cfg, step, frames, usable, world_size=world_size, **shape)
     out(margin_text(budget, cuda=for_gpu))
     out(
         f"largest batch at num_frames={frames} (stages {'recomputed' if recomputed else 'kept'}, as in the preset) "
         f"that fits: {best if best else 'none: even 1 clip does not fit'}"
     )
     train_cfg = cfg.train
-    if train_cfg.chunk_train_size != -1 and train_cfg.recompute == "auto":
-        kept, peaks = most_chunks_kept(cfg, frames, batch, usable, world_size=world_size, **shape)
+    if train_cfg.chunk_train_size != -1:
+        kept, peaks = most_chunks_kept(cfg, step, frames, batch, usable, world_size=world_size, **shape)
         recompute_all = (
-            peaks.get(0) or config_training_estimate(cfg, frames, batch, world_size=world_size, **shape).peak
+            peaks.get(0) or config_training_estimate(cfg, step, frames, batch, world_size=world_size, **shape).peak
         )
         chunks = graph_chunk_count(cfg, frames)
         sampled = "" if train_cfg.grad_chunks == "all" else " with a gradient (train.grad_chunks)"
         out(
-            f"train.recompute: auto at batch {batch}: keeps the activations of {kept} of {chunks} training chunks"
+            f"the memory budget at batch {batch}: keeps the activations of {kept} of {chunks} training chunks"
             f"{sampled} "
             f"(estimated peak {peaks[kept] / MiB:.0f} MiB; every chunk recomputed: {recompute_all / MiB:.0f} MiB; "
             f"the table's estimates recompute every chunk)"
@@ -174,10 +183,10 @@ def probe(
     return 0
 
 
-def _processes_text(cfg: Config, frames: int, batch: int, world_size: int, shape: dict) -> str:
+def _processes_text(cfg: Config, step: LoopStep, frames: int, batch: int, world_size: int, shape: dict) -> str:
     """What ``world_size`` processes hold beyond one, at the preset's clip and batch."""
-    alone = config_training_estimate(cfg, frames, batch, **shape)
-    several = config_training_estimate(cfg, frames, batch, world_size=world_size, **shape)
+    alone = config_training_estimate(cfg, step, frames, batch, **shape)
+    several = config_training_estimate(cfg, step, frames, batch, world_size=world_size, **shape)
     added = several.peak - alone.peak
     if cfg.train.ddp_sync == "during_backward":
         return (
@@ -198,18 +207,18 @@ def _processes_text(cfg: Config, frames: int, batch: int, world_size: int, shape
 def _norm_text(model_cfg: ModelConfig) -> str:
     if model_cfg.norm == "sync":  # the same tensors saved per layer; its all-reduced statistics are 2C+1 floats
         return "sync (estimated as BatchNorm on this process's micro-batch)"
-    if model_cfg.norm == "frozen" and model_cfg.norm_frozen_affine:
-        return "frozen, affine frozen"
     return model_cfg.norm
 
 
-def nothing_fits(cfg: Config, frames: int, one_clip: int, usable: int, budget: float, cuda: bool, shape: dict) -> str:
+def nothing_fits(
+    cfg: Config, step: LoopStep, frames: int, one_clip: int, usable: int, budget: float, cuda: bool, shape: dict
+) -> str:
     """The one-line error when even 1 clip does not fit: which switch would, each with its estimate."""
     data, model_cfg, train_cfg = cfg.data, cfg.model, cfg.train
     height, width = data.img_size
     options = []
-    if not model_cfg.grad_checkpointing:
-        options.append(("model.grad_checkpointing: true", derive(cfg, {"model.grad_checkpointing": True}, WHY), frames))
+    if not model_cfg.recompute_blocks:
+        options.append(("model.recompute_blocks: true", derive(cfg, {"model.recompute_blocks": True}, WHY), frames))
     chunk = 16 if frames > 16 else None
     if chunk and (train_cfg.chunk_train_size == -1 or train_cfg.chunk_train_size > chunk):
         chunked = derive(cfg, {"train.chunk_train_size": chunk, "train.chunk_train_overlap": 0}, WHY)
@@ -220,7 +229,7 @@ def nothing_fits(cfg: Config, frames: int, one_clip: int, usable: int, budget: f
     options.append((f"data.img_size: {smaller}", derive(cfg, {"data.img_size": smaller}, WHY), frames))
     parts = []
     for name, changed, clip in options:
-        peak = config_training_estimate(changed, clip, 1, **shape).peak
+        peak = config_training_estimate(changed, step, clip, 1, **shape).peak
         parts.append(f"{name} {peak / GiB:.2f} GiB{' (fits)' if peak <= usable else ''}")
     return (
         f"data.batch_size: even 1 clip of {frames} frames at {height}x{width} is estimated at "

@@ -1,5 +1,6 @@
 """The project's training step and inference forward under the estimator (``planner.estimate``), and the
-largest batch whose estimate fits a budget. Imports the engine's step, never a script.
+largest batch whose estimate fits a budget. The step is train.py's own (``LoopStep``, handed in by the script: the
+planner sits below it), around the engine's training forward and loss.
 """
 
 from __future__ import annotations
@@ -7,69 +8,96 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from functools import partial
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
 
 from config import Config, DataConfig
 from core.runtime import Runtime
-from datasets.device_input import InputPreparer
+from datasets.device_input import DeviceInputs
 from datasets.windows import chunk_windows
 from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec, grad_chunks_of
 from engine.training.oom import GRADIENT_BUCKET_BYTES
-from engine.training.optim import build_optimizer
-from engine.training.step import step_loss
-from models import build_model
+from engine.training.optim import build_optimizer, max_grad_norm
+from engine.training.step import training_losses
+from models import build_model, temporal_head_of
 from planner.estimate import StepEstimate, estimate_inference, estimate_training_step
 
 log = logging.getLogger("longvideo")
 
 
+class LoopStep(NamedTuple):
+    """train.py's step: ``forward_backward(model, inputs, piece, spec, losses, runtime, scaler, weight)`` (one
+    micro-batch) and ``optimizer_step(model, optimizer, scaler, scheduler, max_norm)``, the functions its loop
+    calls; the planner runs them on fake tensors (and on a GPU, on real ones)."""
+
+    forward_backward: Callable
+    optimizer_step: Callable
+
+
 class ProjectStep:
     """The training step of a config, as the estimate and the CUDA measurement both run it: the classifier of
-    ``build_model``, the chunked training forward (``train.chunk_train_size``) and ``engine.training.step.step_loss``.
-    ``train.chunk_loss: dense`` is run as ``clip`` (the loss sees [chunks, batch, classes] logits either way: no
-    memory to speak of). ``kept_chunks``: the last chunks whose activations are kept (train.recompute: auto)."""
+    ``build_model``, the chunked training forward (``train.chunk_train_size``), the training loss, the optimizer of
+    ``build_optimizer``, and the loop's own ``step``. ``train.chunk_loss: dense`` is run as ``clip`` (the loss sees
+    [chunks, batch, classes] logits either way: no memory to speak of). ``kept_chunks``: the last chunks whose
+    activations are kept (as many as the budget holds). ``gpu``: the model and its inputs in the memory layout
+    train.py gives them on a GPU (trainer.channels_last_3d), as the estimate is for a GPU."""
 
     def __init__(
         self,
         cfg: Config,
+        step: LoopStep,
         num_classes: int = 10,
         num_views: int = 1,
         kpt_shape: tuple | None = None,
         kept_chunks: int = 0,
+        gpu: bool = True,
     ):
         train_cfg = cfg.train
-        self.cfg, self.num_classes, self.num_views, self.kpt_shape = cfg, num_classes, num_views, kpt_shape
+        self.channels_last = gpu and cfg.trainer.channels_last_3d
+        self.cfg, self.step, self.num_classes = cfg, step, num_classes
+        self.num_views, self.kpt_shape = num_views, kpt_shape
         self.spec = ChunkSpec(
             train_cfg.chunk_train_size,
             train_cfg.chunk_train_overlap,
             kept=kept_chunks,
             grad_chunks=grad_chunks_of(train_cfg.grad_chunks),
         )
-        self.loss_cfg = dataclasses.replace(train_cfg, chunk_loss="clip")
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=train_cfg.label_smoothing)
+        clip_loss = dataclasses.replace(train_cfg, chunk_loss="clip")
+        self.losses = partial(training_losses, train_cfg=clip_loss, criterion=nn.CrossEntropyLoss())
 
     def classifier(self) -> nn.Module:
-        return build_model(
+        model = build_model(
             dataclasses.replace(self.cfg.model, pretrained=None), self.num_classes, self.num_views, self.kpt_shape
         )
+        return model.to(memory_format=torch.channels_last_3d) if self.channels_last else model
 
     def inputs(self, frames: int, batch: int, device) -> dict:
         return _step_inputs(self.cfg, frames, batch, self.num_views, self.kpt_shape, device)
 
-    def loss(self, classifier: nn.Module, inputs: dict, device) -> torch.Tensor:
-        """The forward and loss of train.py's step; frames normalized on ``device`` per chunk."""
+    def optimizer(self, classifier: nn.Module, foreach: bool | None = None) -> torch.optim.Optimizer:
+        return build_optimizer(classifier, self.cfg.train, foreach)
+
+    def forward_backward(self, classifier: nn.Module, inputs: dict, runtime, scaler, weight: float, device) -> None:
+        """train.py's forward and backward of one micro-batch; frames normalized on ``device`` per chunk."""
         data = self.cfg.data
-        forward = ChunkedTrainingForward(
-            classifier, InputPreparer(device, data.mean, data.std).normalize, data.frame_stride
-        )
+        normalize = DeviceInputs(device, data.mean, data.std, self.channels_last).normalize
+        forward = ChunkedTrainingForward(classifier, normalize, data.frame_stride)
         model_inputs = {k: v for k, v in inputs.items() if k in ("video", "kpt")}
-        return step_loss(forward, model_inputs, inputs, self.spec, self.loss_cfg, self.criterion)
+        self.step.forward_backward(forward, model_inputs, inputs, self.spec, self.losses, runtime, scaler, weight)
+
+    def optimizer_step(self, classifier: nn.Module, optimizer, scaler) -> None:
+        """train.py's optimizer step (with a schedule that keeps the rate: it holds no tensor)."""
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        max_norm = max_grad_norm(self.cfg.train, temporal_head_of(classifier) is not None)
+        self.step.optimizer_step(classifier, optimizer, scaler, schedule, max_norm)
 
 
 def config_training_estimate(
     cfg: Config,
+    step: LoopStep,
     num_frames: int | None = None,
     batch_size: int | None = None,
     num_classes: int = 10,
@@ -81,21 +109,26 @@ def config_training_estimate(
     world_size: int = 1,
 ) -> StepEstimate:
     """One training step of a config as train.py runs it (``ProjectStep``), with the preset's precision,
-    checkpointing, AdamW/SGD state and accumulation, the uint8 clip (views, keypoints) on the device,
+    recomputed blocks, optimizer and accumulation, the uint8 clip (views, keypoints) on the device,
     ``kept_chunks`` training chunks not recomputed, and with ``world_size`` > 1 the bucket the gradients are
     averaged through (train.ddp_sync: agreed) or DistributedDataParallel's buckets (during_backward)."""
     frames = num_frames or cfg.data.num_frames
     if frames < 1:
         raise ValueError("num_frames -1 (every frame of the window): give the clip length to estimate")
     batch = batch_size or cfg.data.batch_size
-    step, device = ProjectStep(cfg, num_classes, num_views, kpt_shape, kept_chunks), torch.device("cpu")
+    project, device = ProjectStep(cfg, step, num_classes, num_views, kpt_shape, kept_chunks), torch.device("cpu")
     ddp = cfg.train.ddp_sync == "during_backward"
+
+    def forward_backward(classifier, inputs, runtime, scaler, weight):
+        project.forward_backward(classifier, inputs, runtime, scaler, weight, device)
+
     return estimate_training_step(
-        lambda: step.classifier().train(),
-        lambda: step.inputs(frames, batch, device),
-        lambda model, inputs: step.loss(model, inputs, device),
+        lambda: project.classifier().train(),
+        lambda: project.inputs(frames, batch, device),
+        lambda classifier: project.optimizer(classifier, foreach=True),  # CUDA's implementation and temporaries
+        forward_backward,
+        project.optimizer_step,
         precision or cfg.trainer.precision,
-        cfg.train.optimizer,
         cfg.train.accumulate_grad_batches,
         fake=fake,
         average_bucket=GRADIENT_BUCKET_BYTES if world_size > 1 and not ddp else 0,
@@ -105,6 +138,7 @@ def config_training_estimate(
 
 def measure_training_step_cuda(
     cfg: Config,
+    step: LoopStep,
     num_frames: int,
     batch_size: int,
     num_classes: int = 10,
@@ -121,36 +155,25 @@ def measure_training_step_cuda(
     reserved grows past what a card of the budget's size would have run in)."""
     device = torch.device("cuda", torch.cuda.current_device())
     runtime = Runtime(device, precision or cfg.trainer.precision)
-    step = ProjectStep(cfg, num_classes, num_views, kpt_shape, kept_chunks)
+    project = ProjectStep(cfg, step, num_classes, num_views, kpt_shape, kept_chunks)
     classifier = optimizer = inputs = None
     if cap_bytes is not None:
         torch.cuda.set_per_process_memory_fraction(
             min(1.0, cap_bytes / torch.cuda.get_device_properties(0).total_memory)
         )
     try:
-        classifier = step.classifier().to(device).train()
-        optimizer = build_optimizer(classifier, cfg.train)
-        scaler = runtime.grad_scaler()
-        inputs = step.inputs(num_frames, batch_size, device)
-
-        def forward_backward():
-            with runtime.autocast():
-                loss = step.loss(classifier, inputs, device)
-            scaler.scale(loss).backward()
-
-        def optimizer_step():
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-
-        forward_backward()
-        optimizer_step()
+        classifier = project.classifier().to(device).train()
+        optimizer, scaler = project.optimizer(classifier), runtime.grad_scaler()
+        inputs = project.inputs(num_frames, batch_size, device)
+        weight = 1 / cfg.train.accumulate_grad_batches
+        project.forward_backward(classifier, inputs, runtime, scaler, weight, device)
+        project.optimizer_step(classifier, optimizer, scaler)
         if cfg.train.accumulate_grad_batches > 1:
-            forward_backward()
+            project.forward_backward(classifier, inputs, runtime, scaler, weight, device)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        forward_backward()
-        optimizer_step()
+        project.forward_backward(classifier, inputs, runtime, scaler, weight, device)
+        project.optimizer_step(classifier, optimizer, scaler)
         torch.cuda.synchronize()
         return {"allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved()}
     except torch.cuda.OutOfMemoryError:
@@ -175,14 +198,14 @@ def _step_inputs(cfg: Config, frames: int, batch: int, num_views: int, kpt_shape
 
 
 def largest_batch(
-    cfg: Config, num_frames: int, usable: int, limit: int = 1024, line_tries: int | None = None, **shape
+    cfg: Config, step: LoopStep, num_frames: int, usable: int, limit: int = 1024, line_tries: int | None = None, **shape
 ) -> tuple[int, list]:
     """The largest micro-batch whose estimate fits ``usable`` bytes (0 if not even 1; see ``_largest``, which
     ``line_tries`` is passed to), and the (batch, estimate) pairs tried."""
     tried = []
 
     def peak(batch: int) -> int:
-        estimate = config_training_estimate(cfg, num_frames, batch, **shape)
+        estimate = config_training_estimate(cfg, step, num_frames, batch, **shape)
         tried.append((batch, estimate))
         return estimate.peak
 
@@ -192,21 +215,23 @@ def largest_batch(
 def graph_chunk_count(cfg: Config, num_frames: int) -> int:
     """The training chunks of a clip of ``num_frames`` frames (train.chunk_train_size, chunk_train_overlap) whose
     forward builds a graph: all of them, or train.grad_chunks (the others hold no activations). These are the
-    chunks train.recompute: auto can keep unrecomputed."""
+    chunks the memory budget may keep unrecomputed."""
     chunks = len(chunk_windows(num_frames, cfg.train.chunk_train_size, cfg.train.chunk_train_overlap))
     return min(chunks, grad_chunks_of(cfg.train.grad_chunks) or chunks)
 
 
-def most_chunks_kept(cfg: Config, num_frames: int, batch_size: int, usable: int, **shape) -> tuple[int, dict]:
-    """train.recompute: auto: the most training chunks of a clip (the last ones) whose activations can be kept
-    with the step's estimate within ``usable`` bytes (0: every chunk recomputed), and the peaks estimated on the
-    way ({kept: bytes}, the answer's among them). The peak grows with every chunk kept: all of them are tried
-    first, then fewer as ``_largest`` searches."""
+def most_chunks_kept(
+    cfg: Config, step: LoopStep, num_frames: int, batch_size: int, usable: int, **shape
+) -> tuple[int, dict]:
+    """The most training chunks of a clip (the last ones) whose activations can be kept with the step's estimate
+    within ``usable`` bytes (0: every chunk recomputed), and the peaks estimated on the way ({kept: bytes}, the
+    answer's among them). The peak grows with every chunk kept: all of them are tried first, then fewer as
+    ``_largest`` searches."""
     chunks = graph_chunk_count(cfg, num_frames)
     peaks: dict[int, int] = {}
 
     def peak(kept: int) -> int:
-        peaks[kept] = config_training_estimate(cfg, num_frames, batch_size, kept_chunks=kept, **shape).peak
+        peaks[kept] = config_training_estimate(cfg, step, num_frames, batch_size, kept_chunks=kept, **shape).peak
         return peaks[kept]
 
     if peak(chunks) <= usable:
@@ -259,33 +284,36 @@ def _largest(peak, usable: int, limit: int, line_tries: int | None = None) -> in
 def config_inference_estimate(
     cfg: Config,
     chunk_frames: int,
-    windows: int,
+    chunks: int,
     num_classes: int = 10,
     num_views: int = 1,
     kpt_shape: tuple | None = None,
     precision: str = "32",
     fake: bool = True,
 ) -> int:
-    """Peak device bytes of one inference forward of ``windows`` chunks of ``chunk_frames`` frames, as
+    """Peak device bytes of one inference forward of ``chunks`` inference chunks of ``chunk_frames`` frames, as
     infer_chunked.py runs it: the uint8 chunks on the device, normalized, through the model in eval mode."""
     data, device = cfg.data, torch.device("cpu")
-    frames, step = max(chunk_frames, 1), ProjectStep(cfg, num_classes, num_views, kpt_shape)
+    frames = max(chunk_frames, 1)
+
+    def classifier():
+        return build_model(dataclasses.replace(cfg.model, pretrained=None), num_classes, num_views, kpt_shape)
 
     def make_inputs():
-        return {k: v for k, v in step.inputs(frames, windows, device).items() if k != "label"}
+        inputs = _step_inputs(cfg, frames, chunks, num_views, kpt_shape, device)
+        return {k: v for k, v in inputs.items() if k != "label"}
 
     def forward(model, inputs):
-        prepare = InputPreparer(device, data.mean, data.std)
-        return model(prepare(inputs))
+        return model(DeviceInputs(device, data.mean, data.std)(inputs))
 
-    return estimate_inference(step.classifier, make_inputs, forward, precision, fake=fake)
+    return estimate_inference(classifier, make_inputs, forward, precision, fake=fake)
 
 
 def largest_inference_batch(cfg: Config, chunk_frames: int, usable: int, limit: int = 256, **shape) -> int:
     """The most chunks per forward whose estimate fits ``usable`` bytes (0 if not even 1)."""
 
-    def peak(windows: int) -> int:
-        return config_inference_estimate(cfg, chunk_frames, windows, **shape)
+    def peak(chunks: int) -> int:
+        return config_inference_estimate(cfg, chunk_frames, chunks, **shape)
 
     return _largest(peak, usable, limit)
 

@@ -289,8 +289,8 @@ def tiny_cfg(synthetic_root, tmp_path):
             "data.sample_timeout_s=null",
             "model.width=8",
             "trainer.device=cpu",
-            "trainer.max_epochs=1",
-            "train.log_every=1",
+            "train.max_epochs=1",
+            "trainer.log_every=1",
         ],
     )
 
@@ -313,8 +313,8 @@ def overrides(synthetic_root, out, *extra):
         "data.sample_timeout_s=null",
         "model.width=8",
         "trainer.device=cpu",
-        "trainer.max_epochs=2",
-        "train.log_every=1",
+        "train.max_epochs=2",
+        "trainer.log_every=1",
         "trainer.plots=false",  # tests that look at the plots turn them on
         "experiment=e2e",
         *extra,

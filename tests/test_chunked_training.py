@@ -13,10 +13,10 @@ from torch import nn
 import train
 from artifacts.checkpoint import load_checkpoint
 from config import ConfigError, load_config
-from datasets.device_input import InputPreparer
+from datasets.device_input import DeviceInputs
 from engine.inference.chunks import aggregate_chunk_logits, chunk_labels, chunk_windows
 from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec
-from engine.training.step import training_loss
+from engine.training.step import label_loss
 from models import build_model
 from models.temporal import HeadOutput
 
@@ -42,13 +42,13 @@ def clip_batch(length=24, batch=2, views=1, keypoints=False):
 
 
 def gradients_of(model, inputs, spec, aggregation="mean", labels=(0, 2), seed=5, autocast=False):
-    """Parameter gradients of one chunked step (the RNG seeded so dropout draws the same masks)."""
-    prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
-    forward = ChunkedTrainingForward(model, prepare.normalize).train()
+    """Parameter gradients of one chunked step (the RNG seeded: a step's draws are the same)."""
+    device_inputs = DeviceInputs(torch.device("cpu"), MEAN, STD)
+    forward = ChunkedTrainingForward(model, device_inputs.normalize).train()
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        outputs = forward(prepare.transfer(inputs), spec)  # with a temporal head its clip logits, else None
+        outputs = forward(device_inputs.transfer(inputs), spec)  # with a temporal head its clip logits, else None
         logits = (
             outputs.clip
             if outputs.clip is not None
@@ -63,8 +63,8 @@ def gradients_of(model, inputs, spec, aggregation="mean", labels=(0, 2), seed=5,
     [
         {"aggregation": "mean"},
         {"aggregation": "max", "overlap": 3},
-        {"aggregation": "prob", "model": {"dropout": 0.5}},
-        {"aggregation": "mean", "model": {"grad_checkpointing": True}},  # both recomputations nested
+        {"aggregation": "prob"},
+        {"aggregation": "mean", "model": {"recompute_blocks": True}},  # both recomputations nested
     ],
 )
 def test_recomputed_chunks_give_the_gradients_of_the_same_chunks_kept_in_memory(case):
@@ -112,10 +112,10 @@ def test_a_chunk_as_long_as_the_clip_is_exactly_the_plain_step(size):
     model, plain = small_model(), small_model()
     inputs = clip_batch(length=24)
     chunked = gradients_of(model, inputs, ChunkSpec(size, 0))
-    prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
+    device_inputs = DeviceInputs(torch.device("cpu"), MEAN, STD)
     plain.train().zero_grad()
     torch.manual_seed(5)
-    nn.functional.cross_entropy(plain(prepare(inputs)), torch.tensor([0, 2])).backward()
+    nn.functional.cross_entropy(plain(device_inputs(inputs)), torch.tensor([0, 2])).backward()
     for name, p in plain.named_parameters():
         assert torch.equal(p.grad, chunked[name]), name
 
@@ -132,8 +132,8 @@ def test_recomputation_leaves_batchnorm_running_statistics_as_one_forward_left_t
 
 
 def test_gradient_checkpointing_counts_each_step_once():
-    """model.grad_checkpointing used to update BatchNorm statistics again in backward's recomputation."""
-    model = small_model(grad_checkpointing=True)
+    """model.recompute_blocks used to update BatchNorm statistics again in backward's recomputation."""
+    model = small_model(recompute_blocks=True)
     gradients_of(model, clip_batch(), ChunkSpec(-1))
     plain = small_model()
     gradients_of(plain, clip_batch(), ChunkSpec(-1))
@@ -143,11 +143,11 @@ def test_gradient_checkpointing_counts_each_step_once():
 
 
 def test_gradient_checkpointing_compiles_and_counts_each_step_once():
-    """trainer.compile with model.grad_checkpointing: dynamo cannot trace checkpoint's context_fn (the frozen
+    """trainer.compile with model.recompute_blocks: dynamo cannot trace checkpoint's context_fn (the frozen
     running statistics), so a compiled model checkpoints without it; its graph updates BatchNorm once anyway.
     aot_eager: the graph torch.compile builds, without generating kernels."""
     inputs = {"video": clip_batch()["video"].float()}
-    compiled, plain = small_model(grad_checkpointing=True), small_model(grad_checkpointing=True)
+    compiled, plain = small_model(recompute_blocks=True), small_model(recompute_blocks=True)
     torch.compile(compiled, backend="aot_eager")(inputs).sum().backward()
     plain(inputs).sum().backward()
     for name, buffer in plain.named_buffers():
@@ -186,7 +186,7 @@ def test_dense_loss_is_the_mean_over_counted_chunks(tmp_path):
         "label": torch.tensor([0, 0]),
         "frame_labels": torch.tensor([[2, 2, 2, 1, 1, 1, 1, -1, -1, -1, -1, -1], [0, 0, 0, 0, 0, 0, 3, 3, 3, 3, 3, 0]]),
     }
-    loss = training_loss(
+    loss = label_loss(
         HeadOutput(None, chunk_logits.transpose(0, 1)), piece, ChunkSpec(4, 1), cfg.train, nn.CrossEntropyLoss()
     )
     rows = [(0, 0, 2), (0, 1, 0), (1, 0, 1), (1, 1, 0), (2, 0, 1), (2, 1, 3), (3, 1, 3)]  # (chunk, clip, label)
@@ -211,22 +211,19 @@ def test_chunk_train_aggregation_last_is_refused_with_its_reason():
     [
         (False, "none", False, False, False),
         (True, "none", False, False, False),
-        (True, "transformer", False, False, False),
+        (True, "tcn", False, False, False),
         (False, "none", True, False, False),
         (False, "transformer", False, True, False),
         (False, "transformer", False, True, True),
         (True, "none", False, False, True),
     ],
 )
-def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(
-    synthetic_root, tmp_path, dense, head, precise, budget, sampled
-):
+def test_resume_at_an_epoch_end_is_exact_with_chunks(synthetic_root, tmp_path, dense, head, precise, budget, sampled):
     """From epoch_0001.pt of a 2-epoch run, put as last.pt of a fresh run: the same final weights and BatchNorm
-    statistics (with a temporal head too: its dropout and the recomputed chunks' draw from the restored RNG; with
-    precise BN: the statistics recomputed before each validation; with a budget: chunks kept unrecomputed,
-    train.recompute: auto; with train.grad_chunks: the same chunks drawn for each step)."""
+    statistics (with a temporal head too: the tcn's dropout draws from the restored RNG; with precise BN: the
+    statistics recomputed before each validation; with a budget: chunks kept unrecomputed; with train.grad_chunks:
+    the same chunks drawn for each step)."""
     extra = [
-        "model.dropout=0.5",
         "train.chunk_train_size=4",
         "train.chunk_train_overlap=1",
         "train.keep_last_k=2",
@@ -245,7 +242,7 @@ def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(
     extra += ["train.grad_chunks=2"] if sampled else []
     extra += ["trainer.memory_budget_gb=2", "trainer.device=cpu"] if budget else []
     if head != "none":
-        extra += [f"model.temporal_head={head}", "model.temporal_dropout=0.3", "model.temporal_width=16"]
+        extra += [f"model.temporal_head={head}"]
     reference_dir = tmp_path / "reference"
     assert train.main(overrides(synthetic_root, reference_dir, *extra)) == 0
     checkpoints = os.path.join(reference_dir, "e2e", "latest", "checkpoints")
@@ -266,25 +263,21 @@ def test_resume_at_an_epoch_end_is_exact_with_dropout_and_chunks(
         torch.testing.assert_close(resumed.model[key], value, rtol=0, atol=0, msg=key)
 
 
-# ------------------------------------------------------------------ train.recompute: auto (the chunks kept)
+# ------------------------------------------------------------------ the chunks the memory budget keeps
 
 
 @pytest.mark.parametrize(
     "head, extra",
-    [("none", {}), ("transformer", {}), ("none", {"grad_checkpointing": True}), ("none", {"autocast": True})],
-    ids=["plain", "temporal-head", "grad-checkpointing-inside", "autocast"],
+    [("none", {}), ("transformer", {}), ("none", {"recompute_blocks": True}), ("none", {"autocast": True})],
+    ids=["plain", "temporal-head", "recomputed-blocks-inside", "autocast"],
 )
-@pytest.mark.parametrize("kept", [0, 1, 2, 3])
+@pytest.mark.parametrize("kept", [1, 2, 3])
 def test_keeping_chunks_gives_the_gradients_of_recomputing_every_chunk(kept, head, extra):
-    """3 chunks of 8 frames, dropout on: keeping the last 0, 1, 2 or all 3 chunks' activations changes no gradient
-    (the recomputed chunks replay their dropout masks), with a temporal head, with gradient checkpointing inside
-    the chunks and under autocast (bf16 on the CPU) too."""
+    """3 chunks of 8 frames: keeping the last 1, 2 or all 3 chunks' activations changes no gradient against
+    recomputing every one, with a temporal head, with recomputed blocks inside the chunks and under autocast (bf16
+    on the CPU) too."""
     autocast = extra.get("autocast", False)
-    changes = (
-        {"dropout": 0.5}
-        | {k: v for k, v in extra.items() if k != "autocast"}
-        | ({"temporal_head": head, "temporal_width": 16, "temporal_attention_heads": 2} if head != "none" else {})
-    )
+    changes = {k: v for k, v in extra.items() if k != "autocast"} | ({"temporal_head": head} if head != "none" else {})
     inputs = clip_batch()
     recompute_all = gradients_of(small_model(**changes), inputs, ChunkSpec(8, 0), autocast=autocast)
     keeping = gradients_of(small_model(**changes), inputs, ChunkSpec(8, 0, kept=kept), autocast=autocast)
@@ -300,9 +293,9 @@ def test_only_the_chunks_not_kept_run_their_forward_again(kept, forwards):
     from test_training_loop import NoBatchNorm
 
     model = NoBatchNorm()
-    prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
-    forward = ChunkedTrainingForward(model, prepare.normalize).train()
-    outputs = forward(prepare.transfer(clip_batch(length=12)), ChunkSpec(4, 0, kept=kept))
+    device_inputs = DeviceInputs(torch.device("cpu"), MEAN, STD)
+    forward = ChunkedTrainingForward(model, device_inputs.normalize).train()
+    outputs = forward(device_inputs.transfer(clip_batch(length=12)), ChunkSpec(4, 0, kept=kept))
     outputs.chunks.mean().backward()
     assert len(model.chunk_lengths) == forwards
     recomputed = [ChunkSpec(4, 0, kept=kept).recomputed(i, 3) for i in range(3)]
@@ -316,19 +309,19 @@ def test_the_kept_count_follows_the_budget():
     from planner.project import config_training_estimate, most_chunks_kept
 
     cfg = load_config(None, ["model.width=8", "data.num_frames=32", "data.batch_size=2", "train.chunk_train_size=8"])
-    peaks = [config_training_estimate(cfg, 32, 2, kept_chunks=k).peak for k in range(5)]
+    peaks = [config_training_estimate(cfg, train.STEP, 32, 2, kept_chunks=k).peak for k in range(5)]
     assert peaks[0] == peaks[1] < peaks[2] < peaks[3] < peaks[4]
     steps = {peaks[k + 1] - peaks[k] for k in range(1, 4)}
     assert max(steps) - min(steps) < 0.01 * min(steps)  # one chunk's activations each
     for k in range(1, 5):
-        assert most_chunks_kept(cfg, 32, 2, peaks[k])[0] == k
+        assert most_chunks_kept(cfg, train.STEP, 32, 2, peaks[k])[0] == k
         if k < 4:
-            assert most_chunks_kept(cfg, 32, 2, peaks[k + 1] - 1)[0] == k
-    assert most_chunks_kept(cfg, 32, 2, peaks[0] - 1)[0] == 0
-    assert most_chunks_kept(cfg, 32, 2, 10 * peaks[4])[0] == 4
+            assert most_chunks_kept(cfg, train.STEP, 32, 2, peaks[k + 1] - 1)[0] == k
+    assert most_chunks_kept(cfg, train.STEP, 32, 2, peaks[0] - 1)[0] == 0
+    assert most_chunks_kept(cfg, train.STEP, 32, 2, 10 * peaks[4])[0] == 4
 
 
-def test_without_a_budget_or_with_recompute_all_every_chunk_is_recomputed(caplog):
+def test_without_a_budget_every_chunk_is_recomputed(caplog):
     from core.runtime import Runtime
     from datasets.shape import DataShape
     from planner.batch_size import chunks_to_keep
@@ -336,19 +329,17 @@ def test_without_a_budget_or_with_recompute_all_every_chunk_is_recomputed(caplog
     runtime, shape = Runtime(torch.device("cpu"), "32"), DataShape(3)
     chunked = ["model.width=8", "data.num_frames=32", "data.batch_size=2", "train.chunk_train_size=8"]
     with caplog.at_level("INFO", logger="longvideo"):
-        assert chunks_to_keep(load_config(None, chunked), runtime, shape) == 0
-    assert "train.recompute: auto without trainer.memory_budget_gb: every training chunk is recomputed" in caplog.text
+        assert chunks_to_keep(load_config(None, chunked), runtime, shape, train.STEP) == 0
+    assert "training chunks without trainer.memory_budget_gb: every training chunk is recomputed" in caplog.text
     budget = [*chunked, "trainer.memory_budget_gb=100"]
     with caplog.at_level("INFO", logger="longvideo"):
-        assert chunks_to_keep(load_config(None, budget), runtime, shape) == 4
+        assert chunks_to_keep(load_config(None, budget), runtime, shape, train.STEP) == 4
     assert "keeping the activations of 4 of 4 training chunks, recomputing 0 in backward" in caplog.text
-    assert chunks_to_keep(load_config(None, [*budget, "train.recompute=all"]), runtime, shape) == 0
 
 
 def test_the_oom_back_off_first_halves_the_chunks_kept(tmp_path, caplog):
-    from test_training_loop import NoBatchNorm, make_trainer
+    from test_training_loop import NoBatchNorm, make_run
 
-    from engine.training import loop
     from engine.training.oom import OutOfMemoryError
 
     class OutOfMemoryOnce(NoBatchNorm):
@@ -358,14 +349,14 @@ def test_the_oom_back_off_first_halves_the_chunks_kept(tmp_path, caplog):
                 raise OutOfMemoryError("CUDA out of memory (simulated)")
             return super().forward(inputs)
 
-    trainer, loader = make_trainer(OutOfMemoryOnce(), 2, 1, tmp_path, count=4, **{"train.chunk_train_size": 1})
-    trainer.state.kept_chunks = 4  # 4 frames in chunks of 1: all kept, as a large budget decides
-    assert trainer.chunk_spec().kept == 4
+    run, loader = make_run(OutOfMemoryOnce(), 2, 1, tmp_path, count=4, **{"train.chunk_train_size": 1})
+    run.state.kept_chunks = 4  # 4 frames in chunks of 1: all kept, as a large budget decides
+    assert run.chunk_spec().kept == 4
     with caplog.at_level("WARNING", logger="longvideo"):
-        loop.train_one_epoch(trainer, loader)
+        train.train_one_epoch(run, loader)
     assert "out of memory with the activations of 4 training chunks kept: now 2 kept" in caplog.text
-    assert (trainer.state.kept_chunks, trainer.state.micro_splits, trainer.state.chunk_train_size) == (2, 1, None)
-    assert trainer.state.global_step == 2  # the step was retried, none lost
+    assert (run.state.kept_chunks, run.state.micro_splits, run.state.chunk_train_size) == (2, 1, None)
+    assert run.state.global_step == 2  # the step was retried, none lost
 
 
 def test_probe_memory_states_the_chunks_auto_keeps():
@@ -384,19 +375,17 @@ def test_probe_memory_states_the_chunks_auto_keeps():
         ],
     )
     lines = []
-    assert (
-        probe(cfg, cuda=False, frames_grid=[32], batch_grid=[2], out=lines.append, for_gpu=False, num_classes=10) == 0
-    )
-    kept = most_chunks_kept(cfg, 32, 2, usable_bytes(0.02, cuda=False), num_classes=10)[0]
+    assert probe(cfg, train.STEP, False, [32], [2], out=lines.append, for_gpu=False, num_classes=10) == 0
+    kept = most_chunks_kept(cfg, train.STEP, 32, 2, usable_bytes(0.02, cuda=False), num_classes=10)[0]
     assert 0 < kept < 4  # this budget holds some chunks, not all
     assert lines[-1].startswith(
-        f"train.recompute: auto at batch 2: keeps the activations of {kept} of 4 training chunks (estimated peak "
+        f"the memory budget at batch 2: keeps the activations of {kept} of 4 training chunks (estimated peak "
     )
 
 
 # ------------------------------------------------------------------ train.grad_chunks: gradients through K chunks
 
-HEAD = {"temporal_head": "transformer", "temporal_width": 16, "temporal_attention_heads": 2}
+HEAD = {"temporal_head": "transformer"}
 
 
 def test_the_draw_takes_one_chunk_from_each_part_of_the_clip_weighted_by_the_part():
@@ -440,12 +429,12 @@ def test_sampled_gradients_average_over_the_draws_to_the_gradient_of_every_chunk
 
 @pytest.mark.parametrize(
     "changes, autocast",
-    [({}, True), ({"grad_checkpointing": True}, False), ({"dropout": 0.5} | HEAD, True)],
-    ids=["autocast", "grad-checkpointing-inside", "head-dropout-autocast"],
+    [({}, True), ({"recompute_blocks": True}, False), (HEAD, True)],
+    ids=["autocast", "recomputed-blocks-inside", "head-autocast"],
 )
 def test_recomputing_the_drawn_chunks_gives_the_gradients_of_keeping_them(changes, autocast):
     """The same draw of 2 chunks among 6, recomputed in backward or kept: the same gradients, under autocast (bf16
-    on the CPU), with gradient checkpointing inside the chunks, with a head and dropout."""
+    on the CPU), with recomputed blocks inside the chunks, with a head."""
     inputs = clip_batch(length=48)
     spec = ChunkSpec(8, 0, grad_chunks=2, draw=4)
     recomputed = gradients_of(small_model(**changes), inputs, spec, autocast=autocast)
@@ -462,10 +451,10 @@ def test_only_the_drawn_chunks_build_a_graph_and_only_they_are_recomputed(kept, 
     from test_training_loop import NoBatchNorm
 
     model = NoBatchNorm()
-    prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
-    forward = ChunkedTrainingForward(model, prepare.normalize).train()
+    device_inputs = DeviceInputs(torch.device("cpu"), MEAN, STD)
+    forward = ChunkedTrainingForward(model, device_inputs.normalize).train()
     spec = ChunkSpec(4, 0, kept=kept, grad_chunks=2, draw=1)
-    inputs = prepare.transfer(clip_batch(length=16))
+    inputs = device_inputs.transfer(clip_batch(length=16))
     outputs = forward(inputs, spec)
     outputs.chunks.mean().backward()
     assert len(model.chunk_lengths) == forwards
@@ -497,14 +486,14 @@ def test_the_planner_counts_the_activations_of_the_drawn_chunks_only():
     every, sampled = load_config(None, shape), load_config(None, [*shape, "train.grad_chunks=2"])
     assert (graph_chunk_count(every, 64), graph_chunk_count(sampled, 64)) == (8, 2)
     peak = {
-        (name, kept): config_training_estimate(cfg, 64, 2, kept_chunks=kept).peak
+        (name, kept): config_training_estimate(cfg, train.STEP, 64, 2, kept_chunks=kept).peak
         for name, cfg in (("every", every), ("sampled", sampled))
         for kept in (0, 2, 8)
     }
     assert peak["sampled", 0] == pytest.approx(peak["every", 0], rel=0.01)  # one chunk's activations either way
     assert peak["sampled", 2] == pytest.approx(peak["every", 2], rel=0.01)
     assert peak["sampled", 8] == peak["sampled", 2] < peak["every", 8]  # no more than 2 chunks hold a graph
-    assert most_chunks_kept(sampled, 64, 2, 10**12)[0] == 2
+    assert most_chunks_kept(sampled, train.STEP, 64, 2, 10**12)[0] == 2
 
 
 def test_grad_chunks_without_training_chunks_is_one_line_naming_the_key(tmp_path):
@@ -530,8 +519,8 @@ def test_with_gradients_through_half_the_chunks_the_backbone_still_learns_motion
         num_multiview=0, quiet=True,
     )  # fmt: skip
     accuracy = {}
-    runs = {"sampled": ["train.grad_chunks=2", "trainer.max_epochs=20"]}
-    runs["frozen"] = ["model.freeze_backbone=true", "trainer.max_epochs=3"]  # at chance from its first epoch
+    runs = {"sampled": ["train.grad_chunks=2", "train.max_epochs=20"]}
+    runs["frozen"] = ["model.freeze_backbone=true", "train.max_epochs=3"]  # at chance from its first epoch
     for name, extra in runs.items():
         out = tmp_path / name
         chunks = ["data.num_frames=16", "data.frame_stride=1", "train.chunk_train_size=4", "infer.chunk_size=4"]

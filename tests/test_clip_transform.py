@@ -98,7 +98,6 @@ def test_a_keypoint_stays_on_the_pixel_it_marks(coords, seed):
     cfg = data_cfg(
         "data.img_size=[96, 128]",
         "data.augment=true",
-        "data.crop_scale=[0.5, 1.0]",
         f"data.kpt_coords={coords}",
         "data.short_side=120",
     )
@@ -171,7 +170,12 @@ def test_evaluation_has_no_randomness_and_three_crops_are_three_samples(syntheti
     assert torch.equal(evaluation[0]["video"], evaluation[1]["video"])
 
 
-def test_a_flipped_clip_swaps_its_label_pair(synthetic_root):
+def test_a_flipped_clip_swaps_its_label_pair(synthetic_root, monkeypatch):
+    from datasets import clip_transform
+
+    # the random resized crop kept to the whole frame: a flipped clip is exactly the mirror of the plain one
+    monkeypatch.setattr(clip_transform, "CROP_SCALE", (1.0, 1.0))
+    monkeypatch.setattr(clip_transform, "CROP_RATIO", (1.0, 1.0))
     cfg = load_config(
         None,
         [
@@ -179,8 +183,6 @@ def test_a_flipped_clip_swaps_its_label_pair(synthetic_root):
             "data.img_size=32",
             "data.num_frames=4",
             "data.augment=true",
-            "data.crop_scale=[1.0, 1.0]",
-            "data.crop_ratio=[1.0, 1.0]",
             "data.flip_label_pairs=[[left, right]]",
         ],
     ).data
@@ -210,8 +212,6 @@ def test_augmentation_config_errors_say_what_to_set():
     load_config(None, ["data.augment=true", "data.load_kpt=true", "data.kpt_flip_pairs=[]"])
     with pytest.raises(ConfigError, match=r"data.test_crops: use 1 \(the centre\) or 3"):
         load_config(None, ["data.test_crops=2"])
-    with pytest.raises(ConfigError, match=r"data.crop_scale must be \[min, max\] with 0 < min <= max <= 1"):
-        load_config(None, ["data.crop_scale=[0.5, 1.5]"])
     with pytest.raises(ConfigError, match=r"data.flip_label_pairs names sideways, not in data.class_names"):
         load_config(None, ["data.class_names=[a, b]", "data.flip_label_pairs=[[a, sideways]]"])
 
@@ -246,7 +246,6 @@ def test_real_footage_is_decoded_aspect_true_and_centre_cropped(decoder):
         "data.num_frames=6",
         "data.frame_stride=50",
         f"data.decoder={decoder}",
-        "data.index_cache=null",
     )
     dataset = VideoWindowDataset(
         [VideoRecord({"video": SHARED_CLIP}, label="a", where="clip")], ["a"], cfg, training=False

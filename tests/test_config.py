@@ -204,21 +204,38 @@ def test_a_renamed_key_keeps_working_under_its_old_name_with_a_notice(tmp_path, 
     )
 
 
-def test_the_attention_heads_key_has_a_name_apart_from_the_head_kind_and_the_old_one_works(tmp_path, caplog):
+def test_a_removed_key_is_one_line_naming_what_became_of_it(tmp_path, caplog):
+    """A preset with a key that no longer exists: at the value every run now has, said once and the run goes on; at
+    another value, one line naming it and what became of it (exit 2 from the scripts); a checkpoint's config at the
+    fixed value is read silently."""
     import logging
 
-    path = write(tmp_path, "old.yaml", "model:\n  temporal_head: transformer\n  temporal_heads: 2\n")
-    with caplog.at_level(logging.WARNING, logger="longvideo"):
-        cfg = load_config(path)
-    assert cfg.model.temporal_attention_heads == 2 and cfg.model.temporal_head == "transformer"
-    assert [r.getMessage() for r in caplog.records] == [
-        f"{path}: model.temporal_heads is now called model.temporal_attention_heads (the old name still works)"
-    ]
     from config import saved_config
 
+    path = write(tmp_path, "old.yaml", "model:\n  temporal_head: transformer\n  temporal_contrast: true\n")
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
+        cfg = load_config(path)
+    assert cfg.model.temporal_head == "transformer"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: model.temporal_contrast was removed (the transformer head always sees each chunk's contrast); "
+        f"the key can go"
+    ]
+    other = write(tmp_path, "other.yaml", "model:\n  temporal_contrast: false\n")
+    assert error_of(other) == (
+        f"{other}: model.temporal_contrast was removed (the transformer head always sees each chunk's contrast), so "
+        f"model.temporal_contrast: False cannot be honoured; remove the key"
+    )
+    result = run_python(["train.py", "--config", "configs/cpu.yaml", "--set", "model.dropout=0.5", "--print-config"])
+    assert result.returncode == 2 and result.stderr == (
+        "error: --set model.dropout=0.5: model.dropout was removed (the classifier has no dropout), so "
+        "model.dropout: 0.5 cannot be honoured; remove the key\n"
+    )
     old = defaults()
-    old["model"]["temporal_heads"] = old["model"].pop("temporal_attention_heads") - 2  # a checkpoint's saved config
-    assert saved_config(old).model.temporal_attention_heads == 2
+    old["train"]["label_smoothing"] = 0.0  # a checkpoint's saved config, from before the key went
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="longvideo"):
+        assert saved_config(old).train.lr == defaults()["train"]["lr"]
+    assert not caplog.records
 
 
 def test_a_checkpoint_config_with_the_old_name_loads_silently(caplog):
@@ -341,7 +358,7 @@ CONFIG_WORDS = SECTION_NAMES | {key.rsplit(".", 1)[-1] for key in ALL_KEYS}
 
 
 def string_key_reads(source: str) -> list[str]:
-    """``cfg["data"]``, ``data_cfg["batch_size"]``, ``trainer.cfg["train"]``: a config (a name ending in cfg, or a
+    """``cfg["data"]``, ``data_cfg["batch_size"]``, ``run.cfg["train"]``: a config (a name ending in cfg, or a
     section's name) read by a string that is a section or a key. Records and checkpoints (``state["model"]``) are
     other names."""
     found = []
@@ -364,13 +381,13 @@ def string_key_reads(source: str) -> list[str]:
 def test_no_code_outside_config_reads_the_configuration_by_string_keys():
     assert sorted(
         string_key_reads(
-            'x = cfg["data"]["batch_size"]\ny = trainer.cfg["train"]\nz = data_cfg["img_size"]\n'
+            'x = cfg["data"]["batch_size"]\ny = run.cfg["train"]\nz = data_cfg["img_size"]\n'
             'w = state["model"]\nv = record["label"]'
         )
     ) == [
         "line 1: cfg['data']",
         "line 1: cfg['data']['batch_size']",
-        "line 2: trainer.cfg['train']",
+        "line 2: run.cfg['train']",
         "line 3: data_cfg['img_size']",
     ]
     sources = [
@@ -418,6 +435,7 @@ def test_a_val_fraction_that_empties_a_side_is_refused(synthetic_root):
 
 
 def test_a_global_batch_that_the_processes_cannot_share_is_refused():
+    import train
     from core.runtime import Runtime
     from datasets.shape import DataShape
     from planner.batch_size import batch_for_budget
@@ -427,7 +445,7 @@ def test_a_global_batch_that_the_processes_cannot_share_is_refused():
         ["trainer.memory_budget_gb=1", "data.batch_size=auto", "train.global_batch_size=15"],
     )
     with pytest.raises(ConfigError) as info:
-        batch_for_budget(cfg, Runtime(torch.device("cpu"), "32", 0, 2), DataShape(6))
+        batch_for_budget(cfg, Runtime(torch.device("cpu"), "32", 0, 2), DataShape(6), train.STEP)
     assert str(info.value) == "train.global_batch_size=15 must be a multiple of the 2 processes"
 
 
@@ -435,9 +453,9 @@ def test_derive_is_a_validated_copy_and_names_why_a_change_is_refused():
     from config import derive
 
     cfg = load_config(None)
-    changed = derive(cfg, {"model.grad_checkpointing": True, "infer.chunk_size": 16}, "a test")
-    assert (changed.model.grad_checkpointing, changed.infer.chunk_size) == (True, 16)
-    assert (cfg.model.grad_checkpointing, cfg.infer.chunk_size) == (False, -1)  # the original is untouched
+    changed = derive(cfg, {"model.recompute_blocks": True, "infer.chunk_size": 16}, "a test")
+    assert (changed.model.recompute_blocks, changed.infer.chunk_size) == (True, 16)
+    assert (cfg.model.recompute_blocks, cfg.infer.chunk_size) == (False, -1)  # the original is untouched
     with pytest.raises(ConfigError) as info:
         derive(cfg, {"infer.chunk_size": 8, "infer.chunk_overlap": 8}, "the planner's alternative")
     assert str(info.value) == (

@@ -16,7 +16,7 @@ def test_fp16_training_with_grad_scaler_on_cuda(synthetic_root, tmp_path):
     import train
     from artifacts.checkpoint import load_checkpoint
 
-    args = overrides(synthetic_root, tmp_path, "trainer.device=cuda", "trainer.max_epochs=1") + ["--use_amp"]
+    args = overrides(synthetic_root, tmp_path, "trainer.device=cuda", "train.max_epochs=1") + ["--use_amp"]
     assert train.main(args) == 0
     state = load_checkpoint(os.path.join(tmp_path, "e2e", "latest", "checkpoints", "last.pt"))
     assert state.config["trainer"]["precision"] == "amp"
@@ -57,6 +57,7 @@ def test_the_estimate_is_within_the_range_measured_on_a_gpu(backbone, precision,
     """The estimate against max_memory_allocated: 0.86-1.01x over the GPU presets on an H200 (bench/RESULTS.md,
     GPU suite); below it by what the planner does not model (not cuDNN's workspaces: without cuDNN the gap was
     as large), which SAFETY_MARGIN covers."""
+    import train
     from config import load_config
     from planner import project
 
@@ -66,29 +67,30 @@ def test_the_estimate_is_within_the_range_measured_on_a_gpu(backbone, precision,
             f"model.backbone={backbone}",
             "model.width=32",
             "data.img_size=112",
-            f"model.grad_checkpointing={str(checkpointing).lower()}",
+            f"model.recompute_blocks={str(checkpointing).lower()}",
             f"trainer.precision={precision}",
         ],
     )
-    estimated = project.config_training_estimate(cfg, 16, 4)
-    measured = project.measure_training_step_cuda(cfg, 16, 4)
+    estimated = project.config_training_estimate(cfg, train.STEP, 16, 4)
+    measured = project.measure_training_step_cuda(cfg, train.STEP, 16, 4)
     assert measured is not None
     ratio = estimated.peak / measured["allocated"]
     assert 0.85 <= ratio <= 1.05, f"estimate / allocated {ratio:.3f} ({estimated.peak} against {measured})"
 
 
 def test_the_budget_decision_never_exceeds_the_budget():
+    import train
     from config import load_config
     from planner import estimate, project
 
     cfg = load_config(None, ["model.backbone=r3d_18", "data.img_size=112", "trainer.precision=16"])
     budget_gb = 4
-    batch, _ = project.largest_batch(cfg, 16, estimate.usable_bytes(budget_gb))
+    batch, _ = project.largest_batch(cfg, train.STEP, 16, estimate.usable_bytes(budget_gb))
     assert batch >= 1
     # a 4 GB card: the allocator held to the budget less the context (uncapped on a larger card, it keeps what
     # it freed cached and reserves past what the small card would have run in)
     cap = budget_gb * 2**30 - estimate.CUDA_CONTEXT_BYTES
-    measured = project.measure_training_step_cuda(cfg, 16, batch, cap_bytes=cap)
+    measured = project.measure_training_step_cuda(cfg, train.STEP, 16, batch, cap_bytes=cap)
     assert measured is not None and measured["reserved"] <= cap
 
 
@@ -114,7 +116,7 @@ def test_a_real_cuda_out_of_memory_error_writes_the_allocators_snapshot(tmp_path
     asks for more than the device has, once) backs off and leaves a snapshot the viewer reads."""
     import pickle
 
-    from test_training_loop import NoBatchNorm, make_trainer
+    from test_training_loop import NoBatchNorm, make_run
 
     from engine.training import loop, oom
 
@@ -124,15 +126,13 @@ def test_a_real_cuda_out_of_memory_error_writes_the_allocators_snapshot(tmp_path
                 torch.empty(torch.cuda.get_device_properties(0).total_memory * 2, dtype=torch.uint8, device="cuda")
             return super().forward(inputs)
 
-    trainer, loader = make_trainer(
-        AsksTooMuch().cuda(), 4, 1, tmp_path, count=4, **{"trainer.memory_snapshot": "on_oom"}
-    )
-    trainer.runtime = type(trainer.runtime)(torch.device("cuda"), "32")
-    trainer.prepare = type(trainer.prepare)(torch.device("cuda"), trainer.cfg.data.mean, trainer.cfg.data.std)
-    trainer.model.normalize = trainer.prepare.normalize
-    oom.start_memory_history(trainer)
-    assert trainer.report.memory_history is True
-    loop.train_one_epoch(trainer, loader)
+    run, loader = make_run(AsksTooMuch().cuda(), 4, 1, tmp_path, count=4, **{"trainer.memory_snapshot": "on_oom"})
+    run.runtime = type(run.runtime)(torch.device("cuda"), "32")
+    run.prepare = type(run.prepare)(torch.device("cuda"), run.cfg.data.mean, run.cfg.data.std)
+    run.model.normalize = run.prepare.normalize
+    oom.start_memory_history(run)
+    assert run.report.memory_history is True
+    loop.train_one_epoch(run, loader)
     snapshot = pickle.loads((tmp_path / "memory_snapshot.pickle").read_bytes())
     assert "segments" in snapshot and "device_traces" in snapshot
     torch.cuda.memory._record_memory_history(enabled=None)

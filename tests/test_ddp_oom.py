@@ -24,16 +24,17 @@ from core.logs import setup_logging
 from core.runtime import setup_runtime
 from datasets.sampler import EpochSampler
 from datasets.shape import DataShape
-from datasets.device_input import InputPreparer
+from datasets.device_input import DeviceInputs
 from engine.training import build
-from engine.training import loop
 from engine.training.oom import OutOfMemoryAdvice, OutOfMemoryError
-from engine.training.trainer import Trainer
+from engine.training.interrupt import saved_on_stop
+from engine.training.run import TrainingRun
 from models.norms import convert_norms
+import train
 
 where, out = sys.argv[1], sys.argv[2]
 cfg = load_config(None, ["data.batch_size=4", "train.accumulate_grad_batches=2", "train.weight_decay=0",
-                         "trainer.device=cpu", "train.log_every=1000",
+                         "trainer.device=cpu", "trainer.log_every=1000",
                          f"model.norm={'sync' if where == 'sync' else 'batch'}",
                          f"train.ddp_sync={'during_backward' if where == 'during_backward' else 'agreed'}",
                          "trainer.process_group_timeout_s=60"])
@@ -81,22 +82,22 @@ loader = DataLoader(samples, batch_size=4, sampler=sampler)
 model = Model()
 if where == "sync":
     convert_norms(model, "sync")
-prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
-wrapped = build.wrap_for_training(model, prepare, cfg, runtime)
+inputs = DeviceInputs(runtime.device, cfg.data.mean, cfg.data.std)
+wrapped = build.wrap_for_training(model, inputs, cfg, runtime)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
 scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 os.makedirs(os.path.join(out, "checkpoints"), exist_ok=True)
-trainer = Trainer(wrapped, optimizer, scheduler, runtime.grad_scaler(), prepare, runtime, cfg,
+run = TrainingRun(wrapped, optimizer, scheduler, runtime.grad_scaler(), inputs, runtime, cfg,
                   RunDirectory(out) if runtime.is_main else None, ["a", "b", "c"], DataShape(3),
                   nn.CrossEntropyLoss(), TrainState())
 try:
-    with loop.saved_on_stop(trainer):  # as fit
-        loop.train_one_epoch(trainer, loader)
+    with saved_on_stop(run):  # as train.py's fit
+        train.train_one_epoch(run, loader)
 except OutOfMemoryAdvice as e:  # as train.py
     print(f"rank {runtime.rank} error: {e}", flush=True)
     sys.exit(1)
 with open(os.path.join(out, f"rank{runtime.rank}.json"), "w") as f:
-    json.dump({"micro_splits": trainer.state.micro_splits, "steps": trainer.state.global_step,
+    json.dump({"micro_splits": run.state.micro_splits, "steps": run.state.global_step,
                "weights": [p.detach().flatten().tolist() for p in model.parameters()]}, f)
 torch.distributed.destroy_process_group()
 """

@@ -17,6 +17,7 @@ from conftest import (
     tiny_video_transformer,
 )
 
+import train
 from artifacts.checkpoint import load_checkpoint
 from config import load_config
 from models import build_model
@@ -46,18 +47,18 @@ def test_a_timm_model_runs_on_every_frame_and_pools_the_chunk():
     assert model.feature_dim == timm.create_model("test_resnet", num_classes=0).num_features
 
 
-def test_timm_checkpointing_counts_each_batch_norm_step_once():
-    """timm's own checkpointing recomputes a block in backward: its BatchNorm statistics move once a step, as
-    without checkpointing, and the gradients are the same."""
+def test_timm_recomputed_blocks_count_each_batch_norm_step_once():
+    """timm's own gradient checkpointing recomputes a block in backward: its BatchNorm statistics move once a step, as
+    without recomputation, and the gradients are the same."""
     torch.manual_seed(0)
     plain = build_model(quickstart(f"model.backbone={TIMM}").model, 6).train()
-    checkpointed = build_model(quickstart(f"model.backbone={TIMM}", "model.grad_checkpointing=true").model, 6)
+    checkpointed = build_model(quickstart(f"model.backbone={TIMM}", "model.recompute_blocks=true").model, 6)
     checkpointed.load_state_dict(plain.state_dict())
     checkpointed.train()
     clip = torch.randn(2, 3, 4, 32, 32)
     for model in (plain, checkpointed):
         model(dict(video=clip)).sum().backward()
-    assert checkpointed.rgb.net.grad_checkpointing
+    assert checkpointed.rgb.net.grad_checkpointing  # timm's own flag
     for (name, a), b in zip(plain.state_dict().items(), checkpointed.state_dict().values()):
         torch.testing.assert_close(a, b, msg=name)  # running statistics and num_batches_tracked: 1, not 2
     for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters()):
@@ -80,7 +81,7 @@ def test_a_v_jepa_2_encoder_runs_without_its_predictor(tmp_path):
     if not hasattr(transformers, "VJEPA2Config"):
         pytest.skip(f"transformers {transformers.__version__} has no V-JEPA 2")
     tiny_video_transformer(tmp_path, "vjepa2")
-    model = build_model(quickstart(f"model.backbone=hf/{tmp_path}", "model.grad_checkpointing=true").model, 6)
+    model = build_model(quickstart(f"model.backbone=hf/{tmp_path}", "model.recompute_blocks=true").model, 6)
     assert model.rgb.frames == 4 and model.rgb.net.predictor is None
     model.train()(dict(video=torch.randn(2, 3, 8, 32, 32))).sum().backward()
     assert all(p.grad is not None for p in model.parameters())  # nothing unused: DDP would stall on one
@@ -90,16 +91,16 @@ def test_a_v_jepa_2_encoder_runs_without_its_predictor(tmp_path):
     "changes",
     [
         [f"model.backbone={TIMM}"],
-        [f"model.backbone={TIMM}", "model.grad_checkpointing=true"],
+        [f"model.backbone={TIMM}", "model.recompute_blocks=true"],
         [f"model.backbone={TIMM}", "model.freeze_backbone=true", "train.chunk_train_size=4"],
         ["model.backbone=hf/VIDEOMAE", "model.temporal_head=transformer", "train.chunk_train_size=8"],
-        ["model.backbone=hf/VIDEOMAE", "model.grad_checkpointing=true"],
+        ["model.backbone=hf/VIDEOMAE", "model.recompute_blocks=true"],
     ],
 )
 def test_the_planner_estimates_them_as_it_runs_them(changes, videomae):
     cfg = quickstart(*[c.replace("VIDEOMAE", videomae) for c in changes])
-    fake = project.config_training_estimate(cfg, 16, 4, fake=True)
-    real = project.config_training_estimate(cfg, 16, 4, fake=False)
+    fake = project.config_training_estimate(cfg, train.STEP, 16, 4, fake=True)
+    real = project.config_training_estimate(cfg, train.STEP, 16, 4, fake=False)
     assert fake.peak == real.peak > 0
     for part in ("parameters", "optimizer_state", "inputs"):
         assert getattr(fake, part) == getattr(real, part), part
@@ -110,14 +111,14 @@ def test_batch_auto_takes_the_largest_batch_the_planner_fits(backbone, videomae)
     from test_memory_estimate import fit  # the planner tests' budget arithmetic
 
     changes = [f"model.backbone={backbone.replace('VIDEOMAE', videomae)}"]
-    peaks = {b: project.config_training_estimate(quickstart(*changes), 16, b).peak for b in (4, 5)}
+    peaks = {b: project.config_training_estimate(quickstart(*changes), train.STEP, 16, b).peak for b in (4, 5)}
     assert fit(quickstart("data.batch_size=auto", *changes), (peaks[4] + peaks[5]) // 2) == (4, 1)
 
 
 def test_a_frozen_backbone_has_no_gradients_no_optimizer_state_and_no_graph():
     cfg = quickstart(f"model.backbone={TIMM}", "model.freeze_backbone=true")
-    frozen = project.config_training_estimate(cfg, 16, 4, fake=True)
-    trained = project.config_training_estimate(quickstart(f"model.backbone={TIMM}"), 16, 4, fake=True)
+    frozen = project.config_training_estimate(cfg, train.STEP, 16, 4, fake=True)
+    trained = project.config_training_estimate(quickstart(f"model.backbone={TIMM}"), train.STEP, 16, 4, fake=True)
     # the head's few KB against the backbone's MB (what is alive at the peak, in the allocator's 512-byte blocks)
     assert frozen.optimizer_state < trained.optimizer_state / 100 and frozen.gradients < trained.gradients / 100
     # its forward keeps no activation for backward: only what one layer holds at a time (15.6 MB -> 5.8 MB)
@@ -131,7 +132,7 @@ def test_a_run_trains_resumes_exactly_and_writes_features(backbone, width, synth
     import train
 
     backbone = backbone.replace("VIDEOMAE", videomae)
-    args = overrides(synthetic_root, tmp_path, f"model.backbone={backbone}", "model.grad_checkpointing=true")
+    args = overrides(synthetic_root, tmp_path, f"model.backbone={backbone}", "model.recompute_blocks=true")
     assert train.main(args + ["--set", "experiment=whole"]) == 0
     whole = load_checkpoint(str(tmp_path / "whole" / "latest" / "checkpoints" / "last.pt"))
     assert train.main(args + ["--set", "experiment=parts", "--stop-after-steps", "3"]) == 0

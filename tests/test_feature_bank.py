@@ -16,7 +16,7 @@ from test_training_loop import NoBatchNorm
 import train
 from artifacts.checkpoint import load_checkpoint
 from config import ConfigError, load_config
-from datasets.device_input import InputPreparer
+from datasets.device_input import DeviceInputs
 from engine.inference.chunks import chunk_windows
 from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec
 from engine.training.feature_bank import FeatureBank, bank_file
@@ -69,16 +69,16 @@ def test_with_the_bank_a_step_computes_only_the_drawn_chunks_once_the_bank_holds
     recomputes the 2 drawn ones; the next step on the same clips reads the other 2 and runs 2 + 2 forwards. The
     outputs read are those written."""
     model = NoBatchNorm()
-    prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
-    forward = ChunkedTrainingForward(model, prepare.normalize).train()
-    inputs, samples = prepare.transfer(clip_batch(length=16)), torch.tensor([3, 0])
+    device_inputs = DeviceInputs(torch.device("cpu"), MEAN, STD)
+    inputs, samples = device_inputs.transfer(clip_batch(length=16)), torch.tensor([3, 0])
     bank = FeatureBank(4, chunk_windows(16, 4, 0), "host")
-    first = forward(inputs, ChunkSpec(4, 0, grad_chunks=2, draw=1), bank, samples)
+    forward = ChunkedTrainingForward(model, device_inputs.normalize, bank=bank).train()
+    first = forward(inputs, ChunkSpec(4, 0, grad_chunks=2, draw=1), samples)
     first.chunks.mean().backward()
     assert len(model.chunk_lengths) == 4 + 2 and bank.reads == 0 and bank.writes == 4
     model.chunk_lengths.clear()
     spec = ChunkSpec(4, 0, grad_chunks=2, draw=2)
-    second = forward(inputs, spec, bank, samples)
+    second = forward(inputs, spec, samples)
     second.chunks.mean().backward()
     assert len(model.chunk_lengths) == 2 + 2 and bank.reads == 2
     for chunk in set(range(4)) - set(spec.graph_chunks(4)):  # read: the first step's outputs (the weights unchanged)
@@ -87,13 +87,13 @@ def test_with_the_bank_a_step_computes_only_the_drawn_chunks_once_the_bank_holds
 
 def test_a_shorter_chunk_from_the_back_off_starts_the_bank_again(caplog):
     model = NoBatchNorm()
-    prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
-    forward = ChunkedTrainingForward(model, prepare.normalize).train()
-    inputs, samples = prepare.transfer(clip_batch(length=16)), torch.tensor([0, 1])
+    device_inputs = DeviceInputs(torch.device("cpu"), MEAN, STD)
+    inputs, samples = device_inputs.transfer(clip_batch(length=16)), torch.tensor([0, 1])
     bank = FeatureBank(2, chunk_windows(16, 8, 0), "host")
-    forward(inputs, ChunkSpec(8, 0, grad_chunks=1), bank, samples)
+    forward = ChunkedTrainingForward(model, device_inputs.normalize, bank=bank).train()
+    forward(inputs, ChunkSpec(8, 0, grad_chunks=1), samples)
     with caplog.at_level(logging.WARNING, logger="longvideo"):
-        forward(inputs, ChunkSpec(4, 0, grad_chunks=1), bank, samples)
+        forward(inputs, ChunkSpec(4, 0, grad_chunks=1), samples)
     assert "the chunk grid changed (4 chunks a clip, was 2), so the bank starts empty" in caplog.text
     assert bank.chunks == 4 and bank.values.shape[:2] == (2, 4)
 
@@ -133,10 +133,9 @@ def test_with_the_bank_each_training_clip_is_the_same_frames_every_epoch(synthet
 
 def test_resume_with_the_bank_is_exact_and_without_it_says_it_is_not(synthetic_root, tmp_path, caplog):
     """From epoch_0001.pt and its bank, put in a fresh run: the same final weights as the uninterrupted run (a
-    temporal head over the chunks, dropout on). The same without the bank's copy: one line says this resume is not
+    temporal head over the chunks). The same without the bank's copy: one line says this resume is not
     bit-exact, and the bank is rebuilt."""
-    extra = [*BANK, "trainer.max_epochs=3", "train.keep_last_k=3", "model.dropout=0.5"]
-    extra += ["model.temporal_head=transformer", "model.temporal_width=16"]
+    extra = [*BANK, "train.max_epochs=3", "train.keep_last_k=3", "model.temporal_head=transformer"]
     assert train.main(overrides(synthetic_root, tmp_path / "reference", *extra)) == 0
     checkpoints = os.path.join(tmp_path, "reference", "e2e", "latest", "checkpoints")
     reference = load_checkpoint(os.path.join(checkpoints, "last.pt"))

@@ -15,7 +15,7 @@ from artifacts.checkpoint import load_checkpoint, save_checkpoint
 from artifacts.trained_model import load_trained_model
 from core.shards import parse_shard, shard
 from datasets.clip_transform import ClipTransform
-from datasets.device_input import InputPreparer
+from datasets.device_input import DeviceInputs
 from datasets.manifest import VideoRecord, read_manifest
 from datasets.video.choice import open_reader
 from datasets.video.probe import probe
@@ -86,7 +86,7 @@ def test_a_features_file_reads_back_against_the_chunk_arithmetic_and_a_direct_fo
     transform = ClipTransform(dataclasses.replace(cfg.data, test_crops=1), training=False)
     plan = transform.plan([(reader_info.height, reader_info.width)], None)[0]
     reader = open_reader(video, plan.decoded)
-    prepare = InputPreparer(torch.device("cpu"), cfg.data.mean, cfg.data.std)
+    prepare = DeviceInputs(torch.device("cpu"), cfg.data.mean, cfg.data.std)
     for k in (0, len(windows) - 1):
         s, e = windows[k]
         frames = torch.from_numpy(reader.read([i * stride for i in range(s, e)])).permute(0, 3, 1, 2)
@@ -215,7 +215,7 @@ def test_clips_times_crops_views_read_the_right_frames_and_average_by_hand(barco
     runtime = Runtime(torch.device("cpu"), "32")
     metrics, view_rows, video_rows = evaluate_dataset(Brightness(), dataset, cfg, runtime, ["a", "b"])
     assert metrics["num_clips"] == 9 and len(view_rows) == 9
-    prepare = InputPreparer(torch.device("cpu"), cfg.data.mean, cfg.data.std)
+    prepare = DeviceInputs(torch.device("cpu"), cfg.data.mean, cfg.data.std)
     by_hand = torch.stack(
         [Brightness()(prepare({"video": dataset[v]["video"].unsqueeze(0)}))[0].softmax(0) for v in range(9)]
     ).mean(dim=0)

@@ -17,7 +17,8 @@ import train
 from config import ConfigError, load_config
 from core.logs import detach_log_file
 from core.runtime import setup_runtime
-from engine.training.build import build_trainer
+from engine.training import build
+from engine.training.build import build_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,8 +32,8 @@ def test_a_gpu_preset_without_cuda_stops_at_once_with_the_way_out(monkeypatch):
         "GPU (trainer.memory_budget_gb); use configs/cpu.yaml, or add --device cpu to run it "
         "on the CPU anyway"
     )
-    train.refuse_gpu_preset_without_cuda(load_config("configs/rtx5080.yaml"), "x", "cpu")  # --device cpu: allowed
-    train.refuse_gpu_preset_without_cuda(load_config("configs/cpu.yaml"), "x", None)  # a CPU preset: allowed
+    build.refuse_gpu_preset_without_cuda(load_config("configs/rtx5080.yaml"), "x", "cpu")  # --device cpu: allowed
+    build.refuse_gpu_preset_without_cuda(load_config("configs/cpu.yaml"), "x", None)  # a CPU preset: allowed
 
 
 @pytest.mark.parametrize("asked", ["cuda", "auto", None])
@@ -69,7 +70,7 @@ def test_dataloader_workers_are_capped_to_the_cores(monkeypatch, caplog):
 def test_ctrl_c_saves_last_pt_says_how_to_resume_and_exits_130(synthetic_root, tmp_path):
     # a terminal's Ctrl-C: SIGINT to the whole process group, the DataLoader workers included; epochs of 0.1 s,
     # so it often lands while an epoch's workers shut down (where a plain KeyboardInterrupt used to be lost)
-    args = overrides(synthetic_root, tmp_path, "trainer.max_epochs=100000", "data.num_workers=2")
+    args = overrides(synthetic_root, tmp_path, "train.max_epochs=100000", "data.num_workers=2")
     process = subprocess.Popen(
         [sys.executable, "train.py", *args],
         cwd=ROOT,
@@ -98,7 +99,7 @@ def test_ctrl_c_saves_last_pt_says_how_to_resume_and_exits_130(synthetic_root, t
     last = os.path.join(tmp_path, "e2e", "latest", "checkpoints", "last.pt")
     assert os.path.exists(last)
     resumed = subprocess.run(
-        [sys.executable, "train.py", *overrides(synthetic_root, tmp_path, "trainer.max_epochs=1"), "--resume", "auto"],
+        [sys.executable, "train.py", *overrides(synthetic_root, tmp_path, "train.max_epochs=1"), "--resume", "auto"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -108,7 +109,7 @@ def test_ctrl_c_saves_last_pt_says_how_to_resume_and_exits_130(synthetic_root, t
 
 
 def test_a_run_leaves_its_log_timed_metrics_and_memory_rows(synthetic_root, tmp_path):
-    assert train.main(overrides(synthetic_root, tmp_path, "train.log_every=1000")) == 0
+    assert train.main(overrides(synthetic_root, tmp_path, "trainer.log_every=1000")) == 0
     run_dir = os.path.join(tmp_path, "e2e", "latest")
     log_lines = open(os.path.join(run_dir, "train.log")).read().splitlines()
     assert any(" INFO epoch 2/2: train_loss" in line for line in log_lines)
@@ -128,10 +129,10 @@ def test_a_run_without_a_checkpoint_never_becomes_latest(synthetic_root, tmp_pat
     first = os.path.realpath(os.path.join(tmp_path, "e2e", "latest"))
     cfg = load_config(None, overrides(synthetic_root, tmp_path)[3::2])
     runtime = setup_runtime(cfg.trainer)
-    trainer, _, _ = build_trainer(cfg, runtime)  # made its run directory, then "killed": no checkpoint
-    assert os.path.isdir(trainer.run.path) and trainer.run.path != first
+    run, _, _ = build_run(cfg, runtime)  # made its run directory, then "killed": no checkpoint
+    assert os.path.isdir(run.directory.path) and run.directory.path != first
     assert os.path.realpath(os.path.join(tmp_path, "e2e", "latest")) == first
-    detach_log_file(trainer.report.log_file)
+    detach_log_file(run.report.log_file)
 
 
 def test_the_crontab_line_works_before_the_experiment_exists(tmp_path):
@@ -164,12 +165,12 @@ def test_a_gpu_preset_does_not_fall_back_to_the_demo_data(monkeypatch):
         train.main(["--config", "configs/rtx5080.yaml"])
     assert str(info.value).startswith(
         "configs/rtx5080.yaml: data.data_dir is not set, and a GPU preset does not "
-        "fall back to the demo's data/synthetic: set data.data_dir (and "
+        "fall back to the demo's data/synthetic: add --set data.data_dir=DIR (the folder of your manifests"
     )
     assert "root/<class>/<video>" in str(info.value)
     origins = {}
     cfg = load_config("configs/rtx5080.yaml", ["data.data_dir=/data/clips"], origins=origins)
-    train.refuse_demo_data_for_gpu_preset(cfg, origins, "configs/rtx5080.yaml")  # set: accepted
+    build.refuse_demo_data_for_gpu_preset(cfg, origins, "configs/rtx5080.yaml")  # set: accepted
 
 
 def test_a_missing_manifest_names_its_key_and_the_accepted_forms(tmp_path):
@@ -206,7 +207,6 @@ def test_infer_reads_the_class_folder_layout_and_says_which_checkpoint_and_why(t
     import shutil
 
     run_dir, runs = trained_run
-    videos = os.path.join(synthetic_root, "videos")
     records = [json.loads(t) for t in open(os.path.join(synthetic_root, "test.jsonl")).read().splitlines()][:4]
     for record in records:  # root/<class>/<video>, the layout training accepts
         os.makedirs(tmp_path / "clips" / record["label"], exist_ok=True)
@@ -233,4 +233,3 @@ def test_infer_reads_the_class_folder_layout_and_says_which_checkpoint_and_why(t
         f"experiment 'e2e' ({tmp_path / 'preset.yaml'}))"
     )
     assert "(true: " in result.stdout and "accuracy: " in result.stdout  # labels from the folders
-    assert os.path.isdir(videos)

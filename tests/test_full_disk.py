@@ -215,7 +215,7 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
 def test_a_real_full_disk_training_evaluation_and_features(synthetic_root, small_disk, capsys):
     out = small_disk / "runs"
     args = overrides(synthetic_root, out)
-    assert train.main(overrides(synthetic_root, out, "trainer.max_epochs=1")) == 0
+    assert train.main(overrides(synthetic_root, out, "train.max_epochs=1")) == 0
     run_dir = os.path.realpath(str(out / "e2e" / "latest"))
     filler = fill(small_disk, 48 * 1024)
     result = run("train.py", *args, "--resume", "auto")
@@ -283,7 +283,7 @@ def test_loaders_leave_no_stall_folder_behind(synthetic_root, tmp_path, monkeypa
     monkeypatch.setattr(
         engine.data.loaders, "process_temp_dir", lambda prefix: made.append(process_temp_dir(prefix)) or made[-1]
     )
-    args = overrides(synthetic_root, tmp_path / "runs", "trainer.max_epochs=1", "data.sample_timeout_s=60")
+    args = overrides(synthetic_root, tmp_path / "runs", "train.max_epochs=1", "data.sample_timeout_s=60")
     assert train.main(args + ["--stop-after-steps", "1"]) == 0
     assert len(made) == 2 and not os.path.exists(stale)  # the training and the validation loader's
     gc.collect()
@@ -300,7 +300,7 @@ def test_training_states_the_disk_it_needs_and_warns_when_it_is_short(
 
     import planner.disk
 
-    args = overrides(synthetic_root, tmp_path / "runs", "trainer.max_epochs=1", "train.keep_last_k=4")
+    args = overrides(synthetic_root, tmp_path / "runs", "train.max_epochs=1", "train.keep_last_k=4")
     monkeypatch.setattr(planner.disk, "free_bytes", lambda path: 2**20)  # 1 MB free
     with caplog.at_level(logging.INFO, logger="longvideo"):
         assert train.main(args + ["--stop-after-steps", "1"]) == 0

@@ -39,7 +39,7 @@ def test_tensorboard_on_a_full_disk_turns_off_in_one_warning_and_the_run_finishe
 
     out = small_disk / "runs"
     args = overrides(synthetic_root, out, "trainer.tensorboard=true")
-    assert train.main(overrides(synthetic_root, out, "trainer.tensorboard=true", "trainer.max_epochs=1")) == 0
+    assert train.main(overrides(synthetic_root, out, "trainer.tensorboard=true", "train.max_epochs=1")) == 0
     calls = full_during(monkeypatch, small_disk, artifacts.tensorboard, "append_whole")
     with caplog.at_level(logging.INFO, logger="longvideo"):
         assert train.main(args + ["--resume", "auto"]) == 0
@@ -83,8 +83,9 @@ def test_the_feature_bank_on_a_full_disk_stops_the_run_in_one_line_and_the_resum
 
 
 def test_the_allocator_snapshot_on_a_full_disk_is_one_warning_and_the_back_off_goes_on(small_disk, monkeypatch, caplog):
-    from test_training_loop import NoBatchNorm, loop, make_trainer
+    from test_training_loop import NoBatchNorm, make_run
 
+    import train
     from engine.training import oom
 
     snapshots, fillers = [], []
@@ -96,14 +97,12 @@ def test_the_allocator_snapshot_on_a_full_disk_is_one_warning_and_the_back_off_g
         return {"segments": [b"x" * 4096]}
 
     monkeypatch.setattr(oom.memory_monitor, "allocator_snapshot", snapshot)
-    trainer, loader = make_trainer(
-        NoBatchNorm(oom_above=2), 8, 1, small_disk, count=8, **{"trainer.memory_snapshot": "on_oom"}
-    )
-    trainer.report.memory_history = True  # as start_memory_history leaves a CUDA run
+    run, loader = make_run(NoBatchNorm(oom_above=2), 8, 1, small_disk, count=8, **{"trainer.memory_snapshot": "on_oom"})
+    run.report.memory_history = True  # as start_memory_history leaves a CUDA run
     with caplog.at_level(logging.WARNING, logger="longvideo"):
-        loop.train_one_epoch(trainer, loader)
+        train.train_one_epoch(run, loader)
     os.unlink(fillers[0])
-    assert trainer.state.global_step > 0  # the back-off went on to 2 clips per forward and trained
+    assert run.state.global_step > 0  # the back-off went on to 2 clips per forward and trained
     failed = [r.getMessage() for r in caplog.records if "is not kept" in r.getMessage()]
     assert failed == [
         f"{small_disk / 'memory_snapshot.pickle'}: cannot write it: the disk is full (0.0 MB free there); the "
@@ -158,7 +157,7 @@ def test_the_training_curves_on_a_full_disk_stop_in_one_line_and_the_resume_draw
     import artifacts.plots
 
     out = small_disk / "runs"
-    args = overrides(synthetic_root, out, "trainer.max_epochs=1", "trainer.plots=true")
+    args = overrides(synthetic_root, out, "train.max_epochs=1", "trainer.plots=true")
     full_during(monkeypatch, small_disk, artifacts.plots, "save_figure")
     with pytest.raises(DiskFullError, match=r"training_curves\.png: cannot write it: the disk is full"):
         train.main(args)
@@ -178,7 +177,7 @@ def test_cross_validations_tables_on_a_full_disk_stop_in_one_line_and_the_rerun_
     root = str(tmp_path / "mstcn")
     generate_features(root, videos=8, frames=200, splits=2, quiet=True)
     out = small_disk / "cv"
-    args = ["--root", root, "--splits", "1", "--out", str(out), "--set", "trainer.max_epochs=1"]
+    args = ["--root", root, "--splits", "1", "--out", str(out), "--set", "train.max_epochs=1"]
     full_during(monkeypatch, small_disk, cross_validation, "atomic_write_bytes", nth=2)  # segmentation.json
     with pytest.raises(DiskFullError, match=r"segmentation\.json: cannot write it: the disk is full"):
         cross_validation.main(args)

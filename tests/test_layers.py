@@ -15,7 +15,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("core", "config", "datasets", "models", "artifacts", "engine", "planner", "harness")
+PACKAGES = ("core", "config", "datasets", "models", "artifacts", "engine", "planner")
 SCRIPTS = ("train", "eval", "infer_chunked")
 LINT_IMPORTS = os.path.join(os.path.dirname(sys.executable), "lint-imports")
 
@@ -43,11 +43,15 @@ def test_the_import_contracts_hold():
 @pytest.mark.parametrize(
     "change, extra, broken",
     [
-        ("config/__init__.py", "import engine.training.loop\n", "Layers"),  # an upward import
+        ("config/__init__.py", "import engine.training.run\n", "Layers"),  # an upward import
         ("datasets/manifest.py", "import models.registry\n", "Layers"),  # a sibling package of its layer
         ("core/files.py", "from core import errors\n", "No cycle"),  # with errors importing files
-        ("engine/training/loop.py", "import train\n", "No package imports a script"),
-        ("engine/training/loop.py", "import harness.elastic\n", "Layers"),  # the runtime driven, never driving
+        ("engine/training/oom.py", "import train\n", "No package imports a script"),
+        (
+            "engine/evaluation/watch.py",
+            "import engine.training.oom\n",
+            "The engine by concept",
+        ),  # evaluation under training
     ],
 )
 def test_each_contract_fails_when_broken(tmp_path, change, extra, broken):
@@ -149,8 +153,9 @@ def test_the_architecture_doc_names_every_module_and_only_modules_that_exist(tmp
     assert modules_in_the_tree(root) - modules_in_the_architecture(text) == {"engine/newcomer.py"}
 
 
-def long_script_functions(root: str = ROOT, limit: int = 50) -> list[str]:
-    """The scripts' functions of ``limit`` lines or more: a script wires, the packages hold the work."""
+def long_script_functions(root: str = ROOT, limit: int = 90) -> list[str]:
+    """The scripts' functions of ``limit`` lines or more: a script's loop reads on a screen and a half, and what
+    the project adds to it (chunks, the OOM back-off, exact resume, the watchdog) is one named call each."""
     found = []
     for name in SCRIPTS:
         tree = ast.parse(open(os.path.join(root, f"{name}.py")).read())
@@ -162,8 +167,8 @@ def long_script_functions(root: str = ROOT, limit: int = 50) -> list[str]:
     return found
 
 
-def test_no_script_function_is_50_lines_or_longer(tmp_path):
+def test_no_script_function_is_90_lines_or_longer(tmp_path):
     assert long_script_functions() == []
     root = copy_of_the_tree(tmp_path)
-    (tmp_path / "eval.py").write_text("def long():\n" + "    pass\n" * 49)
-    assert long_script_functions(root) == ["eval.py:1 long: 50 lines"]
+    (tmp_path / "eval.py").write_text("def long():\n" + "    pass\n" * 89)
+    assert long_script_functions(root) == ["eval.py:1 long: 90 lines"]

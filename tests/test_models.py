@@ -33,7 +33,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(name):
     clip = {"video": torch.randn(2, 3, 4, 32, 32)}
 
     def grads(enabled):
-        model.set_grad_checkpointing(enabled)
+        model.set_recompute_blocks(enabled)
         model.zero_grad()
         torch.manual_seed(1)
         model(clip).sum().backward()
@@ -50,7 +50,7 @@ def small_shape(backbone) -> tuple:
 
 @pytest.mark.parametrize("name", registered_names())
 def test_every_registered_backbone_runs_forward_and_backward_at_its_smallest_clip(name):
-    model = build_model(model_cfg(backbone=name, grad_checkpointing="true"), 3)
+    model = build_model(model_cfg(backbone=name, recompute_blocks="true"), 3)
     shape = small_shape(model.rgb)
     clips = 1 if hasattr(model.rgb, "shape") else 2  # one 224x224 clip of the fixed-shape transformer: its whole cost
     logits = model({"video": torch.randn(clips, 3, *shape)})
@@ -100,14 +100,6 @@ def test_a_clip_of_the_wrong_shape_for_mvit_names_the_shape_it_needs():
         "mvit_v2_s needs clips of exactly 16 frames at 224x224, got 8x112x112; set "
         "data.num_frames: 16, data.img_size: [224, 224] and infer.chunk_size: 16"
     )
-
-
-def test_weighted_fusion_learns_a_weighting_of_both_branches():
-    model = build_model(model_cfg(input_type="rgb_kpt", fusion="weighted"), 4, kpt_shape=(5, 3))
-    logits = model({"video": torch.randn(2, 3, 8, 16, 16), "kpt": torch.rand(2, 8, 5, 3)})
-    logits.sum().backward()
-    assert model.fusion_logits.grad is not None and model.fusion_logits.grad.abs().sum() > 0
-    assert model.feature_dim == model.rgb.feature_dim
 
 
 def test_unknown_model_lists_the_known_names():

@@ -140,7 +140,7 @@ def test_each_datasets_preset_runs_as_documented_on_that_datasets_labels(tmp_pat
         assert summary["config"] == f"configs/mstcn-{name}.yaml" and list(summary["splits"]) == ["1"]
     wrong = run_as_written(
         "python -m engine.evaluation.cross_validation --config configs/mstcn-gtea.yaml --root data/breakfast --splits 1 "
-        "--out runs/wrong --set trainer.max_epochs=2",
+        "--out runs/wrong --set train.max_epochs=2",
         folder,
     )
     errors = [line for line in wrong.stderr.splitlines() if line.startswith("error:")]
@@ -186,7 +186,7 @@ def train_error(root, tmp_path) -> str:
         "--set",
         f"trainer.output_dir={tmp_path / 'runs'}",
         "--set",
-        "trainer.max_epochs=1",
+        "train.max_epochs=1",
     )
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()

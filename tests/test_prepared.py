@@ -204,7 +204,7 @@ def test_training_evaluation_and_streaming_read_the_copies_and_say_so(prepared_s
     for index in range(len(from_sources)):
         a, b = from_sources[index], from_copies[index]
         assert a["label"] == b["label"] and a["frame_indices"].tolist() == b["frame_indices"].tolist()
-        # the re-encode's loss at data.prepared_crf 18: 2.13 of 255 on average over these textured 32x32 clips
+        # the re-encode's loss at x264 quality 18 (datasets.prepared_copies.PREPARED_CRF): 2.13 of 255 on average over these textured 32x32 clips
         assert (a["video"].float() - b["video"].float()).abs().mean() < 4.0
     # streaming (infer_chunked.py, eval.py's whole windows, --features) opens the copy as well
     spec = type("Spec", (), {"chunk": 4, "overlap": 0, "aggregation": "mean", "batch": 2, "decode_threads": 1})()

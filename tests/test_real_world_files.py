@@ -128,7 +128,6 @@ def test_training_evaluation_and_streaming_see_the_same_upright_pixels_whatever_
             num_frames=8,
             img_size=size,
             augment=True,
-            crop_scale=[0.6, 1.0],
             color_jitter=0.2,
         )
         augmented.set_epoch(1)
@@ -150,21 +149,6 @@ def test_training_evaluation_and_streaming_see_the_same_upright_pixels_whatever_
     assert frame.shape[:2] == tuple(size) and quadrants(frame).tolist() == displayed(LAYOUT, case).tolist()
 
 
-def test_autorotate_false_reads_the_stored_orientation_everywhere(turned, tmp_path):
-    path = turned["90"]
-    sample = dataset_of(path, tmp_path, "pyav", False, num_frames=-1, img_size=[32, 48], autorotate=False)[0]
-    frame = sample["video"].permute(1, 2, 3, 0).numpy()[0]
-    assert quadrants(frame).tolist() == LAYOUT.tolist()
-    data = load_config(None, ["data.autorotate=false", "data.img_size=[32, 48]"]).data
-    stream = ChunkStream(VideoRecord({"video": path}, where="test"), data, InferenceSpec(chunk=8, overlap=0))
-    try:
-        first = next(iter(stream))[1]["video"][0]
-    finally:
-        stream.close()
-    np.testing.assert_array_equal(first.numpy(), sample["video"][:, :8].numpy())
-
-
-# ------------------------------------------------------------------------------------------------ damaged files
 def write_front_indexed(path: str, num_frames: int = 200) -> str:
     """H.264 with B-frames in MP4 with its index (moov) at the front, as cameras and `-movflags faststart` write it:
     a copy interrupted half-way keeps a header that lists every frame."""

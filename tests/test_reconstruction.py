@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from test_chunked_training import MEAN, STD, clip_batch, small_model
 
 from config import load_config, saved_config
-from datasets.device_input import InputPreparer
+from datasets.device_input import DeviceInputs
 from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec
-from engine.training.step import label_loss, training_loss
-from models.reconstruction import THUMBNAIL, ChunkDecoder, chunk_thumbnail, thumbnail_size
+from engine.training.step import label_loss, training_losses
+from models.reconstruction import THUMBNAIL, chunk_thumbnail, thumbnail_size
 from models.temporal import clip_contrast
 
 
@@ -75,20 +74,21 @@ def test_the_decoder_leaves_every_other_layer_initialized_as_without_it():
 
 def test_the_training_step_adds_the_weighted_reconstruction_loss_and_trains_the_backbone_by_it():
     model = small_model(temporal_head="transformer", chunk_reconstruction=0.5)
-    prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
-    forward = ChunkedTrainingForward(model, prepare.normalize).train()
-    inputs, spec = prepare.transfer(clip_batch(length=24)), ChunkSpec(size=8, overlap=0)
+    device_inputs = DeviceInputs(torch.device("cpu"), MEAN, STD)
+    forward = ChunkedTrainingForward(model, device_inputs.normalize).train()
+    inputs, spec = device_inputs.transfer(clip_batch(length=24)), ChunkSpec(size=8, overlap=0)
     piece = {"label": torch.tensor([0, 2])}
     cfg = load_config(None, []).train
     torch.manual_seed(0)
     outputs = forward(inputs, spec)
     assert outputs.auxiliary is not None and outputs.auxiliary.dim() == 0
-    loss = training_loss(outputs, piece, spec, cfg, torch.nn.CrossEntropyLoss())
-    assert torch.allclose(loss, label_loss(outputs, piece, spec, cfg, torch.nn.CrossEntropyLoss()) + outputs.auxiliary)
+    label, auxiliary = training_losses(outputs, piece, spec, cfg, torch.nn.CrossEntropyLoss())
+    assert torch.equal(label, label_loss(outputs, piece, spec, cfg, torch.nn.CrossEntropyLoss()))
+    assert auxiliary is outputs.auxiliary
 
     # by hand: the decoder over the head's input features against each chunk's thumbnail relative to its clip
     features = torch.stack(
-        [model.features(prepare.normalize({"video": inputs["video"][:, :, s : s + 8]})) for s in (0, 8, 16)], 1
+        [model.features(device_inputs.normalize({"video": inputs["video"][:, :, s : s + 8]})) for s in (0, 8, 16)], 1
     )
     thumbs = torch.stack([chunk_thumbnail(inputs["video"][:, :, s : s + 8]) for s in (0, 8, 16)], 1)
     centred = thumbs - thumbs.mean(dim=1, keepdim=True)
@@ -111,24 +111,18 @@ def test_an_epoch_s_row_gives_the_label_s_loss_apart_from_the_reconstruction_s(t
     here against the same forward by hand; without it, the row has no such column."""
     import copy
 
-    from test_training_loop import make_trainer
+    from test_training_loop import make_run
 
-    from engine.training import loop
-    from engine.training.step import step_losses
+    import train
 
     model = small_model(temporal_head="transformer", chunk_reconstruction=weight)
-    trainer, loader = make_trainer(model, 4, 1, tmp_path, count=4, **{"train.chunk_train_size": 2})
+    run, loader = make_run(model, 4, 1, tmp_path, count=4, **{"train.chunk_train_size": 2})
     batch = next(iter(loader))
-    by_hand = ChunkedTrainingForward(copy.deepcopy(model), trainer.prepare.normalize).train()
-    label, auxiliary = step_losses(  # with a graph, as in training: the decoder runs only then
-        by_hand,
-        trainer.prepare.transfer({"video": batch["video"]}),
-        {"label": batch["label"]},
-        trainer.chunk_spec(),
-        trainer.cfg.train,
-        trainer.criterion,
-    )
-    row = loop.train_one_epoch(trainer, loader)  # one batch: the epoch's mean is that batch's
+    by_hand = ChunkedTrainingForward(copy.deepcopy(model), run.inputs.normalize).train()
+    spec = run.chunk_spec()
+    outputs = by_hand(run.inputs.transfer({"video": batch["video"]}), spec)  # with a graph: the decoder runs
+    label, auxiliary = run.losses(outputs, {"label": batch["label"]}, spec)
+    row = train.train_one_epoch(run, loader)  # one batch: the epoch's mean is that batch's
     if weight == 0:
         assert auxiliary is None and "train_label_loss" not in row
         assert row["train_loss"] == pytest.approx(label.item(), rel=1e-5)
@@ -140,11 +134,11 @@ def test_an_epoch_s_row_gives_the_label_s_loss_apart_from_the_reconstruction_s(t
 
 def test_a_clip_of_one_chunk_trains_the_decoder_towards_nothing_so_no_parameter_lacks_a_gradient():
     model = small_model(temporal_head="transformer", chunk_reconstruction=1)
-    prepare = InputPreparer(torch.device("cpu"), MEAN, STD)
-    forward = ChunkedTrainingForward(model, prepare.normalize).train()
-    inputs = prepare.transfer(clip_batch(length=8))
+    device_inputs = DeviceInputs(torch.device("cpu"), MEAN, STD)
+    forward = ChunkedTrainingForward(model, device_inputs.normalize).train()
+    inputs = device_inputs.transfer(clip_batch(length=8))
     outputs = forward(inputs, ChunkSpec(size=8, overlap=0))
-    features = model.features(prepare.normalize(inputs))
+    features = model.features(device_inputs.normalize(inputs))
     assert torch.allclose(outputs.auxiliary, model.reconstruction.decode(features).pow(2).mean(), atol=1e-6)
     outputs.auxiliary.backward()
     assert all(p.grad is not None for p in model.reconstruction.parameters())  # DDP needs every one
@@ -159,7 +153,7 @@ def test_evaluation_loads_a_checkpoint_with_a_decoder_as_a_model_without_one(tmp
     from datasets.shape import DataShape
     from models import build_model
 
-    changes = ["model.width=4", "model.temporal_head=transformer", "model.temporal_width=16"]
+    changes = ["model.width=4", "model.temporal_head=transformer"]
     cfg = load_config(None, [*changes, "model.chunk_reconstruction=1"])
     torch.manual_seed(0)
     trained = build_model(cfg.model, num_classes=3, num_views=1)
@@ -172,48 +166,3 @@ def test_evaluation_loads_a_checkpoint_with_a_decoder_as_a_model_without_one(tmp
     kept = {k: v for k, v in state.items() if not k.startswith("reconstruction.")}
     assert loaded.state_dict().keys() == kept.keys()
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in kept.items())
-
-
-@pytest.mark.parametrize("modality", ["motion", "texture", "repetition"])
-def test_the_edges_and_motion_target_tells_apart_kinds_of_event_that_the_colour_one_cannot(modality):
-    """Two kinds of event of the task families (datasets/long_range_tasks.py) with the same light: a square moving
-    right or left, stripes across or along the rows, one pulse or two. Their mean-colour thumbnails are nearly the
-    same, or differ by less than the event differs from an empty chunk; with the edges and the change from frame to
-    frame they differ by about as much."""
-    from datasets.long_range_tasks import REPETITION_FRAMES, event_frame
-
-    rng = np.random.default_rng(0)
-    length = REPETITION_FRAMES if modality == "repetition" else 8  # the families' shortest events
-    grey = [rng.integers(90, 166, size=(32, 32, 3), dtype=np.uint8) for _ in range(64)]
-
-    def chunk(kind: str) -> torch.Tensor:
-        """A chunk of 16 clip frames at stride 4, as the families train, the event from its fifth clip frame on:
-        [1, 3, 16, 32, 32]."""
-        video = [
-            event_frame(modality, kind, t - 16, length, grey[t])
-            if 16 <= t < 16 + length and kind != "none"
-            else grey[t]
-            for t in range(0, 64, 4)
-        ]
-        return torch.from_numpy(np.stack(video)).permute(3, 0, 1, 2).unsqueeze(0)
-
-    a, b, empty = (chunk_thumbnail(chunk(kind), "colour_edges_motion") for kind in ("A", "B", "none"))
-    assert a.shape == (1, thumbnail_size("colour_edges_motion")) == (1, 160)
-    assert torch.equal(a[:, :48], chunk_thumbnail(chunk("A")))  # the colour part is the colour thumbnail
-
-    def apart(part: slice) -> float:  # how far A is from B, against how far the event is from an empty chunk
-        return float((a[:, part] - b[:, part]).norm() / (a[:, part] - empty[:, part]).norm())
-
-    # measured: colour 0.70, 0.00, 0.01 (motion, texture, repetition); the rest 0.94, 1.27, 1.25
-    assert apart(slice(48, 160)) > max(0.9, apart(slice(0, 48))), (apart(slice(0, 48)), apart(slice(48, 160)))
-
-
-def test_each_part_of_the_target_is_relative_to_its_clip_on_its_own_scale():
-    decoder = ChunkDecoder(feature_dim=4, weight=1.0, target="colour_edges_motion")
-    thumbs = torch.rand(2, 5, 160)
-    thumbs[..., 48:] *= 0.01  # the grey differences are far smaller than the colours
-    torch.nn.init.zeros_(decoder.decode.weight)
-    torch.nn.init.zeros_(decoder.decode.bias)
-    # predicting zeros costs the mean square of the target: 1 for each of the 4 parts at unit scale, whatever its
-    # size (48, 32, 64 and 16 values)
-    assert decoder(torch.zeros(2, 5, 4), thumbs).item() == pytest.approx(4.0, abs=0.01)

@@ -121,9 +121,8 @@ def training_args(data, tmp_path, workers, policy, *extra):
         f"data.on_bad_video={policy}",
         f"data.sample_timeout_s={TIMEOUT_S}",
         "data.val_manifest=val.jsonl",
-        "trainer.max_epochs=1",
+        "train.max_epochs=1",
         "data.batch_size=2",
-        f"data.index_cache={tmp_path / 'index.json'}",
         *extra,
     )
     return ["train.py", *args]
@@ -131,7 +130,7 @@ def training_args(data, tmp_path, workers, policy, *extra):
 
 def index_without_stall(data, tmp_path):
     """The main process indexes from the cache: the stall then comes in a DataLoader worker's open."""
-    cfg = load_config(None, [f"data.data_dir={data}", f"data.index_cache={tmp_path / 'index.json'}"])
+    cfg = load_config(None, [f"data.data_dir={data}", f"trainer.output_dir={tmp_path / 'runs'}"])  # the run's index
     VideoWindowDataset(
         read_manifest(str(data / "train.jsonl")),
         ["down", "grow", "left", "right", "shrink", "up"],

@@ -11,7 +11,7 @@ import torch
 from config import load_config
 from core.runtime import Runtime
 from datasets.bad_input import BadInputReport
-from datasets.device_input import InputPreparer
+from datasets.device_input import DeviceInputs
 from datasets.segmentation_task import SEGMENT_CLASSES, generate_segmentation
 from datasets.video.info import VideoReadError
 from datasets.video_dataset import build_dataset
@@ -49,8 +49,6 @@ def whole_window_cfg(root, *extra):
             "data.num_workers=0",
             "data.sample_timeout_s=null",
             "model.width=4",
-            "model.temporal_width=16",
-            "model.temporal_attention_heads=2",
             "infer.chunk_size=8",
             "infer.chunk_overlap=2",
             "infer.chunks_per_forward=3",
@@ -75,7 +73,7 @@ def evaluated(cfg, streamed: bool, monkeypatch, dataset=None):
         metrics = evaluation.evaluate(
             model,
             loader,
-            InputPreparer(runtime.device, cfg.data.mean, cfg.data.std),
+            DeviceInputs(runtime.device, cfg.data.mean, cfg.data.std),
             runtime,
             cfg.infer,
             len(dataset.class_names),

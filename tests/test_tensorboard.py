@@ -40,7 +40,7 @@ def test_every_metrics_and_memory_scalar_is_an_event(synthetic_root, tmp_path, c
 def test_without_the_package_auto_changes_nothing_and_true_is_refused(synthetic_root, tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(tensorboard, "available", lambda: False)
     with caplog.at_level(logging.INFO, logger="longvideo"):
-        assert train.main(overrides(synthetic_root, tmp_path, "trainer.max_epochs=1")) == 0
+        assert train.main(overrides(synthetic_root, tmp_path, "train.max_epochs=1")) == 0
     assert not os.path.exists(tmp_path / "e2e" / "latest" / "tb") and "TensorBoard" not in caplog.text
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "tensorboard" else object())
     with pytest.raises(ConfigError) as info:

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 
+import train
 from engine.data.feature_files import collate_features
 from engine.inference.timeline import frame_probabilities, segments_of_frames
-from engine.training.step import training_loss
-from models.temporal import temporal_head
+from engine.training.step import label_loss
+from models.temporal import TCN_STAGES, temporal_head
 
 # ------------------------------------------------------------------------------------------- per-frame blending
 
@@ -51,7 +52,7 @@ def test_segments_of_frames_are_runs_in_frames_and_seconds_without_the_unannotat
 
 def test_tcn_padding_changes_nothing_in_the_real_chunks_and_its_loss_counts_every_stage():
     torch.manual_seed(0)
-    head = temporal_head(8, 3, kind="tcn", width=16, stages=3, tcn_layers=4).eval()
+    head = temporal_head(8, 3, kind="tcn").eval()
     short, windows = torch.randn(1, 5, 8), torch.arange(10.0).view(1, 5, 2)
     alone = head(short, windows)
     padded = torch.cat([short, torch.randn(1, 3, 8)], dim=1)
@@ -59,17 +60,17 @@ def test_tcn_padding_changes_nothing_in_the_real_chunks_and_its_loss_counts_ever
     together = head(padded, torch.zeros(1, 8, 2), mask)
     assert torch.allclose(together.chunks[:, :5], alone.chunks, atol=1e-5)
     assert torch.allclose(together.clip, alone.clip, atol=1e-5)
-    assert len(together.stages) == 3 and together.stages[-1] is together.chunks
+    assert len(together.stages) == TCN_STAGES and together.stages[-1] is together.chunks
     # the multi-stage loss: each stage's cross-entropy on the labelled real chunks, plus the smoothing term
     outputs = together
     piece = {"chunk_labels": torch.tensor([[0, 0, 1, -1, 2, -1, -1, -1]]), "mask": mask}
     train_cfg = type("T", (), {"chunk_loss": "dense"})()
-    loss = training_loss(outputs, piece, None, train_cfg, torch.nn.CrossEntropyLoss())
+    loss = label_loss(outputs, piece, None, train_cfg, torch.nn.CrossEntropyLoss())
     labels = piece["chunk_labels"][0]
     counted = labels >= 0
     cross_entropy = sum(torch.nn.functional.cross_entropy(s[0][counted], labels[counted]) for s in together.stages)
     assert float(loss.detach()) > float(cross_entropy.detach())  # the smoothing adds to it
-    assert float(loss.detach()) < float(cross_entropy.detach()) + 0.15 * 16 * 3
+    assert float(loss.detach()) < float(cross_entropy.detach()) + 0.15 * 16 * TCN_STAGES
 
 
 def test_feature_batches_pad_with_a_mask_and_label_padding_minus_one():
@@ -99,18 +100,17 @@ def test_the_tcn_step_memory_the_planner_estimates_is_linear_in_video_length():
     from planner.features import feature_training_estimate
 
     cfg = load_config("configs/timelines-head.yaml")
-    short, long = (feature_training_estimate(cfg, 512, chunks, 1, 9) for chunks in (1000, 2000))
+    short, long = (feature_training_estimate(cfg, train.STEP, 512, chunks, 1, 9) for chunks in (1000, 2000))
     assert long.parameters == short.parameters
     assert 1.9 < long.activations / short.activations < 2.1
 
 
 def test_a_head_trained_alone_on_features_trains_at_train_lr():
-    """train.temporal_lr_scale scales the head against a backbone; a head that is all that trains has none."""
     from config import load_config
     from engine.training.optim import build_optimizer
     from models import build_feature_head
 
-    cfg = load_config("configs/timelines-head.yaml", ["train.lr=0.002", "train.temporal_lr_scale=0.3"])
+    cfg = load_config("configs/timelines-head.yaml", ["train.lr=0.002"])
     optimizer = build_optimizer(build_feature_head(cfg.model, 64, 9), cfg.train)
     assert [group["lr"] for group in optimizer.param_groups] == [0.002, 0.002]
     assert {group["name"] for group in optimizer.param_groups} == {"model"}

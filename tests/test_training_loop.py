@@ -19,13 +19,12 @@ from artifacts.run_dir import RunDirectory
 from config import load_config
 from core import memory_monitor
 from core.runtime import Runtime
-from datasets.device_input import InputPreparer
+from datasets.device_input import DeviceInputs
 from datasets.shape import DataShape
-from engine.training import loop
 from engine.training.chunked_forward import ChunkedTrainingForward
+from engine.training.interrupt import saved_on_stop
 from engine.training.oom import OutOfMemoryAdvice, OutOfMemoryError
-from engine.training.step import optimizer_step
-from engine.training.trainer import NonFiniteLossError, Trainer
+from engine.training.run import NonFiniteLossError, TrainingRun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,7 +64,7 @@ def samples(count: int) -> list[dict]:
     ]
 
 
-def make_trainer(model, batch_size, accumulate, tmp_path, count=8, **cfg_changes):
+def make_run(model, batch_size, accumulate, tmp_path, count=8, **cfg_changes):
     cfg = load_config(
         None,
         [
@@ -79,13 +78,13 @@ def make_trainer(model, batch_size, accumulate, tmp_path, count=8, **cfg_changes
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     runtime = Runtime(torch.device("cpu"), "32")
     os.makedirs(tmp_path / "checkpoints", exist_ok=True)
-    prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
-    trainer = Trainer(
-        ChunkedTrainingForward(model, prepare.normalize),
+    device_inputs = DeviceInputs(runtime.device, cfg.data.mean, cfg.data.std)
+    run = TrainingRun(
+        ChunkedTrainingForward(model, device_inputs.normalize),
         optimizer,
         scheduler,
         runtime.grad_scaler(),
-        prepare,
+        device_inputs,
         runtime,
         cfg,
         RunDirectory(str(tmp_path)),
@@ -95,7 +94,7 @@ def make_trainer(model, batch_size, accumulate, tmp_path, count=8, **cfg_changes
         TrainState(),
     )
     loader = DataLoader(samples(count), batch_size=batch_size, shuffle=False)
-    return trainer, loader
+    return run, loader
 
 
 def weights(model):
@@ -103,20 +102,20 @@ def weights(model):
 
 
 def test_accumulating_4_micro_batches_of_2_equals_one_batch_of_8(tmp_path):
-    accumulated, loader = make_trainer(NoBatchNorm(), 2, 4, tmp_path / "a")
-    loop.train_one_epoch(accumulated, loader)
-    whole, loader = make_trainer(NoBatchNorm(), 8, 1, tmp_path / "b")
-    loop.train_one_epoch(whole, loader)
+    accumulated, loader = make_run(NoBatchNorm(), 2, 4, tmp_path / "a")
+    train.train_one_epoch(accumulated, loader)
+    whole, loader = make_run(NoBatchNorm(), 8, 1, tmp_path / "b")
+    train.train_one_epoch(whole, loader)
     assert accumulated.state.global_step == whole.state.global_step == 1
     for a, b in zip(weights(accumulated.model), weights(whole.model)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_the_last_short_group_of_an_epoch_is_stepped(tmp_path):
-    accumulated, loader = make_trainer(NoBatchNorm(), 2, 4, tmp_path / "a", count=10)  # groups of 8 and 2 clips
-    loop.train_one_epoch(accumulated, loader)
-    plain, loader = make_trainer(NoBatchNorm(), 8, 1, tmp_path / "b", count=10)  # batches of 8 and 2
-    loop.train_one_epoch(plain, loader)
+    accumulated, loader = make_run(NoBatchNorm(), 2, 4, tmp_path / "a", count=10)  # groups of 8 and 2 clips
+    train.train_one_epoch(accumulated, loader)
+    plain, loader = make_run(NoBatchNorm(), 8, 1, tmp_path / "b", count=10)  # batches of 8 and 2
+    train.train_one_epoch(plain, loader)
     assert accumulated.state.global_step == plain.state.global_step == 2
     for a, b in zip(weights(accumulated.model), weights(plain.model)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -124,30 +123,30 @@ def test_the_last_short_group_of_an_epoch_is_stepped(tmp_path):
 
 def test_out_of_memory_halves_the_micro_batch_and_keeps_the_effective_batch(tmp_path, caplog):
     model = NoBatchNorm(oom_above=2)
-    backed_off, loader = make_trainer(model, 8, 1, tmp_path / "a", count=16)
+    backed_off, loader = make_run(model, 8, 1, tmp_path / "a", count=16)
     with caplog.at_level(logging.WARNING, logger="longvideo"):
-        metrics = loop.train_one_epoch(backed_off, loader)
+        metrics = train.train_one_epoch(backed_off, loader)
     assert backed_off.state.micro_splits == 4 and metrics["clips_per_forward"] == 2
     assert "out of memory at 8 clips per forward: now 4 per forward" in caplog.text
     assert "out of memory at 4 clips per forward: now 2 per forward" in caplog.text
     assert model.batch_sizes[-4:] == [2, 2, 2, 2]  # the second batch went straight to the kept micro-batch
-    reference, loader = make_trainer(NoBatchNorm(), 8, 1, tmp_path / "b", count=16)
-    loop.train_one_epoch(reference, loader)
+    reference, loader = make_run(NoBatchNorm(), 8, 1, tmp_path / "b", count=16)
+    train.train_one_epoch(reference, loader)
     assert backed_off.state.global_step == reference.state.global_step == 2
     for a, b in zip(weights(backed_off.model), weights(reference.model)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_out_of_memory_at_one_clip_saves_and_gives_the_ordered_advice(tmp_path):
-    trainer, loader = make_trainer(NoBatchNorm(oom_above=0), 4, 1, tmp_path)
-    with pytest.raises(OutOfMemoryAdvice) as info, loop.saved_on_stop(trainer):
-        loop.train_one_epoch(trainer, loader)
+    run, loader = make_run(NoBatchNorm(oom_above=0), 4, 1, tmp_path)
+    with pytest.raises(OutOfMemoryAdvice) as info, saved_on_stop(run):
+        train.train_one_epoch(run, loader)
     message = str(info.value)
     # the back-off went 4 -> 2 -> 1 clips per forward, then chunks of 4 -> 2 -> 1 frames, before giving up
     assert message.startswith(
         f"out of memory with 1 clip per forward pass in chunks of 1 frame (the model's "
         f"shortest); saved {tmp_path}/checkpoints/last.pt. To fit, in this order: 1) smaller "
-        f"frames (data.img_size=[112, 112]), 2) model.grad_checkpointing: true (now false), "
+        f"frames (data.img_size=[112, 112]), 2) model.recompute_blocks: true (now false), "
         f"3) trainer.precision 16/bf16 (now 32), 4) a smaller model or preset"
     )
     saved = load_checkpoint(str(tmp_path / "checkpoints" / "last.pt"))
@@ -155,57 +154,63 @@ def test_out_of_memory_at_one_clip_saves_and_gives_the_ordered_advice(tmp_path):
 
 
 def test_the_step_raises_and_writes_nothing_the_one_save_is_saved_on_stop(tmp_path):
-    trainer, loader = make_trainer(NoBatchNorm(oom_above=0), 4, 1, tmp_path)
+    run, loader = make_run(NoBatchNorm(oom_above=0), 4, 1, tmp_path)
     with pytest.raises(OutOfMemoryAdvice) as info:
-        loop.train_one_epoch(trainer, loader)
+        train.train_one_epoch(run, loader)
     assert os.listdir(tmp_path / "checkpoints") == [] and "saved" not in str(info.value)
 
 
 def test_out_of_memory_at_one_clip_halves_the_chunk_and_resumes_with_it(tmp_path, caplog):
     model = NoBatchNorm(oom_frames_above=2)  # clips of 4 frames: only chunks of 2 fit
-    backed_off, loader = make_trainer(model, 2, 1, tmp_path / "a", count=8)
+    backed_off, loader = make_run(model, 2, 1, tmp_path / "a", count=8)
     with caplog.at_level(logging.WARNING, logger="longvideo"):
-        metrics = loop.train_one_epoch(backed_off, loader)
+        metrics = train.train_one_epoch(backed_off, loader)
     assert "out of memory at 1 clip per forward in chunks of 4 frames: now chunks of 2 frames" in caplog.text
     assert backed_off.state.micro_splits == 2 and backed_off.state.chunk_train_size == 2
     assert metrics["chunk_train_size"] == 2 and set(model.chunk_lengths[-4:]) == {2}
     # the same training, configured with chunks of 2 from the start: the same weights
-    reference, loader = make_trainer(NoBatchNorm(), 2, 1, tmp_path / "b", count=8, **{"train.chunk_train_size": 2})
-    loop.train_one_epoch(reference, loader)
+    reference, loader = make_run(NoBatchNorm(), 2, 1, tmp_path / "b", count=8, **{"train.chunk_train_size": 2})
+    train.train_one_epoch(reference, loader)
     for a, b in zip(weights(backed_off.model), weights(reference.model)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     # kept in the checkpoint and restored on resume
     path = backed_off.save("last.pt")
-    resumed, _ = make_trainer(NoBatchNorm(), 2, 1, tmp_path / "c")
+    resumed, _ = make_run(NoBatchNorm(), 2, 1, tmp_path / "c")
     state, _ = restore_training(path, resumed.model.module, resumed.optimizer, resumed.scheduler, resumed.scaler)
     assert state.chunk_train_size == 2 and state.micro_splits == 2
 
 
-def test_consecutive_non_finite_losses_stop_the_run_with_a_checkpoint(tmp_path):
-    trainer, loader = make_trainer(NoBatchNorm(nan=True), 2, 1, tmp_path, **{"trainer.max_nonfinite_steps": 3})
-    with pytest.raises(NonFiniteLossError) as info, loop.saved_on_stop(trainer):
-        loop.train_one_epoch(trainer, loader)
+def test_consecutive_non_finite_losses_stop_the_run_with_a_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setattr(train, "MAX_NONFINITE_STEPS", 3)
+    run, loader = make_run(NoBatchNorm(nan=True), 2, 1, tmp_path)
+    with pytest.raises(NonFiniteLossError) as info, saved_on_stop(run):
+        train.train_one_epoch(run, loader)
     assert str(info.value).startswith("3 consecutive non-finite losses at step 3; saved ")
-    assert trainer.state.skipped_steps == 3  # the steps with NaN gradients were not applied
+    assert run.state.skipped_steps == 3  # the steps with NaN gradients were not applied
     assert os.path.exists(tmp_path / "checkpoints" / "last.pt")
-    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert all(torch.isfinite(p).all() for p in run.model.parameters())
 
 
 @pytest.mark.parametrize("grad_clip", ["null", "1.0"])
 def test_a_step_with_an_infinite_gradient_and_a_finite_loss_is_skipped(tmp_path, grad_clip):
     """fp32 has no loss scaler to find non-finite gradients: the step checks their norm, with or without clipping."""
-    trainer, _ = make_trainer(NoBatchNorm(), 2, 1, tmp_path, **{"train.grad_clip": grad_clip})
-    params = list(trainer.model.parameters())
+    run, _ = make_run(NoBatchNorm(), 2, 1, tmp_path, **{"train.grad_clip": grad_clip})
+    params = list(run.model.parameters())
     before = [p.detach().clone() for p in params]
     for p in params:
         p.grad = torch.ones_like(p)
     params[-1].grad[0] = float("inf")
-    optimizer_step(trainer)
-    assert trainer.state.skipped_steps == 1 and all(torch.equal(a, b) for a, b in zip(before, params))
+    assert not step(run)
+    assert all(torch.equal(a, b) for a, b in zip(before, params)) and all(p.grad is None for p in params)
     for p in params:
         p.grad = torch.ones_like(p)
-    optimizer_step(trainer)
-    assert trainer.state.skipped_steps == 1 and not any(torch.equal(a, b) for a, b in zip(before, params))
+    assert step(run)
+    assert not any(torch.equal(a, b) for a, b in zip(before, params))
+
+
+def step(run) -> bool:
+    """train.py's optimizer step on a run's pieces."""
+    return train.optimizer_step(run.model, run.optimizer, run.scaler, run.scheduler, run.max_grad_norm)
 
 
 def test_leak_detector_fires_on_steady_growth_only():
@@ -226,24 +231,22 @@ def test_leak_detector_fires_on_steady_growth_only():
 
 def test_leak_detector_on_a_real_leaking_validation(synthetic_root, tmp_path, monkeypatch, caplog):
     kept = []
-    real_evaluate = loop.evaluate
+    real_evaluate = train.evaluate
 
     def leaking_evaluate(*args, **kwargs):
-        kept.append(torch.ones(40 * 2**20 // 4))  # 40 MB kept per validation, like outputs kept with history
+        kept.append(torch.ones(100 * 2**20 // 4))  # 100 MB kept per validation, like outputs kept with history
         return real_evaluate(*args, **kwargs)
 
     args = overrides(
         synthetic_root,
         tmp_path,
-        "trainer.max_epochs=5",
-        "trainer.leak_check_epochs=3",
-        "trainer.leak_tolerance_mb=90",
+        "train.max_epochs=5",
         "data.num_workers=1",
     )
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         assert train.main(args) == 0
     assert "possible memory leak" not in caplog.text  # a clean run stays silent
-    monkeypatch.setattr(loop, "evaluate", leaking_evaluate)
+    monkeypatch.setattr(train, "evaluate", leaking_evaluate)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="longvideo"):
         assert train.main(args) == 0
@@ -293,8 +296,6 @@ def test_kill_9_during_saves_leaves_a_loadable_last_pt(tmp_path, delay):
             "train.chunk_train_size=4",
             "train.chunk_train_overlap=1",
             "model.temporal_head=transformer",
-            "model.temporal_width=16",
-            "model.temporal_dropout=0",
             "train.grad_chunks=2",
             "train.ddp_sync=during_backward",
             "train.accumulate_grad_batches=2",
@@ -317,7 +318,7 @@ def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
     # precise BN pools both ranks' batches: the 8 clips of one process's 2 batches). With chunked training, every
     # chunk is recomputed in backward, and the gradients are averaged once per step. With train.grad_chunks every
     # rank draws the chunks one process draws for the whole batch.
-    common = ["trainer.max_epochs=1", "model.dropout=0", "train.optimizer=sgd", "train.lr=0.05", *chunks]
+    common = ["train.max_epochs=1", "train.optimizer=sgd", "train.lr=0.05", *chunks]
     one = run_in_process(["train.py", *overrides(synthetic_root, tmp_path / "one", *common, "data.batch_size=4")])
     assert one.returncode == 0, one.stderr
     two = subprocess.run(
@@ -370,16 +371,14 @@ def test_an_out_of_memory_step_writes_the_allocator_snapshot_when_recording(tmp_
 
     taken = []
     monkeypatch.setattr(oom.memory_monitor, "allocator_snapshot", lambda: taken.append(1) or {"segments": [1]})
-    trainer, loader = make_trainer(
-        NoBatchNorm(oom_above=2), 8, 1, tmp_path, count=8, **{"trainer.memory_snapshot": "on_oom"}
-    )
+    run, loader = make_run(NoBatchNorm(oom_above=2), 8, 1, tmp_path, count=8, **{"trainer.memory_snapshot": "on_oom"})
     with caplog.at_level(logging.INFO, logger="longvideo"):
-        oom.start_memory_history(trainer)  # on the CPU: said once, nothing recorded
+        oom.start_memory_history(run)  # on the CPU: said once, nothing recorded
     assert "trainer.memory_snapshot: on_oom records CUDA's allocator; on cpu nothing is recorded" in caplog.text
-    assert trainer.report.memory_history is False
-    trainer.report.memory_history = True  # as start_memory_history leaves a CUDA run
+    assert run.report.memory_history is False
+    run.report.memory_history = True  # as start_memory_history leaves a CUDA run
     with caplog.at_level(logging.WARNING, logger="longvideo"):
-        loop.train_one_epoch(trainer, loader)
+        train.train_one_epoch(run, loader)
     assert len(taken) == 2  # 8 -> 4 -> 2 clips per forward: two out-of-memory errors, a snapshot each
     path = tmp_path / "memory_snapshot.pickle"
     assert pickle.loads(path.read_bytes()) == {"segments": [1]}

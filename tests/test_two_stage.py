@@ -6,7 +6,6 @@ import json
 import os
 
 import pytest
-import torch
 from conftest import error_lines, run_in_process
 from doc_commands import bash_blocks, fresh_workspace, run
 
@@ -101,7 +100,7 @@ def test_a_mismatched_backbone_is_refused_with_one_line(two_stage, tmp_path):
 
 
 def test_training_on_features_resumes_exactly(two_stage, tmp_path):
-    runs = ["--set", f"trainer.output_dir={tmp_path}", "--set", "trainer.max_epochs=4"]
+    runs = ["--set", f"trainer.output_dir={tmp_path}", "--set", "train.max_epochs=4"]
     args = [
         "train.py",
         "--config",
@@ -118,27 +117,6 @@ def test_training_on_features_resumes_exactly(two_stage, tmp_path):
     resumed = last_row(tmp_path / "parts")
     for key in ("train_loss", "val_seg_f1@50", "val_seg_edit", "val_seg_frame_acc"):
         assert float(resumed[key]) == pytest.approx(float(whole[key]), rel=1e-6), key
-
-
-def test_the_features_trained_head_starts_end_to_end_training(two_stage, tmp_path):
-    """model.temporal_head_init: the head's weights go into the end-to-end classifier's head."""
-    from config import load_config
-    from engine.training.build import init_temporal_head
-    from models import build_model
-
-    cfg = load_config("configs/timelines.yaml", ["model.temporal_head=tcn"])
-    model = build_model(cfg.model, num_classes=9)
-    init_temporal_head(model, two_stage["head"])
-    trained = load_checkpoint(two_stage["head"]).model
-    for name, value in model.temporal.state_dict().items():
-        assert torch.equal(value, trained[f"temporal.{name}"]), name
-    with pytest.raises(Exception, match="does not fit this one"):
-        init_temporal_head(
-            build_model(
-                load_config("configs/timelines.yaml", ["model.temporal_head=transformer"]).model, num_classes=9
-            ),
-            two_stage["head"],
-        )
 
 
 def test_features_of_videos_with_one_label_train_every_chunk_on_it(two_stage, tmp_path):

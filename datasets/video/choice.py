@@ -21,10 +21,9 @@ _CODEC_FAMILIES = {
     "vp9": ("vp90", "vp09"),
     "vp8": ("vp80",),
 }
-# data.decoder: auto, from python -m bench.loader --part codecs (bench/RESULTS.md, "Loader"): random reads go to
-# PyAV, whose seek to the right keyframe and skipped non-reference frames were faster on every codec measured
-# (OpenCV's seek goes a whole GOP back); a sequential pass goes to OpenCV, which PyAV did not beat there. Codecs not
-# measured keep OpenCV.
+# data.decoder: auto: random reads go to PyAV, whose seek lands on the keyframe before the frame asked for and
+# skips non-reference frames (OpenCV's decodes from a whole GOP back); a sequential pass goes to OpenCV. A codec
+# python -m bench.loader --part codecs has not compared keeps OpenCV.
 AUTO_DECODER = {"random": {"h264": "pyav", "hevc": "pyav", "mpeg4": "pyav", "vp9": "pyav"}, "sequential": {}}
 
 
@@ -55,7 +54,7 @@ def open_reader(
 ) -> FrameReader:
     """The reader of ``data.decoder``: ``opencv`` (OpenCVReader), ``pyav`` (PyAVReader), or ``auto`` (the faster
     of the two for the file's codec and ``access``: random clips or a sequential pass). Either gives the same
-    pixels, turned as displayed unless ``autorotate`` is False (data.autorotate)."""
+    pixels, turned as displayed unless ``autorotate`` is False."""
     if decoder not in ("auto", *DECODERS):
         raise ValueError(f"unknown decoder {decoder!r}; choose one of auto, {', '.join(DECODERS)}")
     if decoder == "auto":

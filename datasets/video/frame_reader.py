@@ -38,7 +38,7 @@ class FrameReader:
         """size: (height, width) of the returned frames, None = as displayed (as stored with autorotate False).
         threads: FFmpeg decoder threads (None = the library's choice; 1 inside DataLoader workers). seek_threshold:
         read through gaps up to this many frames rather than seek (a seek decodes from the previous keyframe).
-        autorotate: frames turned by the container's display matrix, as a viewer sees them (data.autorotate)."""
+        autorotate: frames turned by the container's display matrix, as a viewer sees them."""
         self.path = path
         self.info = info or probe(path, self.decoder)
         self.autorotate = autorotate

@@ -1,4 +1,4 @@
-"""Video metadata cached across runs (``data.index_cache``)."""
+"""Video metadata cached across runs (``<trainer.output_dir>/.video_index.json``)."""
 
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ class VideoInfo:
     header_frames: int = 0
 
     def frame_size(self, autorotate: bool = True) -> tuple[int, int]:
-        """(height, width) of the frames read with ``data.autorotate``: as displayed, or as stored."""
+        """(height, width) of the frames read: as displayed (``autorotate``), or as stored."""
         return (
             (self.height, self.width)
             if autorotate

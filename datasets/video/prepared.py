@@ -36,8 +36,7 @@ ENCODER = {
     "bf": "0",  # presentation order is decode order: a seek lands on the frame asked for
     "sc_threshold": "0",  # keyframes exactly every gop frames, where the reader expects them
     "preset": "veryfast",
-    # no CABAC, no deblocking: twice the random-read rate of x264's default at 284x160, for 15% more bytes
-    # (bench/RESULTS.md, Loader: prepared copies)
+    # no CABAC, no deblocking: random reads decode faster, for slightly larger files
     "tune": "fastdecode",
 }
 
@@ -45,7 +44,7 @@ ENCODER = {
 @dataclass(frozen=True)
 class Preparation:
     """What decides a copy's pixels: the decode size (``height`` x ``width``, as read), the ``orientation``
-    applied to the stored frames (none where data.autorotate is off or the file has none), a keyframe every
+    applied to the stored frames (none where the file has none), a keyframe every
     ``gop`` frames, and x264's constant quality ``crf`` (0: lossless) in full-resolution chroma (yuv444p, which
     also takes the odd sizes decode sizes can have)."""
 

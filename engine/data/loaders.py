@@ -9,6 +9,7 @@ from typing import NamedTuple
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from artifacts.checkpoint import restore_rng_state
 from config import Config, DataConfig, apply_flags
 from core import watchdog
 from core.errors import ConfigError
@@ -24,6 +25,7 @@ from datasets.workers import before_workers_fork, take_stall_report, worker_init
 
 log = logging.getLogger("longvideo")
 STALL_FOLDER_PREFIX = "longvideo-stalls-"  # + the pid of the run that made it (removed when it ends)
+PREFETCH_FACTOR = 2  # batches each worker loads ahead: the host holds num_workers x this many (planner/host.py)
 
 
 def make_loader(
@@ -46,8 +48,8 @@ def make_loader(
         num_workers=data.num_workers,
         worker_init_fn=worker_init,
         collate_fn=collate_samples,
-        prefetch_factor=data.prefetch_factor if data.num_workers > 0 else None,
-        pin_memory=data.pin_memory and runtime.device.type == "cuda",
+        prefetch_factor=PREFETCH_FACTOR if data.num_workers > 0 else None,
+        pin_memory=runtime.device.type == "cuda",  # page-locked batches: their copy to the GPU does not wait
         drop_last=False,
         persistent_workers=False,
     )
@@ -69,6 +71,19 @@ def cap_workers(cfg: Config) -> Config:
         return cfg
     log.info("data.num_workers=%d but this machine has %d CPU cores: using %d DataLoader workers", wanted, cores, cores)
     return apply_flags(cfg, {"data.num_workers": (f"data.num_workers (capped to the {cores} cores)", cores)})
+
+
+def resumed_batches(loader: DataLoader, pending_rng: dict | None, batches_done: int, bad_inputs=None):
+    """iter(loader) (as ``GuardedBatches``), with a resumed run's RNG state restored where the uninterrupted run had
+    it: the state saved at an epoch's end is the one the next epoch's iter(loader) drew its worker seed from, so it
+    is restored before that draw; one saved mid-epoch (``batches_done`` > 0) was taken after it."""
+    if pending_rng is not None and batches_done == 0:
+        restore_rng_state(pending_rng)
+        pending_rng = None
+    batches = GuardedBatches(loader, bad_inputs)
+    if pending_rng is not None:
+        restore_rng_state(pending_rng)
+    return batches
 
 
 class GuardedBatches:

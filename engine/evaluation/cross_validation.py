@@ -7,7 +7,8 @@
 
 Each split N trains the config's head with train.py (one process a split, data.features_split N: the videos of
 splits/train.splitN.bundle) in OUT/runs/splitN/, then the model at the end of training (last.pt: the papers score the
-last epoch's model, never the best on the test set) is scored on splits/test.splitN.bundle by eval.py's evaluation:
+last epoch's model, never the best on the test set) is scored on splits/test.splitN.bundle by eval.py (a process of
+its own too, its files OUT/splitN_eval.json and .csv):
 F1@10, F1@25, F1@50, edit and frame accuracy (Acc), all in percent, with MS-TCN's definitions
 (engine/metrics/segments.py) and data.background_labels left out of edit and F1 (each dataset's preset as MS-TCN's
 eval.py). OUT/segmentation.md has the table, OUT/segmentation.json every figure.
@@ -31,7 +32,6 @@ from core.errors import UsageError
 from core.files import atomic_write_bytes
 from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.mstcn import bundle_names, split_numbers
-from engine.evaluation.evaluate import EvaluationSpec, evaluate_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # engine/evaluation/ is two down
 COLUMNS = (("F1@10", "seg_f1@10"), ("F1@25", "seg_f1@25"), ("F1@50", "seg_f1@50"), ("Edit", "seg_edit"))
@@ -64,7 +64,7 @@ def train_split(config: str, root: str, split: int, out: str, overrides: list[st
     cfg = load_config(config, [*overrides, f"data.features_dir={root}", f"data.features_split={split}"])
     experiments = os.path.join(out, "runs")
     run = os.path.join(experiments, f"split{split}")
-    last = finished(run, cfg.trainer.max_epochs)
+    last = finished(run, cfg.train.max_epochs)
     if last is not None:
         print(f"split {split}: trained already ({last}): scored again", flush=True)
         return last
@@ -79,19 +79,32 @@ def train_split(config: str, root: str, split: int, out: str, overrides: list[st
     if os.path.exists(os.path.join(run, "latest", "checkpoints", "last.pt")):  # stopped part-way: continue it
         command += ["--resume", "auto"]
     command += [part for setting in settings for part in ("--set", setting)]
-    print(f"split {split}: training ({cfg.trainer.max_epochs} epochs), log in {run}", flush=True)
+    print(f"split {split}: training ({cfg.train.max_epochs} epochs), log in {run}", flush=True)
+    run_script(command, f"split {split}: train.py")
+    last = finished(run, cfg.train.max_epochs)
+    if last is None:
+        raise SystemExit(f"split {split}: train.py ended without a last.pt of its last epoch in {run}")
+    return last
+
+
+def run_script(command: list[str], what: str) -> None:
+    """One of the project's scripts in a process of its own; its failure is ours, its last line said."""
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines()
         said = lines[-1].removeprefix("error: ") if lines else done.returncode
-        reason = f"split {split}: train.py failed: {said}"
+        reason = f"{what} failed: {said}"
         if done.returncode == 2:  # a config or data error: ours too, with the same exit code
             raise UsageError(reason)
         raise SystemExit(reason)
-    last = finished(run, cfg.trainer.max_epochs)
-    if last is None:
-        raise SystemExit(f"split {split}: train.py ended without a last.pt of its last epoch in {run}")
-    return last
+
+
+def evaluate_split(last: str, split: int, out: str) -> dict:
+    """eval.py on a split's last.pt (its test bundle): the metrics of OUT/splitN_eval.json."""
+    prefix = os.path.join(out, f"split{split}_eval")
+    run_script([sys.executable, os.path.join(ROOT, "eval.py"), "--checkpoint", last, "--output", prefix], "eval.py")
+    with open(prefix + ".json") as f:
+        return json.load(f)["metrics"]
 
 
 def scores_of(metrics: dict) -> dict:
@@ -130,8 +143,7 @@ def main(argv=None) -> int:
     rows, videos = {}, {}
     for split in splits:
         last = train_split(args.config, args.root, split, out, args.overrides)
-        result = evaluate_checkpoint(last, EvaluationSpec())
-        rows[split] = scores_of(result.metrics)
+        rows[split] = scores_of(evaluate_split(last, split, out))
         videos[split] = (
             f"{len(bundle_names(args.root, 'train', split))} / {len(bundle_names(args.root, 'test', split))}"
         )

@@ -1,5 +1,5 @@
-"""The one evaluation loop (``evaluate``: training's validation, eval.py and ``eval.py --watch``), and what
-eval.py makes of a checkpoint with it: metrics, per-clip and per-video rows, the printed report, the files."""
+"""The one evaluation loop (``evaluate``: training's validation, eval.py and ``eval.py --watch``), and what eval.py
+makes of a dataset with it: metrics, per-clip and per-video rows, the printed report, the files."""
 
 from __future__ import annotations
 
@@ -7,33 +7,32 @@ import csv
 import io
 import json
 import logging
-from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from artifacts.trained_model import CheckpointSummary, load_trained_model
-from config import Config, InferConfig, apply_inference_flags
+from artifacts.trained_model import CheckpointSummary
+from config import Config, InferConfig
 from core import watchdog
 from core.errors import UsageError
 from core.files import atomic_write_bytes
-from core.runtime import Runtime, resolve_device, setup_runtime, unwrap_model
+from core.runtime import Runtime, setup_runtime, unwrap_model
 from datasets.bad_input import BAD_INPUT_ERRORS, BadInputReport
 from datasets.chunk_stream import ChunkStream
-from datasets.device_input import InputPreparer
+from datasets.device_input import DeviceInputs
 from datasets.records import frame_labels
 from datasets.sample import Sample
-from datasets.video_dataset import VideoWindowDataset, build_dataset, index_cache_for
+from datasets.video_dataset import VideoWindowDataset
 from engine.data.feature_files import feature_loader, test_videos
-from engine.data.loaders import GuardedBatches, cap_workers, make_loader
+from engine.data.loaders import GuardedBatches, make_loader
 from engine.inference.chunks import ChunkedOutput, forward_chunked
 from engine.inference.stream import InferenceSpec, run_stream
 from engine.inference.timeline import annotated, frame_probabilities
 from engine.metrics.clips import ClassificationMeter
 from engine.metrics.segments import SegmentationScores, background_indices, format_scores
-from models import set_head_chunks
 
 log = logging.getLogger("longvideo")
 
@@ -42,7 +41,7 @@ log = logging.getLogger("longvideo")
 def evaluate(
     model: torch.nn.Module,
     loader: DataLoader,
-    prepare: InputPreparer,
+    device_inputs: DeviceInputs,
     runtime: Runtime,
     infer_cfg: InferConfig,
     num_classes: int,
@@ -68,7 +67,7 @@ def evaluate(
     meter = meter if meter is not None else ClassificationMeter(num_classes)
     timelines = SegmentationScores(background)
     for batch, logits, chunked in clip_predictions(
-        model, loader, prepare, runtime, infer_cfg, bad_inputs, frame_stride
+        model, loader, device_inputs, runtime, infer_cfg, bad_inputs, frame_stride
     ):
         watchdog.beat()  # a validation batch under torchrun: progress
         meter.update(logits, batch["label"], batch["video_index"])
@@ -90,7 +89,7 @@ def evaluate(
 def clip_predictions(
     model,
     loader: DataLoader,
-    prepare: InputPreparer,
+    device_inputs: DeviceInputs,
     runtime: Runtime,
     infer_cfg: InferConfig,
     bad_inputs: BadInputReport | None,
@@ -102,7 +101,7 @@ def clip_predictions(
     features paired with its backbone, ``eval.py --num-frames -1``), each sample the loader's sampler gives this
     rank streamed from its file (``streamed_predictions``), so memory does not grow with the window's length."""
     if streams_whole_windows(loader.dataset):
-        yield from streamed_predictions(model, loader, prepare, runtime, infer_cfg, bad_inputs)
+        yield from streamed_predictions(model, loader, device_inputs, runtime, infer_cfg, bad_inputs)
         return
     for batch in GuardedBatches(loader, bad_inputs):
         if bad_inputs is not None:
@@ -111,7 +110,7 @@ def clip_predictions(
         with runtime.autocast():
             out = forward_chunked(
                 model,
-                prepare(batch),
+                device_inputs(batch),
                 infer_cfg.chunk_size,
                 infer_cfg.chunk_overlap,
                 infer_cfg.chunk_aggregation,
@@ -134,7 +133,7 @@ def streams_whole_windows(dataset) -> bool:
 def streamed_predictions(
     model,
     loader: DataLoader,
-    prepare: InputPreparer,
+    device_inputs: DeviceInputs,
     runtime: Runtime,
     infer_cfg: InferConfig,
     bad_inputs: BadInputReport | None,
@@ -153,7 +152,7 @@ def streamed_predictions(
                 record, dataset.cfg, spec, window=(window.start, window.end), crop=index % dataset.crops
             )
             try:
-                out, _ = run_stream(model, stream, prepare, runtime, spec.aggregation)
+                out, _ = run_stream(model, stream, device_inputs, runtime, spec.aggregation)
             finally:
                 stream.close()
         except BAD_INPUT_ERRORS as e:
@@ -194,14 +193,14 @@ class DatasetEvaluation(NamedTuple):
 
 
 def evaluate_dataset(model, dataset, cfg: Config, runtime, class_names: list[str]) -> DatasetEvaluation:
-    """train.py's evaluation loop with the rows eval.py writes.
+    """The evaluation loop of training's validation (``evaluate``) with the rows eval.py writes.
     The test clips x crops of one sample window (data.test_clips x data.test_crops, all of one length) go through
     the model together, ``infer.chunks_per_forward`` chunks a forward call; predictions go to the CPU as they are
     made."""
     loader = make_loader(
         dataset, cfg.data, cfg.train.seed, runtime, dataset.samples_per_window, shuffle=False, pad=False
     )
-    prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
+    device_inputs = DeviceInputs(runtime.device, cfg.data.mean, cfg.data.std)
     meter, clip_rows, bad_inputs = ClassificationMeter(len(class_names)), [], BadInputReport(dataset)
 
     def add_clip_rows(batch, logits):
@@ -222,7 +221,7 @@ def evaluate_dataset(model, dataset, cfg: Config, runtime, class_names: list[str
     metrics = evaluate(
         model,
         loader,
-        prepare,
+        device_inputs,
         runtime,
         cfg.infer,
         len(class_names),
@@ -297,61 +296,28 @@ class EvaluationResult:
     checkpoint: CheckpointSummary
     clip_rows: list
     video_rows: list
-    head_reach: str = ""  # how a temporal head saw each video ("windows of 38 chunks, ...")
+    head_reach: str = ""  # how a temporal head saw each video ("spans of 38 chunks, ...")
 
 
-@dataclass(frozen=True)
-class EvaluationSpec:
-    """What eval.py evaluates a checkpoint on, and how: ``overrides`` of the checkpoint config's keys, each with
-    the flag that set it, for the errors ({"infer.chunk_size": ("--chunk", 32)}: config.inference_overrides)."""
-
-    split: str = "val"
-    data: str | None = None  # a manifest instead of the config's split
-    device: str | None = None
-    precision: str | None = None
-    # --batch auto: (cfg, data shape, runtime) -> chunks per forward for each test clip x crop of a window (the
-    # planner's); passed in by eval.py, since the planner sits above the engine
-    fit_batch: Callable | None = None
-    overrides: dict = field(default_factory=dict)
-    backbone: str | None = None  # a head trained on features: its backbone checkpoint, if not where it was
-
-
-def evaluate_checkpoint(path: str, spec: EvaluationSpec) -> EvaluationResult:
-    device = resolve_device(spec.device or "auto")
-    model, cfg, class_names, checkpoint = load_trained_model(path, device, spec.backbone)
-    if checkpoint.features is not None:  # a head on the features its dataset came with: scored on those
-        return _evaluate_on_features(path, model, cfg, class_names, checkpoint, spec)
-    cfg = cap_workers(apply_inference_flags(cfg, spec.overrides))
-    head_reach = set_head_chunks(model, cfg.infer.head_chunks)
-    runtime = setup_runtime(cfg.trainer, device=str(device), precision=spec.precision)
-    if spec.fit_batch is not None:
-        batch = spec.fit_batch(cfg, checkpoint.shape, runtime)
-        cfg = apply_inference_flags(cfg, {"infer.chunks_per_forward": ("--batch auto", batch)})
-    dataset = build_dataset(
-        cfg, spec.split, class_names, training=False, manifest=spec.data, index_cache=index_cache_for(cfg)
-    )
-    metrics, clip_rows, video_rows = evaluate_dataset(model, dataset, cfg, runtime, class_names)
-    del model
-    if runtime.device.type == "cuda":
-        torch.cuda.empty_cache()  # the next checkpoint starts from a clean device
-    return EvaluationResult(metrics, cfg, class_names, checkpoint, clip_rows, video_rows, head_reach)
-
-
-def _evaluate_on_features(path: str, model, cfg: Config, class_names, checkpoint, spec) -> EvaluationResult:
+def evaluate_on_features(
+    path: str, model, cfg: Config, class_names, checkpoint, precision: str | None, spec
+) -> EvaluationResult:
     """A head trained on MS-TCN's layout scored on its split's test videos, whole, one a batch: the validation of
-    its training run, with a row per video."""
-    if spec.data is not None or spec.overrides or spec.fit_batch is not None:
+    its training run, with a row per video. ``spec``: eval.py's (none of its data and chunk flags apply)."""
+    if spec.data is not None or spec.overrides or spec.batch_auto:
         raise UsageError(
             f"{path}: a head trained on the features of an MS-TCN dataset is scored on the test bundle of the split "
             f"it trained on (data.features_split {cfg.data.features_split}), whole videos: --data, --chunk, "
             f"--overlap, --agg and --batch do not apply; leave them out"
         )
     dataset = test_videos(cfg.data)
-    runtime = setup_runtime(cfg.trainer, device=str(next(model.parameters()).device), precision=spec.precision)
+    runtime = setup_runtime(cfg.trainer, device=str(next(model.parameters()).device), precision=precision)
     loader = feature_loader(dataset, cfg.train.seed, runtime, 1, shuffle=False, pad=False)
     meter = ClassificationMeter(len(class_names))
     background = background_indices(cfg.data.background_labels, class_names)
-    prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
-    metrics = evaluate(model, loader, prepare, runtime, cfg.infer, len(class_names), meter=meter, background=background)
+    device_inputs = DeviceInputs(runtime.device, cfg.data.mean, cfg.data.std)
+    metrics = evaluate(
+        model, loader, device_inputs, runtime, cfg.infer, len(class_names), meter=meter, background=background
+    )
     rows = per_video_rows(meter, class_names, lambda index: dataset.names[index])
     return EvaluationResult(metrics, cfg, class_names, checkpoint, [], rows, "whole videos")

@@ -20,12 +20,11 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from artifacts.checkpoint import CheckpointError
-from artifacts.ledger import DirectoryLock, append_ledger, read_ledger
+from artifacts.ledger import DirectoryLock, read_ledger
 from artifacts.plots import eval_history_plot
 from artifacts.run_dir import WatchedDirectory
 from core.errors import UsageError
-from core.files import file_sha256, remove_stale_temp_files
+from core.files import remove_stale_temp_files
 
 log = logging.getLogger("longvideo")
 
@@ -52,66 +51,14 @@ class WatchPass(NamedTuple):
     waiting: int  # still being written: left for the next pass
 
 
-def watch_once(spec: WatchSpec, evaluate) -> WatchPass:
-    """One pass over the run's checkpoints: each new one evaluated and appended to the ledger."""
-    run_dir, watched = spec.run_dir, WatchedDirectory(spec.run_dir)
-    ledger = watched.ledger
-    done = {entry.get("sha256") for entry in read_ledger(ledger)}
-    evaluated = failed = skipped = waiting = 0
-    for path in watched.checkpoints():
-        relative = os.path.relpath(path, run_dir)
-        try:
-            before = os.stat(path)
-            if time.time() - before.st_mtime < spec.settle:
-                log.info("%s: modified %.1f s ago; left for the next run", relative, time.time() - before.st_mtime)
-                waiting += 1
-                continue
-            digest = file_sha256(path)
-            after = os.stat(path)
-        except FileNotFoundError:  # replaced or deleted since listed (keep_last_k): nothing to evaluate
-            continue
-        if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
-            log.info("%s: changing while read; left for the next run", relative)
-            waiting += 1
-            continue
-        if digest in done:
-            skipped += 1
-            continue
-        start = time.perf_counter()
-        entry = {"checkpoint": relative, "sha256": digest, "size": after.st_size, "split": spec.split}
-        try:
-            result = evaluate(path)
-            metrics, class_names, saved = result.metrics, result.class_names, result.checkpoint
-        except CheckpointError as e:  # a property of this file: recorded, not retried until it changes
-            entry.update(status="failed", error=str(e))
-            log.warning("%s: %s", relative, e)
-            failed += 1
-        else:
-            entry.update(
-                status="ok", epoch=saved.epoch, global_step=saved.global_step, metrics=metrics, class_names=class_names
-            )
-            log.info(
-                "%s: epoch %s step %s top-1 %.4f video acc %.4f",
-                relative,
-                saved.epoch,
-                saved.global_step,
-                metrics["clip_acc"],
-                metrics.get("video_acc", float("nan")),
-            )
-            evaluated += 1
-        entry.update(seconds=round(time.perf_counter() - start, 3), time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-        append_ledger(ledger, entry)
-        done.add(digest)
-    return WatchPass(evaluated, failed, skipped, waiting)
-
-
 def plot_history(run_dir: str) -> str | None:
     watched = WatchedDirectory(run_dir)
     return eval_history_plot(read_ledger(watched.ledger), watched.history_png)
 
 
-def watch(spec: WatchSpec, evaluate) -> int:
-    """Evaluate every new checkpoint under spec.run_dir once: ``evaluate(path)`` returns an EvaluationResult."""
+def watch(spec: WatchSpec, watch_pass) -> int:
+    """Evaluate every new checkpoint under spec.run_dir once, under the directory's lock: ``watch_pass()`` is
+    eval.py's pass over its checkpoints (a ``WatchPass``); once, or every spec.interval seconds."""
     if not os.path.isdir(spec.run_dir):
         raise UsageError(f"--watch {spec.run_dir}: not a directory (expected runs/<experiment> or one run)")
     log.setLevel(logging.INFO if spec.verbose else logging.WARNING)
@@ -143,7 +90,7 @@ def watch(spec: WatchSpec, evaluate) -> int:
                     len(removed),
                     ", ".join(removed),
                 )
-            evaluated, failed, skipped, waiting = watch_once(spec, evaluate)
+            evaluated, failed, skipped, waiting = watch_pass()
             if spec.plot:
                 plot_history(spec.run_dir)
         finally:

@@ -38,18 +38,6 @@ def slice_time(inputs: dict, start: int, end: int, min_frames: int = 1) -> dict:
     return out
 
 
-def half_frame_rate(inputs: dict, first: int, min_frames: int = 1) -> dict:
-    """Every other frame of every input from frame ``first`` (0: the even frames, 1: the odd ones); padded by
-    repeating the last frame up to ``min_frames``."""
-    out = {}
-    for key, tensor in inputs.items():
-        axis = TIME_AXIS[key] % tensor.dim()
-        index = [slice(None)] * tensor.dim()
-        index[axis] = slice(first, None, 2)
-        out[key] = _padded(tensor[tuple(index)], axis, min_frames)
-    return out
-
-
 def _padded(part: torch.Tensor, axis: int, min_frames: int) -> torch.Tensor:
     short = min_frames - part.shape[axis]
     if short <= 0:
@@ -117,6 +105,52 @@ class ChunkedOutput:
     windows: list
 
 
+class ChunkOutputs:
+    """The model's outputs over a clip's inference chunks, gathered group by group (``add``) and made into the
+    clip's (``result``): the one chunked forward of evaluation, for training's validation, eval.py
+    (``forward_chunked``: the chunks are slices of a clip in memory) and infer_chunked.py (the chunks come from a
+    decoding thread, ``ChunkStream``).
+
+    Without a temporal head each group's logits are aggregated as they come (``aggregation``: mean, max, last or
+    prob; one [B, K] state, whatever the video's length). With one, each chunk's features are kept (on the host with
+    ``features_on_host``: 4 bytes x D a chunk) and the head runs once over them all at the end, so its per-chunk
+    logits see context from both sides; ``frame_stride`` places the chunks in video frames."""
+
+    def __init__(
+        self,
+        model,
+        aggregation: str = "mean",
+        frame_stride: int = 1,
+        keep_features: bool = False,
+        features_on_host: bool = False,
+    ):
+        self.model, self.head = model, temporal_head_of(model)
+        self.frame_stride, self.keep_features, self.features_on_host = frame_stride, keep_features, features_on_host
+        self.aggregator, self.chunk_logits, self.features, self.device = LogitAggregator(aggregation), [], [], None
+
+    def add(self, group: list, stacked: dict) -> None:
+        """The model on a group of chunks (``group``: their windows), their inputs stacked on the batch axis:
+        [n * B, ...]."""
+        self.device = next(iter(stacked.values())).device
+        if self.head is not None or self.keep_features:
+            chunk_features = self.model.features(stacked)  # [n * B, (V,) D]
+            per_chunk = chunk_features.view(len(group), -1, *chunk_features.shape[1:])  # [n, B, (V,) D]
+            self.features.append(per_chunk.float().cpu() if self.features_on_host else per_chunk)
+        if self.head is None:
+            logits = self.model.classify(chunk_features) if self.keep_features else self.model(stacked)
+            logits = logits.view(len(group), -1, logits.shape[-1])  # [n, B, K]
+            self.aggregator.update(logits)
+            self.chunk_logits.append(logits.detach().float().cpu())
+
+    def result(self, windows: list[tuple[int, int]]) -> ChunkedOutput:
+        """The clip's logits from every chunk added (``windows``: all of them, in order)."""
+        all_features = torch.cat(self.features).transpose(0, 1) if self.features else None  # [B, n, ...]
+        if self.head is None:
+            return ChunkedOutput(self.aggregator.result(), torch.cat(self.chunk_logits), all_features, windows)
+        out = self.head(all_features.to(self.device), chunk_positions(windows, self.frame_stride))
+        return ChunkedOutput(out.clip, out.chunks.detach().float().cpu().transpose(0, 1), all_features, windows)
+
+
 def run_chunks(
     model,
     groups: Iterable[tuple[list, dict]],
@@ -126,32 +160,12 @@ def run_chunks(
     keep_features: bool = False,
     features_on_host: bool = False,
 ) -> ChunkedOutput:
-    """The one chunked forward of evaluation: training's validation, eval.py (``forward_chunked``: the chunks are
-    slices of a clip in memory) and infer_chunked.py (the chunks come from a decoding thread, ``ChunkStream``).
-
-    ``groups`` yields (the group's windows, its inputs with the chunks stacked on the batch axis: [n * B, ...]) in
-    window order; ``windows`` are all of them. Without a temporal head each group's logits are aggregated as they
-    come (one [B, K] state). With one, each chunk's features are kept (on the host with ``features_on_host``: 4
-    bytes x D a chunk, whatever the video's length) and the head runs once over them all at the end, so its
-    per-chunk logits see context from both sides; ``frame_stride`` places the chunks in video frames."""
-    head = temporal_head_of(model)
-    aggregator, chunk_logits, features, device = LogitAggregator(aggregation), [], [], None
+    """``ChunkOutputs`` over ``groups`` (the group's windows, its inputs with the chunks stacked on the batch axis)
+    in window order; ``windows`` are all of them."""
+    outputs = ChunkOutputs(model, aggregation, frame_stride, keep_features, features_on_host)
     for group, stacked in groups:
-        device = next(iter(stacked.values())).device
-        if head is not None or keep_features:
-            chunk_features = model.features(stacked)  # [n * B, (V,) D]
-            per_chunk = chunk_features.view(len(group), -1, *chunk_features.shape[1:])  # [n, B, (V,) D]
-            features.append(per_chunk.float().cpu() if features_on_host else per_chunk)
-        if head is None:
-            logits = model.classify(chunk_features) if keep_features else model(stacked)
-            logits = logits.view(len(group), -1, logits.shape[-1])  # [n, B, K]
-            aggregator.update(logits)
-            chunk_logits.append(logits.detach().float().cpu())
-    all_features = torch.cat(features).transpose(0, 1) if features else None  # [B, n, ...]
-    if head is None:
-        return ChunkedOutput(aggregator.result(), torch.cat(chunk_logits), all_features, windows)
-    out = head(all_features.to(device), chunk_positions(windows, frame_stride))
-    return ChunkedOutput(out.clip, out.chunks.detach().float().cpu().transpose(0, 1), all_features, windows)
+        outputs.add(group, stacked)
+    return outputs.result(windows)
 
 
 def forward_chunked(

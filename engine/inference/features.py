@@ -36,6 +36,7 @@ from core.errors import UsageError
 from core.files import atomic_open
 from datasets.manifest import VideoRecord
 from datasets.mstcn import BACKGROUND, write_index, write_video
+from datasets.prepared_copies import PREPARED_CRF, PREPARED_GOP
 from datasets.records import frame_labels, segment_frames
 from engine.inference.chunks import chunk_labels
 from engine.inference.video_result import VideoResult
@@ -82,7 +83,7 @@ def feature_names(records: list[VideoRecord]) -> list[str]:
     ]
 
 
-def prepare_directory(directory: str) -> None:
+def make_features_directory(directory: str) -> None:
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise UsageError(f"--features {directory}: a file, not a directory; give a directory (created if missing)")
     os.makedirs(directory, exist_ok=True)
@@ -93,7 +94,7 @@ def settings_of(cfg: Config, chunk: int, overlap: int, dtype: str, checkpoint_sh
     data, model = cfg.data, cfg.model
     # read from prepared copies, the frames differ from the sources' by the re-encode: said only then, so the
     # files written from the sources keep their settings
-    prepared = {"prepared": {"gop": data.prepared_gop, "crf": data.prepared_crf}} if data.prepared_dir else {}
+    prepared = {"prepared": {"gop": PREPARED_GOP, "crf": PREPARED_CRF}} if data.prepared_dir else {}
     return prepared | {
         "checkpoint_sha256": checkpoint_sha256,
         "chunk": chunk,

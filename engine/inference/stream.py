@@ -1,6 +1,6 @@
-"""Streaming inference: a long video's inference chunks decoded on a background thread, a few ahead of the
-model, and classified chunk by chunk, so memory does not depend on the video's length. infer_chunked.py is its
-command line.
+"""Streaming inference's machinery: a video's decoded chunk groups on the device (``StreamedGroups``), the chunked
+forward over them for evaluation's whole sample windows (``run_stream``), and a streamed video's result
+(``video_result``). infer_chunked.py holds the loop over a video's chunks itself.
 """
 
 from __future__ import annotations
@@ -13,15 +13,14 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
-from config import Config, DataConfig, InferConfig
+from config import Config, InferConfig
 from core import memory_monitor, watchdog
 from datasets.chunk_stream import ChunkStream
 from datasets.manifest import VideoRecord
-from datasets.records import check_labels, frame_labels, segment_frames
-from engine.inference.chunks import ChunkedOutput, clip_length, run_chunks, slice_time
+from datasets.records import frame_labels, segment_frames
+from engine.inference.chunks import ChunkedOutput, ChunkOutputs, clip_length, slice_time
 from engine.inference.timeline import annotated, frame_probabilities, segments_of_frames
 from engine.inference.video_result import ChunkFeatures, FrameTimeline, VideoResult
 from engine.metrics.segments import SegmentationScores
@@ -68,37 +67,84 @@ def how_it_runs(cfg: Config, head_reach: str) -> str:
     return f"chunk {infer.chunk_size} overlap {infer.chunk_overlap} {aggregation}"
 
 
-@torch.inference_mode()
-def classify_video(
-    model,
-    record: VideoRecord,
-    data_cfg: DataConfig,
-    spec: InferenceSpec,
-    runtime,
-    prepare,
-    class_names,
-    keep_features: bool = False,
-    scores: SegmentationScores | None = None,
-) -> VideoResult:
-    """One video's result: top-k labels; with ``spec.timeline`` every chunk's result, the per-frame timeline and
-    its segments (timeline.py: the chunks' probabilities blended per frame). A video with annotated segments is
-    scored as a timeline (its ``scores``, added to ``scores``: the split's).
+class StreamedGroups:
+    """A stream's decoded chunk groups as model inputs on the device, in order: (the group's windows, its inputs
+    with the chunks stacked on the batch axis), each chunk padded to the model's ``min_frames`` by repeating its
+    last frame (a video shorter than the model's minimum clip). ``waited``: the seconds spent waiting for the
+    decoder. Under torchrun each group is progress for the watchdog; freed groups go back to the system now and then,
+    so resident memory stays flat in the video's length."""
 
-    The chunks go through ``run_chunks``, the chunked forward of evaluation, as they are decoded: without a
-    temporal head their logits are aggregated as they come; with one, only each chunk's features are kept (on the
-    host, 4 bytes x D a chunk) and the head runs once at the end. ``keep_features``: the result also holds its
-    ``ChunkFeatures``, for ``engine.inference.features``."""
-    check_labels(record, class_names, unlabelled_ok=True)  # the checks and messages of train.py and eval.py
-    stream = ChunkStream(record, data_cfg, spec)
-    truth = None
-    try:
-        if record.segments is not None:
-            truth = frame_labels(
-                segment_frames(record, stream.num_frames, stream.fps, class_names), np.arange(stream.num_frames)
+    def __init__(self, stream: ChunkStream, device_inputs, min_frames: int = 1):
+        self.stream, self.device_inputs, self.min_frames = stream, device_inputs, min_frames
+        self.waited = 0.0
+
+    def __iter__(self):
+        stream = self.stream
+        decoded = iter(
+            tqdm(
+                stream,
+                total=-(-len(stream.windows) // stream.batch),
+                leave=False,
+                desc=os.path.basename(stream.record.first_path),
+                disable=not sys.stderr.isatty(),
             )
-        out, compute_seconds = run_stream(model, stream, prepare, runtime, spec.aggregation, keep_features)
-    finally:
-        stream.close()
+        )
+        for count in itertools.count(1):
+            tick = time.perf_counter()
+            item = next(decoded, None)
+            self.waited += time.perf_counter() - tick
+            if item is None:
+                return
+            windows, tensors = item
+            inputs = self.device_inputs(tensors)
+            yield windows, slice_time(inputs, 0, clip_length(inputs), self.min_frames)
+            watchdog.beat()  # under torchrun, a whole window streamed in validation is progress chunk by chunk
+            if count % TRIM_EVERY == 0:
+                memory_monitor.trim_freed_memory()
+
+
+def run_stream(
+    model, stream: ChunkStream, device_inputs, runtime, aggregation: str, keep_features: bool = False
+) -> tuple[ChunkedOutput, float]:
+    """(The chunked forward over a stream's chunks as they are decoded, the seconds of compute: not waiting for the
+    decoder): evaluation's streaming of whole sample windows, the loop of infer_chunked.py's ``classify_video``.
+    Chunk features or logits go to the host, and a temporal head runs once at the end, so memory is flat in the
+    video's length."""
+    outputs = ChunkOutputs(model, aggregation, stream.stride, keep_features, features_on_host=True)
+    groups = StreamedGroups(stream, device_inputs, getattr(model, "min_frames", 1))
+    started = time.perf_counter()
+    with runtime.autocast():
+        for windows, inputs in groups:
+            outputs.add(windows, inputs)
+        out = outputs.result(stream.windows)
+    return out, time.perf_counter() - started - groups.waited
+
+
+def annotated_frames(record: VideoRecord, stream: ChunkStream, class_names) -> np.ndarray | None:
+    """Each streamed frame's annotated class index (-1 where no segment is), or None for a video without
+    segments."""
+    if record.segments is None:
+        return None
+    return frame_labels(
+        segment_frames(record, stream.num_frames, stream.fps, class_names), np.arange(stream.num_frames)
+    )
+
+
+def video_result(
+    record: VideoRecord,
+    stream: ChunkStream,
+    out: ChunkedOutput,
+    compute_seconds: float,
+    spec: InferenceSpec,
+    class_names,
+    scores: SegmentationScores | None = None,
+    keep_features: bool = False,
+) -> VideoResult:
+    """A streamed video's result: top-k labels; with ``spec.timeline`` every chunk's result, the per-frame timeline
+    and its segments (timeline.py: the chunks' probabilities blended per frame). A video with annotated segments is
+    scored as a timeline (its ``scores``, added to ``scores``: the split's). ``keep_features``: the result also holds
+    its ``ChunkFeatures``, for ``engine.inference.features``."""
+    truth = annotated_frames(record, stream, class_names)
     chunk_logits = out.chunk_logits[:, 0]  # [n, K]: one video
     chunk_probs = chunk_logits.softmax(dim=1)
     frame_windows = np.array(
@@ -122,47 +168,6 @@ def classify_video(
     if keep_features:
         result.features = ChunkFeatures(out.features[0].numpy(), chunk_logits.numpy(), frame_windows, stream.stride)
     return result
-
-
-def run_stream(
-    model, stream: ChunkStream, prepare, runtime, aggregation: str, keep_features: bool = False
-) -> tuple[ChunkedOutput, float]:
-    """(``run_chunks`` over a stream's chunks as they are decoded, the seconds of compute: not waiting for the
-    decoder). Streaming inference's and the evaluation of whole sample windows' one forward: chunk features or
-    logits go to the host, and a temporal head runs once at the end, so memory is flat in the video's length."""
-    waited = 0.0
-
-    def groups():  # the decoded chunk groups, on the device: the frames run_chunks runs
-        nonlocal waited
-        decoded = iter(
-            tqdm(
-                stream,
-                total=-(-len(stream.windows) // stream.batch),
-                leave=False,
-                desc=os.path.basename(stream.record.first_path),
-                disable=not sys.stderr.isatty(),
-            )
-        )
-        for count in itertools.count(1):
-            tick = time.perf_counter()
-            item = next(decoded, None)
-            waited += time.perf_counter() - tick
-            if item is None:
-                return
-            windows, tensors = item
-            inputs = prepare(tensors)
-            # a video shorter than the model's minimum clip: repeat its last frame (docs/long-videos.md)
-            yield windows, slice_time(inputs, 0, clip_length(inputs), getattr(model, "min_frames", 1))
-            watchdog.beat()  # under torchrun, a whole window streamed in validation is progress chunk by chunk
-            if count % TRIM_EVERY == 0:  # freed chunk groups back to the system: RSS flat in video length
-                memory_monitor.trim_freed_memory()
-
-    started = time.perf_counter()
-    with runtime.autocast():
-        out = run_chunks(
-            model, groups(), stream.windows, aggregation, stream.stride, keep_features, features_on_host=True
-        )
-    return out, time.perf_counter() - started - waited
 
 
 def add_timeline(

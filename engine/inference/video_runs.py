@@ -1,6 +1,6 @@
-"""infer_chunked.py's driver: each video of an input list streamed through the model (``classify_video``), its
-features written or skipped when already there, its result printed and written, and the run's summary. A video
-that cannot be read is one error line, and the others go on; a stalled file ends the run (below)."""
+"""What infer_chunked.py's loop over videos keeps and decides: the run's counts and summary (``Tally``), whether the
+run goes on after a video fails (``go_on_after``: a video that cannot be read is one error line and the others go
+on; a stalled file ends the run), and a video's features files (``save_features``)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,11 @@ import sys
 import time
 from collections import Counter
 
-from tqdm import tqdm
-
 from config import Config
-from datasets.bad_input import BAD_INPUT_ERRORS
-from datasets.device_input import InputPreparer
 from datasets.video.info import StalledFile
-from engine.inference.features import FeatureOutput, mstcn_features_path, write_features, write_mstcn, write_mstcn_index
-from engine.inference.stream import InferenceSpec, classify_video
-from engine.inference.video_outputs import Outputs, print_result
+from engine.inference.features import FeatureOutput, mstcn_features_path, write_features, write_mstcn
 from engine.inference.video_result import VideoResult
-from engine.metrics.segments import SegmentationScores, background_indices, format_scores
+from engine.metrics.segments import SegmentationScores, format_scores
 
 
 class Tally:
@@ -49,71 +43,7 @@ class Tally:
         return lines
 
 
-def run_videos(
-    model,
-    records: list,
-    names: list[str],
-    cfg: Config,
-    spec: InferenceSpec,
-    runtime,
-    class_names,
-    outputs: Outputs,
-    features: FeatureOutput | None,
-) -> int:
-    """Each video classified (and with ``features``, its features written, or skipped when already there);
-    prints each result and the summary; returns the number that failed."""
-    prepare = InputPreparer(runtime.device, cfg.data.mean, cfg.data.std)
-    scores = SegmentationScores(background_indices(cfg.data.background_labels, class_names))
-    tally = Tally()
-    outputs.start()
-    progress = tqdm(names, desc="videos", disable=not sys.stderr.isatty() or len(records) == 1)
-    for number, (record, name) in enumerate(zip(records, progress)):
-        reason = features.done(name) if features else "new"
-        if reason is None:
-            print(
-                f"skipped {record.first_path}: {os.path.join(features.directory, name)} exists with the same settings"
-            )
-            tally.counts["skipped"] += 1
-            continue
-        try:
-            result = classify_video(
-                model,
-                record,
-                cfg.data,
-                spec,
-                runtime,
-                prepare,
-                class_names,
-                keep_features=features is not None,
-                scores=scores,
-            )
-        except BAD_INPUT_ERRORS as e:
-            if len(records) == 1:
-                raise
-            if not _go_on_after(e, len(records) - number - 1, tally):
-                break
-            result = VideoResult(record.first_path, error=str(e))
-        if features and result.error is None:
-            _save_features(name, result, record, cfg, features, class_names, reason, tally)
-        tally.add(result)
-        outputs.write(result, name, class_names)
-        if result.error is None:  # the console shows the summary with --output too
-            print_result(result, spec.timeline)
-    for line in tally.summary(scores, features is not None):
-        print(line)
-    if features and features.layout != "npz":
-        labelled = any(r.segments is not None for r in records)
-        listed = write_mstcn_index(features, class_names, labelled)
-        print(
-            f"MS-TCN's layout: {features.directory}/splits/{features.bundle}.bundle lists {len(listed)} of the "
-            f"{len(features.all_names)} videos" + (", mapping.txt its classes" if labelled else "")
-        )
-    if scores.videos:
-        outputs.write_scores(scores.result(), scores.videos)
-    return tally.counts["failed"]
-
-
-def _go_on_after(error: Exception, left: int, tally: Tally) -> bool:
+def go_on_after(error: Exception, left: int, tally: Tally) -> bool:
     """A video that failed, said on stderr and counted; False when the videos left cannot run."""
     tally.counts["failed"] += 1
     print(f"error: {error}", file=sys.stderr)
@@ -129,7 +59,7 @@ def _go_on_after(error: Exception, left: int, tally: Tally) -> bool:
     return True
 
 
-def _save_features(
+def save_features(
     name: str, result: VideoResult, record, cfg: Config, features: FeatureOutput, class_names, reason: str, tally: Tally
 ) -> None:
     """A video's features files written (atomically), in the layouts asked for; its arrays then leave the result."""

@@ -8,16 +8,15 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 from torch import nn
 
 from core.runtime import unwrap_model
 from datasets.windows import chunk_windows
-from engine.inference.chunks import chunk_positions, clip_length, half_frame_rate, slice_time
+from engine.inference.chunks import chunk_positions, clip_length, slice_time
 from models import temporal_head_of
-from models.classifier import recompute_in_backward, running_stats_frozen
+from models.classifier import recompute_in_backward
 from models.temporal import HeadOutput
 
 
@@ -25,8 +24,8 @@ from models.temporal import HeadOutput
 class ChunkSpec:
     """How a training clip goes through the model: ``size`` frames per chunk (-1: the whole clip in one
     forward), ``overlap`` frames shared by neighbours, and which chunks' activations are recomputed in backward:
-    all but the last ``kept`` (train.recompute: auto, the planner's count), none with ``recompute`` False (to
-    compare gradients in the tests).
+    all but the last ``kept`` (as many as the memory budget holds: the planner's count), none with ``recompute``
+    False (to compare gradients in the tests).
 
     ``grad_chunks`` (train.grad_chunks; 0: all): only that many chunks of the clip carry a gradient, one drawn
     from each of ``grad_chunks`` equal strata of the clip (``draw`` seeds the draw: the step's, so a resumed run
@@ -87,59 +86,49 @@ class ChunkedTrainingForward(nn.Module):
     Each chunk's forward runs under non-reentrant checkpointing: between forward and backward only the chunk
     inputs (views of the uint8 clip, 1 byte a pixel) and the chunk logits stay alive, and in backward one
     chunk is recomputed at a time, so the activation memory is that of one chunk whatever the clip length.
-    The last ``spec.kept`` chunks keep their activations instead (train.recompute: auto, as many as the memory
-    budget holds): no second forward for them.
+    The last ``spec.kept`` chunks keep their activations instead (as many as the memory budget holds): no second
+    forward for them.
     The inputs come as uint8 and are normalized per chunk inside the recomputed function (a float copy of a
     1,000-frame clip would be 4x the uint8 one). A clip in one chunk is exactly the plain training forward.
 
     With ``model.chunk_reconstruction`` the classifier's decoder predicts each chunk's thumbnail from its features
-    (models/reconstruction.py), and with ``model.chunk_discrimination`` each chunk with a gradient is computed again
-    from its even and from its odd frames (models/discrimination.py): their weighted losses, summed, are the output's
-    ``auxiliary``, which the training loss adds.
+    (models/reconstruction.py): its weighted loss is the output's ``auxiliary``, which the training loss adds.
+
+    ``bank`` (train.feature_bank, a ``feature_bank.FeatureBank``): the chunks without a gradient are read from it
+    where it has them, by the clips' indices in the training set.
 
     The classifier is ``self.module``, which ``unwrap_model`` follows, so checkpoints hold the classifier's state
     dict alone. Under torchrun no collective runs inside it (``oom.agree_and_reduce`` averages gradients).
     """
 
-    def __init__(self, module: nn.Module, normalize, frame_stride: int = 1):
+    def __init__(self, module: nn.Module, normalize, frame_stride: int = 1, bank=None):
         super().__init__()
         self.module = module
         self.normalize = normalize
         self.frame_stride = frame_stride  # clip frame i is video frame i * frame_stride (the head's positions)
+        self.bank = bank
 
-    def forward(self, inputs: dict, spec: ChunkSpec, bank=None, samples: torch.Tensor | None = None) -> HeadOutput:
-        """``bank`` (train.feature_bank, a ``feature_bank.FeatureBank``) and ``samples`` (the clips' indices
-        in the training set): the chunks without a gradient are read from the bank where it has them."""
-        windows = chunk_windows(clip_length(inputs), spec.size, spec.overlap)
+    def forward(self, inputs: dict, spec: ChunkSpec, samples: torch.Tensor | None = None) -> HeadOutput:
+        """``samples``: the clips' indices in the training set, which the bank reads by."""
+        chunks = chunk_windows(clip_length(inputs), spec.size, spec.overlap)
         head = temporal_head_of(self.module)
-        if head is None and len(windows) == 1:
+        if head is None and len(chunks) == 1:
             return HeadOutput(None, self.module(self.normalize(inputs)).unsqueeze(1))
-        if bank is not None and not bank.follows(windows):
-            bank.regrid(windows, f"training chunks of {spec.size} frames")
-        discrimination = self._discrimination(head is not None)
-        outputs, halves = self._chunk_outputs(inputs, windows, spec, head is not None, bank, samples, discrimination)
+        bank = self.bank if samples is not None else None
+        if bank is not None and not bank.follows(chunks):
+            bank.regrid(chunks, f"training chunks of {spec.size} frames")
+        outputs = self._chunk_outputs(inputs, chunks, spec, head is not None, bank, samples)
         if head is None:
             return HeadOutput(None, torch.stack(outputs, dim=1))
         features = torch.stack(outputs, dim=1)
-        out = head(features, chunk_positions(windows, self.frame_stride))
-        losses = [discrimination(halves)] if halves else []
+        out = head(features, chunk_positions(chunks, self.frame_stride))
         decoder = getattr(unwrap_model(self.module), "reconstruction", None)
-        # features without a gradient (a backbone frozen by train.temporal_refit_epochs): nothing for it to shape
         if decoder is not None and torch.is_grad_enabled() and features.requires_grad:
             thumbnails = torch.stack(
-                [decoder.thumbnail(slice_time(inputs, start, end)["video"]) for start, end in windows], 1
+                [decoder.thumbnail(slice_time(inputs, start, end)["video"]) for start, end in chunks], 1
             )
-            losses.append(decoder(features, thumbnails))
-        return out._replace(auxiliary=sum(losses)) if losses else out
-
-    def _discrimination(self, features: bool):
-        """model.chunk_discrimination's loss where it applies now: chunk features for a head, with a gradient to
-        something that trains (none once train.temporal_refit_epochs froze the backbone)."""
-        module = unwrap_model(self.module)
-        discrimination = getattr(module, "discrimination", None)
-        if discrimination is None or not features or not torch.is_grad_enabled() or not module.features_train:
-            return None
-        return discrimination
+            return out._replace(auxiliary=decoder(features, thumbnails))
+        return out
 
     def _recomputed(self, spec: ChunkSpec, chunk: int, chunks: int) -> bool:
         # a frozen backbone (model.freeze_backbone, side adapters) runs without a graph: nothing of it to recompute,
@@ -154,31 +143,21 @@ class ChunkedTrainingForward(nn.Module):
     def _chunk_features(self, chunk: dict) -> torch.Tensor:
         return self.module.features(self.normalize(chunk))
 
-    def _chunk_and_halves(self, chunk: dict, min_frames: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A chunk's features, then its even frames' and its odd frames' (the chunk discrimination's pair); the
-        halves leave the BatchNorm running statistics to the whole chunk."""
-        features = self._chunk_features(chunk)
-        with running_stats_frozen(self.module):
-            even, odd = (self._chunk_features(half_frame_rate(chunk, first, min_frames)) for first in (0, 1))
-        return features, even, odd
-
     def _chunk_outputs(
-        self, inputs: dict, windows: list, spec: ChunkSpec, features: bool, bank=None, samples=None, discrimination=None
-    ) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
+        self, inputs: dict, chunks: list, spec: ChunkSpec, features: bool, bank=None, samples=None
+    ) -> list[torch.Tensor]:
         """Each chunk's logits, or its features for the temporal head (then only the [B, n, D] features and the
         head's own activations stay alive). A chunk with a graph is recomputed in backward unless it is among
         the last ``spec.kept`` of them: one chunk's activations alive at a time. With train.grad_chunks the
         others run without a graph (train-mode BatchNorm, as every chunk) and enter detached, or come from the
-        bank when it holds them for every clip of the batch (each chunk computed is written to it).
-        With ``discrimination``, also the even- and odd-frame features of each chunk with a graph and two frames
-        at least, computed (and recomputed) with it."""
+        bank when it holds them for every clip of the batch (each chunk computed is written to it)."""
         min_frames = getattr(unwrap_model(self.module), "min_frames", 1)
         function = self._chunk_features if features else self._chunk_logits
-        graph = spec.graph_chunks(len(windows))
-        with_graph = range(len(windows)) if graph is None else sorted(graph)
+        graph = spec.graph_chunks(len(chunks))
+        with_graph = range(len(chunks)) if graph is None else sorted(graph)
         order = {chunk: rank for rank, chunk in enumerate(with_graph)}  # its place among the chunks with a graph
-        outputs, from_bank, halves = [], [], []
-        for i, (start, end) in enumerate(windows):
+        outputs, from_bank = [], []
+        for i, (start, end) in enumerate(chunks):
             if i not in order and bank is not None:
                 kept = bank.read(samples, i)
                 if kept is not None:
@@ -189,18 +168,10 @@ class ChunkedTrainingForward(nn.Module):
             if i not in order:
                 with torch.no_grad():
                     outputs.append(function(chunk))
+            elif self._recomputed(spec, order[i], len(order)):
+                outputs.append(recompute_in_backward(self.module, function, chunk))
             else:
-                paired = discrimination is not None and end - start >= 2  # given for chunk features only
-                run = partial(self._chunk_and_halves, min_frames=min_frames) if paired else function
-                output = (
-                    recompute_in_backward(self.module, run, chunk)
-                    if self._recomputed(spec, order[i], len(order))
-                    else run(chunk)
-                )
-                if paired:
-                    output, even, odd = output
-                    halves.append((even, odd))
-                outputs.append(output)
+                outputs.append(function(chunk))
             if bank is not None:
                 bank.write(samples, i, outputs[-1])
             if graph is not None and i in graph:
@@ -208,7 +179,7 @@ class ChunkedTrainingForward(nn.Module):
         computed = outputs[next(i for i in range(len(outputs)) if i not in from_bank)]  # a drawn chunk at least
         for i in from_bank:
             outputs[i] = outputs[i].to(computed.device, computed.dtype, non_blocking=True)
-        return outputs, halves
+        return outputs
 
 
 class FeatureHeadForward(nn.Module):
@@ -220,5 +191,5 @@ class FeatureHeadForward(nn.Module):
         super().__init__()
         self.module = module
 
-    def forward(self, inputs: dict, spec: ChunkSpec) -> HeadOutput:
+    def forward(self, inputs: dict, spec: ChunkSpec, samples: torch.Tensor | None = None) -> HeadOutput:
         return self.module(inputs["features"], inputs["windows"], inputs["mask"])

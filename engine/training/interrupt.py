@@ -1,5 +1,5 @@
-"""Ctrl-C during training: the first one asks the loop to stop after the current batch, a second one stops at once.
-``engine.training.loop.saved_on_stop`` saves last.pt and says how to continue."""
+"""Ending a run that does not finish: the first Ctrl-C asks the loop to stop after the current batch, a second one
+stops at once; ``saved_on_stop`` saves last.pt once, whatever stopped the run, and says how to continue."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import contextlib
 import logging
 import signal
 import threading
+
+from engine.training.run import RunStopped, TrainingRun
 
 log = logging.getLogger("longvideo")
 
@@ -50,4 +52,29 @@ def next_batch(iterator):
         return next(iterator)
     except RuntimeError:
         stop_if_asked()
+        raise
+
+
+@contextlib.contextmanager
+def saved_on_stop(run: TrainingRun, resume_command: str = "--resume auto"):
+    """The one place a run that ends abnormally saves last.pt: a ``RunStopped`` (an OOM nothing could fit, a row
+    of non-finite losses) leaves with the checkpoint named in its message; Ctrl-C saves at the last optimizer
+    step (the unfinished accumulation group is trained again on resume) and says how to continue."""
+    try:
+        yield
+    except RunStopped as stop:
+        if stop.saves_checkpoint:
+            stop.note_checkpoint(run.save("last.pt"))
+        raise
+    except KeyboardInterrupt:
+        state = run.state
+        state.batches_done -= state.batches_done % run.cfg.train.accumulate_grad_batches
+        path = run.save("last.pt")
+        log.warning(
+            "interrupted at epoch %d, step %d: saved %s; continue with: %s",
+            state.epoch + 1,
+            state.global_step,
+            path,
+            resume_command,
+        )
         raise

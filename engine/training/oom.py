@@ -1,6 +1,6 @@
-"""The out-of-memory back-off: a step that runs out of memory is retried with half the training chunks kept
-unrecomputed (train.recompute: auto), then half the micro-batch, then half the training chunk; only when one chunk
-of the model's shortest length does not fit does the run stop, with advice.
+"""The out-of-memory back-off (``with_oom_backoff``, around the loop's forward and backward): a step that runs out of
+memory is retried with half the training chunks kept unrecomputed, then half the micro-batch, then half the
+training chunk; only when one chunk of the model's shortest length does not fit does the run stop, with advice.
 Under DDP every rank agrees on the back-off at the end of each accumulation group (``agree_and_reduce``)."""
 
 from __future__ import annotations
@@ -8,13 +8,16 @@ from __future__ import annotations
 import logging
 import math
 import pickle
+from typing import Callable
 
 import torch
 
 from core import memory_monitor
 from core.files import DiskFullError, atomic_open
 from core.runtime import unwrap_model
-from engine.training.trainer import RunStopped, Trainer
+from engine.inference.chunks import clip_length
+from engine.training.run import RunStopped, TrainingRun
+from engine.training.step import BatchLoss
 
 log = logging.getLogger("longvideo")
 
@@ -36,34 +39,92 @@ class SyncedOutOfMemory(OutOfMemoryAdvice):
 MEMORY_VIEWER = "https://pytorch.org/memory_viz"
 
 
-def start_memory_history(trainer: Trainer) -> None:
+def with_oom_backoff(
+    run: TrainingRun, group: list[dict], group_size: int, ends_group: bool, train_batch: Callable[..., BatchLoss]
+) -> BatchLoss:
+    """``train_batch(run, batch, group_size, position, ends_group)`` (train.py's forward and backward of one loader
+    batch) on the newest batch of the accumulation group ``group``. After an out-of-memory error the back-off is
+    taken (``back_off_after_oom``) and the whole group is replayed, since its gradients so far were dropped with the
+    failed step. Under DDP a rank that can back off no further sits out the rest of its group, and every rank
+    learns of it at the group's end (``agree_and_reduce``)."""
+    if run.pending_advice is not None:
+        return BatchLoss()
+    try:
+        return _replayed_on_oom(run, group, group_size, ends_group, train_batch)
+    except OutOfMemoryAdvice as advice:
+        if not run.runtime.distributed or isinstance(advice, SyncedOutOfMemory):
+            raise
+        run.pending_advice = advice  # said at the group's end, where every rank learns of it
+        return BatchLoss()
+
+
+def _replayed_on_oom(run: TrainingRun, group: list[dict], group_size: int, ends_group: bool, train_batch) -> BatchLoss:
+    replay = False
+    while True:
+        failed = False
+        try:
+            batches = group if replay else group[-1:]
+            for i, batch in enumerate(batches):
+                position = len(group) - len(batches) + i  # the batch's place in its group
+                result = train_batch(run, batch, group_size, position, ends_group and i == len(batches) - 1)
+            return result
+        except OutOfMemoryError:
+            failed = True
+        if failed:  # outside the except block: its traceback no longer holds the step's tensors
+            save_memory_snapshot(run)  # trainer.memory_snapshot: on_oom; before the back-off empties the cache
+            _refuse_backoff_with_collectives(run)
+            back_off_after_oom(run, len(group[-1]["label"]), clip_length(group[-1]))
+            replay = True
+
+
+def _refuse_backoff_with_collectives(run: TrainingRun) -> None:
+    """A process whose forward or backward holds a collective cannot retry alone: it stops with the advice."""
+    if run.syncs_in_backward:
+        raise SyncedOutOfMemory(
+            f"rank {run.runtime.rank}: out of memory with train.ddp_sync: during_backward: the other "
+            f"{run.runtime.world_size - 1} process(es) wait in an all-reduce of the backward this process "
+            f"abandoned, so no back-off can be agreed; every process stops (torchrun stops the others, or "
+            f"trainer.process_group_timeout_s does) and last.pt stays as the last checkpoint wrote it; resume "
+            f"with --resume auto and train.ddp_sync: agreed (which backs off), or a smaller data.batch_size"
+        )
+    if run.synced_norm:
+        raise SyncedOutOfMemory(
+            f"out of memory with model.norm: sync: every BatchNorm forward is synchronized across the "
+            f"{run.runtime.world_size} processes, so one of them cannot retry with a smaller micro-batch "
+            f"alone (the out-of-memory back-off is off with sync, and this process stops the others); "
+            f"resume from the last checkpoint with a smaller data.batch_size (or batch_size: auto), "
+            f"model.recompute_blocks: true or a shorter train.chunk_train_size, or use model.norm: batch"
+        )
+
+
+def start_memory_history(run: TrainingRun) -> None:
     """trainer.memory_snapshot: on_oom: CUDA's allocator records its history from here on; on another device
     there is no allocator to record, said once."""
-    if trainer.cfg.trainer.memory_snapshot != "on_oom":
+    if run.cfg.trainer.memory_snapshot != "on_oom":
         return
-    if trainer.runtime.device.type != "cuda":
+    if run.runtime.device.type != "cuda":
         log.info(
             "trainer.memory_snapshot: on_oom records CUDA's allocator; on %s nothing is recorded",
-            trainer.runtime.device,
+            run.runtime.device,
         )
         return
     memory_monitor.record_allocator_history()
-    trainer.report.memory_history = True
+    run.report.memory_history = True
 
 
-def save_memory_snapshot(trainer: Trainer) -> str | None:
+def save_memory_snapshot(run: TrainingRun) -> str | None:
     """At an out-of-memory error, with the allocator's history recorded: the snapshot as the run's
     memory_snapshot.pickle (atomically; the latest error's), named in the log with its viewer. A snapshot that
     cannot be written is said, not raised: the back-off goes on without it."""
-    if not trainer.report.memory_history:
+    if not run.report.memory_history:
         return None
-    if trainer.run is None:  # only rank 0 has the run directory
+    if run.directory is None:  # only rank 0 has the run directory
         log.warning(
             "rank %d: out of memory; its allocator snapshot is not written (only rank 0 writes the run's files)",
-            trainer.runtime.rank,
+            run.runtime.rank,
         )
         return None
-    path = trainer.run.memory_snapshot
+    path = run.directory.memory_snapshot
     try:
         with atomic_open(path) as f:
             pickle.dump(memory_monitor.allocator_snapshot(), f)
@@ -73,44 +134,43 @@ def save_memory_snapshot(trainer: Trainer) -> str | None:
         return None
     log.warning(
         "out of memory at step %d: the allocator's snapshot is %s (open it at %s)",
-        trainer.state.global_step,
+        run.state.global_step,
         path,
         MEMORY_VIEWER,
     )
     return path
 
 
-def back_off_after_oom(trainer: Trainer, batch_size: int, length: int) -> None:
+def back_off_after_oom(run: TrainingRun, batch_size: int, length: int) -> None:
     """Halve the training chunks kept unrecomputed; with none kept, halve the micro-batch; at 1 clip per forward,
     halve the training chunk instead (down to the model's shortest clip); only when one chunk of that length does
     not fit, save and stop with the advice."""
-    trainer.optimizer.zero_grad(set_to_none=True)
-    if trainer.runtime.device.type == "cuda":
+    run.optimizer.zero_grad(set_to_none=True)
+    if run.runtime.device.type == "cuda":
         torch.cuda.empty_cache()
-    state, cfg = trainer.state, trainer.cfg
-    kept = trainer.chunk_spec().kept
+    state, cfg = run.state, run.cfg
+    kept = run.chunk_spec().kept
     if kept:
         state.kept_chunks = kept // 2
         log.warning(
             "out of memory with the activations of %d training chunks kept: now %d kept, the others "
-            "recomputed in backward (train.recompute: auto; kept for the rest of the run and saved in the "
-            "checkpoint); the step is retried",
+            "recomputed in backward (kept for the rest of the run and saved in the checkpoint); the step is retried",
             kept,
             state.kept_chunks,
         )
         return
     per_forward = math.ceil(batch_size / state.micro_splits)
     if per_forward <= 1:
-        if _shorten_chunks(trainer, length):
+        if _shorten_chunks(run, length):
             return
         data, model = cfg.data, cfg.model
         raise OutOfMemoryAdvice(
-            f"out of memory with 1 clip per forward pass in chunks of {_frames(_chunk_frames(trainer, length))} "
+            f"out of memory with 1 clip per forward pass in chunks of {_frames(_chunk_frames(run, length))} "
             f"(the model's shortest)",
             f"To fit, in this order: "
             f"1) smaller frames (data.img_size={data.img_size}), "
-            f"2) model.grad_checkpointing: true (now {str(model.grad_checkpointing).lower()}), "
-            f"3) trainer.precision 16/bf16 (now {trainer.runtime.precision}), "
+            f"2) model.recompute_blocks: true (now {str(model.recompute_blocks).lower()}), "
+            f"3) trainer.precision 16/bf16 (now {run.runtime.precision}), "
             f"4) a smaller model or preset (configs/gtx1650.yaml)",
         )
     state.micro_splits *= 2
@@ -125,30 +185,30 @@ def back_off_after_oom(trainer: Trainer, batch_size: int, length: int) -> None:
     )
 
 
-def _shorten_chunks(trainer: Trainer, length: int) -> bool:
+def _shorten_chunks(run: TrainingRun, length: int) -> bool:
     """At 1 clip per forward: chunks of half the length (from whole clips: the largest power of two below the
     clip length), not below the model's ``min_frames``. False when they cannot get shorter."""
-    min_frames = getattr(unwrap_model(trainer.model), "min_frames", 1)
-    current = _chunk_frames(trainer, length)
+    min_frames = getattr(unwrap_model(run.model), "min_frames", 1)
+    current = _chunk_frames(run, length)
     shorter = 2 ** math.floor(math.log2(current - 1)) if current == length and current > 1 else current // 2
     shorter = max(shorter, min_frames)
     if shorter >= current:
         return False
-    trainer.state.chunk_train_size = shorter
+    run.state.chunk_train_size = shorter
     log.warning(
         "out of memory at 1 clip per forward in chunks of %s: now chunks of %s (overlap %d), each "
         "recomputed in backward; kept for the rest of the run and saved in the checkpoint; the step is "
         "retried",
         _frames(current),
         _frames(shorter),
-        trainer.chunk_spec().overlap,
+        run.chunk_spec().overlap,
     )
     return True
 
 
-def _chunk_frames(trainer: Trainer, length: int) -> int:
+def _chunk_frames(run: TrainingRun, length: int) -> int:
     """Frames per training chunk now, for a clip of ``length`` frames."""
-    size = trainer.chunk_spec().size
+    size = run.chunk_spec().size
     return length if size == -1 else min(size, length)
 
 
@@ -156,7 +216,7 @@ def _frames(count: int) -> str:
     return f"{count} frame" + ("" if count == 1 else "s")
 
 
-def agree_and_reduce(trainer: Trainer) -> None:
+def agree_and_reduce(run: TrainingRun) -> None:
     """DDP, at the end of an accumulation group: one all-reduce of each rank's back-off (micro-batch splits,
     training chunk, whether it gave up) in which every rank takes the most cautious, then one all-reduce of the
     gradients. Gradients are not all-reduced during backward (no DDP hook in backward): a rank that runs out of
@@ -164,11 +224,11 @@ def agree_and_reduce(trainer: Trainer) -> None:
     that splits its micro-batch runs more forwards than the others. The price: communication no longer overlaps
     the backward. The agreement takes the most cautious of each: the most splits, the shortest chunks, the fewest
     chunks kept unrecomputed."""
-    state, runtime = trainer.state, trainer.runtime
+    state, runtime = run.state, run.runtime
     no_chunk = 2**30  # "no training chunk" in the minimum
     chunk = no_chunk if state.chunk_train_size is None else state.chunk_train_size
     kept = state.kept_chunks or 0
-    mine = (state.micro_splits, chunk, kept, trainer.pending_advice is not None)
+    mine = (state.micro_splits, chunk, kept, run.pending_advice is not None)
     flags = torch.tensor(
         [state.micro_splits, -chunk, -kept, float(mine[3])], dtype=torch.float64, device=runtime.device
     )
@@ -186,7 +246,7 @@ def agree_and_reduce(trainer: Trainer) -> None:
     state.micro_splits, state.chunk_train_size = splits, None if agreed_chunk == no_chunk else agreed_chunk
     state.kept_chunks = agreed_kept if state.kept_chunks is not None else None
     if gave_up:
-        advice = trainer.pending_advice  # every rank stops here; rank 0 saves (saved_on_stop), whichever gave up
+        advice = run.pending_advice  # every rank stops here; rank 0 saves (saved_on_stop), whichever gave up
         raise (
             advice
             if advice is not None
@@ -195,7 +255,7 @@ def agree_and_reduce(trainer: Trainer) -> None:
                 "See that rank's advice",
             )
         )
-    average_gradients([p.grad for p in trainer.model.parameters() if p.grad is not None], runtime.world_size)
+    average_gradients([p.grad for p in run.model.parameters() if p.grad is not None], runtime.world_size)
 
 
 GRADIENT_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket size: the most extra memory the averaging holds

@@ -1,4 +1,4 @@
-"""The optimizer (the temporal head's own parameter groups), its schedule and the gradient clip."""
+"""The optimizer, its schedule and the gradient clip."""
 
 from __future__ import annotations
 
@@ -7,39 +7,23 @@ import math
 import torch
 
 from config import TrainConfig
-from models import temporal_head_of
+
+SGD_MOMENTUM = 0.9  # train.optimizer: sgd, with Nesterov's momentum (torchvision's video recipe)
 
 
-def build_optimizer(model: torch.nn.Module, train_cfg: TrainConfig) -> torch.optim.Optimizer:
-    """No weight decay on norms and biases (the usual practice for CNNs and transformers). A temporal head's
-    parameters form groups of their own at train.lr x train.temporal_lr_scale (the schedule scales every group
-    alike); without a head, or with a scale of 1, the model is one pair of groups, as before the scale existed."""
-
-    def decay_groups(name: str, params: list, lr: float) -> list[dict]:
-        return [
-            {
-                "params": [p for p in params if p.dim() > 1],
-                "weight_decay": train_cfg.weight_decay,
-                "lr": lr,
-                "name": name,
-            },
-            {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0, "lr": lr, "name": name},
-        ]
-
+def build_optimizer(
+    model: torch.nn.Module, train_cfg: TrainConfig, foreach: bool | None = None
+) -> torch.optim.Optimizer:
+    """No weight decay on norms and biases (the usual practice for CNNs and transformers). ``foreach``: torch's
+    choice per device when None (the memory planner asks for CUDA's on the tensors it estimates with)."""
     trained = [p for p in model.parameters() if p.requires_grad]
-    head = temporal_head_of(model)
-    in_head = set() if head is None else {id(p) for p in head.parameters()}
-    # a head that is all that trains (trained alone on features, models.temporal.FeatureHead) has no backbone rate
-    # to be scaled from: train.lr is its rate
-    if head is None or train_cfg.temporal_lr_scale == 1.0 or all(id(p) in in_head for p in trained):
-        groups = decay_groups("model", trained, train_cfg.lr)
-    else:
-        groups = decay_groups("model", [p for p in trained if id(p) not in in_head], train_cfg.lr) + decay_groups(
-            "temporal head", [p for p in trained if id(p) in in_head], train_cfg.lr * train_cfg.temporal_lr_scale
-        )
+    groups = [
+        {"params": [p for p in trained if p.dim() > 1], "weight_decay": train_cfg.weight_decay, "name": "model"},
+        {"params": [p for p in trained if p.dim() <= 1], "weight_decay": 0.0, "name": "model"},
+    ]
     if train_cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=train_cfg.lr, momentum=train_cfg.momentum, nesterov=True)
-    return torch.optim.AdamW(groups, lr=train_cfg.lr)
+        return torch.optim.SGD(groups, lr=train_cfg.lr, momentum=SGD_MOMENTUM, nesterov=True, foreach=foreach)
+    return torch.optim.AdamW(groups, lr=train_cfg.lr, foreach=foreach)
 
 
 def max_grad_norm(train_cfg: TrainConfig, has_temporal_head: bool) -> float | None:
@@ -56,32 +40,16 @@ def warmup_epochs(train_cfg: TrainConfig, has_temporal_head: bool) -> float:
     )
 
 
-def build_scheduler(
-    optimizer,
-    train_cfg: TrainConfig,
-    steps_per_epoch: int,
-    max_epochs: int,
-    has_temporal_head: bool = False,
-    refit_epochs: int = 0,
-):
-    """Linear warm-up, then cosine decay to min_lr, stepped once per optimizer step. With ``refit_epochs``
-    (train.temporal_refit_epochs) the schedule runs twice: over the epochs before them, then again, warm-up
-    included, over theirs, for the new head."""
+def build_scheduler(optimizer, train_cfg: TrainConfig, steps_per_epoch: int, has_temporal_head: bool = False):
+    """Linear warm-up, then cosine decay to min_lr over train.max_epochs, stepped once per optimizer step."""
     warmup = int(round(warmup_epochs(train_cfg, has_temporal_head) * steps_per_epoch))
     floor = train_cfg.min_lr / train_cfg.lr if train_cfg.lr > 0 else 0.0
-    refit_start = steps_per_epoch * (max_epochs - refit_epochs) if refit_epochs else None
+    total = max(1, steps_per_epoch * train_cfg.max_epochs)
 
-    def phase(step: int, total: int) -> float:
+    def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    def factor(step: int) -> float:
-        if refit_start is None:
-            return phase(step, max(1, steps_per_epoch * max_epochs))
-        if step < refit_start:
-            return phase(step, max(1, refit_start))
-        return phase(step - refit_start, max(1, steps_per_epoch * refit_epochs))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

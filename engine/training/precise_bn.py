@@ -23,8 +23,8 @@ from artifacts.checkpoint import restore_rng_state, rng_state
 from core import watchdog
 from core.runtime import unwrap_model
 from engine.data.loaders import GuardedBatches, make_loader
+from engine.training.run import TrainingRun
 from engine.training.step import micro_batches
-from engine.training.trainer import Trainer
 from models.classifier import running_stats_frozen
 from models.norms import FrozenBatchNorm, batch_norms, channel_moments, pooled_statistics
 
@@ -33,7 +33,7 @@ log = logging.getLogger("longvideo")
 
 def recomputable_norms(model: torch.nn.Module) -> list[_BatchNorm]:
     """The BatchNorm layers whose running statistics precise BN recomputes: frozen ones keep theirs, and so do those
-    of a frozen backbone (model.freeze_backbone, model.adapter, train.temporal_refit_epochs), which stay in eval."""
+    of a frozen backbone (model.freeze_backbone, model.adapter), which stay in eval."""
     classifier = unwrap_model(model)
     fixed = set(batch_norms(classifier.rgb)) if getattr(classifier, "frozen_backbone", False) else set()
     return [
@@ -44,10 +44,10 @@ def recomputable_norms(model: torch.nn.Module) -> list[_BatchNorm]:
 
 
 @torch.no_grad()
-def precise_batch_norm(trainer: Trainer, batches, limit: int) -> int:
-    """The running statistics of every BatchNorm layer of ``trainer.model`` from the first ``limit`` loader batches
+def precise_batch_norm(run: TrainingRun, batches, limit: int) -> int:
+    """The running statistics of every BatchNorm layer of ``run.model`` from the first ``limit`` loader batches
     of ``batches`` (as ``train_one_epoch`` gets them); returns how many were used."""
-    model, runtime = trainer.model, trainer.runtime
+    model, runtime = run.model, run.runtime
     norms = recomputable_norms(model)
     moments = {m: torch.zeros(2 * m.num_features + 1, dtype=torch.float64, device=m.running_mean.device) for m in norms}
 
@@ -55,7 +55,7 @@ def precise_batch_norm(trainer: Trainer, batches, limit: int) -> int:
         moments[module].add_(channel_moments(args[0]))
 
     hooks = [m.register_forward_pre_hook(record) for m in norms]
-    forward = getattr(model, "module", model) if trainer.syncs_in_backward else model  # DDP's forward is the step's
+    forward = getattr(model, "module", model) if run.syncs_in_backward else model  # DDP's forward is the step's
     was_training = model.training
     used = 0
     try:
@@ -64,7 +64,7 @@ def precise_batch_norm(trainer: Trainer, batches, limit: int) -> int:
             for batch in batches:
                 if used == limit:
                     break
-                _forward_in_pieces(trainer, forward, batch)
+                _forward_in_pieces(run, forward, batch)
                 watchdog.beat()
                 used += 1
     finally:
@@ -84,28 +84,28 @@ def precise_batch_norm(trainer: Trainer, batches, limit: int) -> int:
     return used
 
 
-def _forward_in_pieces(trainer: Trainer, forward, batch: dict) -> None:
+def _forward_in_pieces(run: TrainingRun, forward, batch: dict) -> None:
     """One loader batch through the training forward, in the step's micro-batch splits and training chunks."""
-    spec = trainer.chunk_spec()
-    for piece in micro_batches(trainer, batch):
-        inputs = trainer.prepare.transfer(piece)
-        with trainer.runtime.autocast():
+    spec = run.chunk_spec()
+    for piece in micro_batches(batch, run.state.micro_splits):
+        inputs = run.inputs.transfer(piece)
+        with run.runtime.autocast():
             forward(inputs, spec)
 
 
-def precise_bn_before_validation(trainer: Trainer, train_set) -> None:
+def precise_bn_before_validation(run: TrainingRun, train_set) -> None:
     """train.precise_bn_batches batches of the training set (the epoch's order, the run's random state left as
     it was) through :func:`precise_batch_norm`, with one line saying so."""
-    wanted = trainer.cfg.train.precise_bn_batches
-    layers = len(recomputable_norms(trainer.model)) if wanted else 0
+    wanted = run.cfg.train.precise_bn_batches
+    layers = len(recomputable_norms(run.model)) if wanted else 0
     if not layers:
         return
-    cfg, runtime = trainer.cfg, trainer.runtime
+    cfg, runtime = run.cfg, run.runtime
     loader = make_loader(train_set, cfg.data, cfg.train.seed, runtime, cfg.data.batch_size, shuffle=True, pad=True)
-    loader.sampler.set_epoch(trainer.state.epoch)
+    loader.sampler.set_epoch(run.state.epoch)
     saved = rng_state()
     try:
-        used = precise_batch_norm(trainer, GuardedBatches(loader, trainer.report.bad_inputs), wanted)
+        used = precise_batch_norm(run, GuardedBatches(loader, run.report.bad_inputs), wanted)
     finally:
         restore_rng_state(saved)
     note = "" if used == wanted else f" (the training set has only {used} batches)"
