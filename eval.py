@@ -30,7 +30,7 @@ from artifacts.checkpoint import CheckpointError
 from artifacts.ledger import append_ledger, read_ledger
 from artifacts.run_dir import WatchedDirectory
 from artifacts.trained_model import load_trained_model
-from config import add_inference_flags, apply_inference_flags, inference_overrides
+from config import add_inference_flags, apply_inference_flags, derive, inference_overrides
 from core.cli import exit_on_usage_error
 from core.files import file_sha256
 from core.logs import setup_logging
@@ -52,6 +52,9 @@ from models import set_head_chunks
 from planner.batch_size import inference_batch_for_budget
 
 log = logging.getLogger("longvideo")
+# --whole-videos: a video is one sample window, streamed whole (no clip drawn from it), in one crop: the samples
+# and chunks of infer_chunked.py
+WHOLE_VIDEOS = {"data.max_video_frames": None, "data.num_frames": -1, "data.test_clips": 1, "data.test_crops": 1}
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class EvaluationSpec:
     memory_budget_gb: float | None = None  # --memory-budget-gb: the budget of --batch auto, else the config's
     overrides: dict = field(default_factory=dict)
     backbone: str | None = None  # a head trained on features: its backbone checkpoint, if not where it was
+    whole_videos: bool = False  # --whole-videos: each video one sample, streamed whole (WHOLE_VIDEOS)
 
 
 def evaluate_checkpoint(path: str, spec: EvaluationSpec) -> EvaluationResult:
@@ -77,6 +81,8 @@ def evaluate_checkpoint(path: str, spec: EvaluationSpec) -> EvaluationResult:
     if checkpoint.features is not None:  # a head on the features its dataset came with: scored on those
         return evaluate_on_features(path, model, cfg, class_names, checkpoint, spec.precision, spec)
     cfg = cap_workers(apply_inference_flags(cfg, spec.overrides))
+    if spec.whole_videos:
+        cfg = derive(cfg, WHOLE_VIDEOS, "--whole-videos")
     head_reach = set_head_chunks(model, cfg.infer.head_chunks)
     runtime = setup_runtime(cfg.trainer, device=str(device), precision=spec.precision)
     if spec.batch_auto:  # every evaluated clip of a window (clips x crops) goes through each forward
@@ -166,6 +172,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--split", choices=("val", "test"), default="val", help="which manifest of the config")
     add_inference_flags(parser, clips=True)
     parser.add_argument(
+        "--whole-videos",
+        action="store_true",
+        help="each video one sample streamed whole in inference chunks: its prediction is infer_chunked.py's "
+        "for it (without this flag, a video's is the mean of its sample windows' clips, as training validates)",
+    )
+    parser.add_argument(
         "--output",
         help="write OUTPUT.json (metrics), OUTPUT.csv (per-video predictions) and OUTPUT_clips.csv (per clip)",
     )
@@ -192,6 +204,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--interval and --plot go with --watch")
     if args.watch and args.output:
         parser.error("--output goes with --checkpoint; --watch writes RUN_DIR/eval.jsonl")
+    if args.whole_videos and any(v is not None for v in (args.num_frames, args.clips, args.crops)):
+        parser.error("--whole-videos streams each video whole: leave out --num-frames, --clips and --crops")
     return args
 
 
@@ -207,6 +221,7 @@ def main(argv=None) -> int:
         batch_auto=args.batch == "auto",
         memory_budget_gb=args.memory_budget_gb,
         overrides=inference_overrides(args),
+        whole_videos=args.whole_videos,
         backbone=args.backbone,
     )
     if args.watch:

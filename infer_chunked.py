@@ -55,7 +55,7 @@ from engine.inference.features import (
     write_mstcn_index,
 )
 from engine.inference.stream import InferenceSpec, StreamedGroups, how_it_runs, video_result
-from engine.inference.video_outputs import Outputs, print_result
+from engine.inference.video_outputs import Outputs, print_result, video_key
 from engine.inference.video_result import VideoResult
 from engine.inference.video_runs import Tally, go_on_after, save_features
 from engine.metrics.segments import SegmentationScores, background_indices
@@ -113,9 +113,11 @@ def run_videos(
     device_inputs = DeviceInputs(runtime.device, cfg.data.mean, cfg.data.std)
     scores = SegmentationScores(background_indices(cfg.data.background_labels, class_names))
     tally = Tally()
-    outputs.start()
+    written = {video_key(row["video"]) for row in tally.resumed(outputs.resume(scores), outputs.output)}
     progress = tqdm(names, desc="videos", disable=not sys.stderr.isatty() or len(records) == 1)
     for number, (record, name) in enumerate(zip(records, progress)):
+        if video_key(record.first_path if len(record.views) == 1 else record.views) in written:
+            continue  # in --output already, from a run that stopped
         reason = features.done(name) if features else "new"
         if reason is None:
             print(
@@ -138,6 +140,7 @@ def run_videos(
         outputs.write(result, name, class_names)
         if result.error is None:  # the console shows the summary with --output too
             print_result(result, spec.timeline)
+        print(tally.progress(number + 1, len(records)))
     for line in tally.summary(scores, features is not None):
         print(line)
     if features and features.layout != "npz":
@@ -182,9 +185,11 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
     """What infer_chunked.py writes and draws of each video, and how it reads them."""
     parser.add_argument(
         "--output",
-        help="write one JSON line per video to this file (with --timeline: its segments; "
-        "and OUTPUT_frames.csv: every frame's label); with annotated segments, "
-        "OUTPUT_scores.json: the timeline scores over all videos",
+        metavar="OUT.jsonl",
+        help="write one JSON line per video to OUT.jsonl and a row to OUT.csv (video, label, the top-k labels "
+        "and probabilities); with --timeline also its segments, and OUT_frames.csv: every frame's label; with "
+        "annotated segments, OUT_scores.json: the timeline scores over all videos. Run again with the same "
+        "checkpoint and settings, it goes on where the files end: the videos already there are skipped",
     )
     parser.add_argument(
         "--timeline",
@@ -306,6 +311,21 @@ def feature_output(args, cfg: Config, checkpoint_path: str, class_names: list, a
     return FeatureOutput(args.features, settings, checkpoint_path, args.features_layout, bundle, tuple(all_names))
 
 
+def prediction_settings(args, cfg: Config, checkpoint_path: str) -> dict:
+    """What decides --output's rows: a rerun with other settings does not append to them."""
+    if not args.output:
+        return {}
+    settings = settings_of(cfg, cfg.infer.chunk_size, cfg.infer.chunk_overlap, "", file_sha256(checkpoint_path))
+    del settings["dtype"]
+    infer = cfg.infer
+    return settings | {
+        "aggregation": infer.chunk_aggregation,
+        "head_chunks": infer.head_chunks,
+        "topk": args.topk,
+        "timeline": args.timeline,
+    }
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     setup_logging()
@@ -337,7 +357,10 @@ def main(argv=None) -> int:
         print(f"videos: their prepared copies in {cfg.data.prepared_dir} where one matches, else the sources")
     if runtime.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(runtime.device)
-    outputs = Outputs(args.output, args.plot, args.timeline, args.plot_row_minutes)
+    outputs = Outputs(
+        args.output, args.plot, args.timeline, prediction_settings(args, cfg, checkpoint_path), args.topk,
+        args.plot_row_minutes,
+    )  # fmt: skip
     failures = run_videos(
         model,
         records,

@@ -147,7 +147,7 @@ def test_the_timeline_png_on_a_full_disk_stops_in_one_line_and_the_rerun_draws_i
         infer_chunked.main(args)
     monkeypatch.undo()
     assert not glob.glob(str(plots / "*.png")) and no_temporary_files(small_disk)
-    infer_chunked.main(args)
+    assert infer_chunked.main(args) == 0
     assert [os.path.getsize(p) > 1000 for p in glob.glob(str(plots / "*.png"))] == [True]
 
 

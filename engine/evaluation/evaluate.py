@@ -259,7 +259,8 @@ def format_report(metrics: dict, class_names: list[str]) -> str:
     top5 = f"top-5 {metrics['top5']:.4f}" if len(class_names) > 5 else "top-5 n/a (5 classes or fewer)"
     lines = [
         f"top-1 clip acc {metrics['clip_acc']:.4f}  {top5}  "
-        f"video-level acc {metrics.get('video_acc', float('nan')):.4f}  mean class acc "
+        f"video-level acc {metrics.get('video_acc', float('nan')):.4f} (mean over classes "
+        f"{metrics.get('video_mean_class_acc', float('nan')):.4f})  mean class acc "
         f"{metrics['mean_class_acc']:.4f}  ({metrics['num_clips']} clips, {metrics.get('num_videos', 0)} videos)",
         f"{'class':>16s} {'precision':>9s} {'recall':>9s} {'f1':>9s}",
     ]

@@ -101,6 +101,7 @@ def settings_of(cfg: Config, chunk: int, overlap: int, dtype: str, checkpoint_sh
         "overlap": overlap,
         "dtype": dtype,
         "frame_stride": data.frame_stride,
+        "fps": data.fps,
         "img_size": data.img_size,
         "resize": data.resize,
         "short_side": data.short_side,

@@ -186,7 +186,8 @@ def add_timeline(
     per_frame = frame_probabilities(chunk_probs, frame_windows, result.num_frames)
     labels = per_frame.argmax(axis=1)
     if truth is not None and scores is not None:
-        result.scores = scores.add(*annotated(labels, truth))
+        result.score_counts = scores.counts_of(*annotated(labels, truth))
+        result.scores = scores.add_counts(result.score_counts)
     if full:
         result.chunk_results = [
             {

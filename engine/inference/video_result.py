@@ -43,6 +43,7 @@ class VideoResult:
     compute_s: float = 0.0  # the model's seconds, not waiting for the decoder
     label: str | None = None  # the manifest's label, if it has one
     scores: dict | None = None  # the timeline against the annotated segments (engine.metrics.segments)
+    score_counts: dict | None = None  # what the video adds to the split's timeline scores (a resumed run re-adds it)
     chunk_results: list[dict] | None = None  # --timeline: each chunk's frames, seconds, label and probability
     segments: list[dict] | None = None  # --timeline: the runs of the per-frame labels
     frames: FrameTimeline | None = None  # --timeline: per frame, for the CSV and the picture
@@ -69,6 +70,11 @@ class VideoResult:
         }
         if self.label is not None:
             line.update(label=self.label, correct=self.correct)
-        optional = {"scores": self.scores, "chunk_results": self.chunk_results, "segments": self.segments}
+        optional = {
+            "scores": self.scores,
+            "score_counts": self.score_counts,
+            "chunk_results": self.chunk_results,
+            "segments": self.segments,
+        }
         line.update({key: value for key, value in optional.items() if value is not None})
         return line

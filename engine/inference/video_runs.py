@@ -27,6 +27,25 @@ class Tally:
         if result.correct is not None:
             self.labelled += 1
             self.correct += int(result.correct)
+        self.counts["run"] += 1
+
+    def resumed(self, rows: list[dict], output: str | None) -> list[dict]:
+        """The rows an earlier run wrote to --output, counted (its accuracy is over every video of the file)."""
+        for row in rows:
+            if "correct" in row:
+                self.labelled += 1
+                self.correct += int(row["correct"])
+        if rows:
+            print(f"resuming: {len(rows)} videos are in {output} already; they are skipped")
+        self.counts["resumed"] = len(rows)
+        return rows
+
+    def progress(self, number: int, total: int) -> str:
+        """The line after each video: how many are done, and the time left at this run's pace so far."""
+        ran = self.counts["run"]
+        elapsed = time.perf_counter() - self.start
+        left = (total - number) * elapsed / ran if ran else 0.0
+        return f"[{number}/{total} videos, {_duration(elapsed)} elapsed, about {_duration(left)} left]"
 
     def summary(self, scores: SegmentationScores, features: bool) -> list[str]:
         lines = []
@@ -74,3 +93,9 @@ def save_features(
     tally.chunks += len(result.features.features)
     tally.counts["done"] += 1
     result.features = None
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"

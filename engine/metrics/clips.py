@@ -73,6 +73,11 @@ class ClassificationMeter:
         videos = self.video_predictions()
         if videos:
             result["video_acc"] = sum(v["predicted"] == v["label"] for v in videos) / len(videos)
+            by_class: dict[int, list[bool]] = {}
+            for v in videos:
+                by_class.setdefault(v["label"], []).append(v["predicted"] == v["label"])
+            recalls = [sum(hits) / len(hits) for hits in by_class.values()]
+            result["video_mean_class_acc"] = sum(recalls) / len(recalls)  # each class alike, each video once
             result["num_videos"] = len(videos)
         return result
 

@@ -92,17 +92,26 @@ class SegmentationScores:
 
     def add(self, predicted: Sequence[Hashable], truth: Sequence[Hashable]) -> dict:
         """One video's scores ({"frame_acc", "edit", "f1@10", ...}), added to the split's."""
+        return self.add_counts(self.counts_of(predicted, truth))
+
+    def counts_of(self, predicted: Sequence[Hashable], truth: Sequence[Hashable]) -> dict:
+        """What one video adds to the split's scores, as plain numbers (a resumed run adds them back)."""
         if len(predicted) != len(truth):
             raise ValueError(f"{len(predicted)} predicted frame labels for {len(truth)} true ones")
-        correct = sum(p == t for p, t in zip(predicted, truth))
-        self.frames, self.correct = self.frames + len(truth), self.correct + correct
-        video = {
-            "frame_acc": correct / len(truth) if len(truth) else 0.0,
+        return {
+            "frames": len(truth),
+            "correct": int(sum(p == t for p, t in zip(predicted, truth))),
             "edit": edit_score(predicted, truth, self.background),
+            "f1": {str(round(t * 100)): list(f1_counts(predicted, truth, t, self.background)) for t in F1_THRESHOLDS},
         }
-        self.edits.append(video["edit"])
+
+    def add_counts(self, counts: dict) -> dict:
+        """One video's ``counts_of`` added to the split's; its own scores."""
+        self.frames, self.correct = self.frames + counts["frames"], self.correct + counts["correct"]
+        self.edits.append(counts["edit"])
+        video = {"frame_acc": counts["correct"] / counts["frames"] if counts["frames"] else 0.0, "edit": counts["edit"]}
         for threshold in F1_THRESHOLDS:
-            tp, fp, fn = f1_counts(predicted, truth, threshold, self.background)
+            tp, fp, fn = counts["f1"][str(round(threshold * 100))]
             self.counts[threshold] = [a + b for a, b in zip(self.counts[threshold], (tp, fp, fn))]
             video[f"f1@{round(threshold * 100)}"] = f1_from_counts(tp, fp, fn)
         return video
