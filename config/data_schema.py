@@ -18,11 +18,25 @@ class DataConfig:
         None,
         "float",
         "split this share of the training videos off as validation (by "
-        "a hash of each video's path: the same split every run), instead of "
+        "a hash of each video's path, or of its data.group_key: the same split every run), instead of "
         "data.val_manifest",
         minimum=0.0,
         maximum=1.0,
         nullable=True,
+    )
+    group_key: str | None = setting(
+        None,
+        "str",
+        "a manifest field (patient, subject, session) whose videos stay on one side of a split: data.val_fraction "
+        "and python -m engine.evaluation.k_fold split by its values; set it when videos of one group look alike",
+        nullable=True,
+    )
+    balance: Literal["none", "videos", "classes"] = choice(
+        "none",
+        "what a training epoch draws: none (each sample window once, so a long video weighs as many windows as it "
+        "has), videos (each video alike, however many windows it has) or classes (each class alike, each of its "
+        "videos alike): windows drawn with replacement, as many as the training set has; set it when the "
+        "videos' lengths or the classes' sizes differ much",
     )
     train_manifest: str = setting("train.jsonl", "str", "training manifest (JSONL, CSV or a root/<class>/ folder)")
     val_manifest: str | None = setting("val.jsonl", "str", "validation manifest", nullable=True)
@@ -136,6 +150,15 @@ class DataConfig:
     frame_stride: int = setting(1, "int", "distance between the decoded frames of a clip", minimum=1)
     load_rgb: bool = setting(True, "bool", "decode video frames")
     load_kpt: bool = setting(False, "bool", "load per-frame keypoints")
+    fps: float | None = setting(
+        None,
+        "float",
+        "sample clips and inference chunks at about this many frames a second of video: each video's stride is "
+        "its own frame rate (read from the file) over this, rounded, so recordings at 25 and 60 fps cover the same "
+        "time; null: every data.frame_stride-th frame. The temporal head places chunks by clip frame, at this rate",
+        minimum=0.001,
+        nullable=True,
+    )
     max_video_frames: int | None = setting(
         None,
         "int",
@@ -171,5 +194,13 @@ class DataConfig:
         "null = read the sources",
         nullable=True,
     )
-    mean: list = setting([0.45, 0.45, 0.45], "list", "per-channel mean (RGB, 0..1) for normalization on the device")
-    std: list = setting([0.225, 0.225, 0.225], "list", "per-channel std (RGB, 0..1)")
+    mean: list | None = setting(
+        None,
+        "list",
+        "per-channel mean (RGB, 0..1) for normalization on the device; null: the named weights' own "
+        "(model.pretrained: kinetics400, or true for a torchvision video backbone), else 0.45 each",
+        nullable=True,
+    )
+    std: list | None = setting(
+        None, "list", "per-channel std (RGB, 0..1); null: the named weights' own, else 0.225 each", nullable=True
+    )

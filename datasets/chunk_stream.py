@@ -22,7 +22,7 @@ from datasets.prepared_copies import PreparedCopies
 from datasets.video.choice import open_reader
 from datasets.video.info import StalledFile, VideoReadError, several_streams_note
 from datasets.video.probe import probe
-from datasets.windows import inference_windows
+from datasets.windows import inference_windows, video_stride
 
 log = logging.getLogger("longvideo")
 _SAID_MISSING: set = set()  # sources whose missing prepared copy was said
@@ -126,6 +126,7 @@ class ChunkStream:
             )
         self.num_frames = end - self.first  # the video frames streamed, from self.first
         self.fps = next(iter(infos.values())).fps  # the source's: a copy's rate is it to 1/1001
+        self.stride = video_stride(data_cfg.frame_stride, data_cfg.fps, self.fps)  # data.fps: this video's own
         clip_length = len(range(0, self.num_frames, self.stride))
         self.windows = inference_windows(clip_length, spec.chunk, spec.overlap, spec.aggregation)
         self.batch, self.load_rgb, self.load_kpt = spec.batch, data_cfg.load_rgb, data_cfg.load_kpt

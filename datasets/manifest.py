@@ -118,6 +118,23 @@ def _record(entry: dict, base: str, where: str) -> VideoRecord:
     return VideoRecord(views, None if label is None else str(label), segments, keypoints, where, extra)
 
 
+def manifest_entry(record: VideoRecord) -> dict:
+    """A record as a JSON line of a manifest (its files absolute): what ``_record`` reads back."""
+    entry = {"video": record.first_path} if list(record.views) == ["video"] else {"views": dict(record.views)}
+    if record.label is not None:
+        entry["label"] = record.label
+    if record.segments is not None:
+        entry["segments"] = [
+            {"start": s.start, "end": s.end, "label": s.label}
+            if s.start is not None
+            else {"start_sec": s.start_sec, "end_sec": s.end_sec, "label": s.label}
+            for s in record.segments
+        ]
+    if record.keypoints is not None:
+        entry["keypoints"] = record.keypoints
+    return entry | record.extra
+
+
 def _segments(value, where: str) -> list[Segment]:
     if not isinstance(value, list) or not value:
         raise ManifestError(f"{where}: 'segments' must be a non-empty list of {{start, end, label}}")
@@ -152,7 +169,7 @@ def _read_csv(path: str) -> list[VideoRecord]:
                 f"{path}:1: the CSV header needs the columns video and label (missing: {', '.join(sorted(missing))})"
             )
         for number, row in enumerate(reader, start=2):
-            entry = {k: v for k, v in row.items() if k in ("video", "label", "keypoints") and v}
+            entry = {k: v for k, v in row.items() if k and v}  # other columns (a group key) as a JSON line's
             records.append(_record(entry, base, f"{path}:{number}"))
     if not records:
         raise ManifestError(f"{path}: the manifest has no samples")

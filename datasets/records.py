@@ -99,7 +99,7 @@ def training_records(data_cfg: DataConfig) -> tuple[list[VideoRecord], list[Vide
     records = read_split(data_cfg, "train")
     fraction = data_cfg.val_fraction
     if fraction:
-        chosen = [_in_validation(r, data_cfg.data_dir, fraction) for r in records]
+        chosen = [_in_validation(split_key(r, data_cfg), fraction) for r in records]
         train = [r for r, v in zip(records, chosen) if not v]
         val = [r for r, v in zip(records, chosen) if v]
         if not train or not val:
@@ -108,10 +108,11 @@ def training_records(data_cfg: DataConfig) -> tuple[list[VideoRecord], list[Vide
                 f"validation videos of {len(records)}; choose a fraction that leaves both"
             )
         log.info(
-            "data.val_fraction=%g: %d videos for training, %d for validation (split by path, the same every run)",
+            "data.val_fraction=%g: %d videos for training, %d for validation (split by %s, the same every run)",
             fraction,
             len(train),
             len(val),
+            data_cfg.group_key or "path",
         )
         return train, val
     if data_cfg.val_manifest is None:
@@ -126,11 +127,24 @@ def training_records(data_cfg: DataConfig) -> tuple[list[VideoRecord], list[Vide
     return records, read_split(data_cfg, "val")
 
 
-def _in_validation(record: VideoRecord, data_dir: str, fraction: float) -> bool:
-    """Whether a video goes to validation: a hash of its path relative to data.data_dir, so the split is the
-    same on every run and machine, and a video's windows never land on both sides."""
-    relative = os.path.relpath(record.first_path, data_dir)
-    return int(hashlib.sha1(relative.encode()).hexdigest()[:8], 16) / 2**32 < fraction
+def split_key(record: VideoRecord, data_cfg: DataConfig) -> str:
+    """What keeps videos together in a split: the value of the record's data.group_key field, else its path
+    relative to data.data_dir (the same on every machine)."""
+    key = data_cfg.group_key
+    if key is None:
+        return os.path.relpath(record.first_path, data_cfg.data_dir)
+    if key not in record.extra or record.extra[key] in (None, ""):
+        raise ManifestError(
+            f"{record.where}: no '{key}' (data.group_key: {key}); give every video its {key}, or set "
+            f"data.group_key: null"
+        )
+    return str(record.extra[key])
+
+
+def _in_validation(key: str, fraction: float) -> bool:
+    """Whether a video (by its ``split_key``) goes to validation: a hash of the key, so the split is the same on
+    every run and machine, and a video's windows (a group's videos) never land on both sides."""
+    return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) / 2**32 < fraction
 
 
 def resolve_inputs(input_arg: str | None, data_cfg: DataConfig) -> tuple[str, list[VideoRecord]]:

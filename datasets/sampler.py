@@ -1,4 +1,5 @@
-"""The training sampler: a permutation fixed by (seed, epoch), sharded by rank, that can start mid-epoch."""
+"""The training sampler: a permutation (or a weighted draw, data.balance) fixed by (seed, epoch), sharded by rank,
+that can start mid-epoch."""
 
 from __future__ import annotations
 
@@ -13,10 +14,20 @@ EPOCH_SEED_STRIDE = 100003  # a prime above any epoch count: (seed, epoch) pairs
 class EpochSampler(Sampler):
     """A permutation fixed by (seed, epoch), sharded by rank, that can start mid-epoch (exact resume)."""
 
-    def __init__(self, size: int, shuffle: bool, seed: int = 0, rank: int = 0, world_size: int = 1, pad: bool = True):
+    def __init__(
+        self,
+        size: int,
+        shuffle: bool,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        pad: bool = True,
+        weights: torch.Tensor | None = None,
+    ):
         """pad: repeat samples so every rank gets as many (training, where DDP needs equal step counts);
-        validation shards are not padded, so no sample counts twice."""
-        self.size, self.shuffle, self.seed, self.pad = size, shuffle, seed, pad
+        validation shards are not padded, so no sample counts twice. ``weights`` (data.balance): each epoch
+        draws ``size`` samples with replacement in proportion to them, instead of a permutation."""
+        self.size, self.shuffle, self.seed, self.pad, self.weights = size, shuffle, seed, pad, weights
         self.rank, self.world_size = rank, world_size
         self.epoch, self.start = 0, 0
 
@@ -24,8 +35,10 @@ class EpochSampler(Sampler):
         self.epoch, self.start = epoch, start
 
     def _indices(self) -> list[int]:
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed * EPOCH_SEED_STRIDE + self.epoch)
+        generator = torch.Generator().manual_seed(self.seed * EPOCH_SEED_STRIDE + self.epoch)
+        if self.weights is not None:
+            order = torch.multinomial(self.weights, self.size, replacement=True, generator=generator)
+        elif self.shuffle:
             order = torch.randperm(self.size, generator=generator)
         else:
             order = torch.arange(self.size)

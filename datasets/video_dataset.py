@@ -38,13 +38,13 @@ from datasets.decode import read_clip, read_clip_keypoints
 from datasets.keypoints import keypoint_length
 from datasets.manifest import ManifestError, VideoRecord, read_manifest
 from datasets.prepared_copies import PreparedCopies
-from datasets.records import check_labels, frame_labels, read_split, segment_frames
+from datasets.records import check_labels, frame_labels, read_split, segment_frames, training_records
 from datasets.sample import Sample
 from datasets.video.index_cache import VideoIndexCache
 from datasets.video.info import StalledFile, VideoReadError, several_streams_note
 from datasets.video.prober import Prober
 from datasets.video.reader_cache import ReaderCache
-from datasets.windows import clip_indices, split_into_windows
+from datasets.windows import clip_indices, split_into_windows, video_stride
 from datasets.workers import WORKER_NOTES, StallWatch
 
 log = logging.getLogger("longvideo." + __name__)  # printed through the project logger
@@ -201,6 +201,23 @@ class VideoWindowDataset(Dataset):
             windows.append(SampleWindow(record_index, start, end, label, clipped))
         return windows
 
+    def balance_weights(self, balance: str) -> torch.Tensor:
+        """Each sample's weight in a training epoch's draw (data.balance): videos, each video's samples share one
+        weight; classes, each class's videos share one, and each video's samples its share."""
+        video_of = [self.windows[i // self.samples_per_window].record for i in range(len(self))]
+        per_video = Counter(video_of)
+        weights = torch.tensor([1.0 / per_video[v] for v in video_of], dtype=torch.float64)
+        if balance == "classes":
+            if any(self.records[v].label is None for v in per_video):
+                raise ManifestError(
+                    "data.balance: classes weighs each video by its label; a timeline (segments) has none: use "
+                    "data.balance: videos"
+                )
+            class_of = {v: self.records[v].label for v in per_video}
+            videos_in = Counter(class_of.values())
+            weights *= torch.tensor([1.0 / (len(videos_in) * videos_in[class_of[v]]) for v in video_of])
+        return weights
+
     # ---------------------------------------------------------------------------------------- the samples
     def set_epoch(self, epoch: int) -> None:
         """Clip placement depends on (seed, epoch, sample), not on which worker loads it: runs repeat."""
@@ -260,7 +277,8 @@ class VideoWindowDataset(Dataset):
         def place_clip(end: int) -> np.ndarray:
             random = self.training and not self.fixed_clips
             rng = np.random.default_rng([self.seed, self.epoch, index]) if random else None
-            return clip_indices(window.start, end, self.cfg.num_frames, self.cfg.frame_stride, rng, clip, self.clips)
+            stride = video_stride(self.cfg.frame_stride, self.cfg.fps, self.fps.get(record.first_path))
+            return clip_indices(window.start, end, self.cfg.num_frames, stride, rng, clip, self.clips)
 
         # augmentation draws its own stream: the clip's placement stays what it was without augmentation
         rng = np.random.default_rng([self.seed, self.epoch, index, 1]) if self.training else None
@@ -333,8 +351,12 @@ def build_dataset(
     index_cache: VideoIndexCache | None = None,
     records: list[VideoRecord] | None = None,
 ) -> VideoWindowDataset:
-    if records is None:
-        records = read_manifest(manifest) if manifest else read_split(cfg.data, split)
+    if records is None and manifest:
+        records = read_manifest(manifest)
+    elif records is None and split == "val" and cfg.data.val_fraction:  # the videos training split off
+        records = training_records(cfg.data)[1]
+    elif records is None:
+        records = read_split(cfg.data, split)
     return VideoWindowDataset(
         records, class_names, cfg.data, training=training, seed=cfg.train.seed, index_cache=index_cache
     )

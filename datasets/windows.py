@@ -72,3 +72,12 @@ def clip_indices(
             offset = (length - span) // 2
         return start + offset + stride * np.arange(num_frames)
     return start + np.floor(np.linspace(0, length, num_frames, endpoint=False)).astype(np.int64)
+
+
+def video_stride(frame_stride: int, fps: float | None, video_fps: float | None) -> int:
+    """Video frames between a clip's frames: ``frame_stride`` (data.frame_stride); with data.fps (``fps``), the
+    video's own rate over it, rounded (at least 1), so videos of any frame rate give clips of the same span of
+    time."""
+    if fps is None or not video_fps:
+        return frame_stride
+    return max(1, round(video_fps / fps))

@@ -19,6 +19,7 @@ feature spaces at once): the one the head's checkpoint records, so eval.py and i
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
 from typing import NamedTuple
@@ -119,6 +120,9 @@ def index_features(features_dir: str) -> tuple[dict, dict]:
     for path in paths:
         header = read_header(path)
         this = {key: header[key] for key in SOURCE_KEYS}
+        rate = json.loads(header["settings"]).get("fps")
+        if rate:  # data.fps: each video's stride its own; the rate must agree
+            this["frame_stride"] = f"{rate:g} fps"
         if source is None:
             source, first = {**this, "checkpoint": header["checkpoint"]}, path
         elif any(source[key] != this[key] for key in SOURCE_KEYS):

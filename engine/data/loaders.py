@@ -31,14 +31,21 @@ PREFETCH_FACTOR = 2  # batches each worker loads ahead: the host holds num_worke
 def make_loader(
     dataset, data: DataConfig, seed: int, runtime: Runtime, batch_size: int, shuffle: bool, pad: bool
 ) -> DataLoader:
-    """shuffle: a new permutation every epoch (training); pad: equal shards for every rank (training, where DDP
-    needs equal step counts; evaluation shards are not padded, so no sample counts twice). Iterate it through
-    ``GuardedBatches`` (the sample deadline)."""
+    """shuffle: a new permutation every epoch (training; with data.balance, a weighted draw); pad: equal shards for
+    every rank (training, where DDP needs equal step counts; evaluation shards are not padded, so no sample counts
+    twice). Iterate it through ``GuardedBatches`` (the sample deadline)."""
     if data.sample_timeout_s is not None and dataset.stall_folder is None:
         dataset.stall_folder = process_temp_dir(STALL_FOLDER_PREFIX)  # workers' reports (StallWatch)
         weakref.finalize(dataset, remove_own_temp_dir, dataset.stall_folder)  # or at exit
+    weights = dataset.balance_weights(data.balance) if shuffle and data.balance != "none" else None
     sampler = EpochSampler(
-        len(dataset), shuffle=shuffle, seed=seed, rank=runtime.rank, world_size=runtime.world_size, pad=pad
+        len(dataset),
+        shuffle=shuffle,
+        seed=seed,
+        rank=runtime.rank,
+        world_size=runtime.world_size,
+        pad=pad,
+        weights=weights,
     )
     before_workers_fork(data.num_workers)
     return DataLoader(
