@@ -97,12 +97,14 @@ def probe(
 ) -> int:
     """The table of ``train.py --probe-memory``: estimated peak per num_frames x batch_size, blocks kept and
     recomputed (model.recompute_blocks) (with CUDA: measured beside the estimate for the preset's setting), then the
-    largest batch within the budget at the preset's clip (``for_gpu``: the CUDA context set aside from it).
+    largest batch within the budget at the preset's clip, or at the longest of ``frames_grid`` where one is given
+    (``for_gpu``: the CUDA context set aside from it).
     Rows are printed as they are computed. ``world_size`` > 1: the estimates hold the bucket the gradients are
     averaged through, and a line says what several processes add."""
     data, model_cfg = cfg.data, cfg.model
     frames = clip_frames(cfg.data)
     batch = data.batch_size if isinstance(data.batch_size, int) else 8
+    asked_frames, asked_batches = frames_grid is not None, batch_grid is not None
     frames_grid = frames_grid or sorted({max(1, round(frames * f)) for f in (0.5, 0.75, 1, 1.25, 1.5)})
     batch_grid = batch_grid or sorted({max(1, round(batch * f)) for f in (2 / 3, 1, 4 / 3)})
     precision = cfg.trainer.precision
@@ -160,19 +162,21 @@ def probe(
         out("trainer.memory_budget_gb is not set: no largest batch computed")
         return 0
     usable = usable_bytes(budget, cuda=for_gpu)
-    best, _ = largest_batch(cfg, step, frames, usable, world_size=world_size, **shape)
+    searched = max(frames_grid) if asked_frames else frames  # the clip the user probed, else the preset's
+    best, _ = largest_batch(cfg, step, searched, usable, progress=out, world_size=world_size, **shape)
     out(margin_text(budget, cuda=for_gpu))
     out(
-        f"largest batch at num_frames={frames} (stages {'recomputed' if recomputed else 'kept'}, as in the preset) "
-        f"that fits: {best if best else 'none: even 1 clip does not fit'}"
+        f"largest batch at num_frames={searched} (stages {'recomputed' if recomputed else 'kept'}, as in the "
+        f"preset) that fits: {best if best else 'none: even 1 clip does not fit'}"
     )
     train_cfg = cfg.train
     if train_cfg.chunk_train_size != -1:
-        kept, peaks = most_chunks_kept(cfg, step, frames, batch, usable, world_size=world_size, **shape)
+        batch = max(batch_grid) if asked_batches else batch  # the batch probed, else the preset's
+        kept, peaks = most_chunks_kept(cfg, step, searched, batch, usable, out, world_size=world_size, **shape)
         recompute_all = (
-            peaks.get(0) or config_training_estimate(cfg, step, frames, batch, world_size=world_size, **shape).peak
+            peaks.get(0) or config_training_estimate(cfg, step, searched, batch, world_size=world_size, **shape).peak
         )
-        chunks = graph_chunk_count(cfg, frames)
+        chunks = graph_chunk_count(cfg, searched)
         sampled = "" if train_cfg.grad_chunks == "all" else " with a gradient (train.grad_chunks)"
         out(
             f"the memory budget at batch {batch}: keeps the activations of {kept} of {chunks} training chunks"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from functools import partial
 from typing import Callable, NamedTuple
 
@@ -198,18 +199,50 @@ def _step_inputs(cfg: Config, frames: int, batch: int, num_views: int, kpt_shape
 
 
 def largest_batch(
-    cfg: Config, step: LoopStep, num_frames: int, usable: int, limit: int = 1024, line_tries: int | None = None, **shape
+    cfg: Config,
+    step: LoopStep,
+    num_frames: int,
+    usable: int,
+    limit: int = 1024,
+    line_tries: int | None = None,
+    progress=None,
+    **shape,
 ) -> tuple[int, list]:
     """The largest micro-batch whose estimate fits ``usable`` bytes (0 if not even 1; see ``_largest``, which
-    ``line_tries`` is passed to), and the (batch, estimate) pairs tried."""
+    ``line_tries`` is passed to), and the (batch, estimate) pairs tried. ``progress(line)``: once an estimate takes
+    longer than SLOW_ESTIMATE_S, each one is said as it ends, with how many may follow."""
     tried = []
+    say = _Progress(
+        progress, usable, 1 + (LINE_TRIES if line_tries is None else line_tries) + math.ceil(math.log2(limit + 1))
+    )
 
     def peak(batch: int) -> int:
+        started = time.perf_counter()
         estimate = config_training_estimate(cfg, step, num_frames, batch, **shape)
         tried.append((batch, estimate))
+        say(f"largest batch at num_frames={num_frames}: batch {batch}", estimate.peak, started)
         return estimate.peak
 
     return _largest(peak, usable, limit, line_tries), tried
+
+
+class _Progress:
+    """A search's estimates said as they end (``out``, a line each), once one has taken longer than
+    SLOW_ESTIMATE_S: what was estimated, its peak, whether it fits, its seconds, and how many may follow."""
+
+    def __init__(self, out, usable: int, bound: int):
+        self.out, self.usable, self.left, self.slow = out, usable, bound, False
+
+    def __call__(self, what: str, peak: int, started: float) -> None:
+        took = time.perf_counter() - started
+        self.left -= 1
+        self.slow = self.slow or took > SLOW_ESTIMATE_S
+        if self.out is not None and self.slow:
+            fits = "fits" if peak <= self.usable else "does not fit"
+            self.out(
+                f"  {what} is estimated at {peak / 2**30:.2f} GiB, {fits} ({took:.0f} s; at most {self.left} "
+                f"estimates more)"
+            )
 
 
 def graph_chunk_count(cfg: Config, num_frames: int) -> int:
@@ -221,17 +254,20 @@ def graph_chunk_count(cfg: Config, num_frames: int) -> int:
 
 
 def most_chunks_kept(
-    cfg: Config, step: LoopStep, num_frames: int, batch_size: int, usable: int, **shape
+    cfg: Config, step: LoopStep, num_frames: int, batch_size: int, usable: int, progress=None, **shape
 ) -> tuple[int, dict]:
     """The most training chunks of a clip (the last ones) whose activations can be kept with the step's estimate
     within ``usable`` bytes (0: every chunk recomputed), and the peaks estimated on the way ({kept: bytes}, the
     answer's among them). The peak grows with every chunk kept: all of them are tried first, then fewer as
-    ``_largest`` searches."""
+    ``_largest`` searches. ``progress``: as ``largest_batch``'s."""
     chunks = graph_chunk_count(cfg, num_frames)
     peaks: dict[int, int] = {}
+    say = _Progress(progress, usable, 2 + LINE_TRIES + math.ceil(math.log2(chunks)))
 
     def peak(kept: int) -> int:
+        started = time.perf_counter()
         peaks[kept] = config_training_estimate(cfg, step, num_frames, batch_size, kept_chunks=kept, **shape).peak
+        say(f"the chunks kept at batch {batch_size}: keeping {kept} of {chunks}", peaks[kept], started)
         return peaks[kept]
 
     if peak(chunks) <= usable:
@@ -243,6 +279,7 @@ def most_chunks_kept(
 
 
 LINE_TRIES = 6  # _largest's estimates guided by the line before it bisects
+SLOW_ESTIMATE_S = 5.0  # an estimate slower than this: the search says each one as it ends
 
 
 def _largest(peak, usable: int, limit: int, line_tries: int | None = None) -> int:

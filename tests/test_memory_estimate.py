@@ -438,3 +438,21 @@ def test_the_search_bench_names_a_preset_that_is_not_there():
         "error: --presets: rtx508.yaml: no such preset in configs/ (a file name such as rtx5080.yaml)"
     ), done.stderr
     assert "(c) the largest batch" not in done.stdout  # refused before the first estimate
+
+
+def test_a_slow_search_says_each_estimate_and_how_many_may_follow(monkeypatch):
+    """A search whose estimates take minutes (a billion-parameter model at 1,536 frames) is not silent."""
+    cfg = quickstart()
+    lines = []
+    usable = me.usable_bytes(0.5, cuda=False)
+    monkeypatch.setattr(project, "SLOW_ESTIMATE_S", 0.0)
+    best, tried = project.largest_batch(cfg, train.STEP, 16, usable, progress=lines.append)
+    assert len(lines) == len(tried) and best == max(b for b, e in tried if e.peak <= usable)
+    bound = 1 + project.LINE_TRIES + 11  # bisection up to 1,024: 11 more at most
+    for k, (line, (batch, estimate)) in enumerate(zip(lines, tried), start=1):
+        fits = "fits" if estimate.peak <= usable else "does not fit"
+        assert line.startswith(f"  largest batch at num_frames=16: batch {batch} is estimated at ")
+        assert f", {fits} (" in line and line.endswith(f"; at most {bound - k} estimates more)")
+    monkeypatch.setattr(project, "SLOW_ESTIMATE_S", 3600.0)
+    quiet = []
+    assert project.largest_batch(cfg, train.STEP, 16, usable, progress=quiet.append)[0] == best and not quiet
