@@ -28,7 +28,7 @@ CLIP_FLAGS = ("--num-frames", "--crops", "--clips")
 
 
 def add_inference_flags(parser: argparse.ArgumentParser, clips: bool = False) -> None:
-    """The flags both scripts take: the inference chunk, the head's window, chunks per forward (``--batch N|auto``)
+    """The flags both scripts take: the inference chunk, the head's span, chunks per forward (``--batch N|auto``)
     and its budget, the sample deadline, the device, precision and backbone; with ``clips``, eval.py's clip flags
     (--num-frames, --crops, --clips). Each defaults to the checkpoint's setting."""
     parser.add_argument(
@@ -56,7 +56,7 @@ def add_inference_flags(parser: argparse.ArgumentParser, clips: bool = False) ->
         "--head-chunks",
         type=head_chunks,
         metavar="N|auto|-1",
-        help="the most chunks a temporal head sees at once; a longer video runs in windows of N "
+        help="the most chunks a temporal head sees for a chunk's output; a longer video runs in spans of N "
         "chunks overlapping by half (default: infer.head_chunks, auto: as many as its "
         "longest training clip; -1: the whole video at once)",
     )
@@ -64,7 +64,7 @@ def add_inference_flags(parser: argparse.ArgumentParser, clips: bool = False) ->
         "--batch",
         type=chunks_or_auto,
         metavar="N|auto",
-        help="inference chunks per forward call, for every evaluated clip of a window at once (default: "
+        help="inference chunks per forward call, for every evaluated clip of a sample window at once (default: "
         "infer.chunks_per_forward); auto = the most whose estimated device memory fits "
         "--memory-budget-gb (the memory planner)",
     )

@@ -34,6 +34,21 @@ BACKBONES = (
 )
 # Backbones of optional packages (models/external.py): "timm/<model name>", "hf/<local directory or hub name>".
 EXTERNAL_BACKBONES = {"timm/": "timm", "hf/": "transformers"}
+# Weights model.pretrained may name: the backbones torchvision has them for, each with the normalization its weights
+# were trained with (torchvision's weights.transforms(): data.mean and data.std left null take it). true for one of
+# these backbones is torchvision's default weights, the same Kinetics-400 ones.
+_KINETICS_CNN = {"mean": [0.43216, 0.394666, 0.37645], "std": [0.22803, 0.22145, 0.216989]}
+NAMED_WEIGHTS = {
+    "kinetics400": {
+        "r3d_18": _KINETICS_CNN,
+        "mc3_18": _KINETICS_CNN,
+        "r2plus1d_18": _KINETICS_CNN,
+        "s3d": _KINETICS_CNN,
+        "mvit_v2_s": {"mean": [0.45, 0.45, 0.45], "std": [0.225, 0.225, 0.225]},
+        "swin3d_t": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]},
+    }
+}
+DEFAULT_NORMALIZATION = {"mean": [0.45, 0.45, 0.45], "std": [0.225, 0.225, 0.225]}
 Norm = Literal["batch", "frozen", "sync", "group"]  # model.norm: models/norms.py converts BatchNorm to each
 NORMS = get_args(Norm)
 
@@ -77,7 +92,10 @@ class ModelConfig:
     pretrained: Any = setting(
         None,
         "any",
-        "null, a local weights file (torchvision's .pth files work as they are), or true for torchvision's download",
+        "null (from scratch), kinetics400 (torchvision's Kinetics-400 weights of r3d_18, mc3_18, r2plus1d_18, s3d, "
+        "mvit_v2_s or swin3d_t, downloaded once; data.mean and data.std follow them), true (the library's default "
+        "weights: torchvision's, timm's, Hugging Face's), or a local weights file (torchvision's .pth files work as "
+        "they are)",
     )
     norm: Norm = choice(
         "batch",

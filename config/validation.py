@@ -7,7 +7,15 @@ import importlib.util
 from typing import Any, Callable
 
 from config.keys import Key
-from config.schema import BACKBONES, EXTERNAL_BACKBONES, SCHEMA, Config, did_you_mean
+from config.schema import (
+    BACKBONES,
+    DEFAULT_NORMALIZATION,
+    EXTERNAL_BACKBONES,
+    NAMED_WEIGHTS,
+    SCHEMA,
+    Config,
+    did_you_mean,
+)
 from core.errors import ConfigError
 from core.runtime import PRECISION_ALIASES
 
@@ -117,6 +125,29 @@ def validate(cfg: dict, origins: dict | None = None) -> dict:
     return cfg
 
 
+def _normalization(model: dict, data: dict, origin: Callable[[str], str]) -> None:
+    """model.pretrained's form; data.mean and data.std left null: the named weights' normalization, else the
+    default one."""
+    pretrained, backbone = model["pretrained"], model["backbone"]
+    if not (pretrained is None or pretrained is True or (isinstance(pretrained, str) and pretrained)):
+        raise ConfigError(
+            f"{origin('model.pretrained')}: model.pretrained must be null, {', '.join(NAMED_WEIGHTS)}, true, or a "
+            f"weights file path, got {pretrained!r}"
+        )
+    by_backbone = NAMED_WEIGHTS.get(pretrained) if isinstance(pretrained, str) else None
+    if by_backbone is not None and backbone not in by_backbone:
+        raise ConfigError(
+            f"{origin('model.pretrained')}: model.pretrained: {pretrained}: torchvision has these weights for "
+            f"{', '.join(by_backbone)}, not for model.backbone: {backbone}; give a weights file, or null"
+        )
+    if pretrained is True:  # torchvision's default weights of a video backbone are its Kinetics-400 ones
+        by_backbone = next((w for w in NAMED_WEIGHTS.values() if backbone in w), None)
+    normalization = by_backbone[backbone] if by_backbone else DEFAULT_NORMALIZATION
+    for name in ("mean", "std"):
+        if data[name] is None:
+            data[name] = list(normalization[name])
+
+
 def _augmentation_checks(data: dict, origin: Callable[[str], str]) -> None:
     for key in ("flip_label_pairs", "kpt_flip_pairs"):
         pairs = data[key]
@@ -174,7 +205,7 @@ def _norm_checks(cfg: dict, origin: Callable[[str], str]) -> None:
         raise ConfigError(
             f"{origin('model.norm')}: model.norm: frozen keeps the BatchNorm statistics of pretrained "
             f"weights, but model.pretrained is null (they would stay mean 0, variance 1: no "
-            f"normalization); set model.pretrained to a weights file or true, or use norm: group to "
+            f"normalization); set model.pretrained (kinetics400, true or a weights file), or use norm: group to "
             f"train from scratch"
         )
     if norm == "frozen" and model["input_type"] != "rgb":
@@ -198,7 +229,7 @@ def _norm_checks(cfg: dict, origin: Callable[[str], str]) -> None:
             f"{origin('model.adapter')}: model.adapter: lora needs the peft package, not installed here; "
             f"pip install -r requirements-backbones.txt, or use model.adapter: block or side"
         )
-    if norm == "group" and model["pretrained"] is True:
+    if norm == "group" and (model["pretrained"] is True or model["pretrained"] in NAMED_WEIGHTS):
         raise ConfigError(
             f"{origin('model.norm')}: model.norm: group replaces BatchNorm, whose statistics "
             f"torchvision's pretrained weights (model.pretrained: true) hold; use norm: frozen (or "
@@ -301,6 +332,7 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
             f"set data.load_kpt: true"
         )
     _augmentation_checks(data, origin)
+    _normalization(model, data, origin)
     for name in ("mean", "std"):
         values = data[name]
         if len(values) != 3 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
@@ -310,12 +342,6 @@ def _cross_checks(cfg: dict, origin: Callable[[str], str]) -> None:
     if train["min_lr"] > train["lr"]:
         raise ConfigError(
             f"{origin('train.min_lr')}: train.min_lr={train['min_lr']:g} must not exceed train.lr={train['lr']:g}"
-        )
-    pretrained = model["pretrained"]
-    if not (pretrained is None or pretrained is True or (isinstance(pretrained, str) and pretrained)):
-        raise ConfigError(
-            f"{origin('model.pretrained')}: model.pretrained must be null, true, or a weights file "
-            f"path, got {pretrained!r}"
         )
     names = data["class_names"]
     if names is not None and len(set(map(str, names))) != len(names):

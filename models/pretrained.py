@@ -23,24 +23,34 @@ class PretrainedError(ModelConfigError):
     pass
 
 
-def _download(name: str) -> dict:
+TORCHVISION_NAMES = {True: "DEFAULT", "kinetics400": "KINETICS400_V1"}  # model.pretrained -> the weights' name
+
+
+def _download(name: str, spec) -> dict:
+    """torchvision's weights of backbone ``name`` (``spec``: true or a name of config's NAMED_WEIGHTS), read from
+    torch's hub cache, else downloaded into it once."""
     from torchvision.models import get_model_weights  # imported when asked for: it loads torch's compiler
 
     try:
-        weights = get_model_weights(name).DEFAULT
-    except (ValueError, KeyError):
+        weights = getattr(get_model_weights(name), TORCHVISION_NAMES[spec])
+    except (ValueError, KeyError, AttributeError):
         raise PretrainedError(
-            f"model.pretrained: true: torchvision has no pretrained weights for {name}; give a "
-            f"weights file path instead"
+            f"model.pretrained: {_said(spec)}: torchvision has no such weights for {name}; give a weights file path"
         )
     try:
         return weights.get_state_dict(progress=False)
     except Exception as e:  # no network, a proxy, a full disk: all end here
+        cache = os.path.join(torch.hub.get_dir(), "checkpoints")
+        reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         raise PretrainedError(
-            f"model.pretrained: true: could not download torchvision's {name} weights ({e}); "
-            f"download {weights.url} on a machine with network and set model.pretrained: "
-            f"/path/to/{os.path.basename(weights.url)}"
+            f"model.pretrained: {_said(spec)}: could not download torchvision's {name} weights ({reason}); "
+            f"fetch {weights.url} on a machine with network and put it in {cache}/ here (read from there "
+            f"without network)"
         )
+
+
+def _said(spec) -> str:
+    return "true" if spec is True else str(spec)
 
 
 def _hub_weights(backbone: torch.nn.Module, name: str) -> dict:
@@ -98,8 +108,10 @@ def _read(path: str) -> dict:
 
 def load_pretrained(backbone: torch.nn.Module, spec, name: str, norm: str = "batch") -> None:
     """Weights into ``backbone`` (after model.norm's conversion: frozen and sync keep BatchNorm's keys)."""
-    if spec is True:
-        state = _hub_weights(backbone, name) if hasattr(backbone, "load_hub_weights") else _download(name)
+    if spec is True and hasattr(backbone, "load_hub_weights"):
+        state = _hub_weights(backbone, name)
+    elif spec in TORCHVISION_NAMES:
+        state = _download(name, spec)
     else:
         state = _read(spec)
     target = getattr(backbone, "net", backbone)  # torchvision's module under its own names
@@ -116,7 +128,7 @@ def load_pretrained(backbone: torch.nn.Module, spec, name: str, norm: str = "bat
     mismatched = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
     if mismatched:
         raise PretrainedError(
-            f"model.pretrained: {'download' if spec is True else spec}: shapes differ from {name} "
+            f"model.pretrained: {_said(spec)}: shapes differ from {name} "
             f"for {mismatched[:3]}; are these weights of another model?"
         )
     # counted by name: load_state_dict does not report a BatchNorm's num_batches_tracked as missing
@@ -124,7 +136,7 @@ def load_pretrained(backbone: torch.nn.Module, spec, name: str, norm: str = "bat
     missing, unexpected = target.load_state_dict(state, strict=False)
     if loaded == 0:
         raise PretrainedError(
-            f"model.pretrained: {'download' if spec is True else spec}: no weight matches the "
+            f"model.pretrained: {_said(spec)}: no weight matches the "
             f"layers of {name}; are these weights of another model?"
         )
     log.info(

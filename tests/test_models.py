@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 from torchvision.models import video as tv_video
@@ -72,7 +74,7 @@ def test_a_torchvision_state_dict_loads_under_the_same_names(name, tmp_path):
     assert sum(k in own for k in reference.state_dict()) >= len(own) - 2
 
 
-def test_pretrained_true_without_network_says_how_to_pass_a_file(monkeypatch):
+def test_pretrained_true_without_network_says_where_to_put_the_file(monkeypatch):
     from torchvision.models import get_model_weights
 
     def offline(self, *args, **kwargs):
@@ -83,7 +85,9 @@ def test_pretrained_true_without_network_says_how_to_pass_a_file(monkeypatch):
         build_model(model_cfg(backbone="r3d_18", pretrained="true"), 5)
     message = str(info.value)
     assert message.startswith("model.pretrained: true: could not download torchvision's r3d_18 weights ([Errno -3]")
-    assert "on a machine with network and set model.pretrained: /path/to/r3d_18-" in message
+    cache = os.path.join(torch.hub.get_dir(), "checkpoints")
+    assert message.endswith(f" on a machine with network and put it in {cache}/ here (read from there without network)")
+    assert "https://download.pytorch.org/models/r3d_18-" in message and "\n" not in message
 
 
 def test_pretrained_weights_of_another_model_are_refused(tmp_path):
