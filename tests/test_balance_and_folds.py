@@ -36,7 +36,8 @@ def unequal(synthetic_root, tmp_path):
     rows = [("long_00.mp4", "down", "a"), ("train_0000.mp4", "down", "a"), ("train_0006.mp4", "down", "b")]
     rows += [(f"train_00{n:02d}.mp4", "grow", "c") for n in (1, 7, 13)] + [("train_0002.mp4", "left", "d")]
     path = manifest(synthetic_root, tmp_path, rows)
-    cfg = load_config(BASE_CONFIG, [f"data.train_manifest={path}", "data.max_video_frames=10", "data.num_frames=4"])
+    changes = [f"data.train_manifest={path}", "data.val_manifest=null", "data.max_video_frames=10", "data.num_frames=4"]
+    cfg = load_config(BASE_CONFIG, changes)
     records, _ = training_records(cfg.data)
     return VideoWindowDataset(records, CLASSES, cfg.data, training=True)
 

@@ -34,7 +34,8 @@ def test_each_video_s_stride_is_its_rate_over_data_fps():
 
 def test_clips_of_a_25_and_a_50_fps_recording_cover_the_same_seconds(recordings):
     paths, manifest = recordings
-    changes = [f"data.train_manifest={manifest}", "data.fps=12.5", "data.num_frames=8", "data.img_size=32"]
+    changes = [f"data.train_manifest={manifest}", "data.val_manifest=null", "data.fps=12.5", "data.num_frames=8"]
+    changes.append("data.img_size=32")
     cfg = load_config(BASE_CONFIG, changes)
     records, _ = training_records(cfg.data)
     dataset = VideoWindowDataset(records, ["a"], cfg.data, training=False)

@@ -172,13 +172,14 @@ def test_cross_validations_tables_on_a_full_disk_stop_in_one_line_and_the_rerun_
     tmp_path, small_disk, monkeypatch, capsys
 ):
     import engine.evaluation.cross_validation as cross_validation
+    import engine.evaluation.fold_runs as fold_runs
     from datasets.segmentation_task import generate_features
 
     root = str(tmp_path / "mstcn")
     generate_features(root, videos=8, frames=200, splits=2, quiet=True)
     out = small_disk / "cv"
     args = ["--root", root, "--splits", "1", "--out", str(out), "--set", "train.max_epochs=1"]
-    full_during(monkeypatch, small_disk, cross_validation, "atomic_write_bytes", nth=2)  # segmentation.json
+    full_during(monkeypatch, small_disk, fold_runs, "atomic_write_bytes", nth=2)  # segmentation.json
     with pytest.raises(DiskFullError, match=r"segmentation\.json: cannot write it: the disk is full"):
         cross_validation.main(args)
     monkeypatch.undo()

@@ -21,7 +21,6 @@ import argparse
 import hashlib
 import json
 import os
-import sys
 from collections import Counter, defaultdict
 
 from artifacts.checkpoint import CheckpointError
@@ -32,7 +31,7 @@ from core.files import atomic_write_bytes
 from datasets.bad_input import BAD_INPUT_ERRORS
 from datasets.manifest import manifest_entry
 from datasets.records import read_split, split_key
-from engine.evaluation.cross_validation import ROOT, finished, run_script
+from engine.evaluation.fold_runs import score_part, train_part, write_table
 
 COLUMNS = (
     ("video acc", "video_acc"),
@@ -76,53 +75,6 @@ def write_fold(out: str, fold: int, folds: list[list]) -> tuple[str, str]:
     return folder, os.path.join(folder, "test.jsonl")
 
 
-def train_fold(config: str, folder: str, fold: int, out: str, overrides: list[str]) -> str:
-    """Train fold ``fold`` (or continue or skip it), and return its last.pt."""
-    experiments = os.path.join(out, "runs")
-    settings = [
-        *overrides,
-        f"data.data_dir={folder}",
-        "data.train_manifest=train.jsonl",
-        "data.val_manifest=test.jsonl",
-        "data.val_fraction=null",
-        f"trainer.output_dir={experiments}",
-        f"experiment=fold{fold}",
-    ]
-    epochs = load_config(config, settings).train.max_epochs
-    run = os.path.join(experiments, f"fold{fold}")
-    last = finished(run, epochs)
-    if last is not None:
-        print(f"fold {fold}: trained already ({last}): scored again", flush=True)
-        return last
-    command = [sys.executable, os.path.join(ROOT, "train.py"), "--config", config]
-    if os.path.exists(os.path.join(run, "latest", "checkpoints", "last.pt")):  # stopped part-way: continue it
-        command += ["--resume", "auto"]
-    command += [part for setting in settings for part in ("--set", setting)]
-    print(f"fold {fold}: training ({epochs} epochs), log in {run}", flush=True)
-    run_script(command, f"fold {fold}: train.py")
-    last = finished(run, epochs)
-    if last is None:
-        raise SystemExit(f"fold {fold}: train.py ended without a last.pt of its last epoch in {run}")
-    return last
-
-
-def evaluate_fold(last: str, test: str, fold: int, out: str) -> dict:
-    """eval.py on a fold's last.pt over the fold's videos: the metrics of OUT/foldK_eval.json."""
-    prefix = os.path.join(out, f"fold{fold}_eval")
-    command = [sys.executable, os.path.join(ROOT, "eval.py"), "--checkpoint", last, "--data", test, "--output", prefix]
-    run_script(command, f"fold {fold}: eval.py")
-    with open(prefix + ".json") as f:
-        return json.load(f)["metrics"]
-
-
-def table(rows: dict, videos: dict) -> str:
-    names = [name for name, _ in COLUMNS]
-    lines = ["| fold | videos (train / test) | " + " | ".join(names) + " |", "|---|---|" + "---:|" * len(names)]
-    for fold, row in rows.items():
-        lines.append(f"| {fold} | {videos[fold]} | " + " | ".join(f"{row[n]:.3f}" for n in names) + " |")
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m engine.evaluation.k_fold",
@@ -143,21 +95,22 @@ def main(argv=None) -> int:
     rows, videos = {}, {}
     for fold in range(args.folds):
         folder, test = write_fold(out, fold, folds)
-        last = train_fold(args.config, folder, fold, out, args.overrides)
-        metrics = evaluate_fold(last, test, fold, out)
+        settings = [
+            *args.overrides,
+            f"data.data_dir={folder}",
+            "data.train_manifest=train.jsonl",
+            "data.val_manifest=test.jsonl",
+            "data.val_fraction=null",
+        ]
+        last = train_part(args.config, f"fold{fold}", f"fold {fold}", out, settings)
+        metrics = score_part(last, os.path.join(out, f"fold{fold}_eval"), f"fold {fold}", data=test)
         rows[fold] = {name: float(metrics[key]) for name, key in COLUMNS}
         videos[fold] = f"{sum(len(f) for f in folds) - len(folds[fold])} / {len(folds[fold])}"
         print(f"fold {fold}: " + "  ".join(f"{k} {v:.3f}" for k, v in rows[fold].items()), flush=True)
-    mean = {name: sum(row[name] for row in rows.values()) / len(rows) for name, _ in COLUMNS}
-    text = table({**rows, "mean": mean}, {**videos, "mean": f"{args.folds} folds"})
     by = f"grouped by {cfg.data.group_key}" if cfg.data.group_key else "a video a group"
     header = f"{args.config} {' '.join(args.overrides)}".rstrip() + f"; {args.folds} folds, {by}"
-    atomic_write_bytes(os.path.join(out, "k_fold.md"), f"{header}\n\n{text}\n".encode())
     summary = {"config": args.config, "overrides": args.overrides, "group_key": cfg.data.group_key}
-    summary.update(folds={str(k): v for k, v in rows.items()}, mean=mean)
-    atomic_write_bytes(os.path.join(out, "k_fold.json"), json.dumps(summary, indent=1).encode())
-    print(text)
-    print(f"wrote {os.path.join(out, 'k_fold.md')} and k_fold.json")
+    write_table(out, "k_fold", header, ("fold", rows, videos), 3, summary)
     return 0
 
 
