@@ -24,8 +24,9 @@ def test_the_readme_commands_work_as_written(workspace):
     for command in everyday + planner:
         result = run(command, workspace)
         if "configs/rtx5080.yaml" in command and "--probe-memory" not in command:
-            # a GPU preset stops at once: on a CPU for want of CUDA, on a GPU for want of the user's data
-            reason = "data.data_dir is not set" if torch.cuda.is_available() else "this machine has no CUDA device"
+            # a GPU preset stops at once: on a CPU for want of CUDA, on a GPU for want of the user's folder
+            cuda = torch.cuda.is_available()
+            reason = "/data/my-videos/train.jsonl: not found" if cuda else "this machine has no CUDA device"
             assert result.returncode == 2 and reason in result.stderr, (command, result.stderr[-2000:])
             continue
         assert result.returncode == 0, (command, result.stderr[-2000:])
