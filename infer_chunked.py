@@ -116,7 +116,7 @@ def run_videos(
     written = {video_key(row["video"]) for row in tally.resumed(outputs.resume(scores), outputs.output)}
     progress = tqdm(names, desc="videos", disable=not sys.stderr.isatty() or len(records) == 1)
     for number, (record, name) in enumerate(zip(records, progress)):
-        if video_key(record.first_path if len(record.views) == 1 else record.views) in written:
+        if video_key(record.video) in written:
             continue  # in --output already, from a run that stopped
         reason = features.done(name) if features else "new"
         if reason is None:

@@ -38,17 +38,17 @@ EXTERNAL_BACKBONES = {"timm/": "timm", "hf/": "transformers"}
 # were trained with (torchvision's weights.transforms(): data.mean and data.std left null take it). true for one of
 # these backbones is torchvision's default weights, the same Kinetics-400 ones.
 _KINETICS_CNN = {"mean": [0.43216, 0.394666, 0.37645], "std": [0.22803, 0.22145, 0.216989]}
+DEFAULT_NORMALIZATION = {"mean": [0.45, 0.45, 0.45], "std": [0.225, 0.225, 0.225]}
 NAMED_WEIGHTS = {
     "kinetics400": {
         "r3d_18": _KINETICS_CNN,
         "mc3_18": _KINETICS_CNN,
         "r2plus1d_18": _KINETICS_CNN,
         "s3d": _KINETICS_CNN,
-        "mvit_v2_s": {"mean": [0.45, 0.45, 0.45], "std": [0.225, 0.225, 0.225]},
+        "mvit_v2_s": DEFAULT_NORMALIZATION,
         "swin3d_t": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]},
     }
 }
-DEFAULT_NORMALIZATION = {"mean": [0.45, 0.45, 0.45], "std": [0.225, 0.225, 0.225]}
 Norm = Literal["batch", "frozen", "sync", "group"]  # model.norm: models/norms.py converts BatchNorm to each
 NORMS = get_args(Norm)
 

@@ -53,6 +53,11 @@ class VideoRecord:
     def first_path(self) -> str:
         return next(iter(self.views.values()))
 
+    @property
+    def video(self) -> str | dict[str, str]:
+        """What a result names the record by: its file, or its camera views' files."""
+        return self.first_path if len(self.views) == 1 else self.views
+
     def labels(self) -> list[str]:
         return [self.label] if self.segments is None else [s.label for s in self.segments]
 

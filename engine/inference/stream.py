@@ -154,7 +154,7 @@ def video_result(
     probs = out.logits[0].float().softmax(dim=0)
     top = probs.topk(min(spec.topk, len(class_names)))
     result = VideoResult(
-        record.first_path if len(record.views) == 1 else record.views,
+        record.video,
         stream.num_frames,
         stream.fps,
         len(frame_windows),

@@ -24,21 +24,23 @@ class Tally:
         self.start = time.perf_counter()
 
     def add(self, result: VideoResult) -> None:
-        if result.correct is not None:
-            self.labelled += 1
-            self.correct += int(result.correct)
+        self._label(result.correct)
         self.counts["run"] += 1
 
     def resumed(self, rows: list[dict], output: str | None) -> list[dict]:
         """The rows an earlier run wrote to --output, counted (its accuracy is over every video of the file)."""
         for row in rows:
-            if "correct" in row:
-                self.labelled += 1
-                self.correct += int(row["correct"])
+            self._label(row.get("correct"))
         if rows:
             print(f"resuming: {len(rows)} videos are in {output} already; they are skipped")
         self.counts["resumed"] = len(rows)
         return rows
+
+    def _label(self, correct: bool | None) -> None:
+        """A video's top label against the manifest's (None: the video has no label)."""
+        if correct is not None:
+            self.labelled += 1
+            self.correct += int(correct)
 
     def progress(self, number: int, total: int) -> str:
         """The line after each video: how many are done, and the time left at this run's pace so far."""
