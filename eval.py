@@ -35,10 +35,11 @@ from core.cli import exit_on_usage_error
 from core.files import file_sha256
 from core.logs import setup_logging
 from core.runtime import resolve_device, setup_runtime
-from datasets.bad_input import BAD_INPUT_ERRORS
+from datasets.bad_input import BAD_INPUT_ERRORS, BadInputReport
+from datasets.device_input import DeviceInputs
 from datasets.video.capture import quiet_decoder_logs
 from datasets.video_dataset import build_dataset, index_cache_for
-from engine.data.loaders import cap_workers
+from engine.data.loaders import cap_workers, make_loader
 from engine.evaluation.evaluate import (
     EvaluationResult,
     evaluate_dataset,
@@ -48,6 +49,8 @@ from engine.evaluation.evaluate import (
 )
 from engine.evaluation.watch import WatchPass, WatchSpec, watch
 from engine.inference.stream import how_it_runs
+from engine.training.chunked_forward import ChunkedTrainingForward
+from engine.training.motion_pretext import MotionPretextForward, evaluate_motion
 from models import set_head_chunks
 from planner.batch_size import inference_batch_for_budget
 
@@ -92,11 +95,33 @@ def evaluate_checkpoint(path: str, spec: EvaluationSpec) -> EvaluationResult:
     dataset = build_dataset(
         cfg, spec.split, class_names, training=False, manifest=spec.data, index_cache=index_cache_for(cfg)
     )
-    metrics, clip_rows, video_rows = evaluate_dataset(model, dataset, cfg, runtime, class_names)
+    if cfg.train.objective == "motion":  # a backbone pretrained without labels: its objective, no label read
+        metrics, clip_rows, video_rows = evaluate_pretext(model, dataset, cfg, runtime), [], []
+    else:
+        metrics, clip_rows, video_rows = evaluate_dataset(model, dataset, cfg, runtime, class_names)
     del model
     if runtime.device.type == "cuda":
         torch.cuda.empty_cache()  # the next checkpoint starts from a clean device
     return EvaluationResult(metrics, cfg, class_names, checkpoint, clip_rows, video_rows, head_reach)
+
+
+def evaluate_pretext(model, dataset, cfg, runtime) -> dict:
+    """train.objective: motion's validation (``evaluate_motion``) on ``dataset``'s clips, its labels unread: the
+    same patches as the run's validation pasted, in the training chunks the run had."""
+    loader = make_loader(dataset, cfg.data, cfg.train.seed, runtime, 1, shuffle=False, pad=False)
+    inputs = DeviceInputs(runtime.device, cfg.data.mean, cfg.data.std)
+    forward = MotionPretextForward(ChunkedTrainingForward(model, inputs.normalize, cfg.data.frame_stride))
+    bad_inputs = BadInputReport(dataset)
+    metrics = evaluate_motion(forward, loader, inputs, runtime, cfg.train.chunk_train_size, cfg.train.seed, bad_inputs)
+    bad_inputs.end_run()
+    return metrics
+
+
+def summary(metrics: dict) -> str:
+    """A checkpoint's evaluation in a few words, for the watcher's log."""
+    if "direction_acc" in metrics:
+        return f"direction acc {metrics['direction_acc']:.4f} loss {metrics['loss']:.4f}"
+    return f"top-1 {metrics['clip_acc']:.4f} video acc {metrics.get('video_acc', float('nan')):.4f}"
 
 
 def watch_pass(watched: WatchSpec, spec: EvaluationSpec) -> WatchPass:
@@ -143,14 +168,7 @@ def watch_pass(watched: WatchSpec, spec: EvaluationSpec) -> WatchPass:
                 metrics=metrics,
                 class_names=result.class_names,
             )
-            log.info(
-                "%s: epoch %s step %s top-1 %.4f video acc %.4f",
-                relative,
-                saved.epoch,
-                saved.global_step,
-                metrics["clip_acc"],
-                metrics.get("video_acc", float("nan")),
-            )
+            log.info("%s: epoch %s step %s %s", relative, saved.epoch, saved.global_step, summary(metrics))
             evaluated += 1
         entry.update(seconds=round(time.perf_counter() - start, 3), time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         append_ledger(directory.ledger, entry)
@@ -231,11 +249,16 @@ def main(argv=None) -> int:
         return watch(watched, lambda: watch_pass(watched, spec))
     result = evaluate_checkpoint(args.checkpoint, spec)
     saved = result.checkpoint
-    print(
-        f"{args.checkpoint} (epoch {saved.epoch}, step {saved.global_step}) on "
-        f"{args.data or args.split}: {how_it_runs(result.cfg, result.head_reach)}"
-    )
-    print(format_report(result.metrics, result.class_names))
+    where = f"{args.checkpoint} (epoch {saved.epoch}, step {saved.global_step}) on {args.data or args.split}"
+    if "direction_acc" in result.metrics:  # a backbone pretrained without labels (train.objective: motion)
+        metrics = result.metrics
+        print(
+            f"{where}: {summary(metrics)}: the pasted motion's direction read within 22.5 degrees (chance 0.125) in "
+            f"{metrics['num_chunks']} training chunks of {metrics['num_clips']} clips"
+        )
+    else:
+        print(f"{where}: {how_it_runs(result.cfg, result.head_reach)}")
+        print(format_report(result.metrics, result.class_names))
     if args.output:
         info = {"checkpoint": args.checkpoint, "data": args.data or args.split, "class_names": result.class_names}
         write_outputs(args.output, result.metrics, result.clip_rows, result.video_rows, info)

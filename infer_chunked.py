@@ -342,6 +342,12 @@ def main(argv=None) -> int:
             f"has no backbone to run videos with; eval.py --checkpoint {checkpoint_path} scores it on its split's "
             f"test videos"
         )
+    if cfg.train.objective == "motion" and not args.features:
+        raise UsageError(
+            f"{checkpoint_path}: a backbone pretrained without labels (train.objective: motion) predicts no class; "
+            f"fine-tune it with --set model.pretrained={checkpoint_path}, or write its chunk features with "
+            f"--features DIR"
+        )
     if saved.backbone is not None:
         why += f"; its backbone: {saved.backbone}"
     runtime = setup_runtime(cfg.trainer, device=str(device), precision=args.precision)

@@ -45,6 +45,7 @@ from engine.metrics.segments import background_indices
 from engine.training.at_chance import warn_if_at_chance
 from engine.training.build import build_run, refuse_demo_data_for_gpu_preset, refuse_gpu_preset_without_cuda
 from engine.training.interrupt import next_batch, saved_on_stop, stop_if_asked, stop_on_ctrl_c
+from engine.training.motion_pretext import evaluate_motion, motion_config
 from engine.training.oom import agree_and_reduce, with_oom_backoff
 from engine.training.precise_bn import precise_bn_before_validation
 from engine.training.run import NonFiniteLossError, RunStopped, TrainingRun
@@ -250,19 +251,23 @@ def fit(run: TrainingRun, train_loader, val_loader) -> tuple[bool, list | None]:
         if val_loader is not None and validation_due(cfg, state.epoch):
             precise_bn_before_validation(run, train_loader.dataset)
             sync_buffers(run)
-            metrics = evaluate(
-                run.model,
-                val_loader,
-                run.inputs,
-                runtime,
-                cfg.infer,
-                len(run.class_names),
-                run.report.bad_inputs,
-                frame_stride=cfg.data.frame_stride,
-                background=background_indices(cfg.data.background_labels, run.class_names),
-            )
+            if cfg.train.objective == "motion":  # the objective on held-out clips: no label is read
+                chunk, bad_inputs = cfg.train.chunk_train_size, run.report.bad_inputs
+                metrics = evaluate_motion(run.model, val_loader, run.inputs, runtime, chunk, cfg.train.seed, bad_inputs)
+            else:
+                metrics = evaluate(
+                    run.model,
+                    val_loader,
+                    run.inputs,
+                    runtime,
+                    cfg.infer,
+                    len(run.class_names),
+                    run.report.bad_inputs,
+                    frame_stride=cfg.data.frame_stride,
+                    background=background_indices(cfg.data.background_labels, run.class_names),
+                )
             row.update({f"val_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
-            confusion = metrics["confusion"]
+            confusion = metrics.get("confusion")
         if mid_epoch_memory is not None and (warning := leaks.observe(mid_epoch_memory)):
             log.warning("epoch %d: %s", state.epoch + 1, warning)
         end_epoch(run, row, metrics_log)
@@ -299,7 +304,7 @@ def end_epoch(run: TrainingRun, row: dict, metrics_log: CsvLog | None) -> None:
     run.save("last.pt")
     run.directory.link_epoch(state.epoch, improved, cfg.train.keep_last_k)
     metrics_log.write(row)
-    shown = ("train_loss", "train_clips_per_s", "data_time_share", "val_clip_acc", "val_video_acc")
+    shown = ("train_loss", "train_clips_per_s", "data_time_share", "val_clip_acc", "val_video_acc", "val_direction_acc")
     shown += ("val_top5",) if len(run.class_names) > 5 else ()  # top-5 of 5 classes or fewer is always 1
     log.info(
         "epoch %d/%d: %s", state.epoch, cfg.train.max_epochs, "  ".join(f"{k} {row[k]:.4f}" for k in shown if k in row)
@@ -358,7 +363,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     quiet_decoder_logs()
     origins: dict[str, str] = {}
-    cfg = load_config(args.config, args.overrides, args.use_amp, origins)
+    cfg = motion_config(load_config(args.config, args.overrides, args.use_amp, origins))
     if args.print_config:
         print(dump(cfg), end="")
         return 0

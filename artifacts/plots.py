@@ -8,7 +8,7 @@ import csv
 
 from artifacts.run_dir import RunDirectory
 from core.files import atomic_path
-from core.metric_names import CLIP_METRICS, SEGMENT_METRICS, VALIDATION_PREFIX
+from core.metric_names import CLIP_METRICS, MOTION_METRICS, SEGMENT_METRICS, VALIDATION_PREFIX
 
 
 def pyplot(note_prefix: str):
@@ -66,10 +66,11 @@ def training_plots(
 # field's 0-100 scale: drawn as percentages
 CLIP_COLUMNS = {VALIDATION_PREFIX + name: label for name, label in CLIP_METRICS.items()}
 SEGMENT_COLUMNS = {VALIDATION_PREFIX + name: label for name, label in SEGMENT_METRICS.items()}
+MOTION_COLUMNS = {VALIDATION_PREFIX + name: label for name, label in MOTION_METRICS.items()}
 
 
 def metric_label(key: str) -> str:
-    return {**CLIP_COLUMNS, **SEGMENT_COLUMNS}.get(key, key)
+    return {**CLIP_COLUMNS, **SEGMENT_COLUMNS, **MOTION_COLUMNS}.get(key, key)
 
 
 def percent_scale(key: str) -> float:
@@ -100,7 +101,11 @@ def curves_figure(plt, rows: list[dict], monitor: str, title: str):
     label_only = series(rows, "train_label_loss")  # with an auxiliary loss (the chunk reconstruction) in train_loss
     if label_only:
         loss_axis.plot(*zip(*label_only), marker=".", label="the label's loss alone")
-    loss_axis.set(xlabel="epoch", ylabel="loss" if label_only else "cross-entropy loss", title="training loss")
+    loss_axis.set(
+        xlabel="epoch",
+        ylabel="loss" if label_only or monitor in MOTION_COLUMNS else "cross-entropy loss",
+        title="training loss",
+    )
     percent = monitor.startswith("val_seg_")
     scored = series(rows, monitor)
     if scored:
@@ -176,7 +181,7 @@ def eval_history_plot(entries: list[dict], path: str) -> str | None:
     figure, axis = plt.subplots(figsize=(7.5, 4.2))
     metrics = [e["metrics"] for e in entries]
     timelines = any(m.get("seg_f1@50") is not None for m in metrics)  # scored as timelines: those scores, in percent
-    labels = SEGMENT_METRICS if timelines else CLIP_METRICS
+    labels = SEGMENT_METRICS if timelines else {**CLIP_METRICS, **MOTION_METRICS}
     for key, label in labels.items():
         points = [
             (e["global_step"], m[key] * percent_scale(key)) for e, m in zip(entries, metrics) if m.get(key) is not None

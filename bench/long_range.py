@@ -108,8 +108,9 @@ def train_variant(
     config: str = LONG_RANGE_PRESET,
     keep: str | None = None,
     kept: str = "best.pt",
+    metric: str = "val_clip_acc",
 ) -> dict:
-    """One train.py run's validation accuracy by epoch; ``keep``: a path to copy its checkpoint ``kept`` to."""
+    """One train.py run's validation ``metric`` by epoch; ``keep``: a path to copy its checkpoint ``kept`` to."""
     with tempfile.TemporaryDirectory() as out:
         command = [
             sys.executable,
@@ -136,7 +137,7 @@ def train_variant(
             os.makedirs(os.path.dirname(keep), exist_ok=True)
             with atomic_path(keep) as tmp:
                 shutil.copyfile(os.path.join(out, "long_range", "latest", "checkpoints", kept), tmp)
-    accuracy = [float(r["val_clip_acc"]) for r in rows]
+    accuracy = [float(r[metric]) for r in rows]
     elapsed = [float(r["elapsed_s"]) for r in rows]
     reached = next((int(r["epoch"]) for r, a in zip(rows, accuracy) if a >= 0.9), None)
     return {
@@ -192,17 +193,17 @@ def family_data(
     ]
 
 
-def families(args, weights=None, variants: dict | None = None) -> None:
+def families(args, weights=None, variants: dict | None = None, source: str | None = None) -> None:
     """Each --families x --modalities case from each --presets (or each of ``variants``: {name: (config,
     overrides)}), at each seed; ``weights(seed)``: a checkpoint whose backbone each run starts from
-    (model.pretrained), or None for a backbone from scratch."""
+    (model.pretrained), or None for a backbone from scratch; ``source``: where the weights came from, in words."""
     variants = variants or {name: PRESETS[name] for name in args.presets.split(",")}
     seeds = [int(s) for s in args.seeds.split(",")]
     width = max(18, *(len(name) for name in variants))
     print(
         f"long-range task families, {args.epochs} epochs, seeds {seeds}, on the CPU ({os.cpu_count()} CPUs); each "
         f"family's validation set is balanced (chance: 1 / classes); the backbone "
-        + ("from scratch" if weights is None else f"from {args.pretrain}'s")
+        + ("from scratch" if weights is None else source or f"from {args.pretrain}'s")
     )
     print(
         f"{'family':22s} {'chunks':>6s} {'variant':{width}s} {'best':>6s} {'last':>6s} {'to 0.9':>6s} {'s/epoch':>8s}"

@@ -60,6 +60,7 @@ def measure(args) -> dict:
     from core.runtime import Runtime
     from datasets.device_input import DeviceInputs
     from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec
+    from engine.training.motion_pretext import MotionPretextForward, motion_config, motion_losses
     from engine.training.optim import build_optimizer
     from engine.training.step import training_losses
     from models import build_model
@@ -74,9 +75,11 @@ def measure(args) -> dict:
             f"model.temporal_head={args.temporal_head}",
             f"model.chunk_reconstruction={args.reconstruction}",
             "train.lr=0.0001",
+            f"train.objective={args.objective or 'labels'}",
         ],
     )
-    model = build_model(cfg.model, num_classes=10).to(device).train()
+    cfg = motion_config(cfg)  # train.objective: motion's own settings
+    model = build_model(cfg.model, num_classes=len(cfg.data.class_names or range(10))).to(device).train()
     device_inputs = DeviceInputs(device, cfg.data.mean, cfg.data.std)
     bank, samples = None, None
     if args.bank:  # train.feature_bank: host; the warm-up step fills it, the measured ones read it
@@ -85,11 +88,15 @@ def measure(args) -> dict:
 
         bank, samples = FeatureBank(1, chunk_windows(args.length, args.chunk, args.overlap), "host"), torch.tensor([0])
     forward = ChunkedTrainingForward(model, device_inputs.normalize, bank=bank)
+    if cfg.train.objective == "motion":
+        forward = MotionPretextForward(forward)
     optimizer = build_optimizer(model, cfg.train)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     runtime = Runtime(device, "32")
     scaler = runtime.grad_scaler()
     losses = partial(training_losses, train_cfg=cfg.train, criterion=torch.nn.CrossEntropyLoss())
+    if cfg.train.objective == "motion":
+        losses = motion_losses
     clip = {"video": torch.randint(0, 255, (1, 3, args.length, args.size, args.size), dtype=torch.uint8)}
     inputs = device_inputs.transfer(clip)
     piece = {"label": torch.tensor([3], device=device), "sample": samples}
@@ -138,6 +145,7 @@ def step_cell(
     grad_chunks: int = 0,
     bank: bool = False,
     reconstruction: float = 1.0,
+    objective: str = "labels",
 ) -> dict | str:
     """One cell of the table: {"peak_mb", "step_s", "input_mb"} of one training step, or the error's last line.
     Memory: every allocation above 64 KB its own mapping, returned when freed, so resident memory follows the
@@ -174,6 +182,8 @@ def step_cell(
         str(int(bank)),
         "--reconstruction",
         str(reconstruction),
+        "--objective",
+        objective,
     ]
     runs = [
         subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
@@ -224,7 +234,9 @@ def main() -> None:
     parser.add_argument(
         "--bank-k", type=int, default=4, help="--part sampled: K of the row with train.feature_bank (host)"
     )
-    args = parse_or_measure(parser, measure, length=int, chunk=int, kept=int, bank=int, reconstruction=float)
+    args = parse_or_measure(
+        parser, measure, length=int, chunk=int, kept=int, bank=int, reconstruction=float, objective=str
+    )
     if args is None:
         return
     if args.device is None:

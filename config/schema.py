@@ -128,6 +128,12 @@ class TrainConfig:
     """train: what the training loop does: how long, what each step computes (its batches, training chunks, loss
     and gradients), the optimizer and its schedule, when it validates and what it checkpoints."""
 
+    objective: Literal["labels", "motion"] = choice(
+        "labels",
+        "labels: the manifest's labels; motion: the videos alone, no label read (each training chunk gets a "
+        "pasted moving patch whose direction the model reads back): a backbone pretrained on footage without "
+        "labels, for model.pretrained (docs/pretraining.md)",
+    )
     max_epochs: int = setting(10, "int", "training epochs", minimum=1)
     check_val_every_n_epoch: int = setting(1, "int", "validate every N epochs (and after the last)", minimum=1)
 

@@ -21,6 +21,8 @@ SEGMENT_METRICS = {
     "seg_f1@25": "F1@25",
     "seg_f1@50": "F1@50",
 }
+# train.objective: motion's: the share of training chunks whose pasted motion's direction is read within 22.5 degrees
+MOTION_METRICS = {"direction_acc": "motion directions read right"}
 VALIDATION_PREFIX = "val_"  # a validation metric's column in metrics.csv, and its name in the run's history
 # what train.monitor may name: the metric that picks best.pt
 Monitored = Literal[
@@ -31,4 +33,5 @@ Monitored = Literal[
     "val_seg_f1@50",
     "val_seg_edit",
     "val_seg_frame_acc",
+    "val_direction_acc",
 ]

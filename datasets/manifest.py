@@ -62,14 +62,16 @@ class VideoRecord:
         return [self.label] if self.segments is None else [s.label for s in self.segments]
 
 
-def read_manifest(path: str) -> list[VideoRecord]:
+def read_manifest(path: str, labelled: bool = True) -> list[VideoRecord]:
+    """The records of a manifest; ``labelled`` False: a line may have no label (a run that reads none:
+    train.objective: motion)."""
     if os.path.isdir(path):
         return _read_folder(path)
     if not os.path.exists(path):
         raise ManifestError(f"{path}: manifest not found")
     if path.endswith(".csv"):
-        return _read_csv(path)
-    return _read_jsonl(path)
+        return _read_csv(path, labelled)
+    return _read_jsonl(path, labelled)
 
 
 def _resolve(base: str, value, where: str, key: str) -> str:
@@ -78,7 +80,7 @@ def _resolve(base: str, value, where: str, key: str) -> str:
     return value if os.path.isabs(value) else os.path.normpath(os.path.join(base, value))
 
 
-def _read_jsonl(path: str) -> list[VideoRecord]:
+def _read_jsonl(path: str, labelled: bool = True) -> list[VideoRecord]:
     base = os.path.dirname(os.path.abspath(path))
     records = []
     with open(path, encoding="utf-8") as f:
@@ -93,13 +95,13 @@ def _read_jsonl(path: str) -> list[VideoRecord]:
                 raise ManifestError(f"{where}: not valid JSON ({e.msg}); each line must be one JSON object")
             if not isinstance(entry, dict):
                 raise ManifestError(f"{where}: each line must be a JSON object, got {type(entry).__name__}")
-            records.append(_record(entry, base, where))
+            records.append(_record(entry, base, where, labelled))
     if not records:
         raise ManifestError(f"{path}: the manifest has no samples")
     return records
 
 
-def _record(entry: dict, base: str, where: str) -> VideoRecord:
+def _record(entry: dict, base: str, where: str, labelled: bool = True) -> VideoRecord:
     known = {"video", "views", "label", "segments", "keypoints"}
     if ("video" in entry) == ("views" in entry):
         raise ManifestError(f"{where}: give exactly one of 'video' (one file) or 'views' ({{name: file}})")
@@ -114,7 +116,7 @@ def _record(entry: dict, base: str, where: str) -> VideoRecord:
         if label is not None:
             raise ManifestError(f"{where}: give 'label' (one label for the video) or 'segments' (a timeline), not both")
         segments = _segments(entry["segments"], where)
-    elif label is None:
+    elif label is None and labelled:
         raise ManifestError(f"{where}: missing 'label' (or 'segments')")
     if label is not None and (isinstance(label, bool) or not isinstance(label, (str, int))):
         raise ManifestError(f"{where}: 'label' must be a class name, got {label!r}")
@@ -163,19 +165,21 @@ def _segments(value, where: str) -> list[Segment]:
     return segments
 
 
-def _read_csv(path: str) -> list[VideoRecord]:
+def _read_csv(path: str, labelled: bool = True) -> list[VideoRecord]:
     base = os.path.dirname(os.path.abspath(path))
     records = []
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
-        missing = {"video", "label"} - set(reader.fieldnames or [])
+        needed = ["video", "label"] if labelled else ["video"]
+        missing = set(needed) - set(reader.fieldnames or [])
         if missing:
             raise ManifestError(
-                f"{path}:1: the CSV header needs the columns video and label (missing: {', '.join(sorted(missing))})"
+                f"{path}:1: the CSV header needs the columns {' and '.join(needed)} "
+                f"(missing: {', '.join(sorted(missing))})"
             )
         for number, row in enumerate(reader, start=2):
             entry = {k: v for k, v in row.items() if k and v}  # other columns (a group key) as a JSON line's
-            records.append(_record(entry, base, f"{path}:{number}"))
+            records.append(_record(entry, base, f"{path}:{number}", labelled))
     if not records:
         raise ManifestError(f"{path}: the manifest has no samples")
     return records

@@ -48,7 +48,7 @@ def config_videos(cfg: Config) -> list[str]:
         read_split(cfg.data, "train")  # raises: not set, or not found
     paths: dict[str, None] = {}
     for manifest in manifests:
-        for record in read_manifest(manifest):
+        for record in read_manifest(manifest, labelled=False):  # only its videos are read
             paths.update(dict.fromkeys(record.views.values()))
     return list(paths)
 

@@ -3,6 +3,7 @@ a line's labels and segments shared by training, evaluation and streaming infere
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -62,6 +63,12 @@ def label_runs(labels: np.ndarray) -> list[tuple[int, int, int]]:
     return [(int(s), int(e), int(labels[s])) for s, e in zip(np.r_[0, cuts], np.r_[cuts, len(labels)])]
 
 
+def unlabelled(records: list[VideoRecord], label: str) -> list[VideoRecord]:
+    """Records as a run that reads no label takes them (train.objective: motion): every one ``label``, no
+    timeline; a manifest of videos alone then loads as one with labels."""
+    return [dataclasses.replace(r, label=label, segments=None) for r in records]
+
+
 def manifest_path(data_cfg: DataConfig, split: str) -> str | None:
     name = {"train": data_cfg.train_manifest, "val": data_cfg.val_manifest, "test": data_cfg.test_manifest}[split]
     if name is None:
@@ -81,8 +88,9 @@ DATA_LAYOUTS = (
 )
 
 
-def read_split(data_cfg: DataConfig, split: str) -> list[VideoRecord]:
-    """The manifest of ``data.<split>_manifest``; a missing one names the key and the accepted forms."""
+def read_split(data_cfg: DataConfig, split: str, labelled: bool = True) -> list[VideoRecord]:
+    """The manifest of ``data.<split>_manifest``; a missing one names the key and the accepted forms. ``labelled``
+    False: its lines may have no label (``read_manifest``)."""
     path = manifest_path(data_cfg, split)
     if path is None:
         raise ManifestError(f"data.{split}_manifest is null; set it to {DATA_LAYOUTS}")
@@ -91,12 +99,12 @@ def read_split(data_cfg: DataConfig, split: str) -> list[VideoRecord]:
             f"{path}: not found (data.{split}_manifest, resolved against data.data_dir="
             f"{data_cfg.data_dir}); give {DATA_LAYOUTS}"
         )
-    return read_manifest(path)
+    return read_manifest(path, labelled)
 
 
-def training_records(data_cfg: DataConfig) -> tuple[list[VideoRecord], list[VideoRecord] | None]:
+def training_records(data_cfg: DataConfig, labelled: bool = True) -> tuple[list[VideoRecord], list[VideoRecord] | None]:
     """(training, validation) records: the two manifests, or one split by ``data.val_fraction``."""
-    records = read_split(data_cfg, "train")
+    records = read_split(data_cfg, "train", labelled)
     fraction = data_cfg.val_fraction
     if fraction:
         chosen = [_in_validation(split_key(r, data_cfg), fraction) for r in records]
@@ -124,7 +132,7 @@ def training_records(data_cfg: DataConfig) -> tuple[list[VideoRecord], list[Vide
             "training set; set data.val_fraction: 0.1 (a split by video) or give a separate manifest",
             train_path,
         )
-    return records, read_split(data_cfg, "val")
+    return records, read_split(data_cfg, "val", labelled)
 
 
 def split_key(record: VideoRecord, data_cfg: DataConfig) -> str:

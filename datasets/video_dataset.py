@@ -38,7 +38,14 @@ from datasets.decode import read_clip, read_clip_keypoints
 from datasets.keypoints import keypoint_length
 from datasets.manifest import ManifestError, VideoRecord, read_manifest
 from datasets.prepared_copies import PreparedCopies
-from datasets.records import check_labels, frame_labels, read_split, segment_frames, training_records
+from datasets.records import (
+    check_labels,
+    frame_labels,
+    read_split,
+    segment_frames,
+    training_records,
+    unlabelled,
+)
 from datasets.sample import Sample
 from datasets.video.index_cache import VideoIndexCache
 from datasets.video.info import StalledFile, VideoReadError, several_streams_note
@@ -351,12 +358,15 @@ def build_dataset(
     index_cache: VideoIndexCache | None = None,
     records: list[VideoRecord] | None = None,
 ) -> VideoWindowDataset:
+    labelled = cfg.train.objective == "labels"  # train.objective: motion reads the videos alone
     if records is None and manifest:
-        records = read_manifest(manifest)
+        records = read_manifest(manifest, labelled)
     elif records is None and split == "val" and cfg.data.val_fraction:  # the videos training split off
-        records = training_records(cfg.data)[1]
+        records = training_records(cfg.data, labelled)[1]
     elif records is None:
-        records = read_split(cfg.data, split)
+        records = read_split(cfg.data, split, labelled)
+    if not labelled:
+        records = unlabelled(records, class_names[0])
     return VideoWindowDataset(
         records, class_names, cfg.data, training=training, seed=cfg.train.seed, index_cache=index_cache
     )

@@ -20,6 +20,7 @@ from core.runtime import Runtime
 from datasets.device_input import DeviceInputs
 from datasets.windows import chunk_windows
 from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec, grad_chunks_of
+from engine.training.motion_pretext import MotionPretextForward, motion_losses
 from engine.training.oom import GRADIENT_BUCKET_BYTES
 from engine.training.optim import build_optimizer, max_grad_norm
 from engine.training.step import training_losses
@@ -68,6 +69,8 @@ class ProjectStep:
         )
         clip_loss = dataclasses.replace(train_cfg, chunk_loss="clip")
         self.losses = partial(training_losses, train_cfg=clip_loss, criterion=nn.CrossEntropyLoss())
+        if train_cfg.objective == "motion":
+            self.losses = motion_losses
 
     def classifier(self) -> nn.Module:
         model = build_model(
@@ -86,6 +89,8 @@ class ProjectStep:
         data = self.cfg.data
         normalize = DeviceInputs(device, data.mean, data.std, self.channels_last).normalize
         forward = ChunkedTrainingForward(classifier, normalize, data.frame_stride)
+        if self.cfg.train.objective == "motion":  # the clip's copy with the patches pasted is in the estimate too
+            forward = MotionPretextForward(forward)
         model_inputs = {k: v for k, v in inputs.items() if k in ("video", "kpt")}
         self.step.forward_backward(forward, model_inputs, inputs, self.spec, self.losses, runtime, scaler, weight)
 

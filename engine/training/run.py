@@ -21,6 +21,7 @@ from datasets.device_input import DeviceInputs
 from datasets.shape import DataShape
 from engine.training.chunked_forward import ChunkSpec, grad_chunks_of, seed_of
 from engine.training.feature_bank import FeatureBank
+from engine.training.motion_pretext import motion_losses
 from engine.training.optim import max_grad_norm
 from engine.training.step import training_losses
 from models import temporal_head_of
@@ -113,7 +114,10 @@ class TrainingRun:
         return max_grad_norm(self.cfg.train, self.has_temporal_head)
 
     def losses(self, outputs, piece: dict, spec: ChunkSpec):
-        """The training forward's outputs -> (the label's loss, the auxiliary loss or None)."""
+        """The training forward's outputs -> (the label's loss, the auxiliary loss or None); train.objective:
+        motion's loss without labels."""
+        if self.cfg.train.objective == "motion":
+            return motion_losses(outputs, piece, spec)
         return training_losses(outputs, piece, spec, self.cfg.train, self.criterion)
 
     def sync_context(self, syncs: bool):
