@@ -18,6 +18,10 @@ pretrained.
 --part probe: the pretraining and the probes alone, no fine-tuning; --pretrain-set KEY=VALUE changes the
 pretraining's config (its checkpoints kept apart by the changes).
 
+--part demo: configs/quickstart.yaml on the demo's data (made by other code than the families': a shape moving up,
+down, left or right, growing or shrinking), from scratch and from configs/pretrain.yaml's backbone pretrained on
+the same training videos without labels, at each of --seeds: best validation accuracies.
+
 --part step: one training step of the long-range preset's shape (a 160-frame clip in chunks of 16, batch 1, fp32)
 with the motion objective against the label's, each measured as ``python -m bench.train_chunked`` measures a step
 (time, and host RSS growth during the step), in a fresh process each.
@@ -117,6 +121,53 @@ def cases(args) -> None:
             families(case, weights, source=f"pretrained without labels on {args.pretrain_videos} videos")
 
 
+def demo(args) -> None:
+    """--part demo: configs/quickstart.yaml on the demo's data (datasets/synthetic.py: a shape moving up, down, left
+    or right, growing or shrinking), from scratch and from configs/pretrain.yaml's backbone pretrained on the same
+    training videos without their labels, at each seed."""
+    import csv
+    import subprocess
+    import sys
+    import tempfile
+
+    from datasets.synthetic import generate
+
+    data = os.path.join(ROOT, "data", "synthetic")
+    if not os.path.exists(os.path.join(data, "train.jsonl")):
+        generate(data, quiet=True)
+
+    def run(config: str, out: str, seed: int, *changes: str) -> list[dict]:
+        sets = [f"data.data_dir={data}", f"trainer.output_dir={out}", f"train.seed={seed}", "trainer.plots=false"]
+        command = [sys.executable, "train.py", "--config", os.path.join(ROOT, "configs", config)]
+        for item in sets + list(changes):
+            command += ["--set", item]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+        experiment = "pretrain" if config == "pretrain.yaml" else "quickstart"
+        with open(os.path.join(out, experiment, "latest", "metrics.csv"), newline="") as f:
+            return list(csv.DictReader(f))
+
+    print(
+        f"{'seed':>4s} {'pretraining: direction acc':>26s} {'from scratch: clip acc':>22s} {'pretrained: clip acc':>20s}"
+    )
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        with tempfile.TemporaryDirectory() as out:
+            pretraining = run("pretrain.yaml", out, seed, *args.pretrain_set)
+            best = os.path.join(out, "pretrain", "latest", "checkpoints", "best.pt")
+            scratch = run("quickstart.yaml", out, seed, *args.set)
+            tuned = run("quickstart.yaml", out, seed, f"model.pretrained={best}", *args.set)
+        top = {
+            name: max(float(r[metric]) for r in rows)
+            for name, rows, metric in (
+                ("pretraining", pretraining, "val_direction_acc"),
+                ("scratch", scratch, "val_clip_acc"),
+                ("tuned", tuned, "val_clip_acc"),
+            )
+        }
+        print(f"{seed:4d} {top['pretraining']:26.3f} {top['scratch']:22.3f} {top['tuned']:20.3f}", flush=True)
+
+
 def step(args) -> None:
     """--part step: the motion objective's training step against the label's, at the long-range preset's shape."""
     from bench.train_chunked import step_cell
@@ -162,7 +213,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.pretraining", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--part", choices=("families", "probe", "step"), default="families")
+    parser.add_argument("--part", choices=("families", "probe", "demo", "step"), default="families")
     parser.add_argument("--families", default="match", help="comma-separated, of " + ", ".join(FAMILY_SHAPES))
     parser.add_argument("--modalities", default="motion", help="comma-separated, of " + ", ".join(MODALITIES))
     parser.add_argument("--presets", default="long-range", help="comma-separated, of " + ", ".join(PRESETS))
@@ -185,6 +236,9 @@ def main() -> None:
             parser.error(f"--{option}: unknown {', '.join(unknown) or 'order'}; choose from {', '.join(known)}")
     if args.part == "step":
         step(args)
+        return
+    if args.part == "demo":
+        demo(args)
         return
     cases(args)
 

@@ -5,10 +5,6 @@ direction drawn at random over the frames it is seen; the model reads the direct
 outputs are the direction's unit vector, the loss one minus their cosine). Appearance alone cannot answer: the same
 patch goes any way, and only the order of its positions across the frames tells which. The labels of the manifest
 are not read, and the checkpoint is a backbone that model.pretrained gives to any preset with that backbone.
-
-A contrast of clips sharing a pasted motion (tubelet contrast) kept the directions of the motion task families as
-mixed as a backbone at random; reading the direction back separated them (bench/RESULTS.md, "Pretraining without
-labels").
 """
 
 from __future__ import annotations
