@@ -12,6 +12,7 @@ from conftest import error_lines, run_in_process
 from doc_commands import ROOT, bash_blocks, run
 
 from artifacts.checkpoint import load_checkpoint
+from core.metric_names import MOTION_METRICS
 from engine.training.motion_pretext import paste_moving_patches
 
 PAGE = "docs/pretraining.md"
@@ -96,6 +97,7 @@ def test_pretraining_resumes_exactly_and_its_checkpoint_is_the_objective_s(synth
     history = reference.state.history
     assert [row["val_direction_acc"] for row in resumed.state.history] == [row["val_direction_acc"] for row in history]
     assert all(0 <= row["val_direction_acc"] <= 1 and row["val_loss"] >= 0 for row in history)
+    assert {f"val_{name}" for name in MOTION_METRICS} <= set(history[0])  # the names plots and train.monitor use
     assert reference.class_names == ["direction_x", "direction_y"]
     saved = yaml.safe_load(open(straight / "pretrain" / "latest" / "config.yaml"))
     assert saved["model"]["temporal_head"] == "none" and saved["train"]["monitor"] == "val_direction_acc"
@@ -188,7 +190,7 @@ def test_the_page_s_commands_run_as_written(workspace):
     reason = "/data/footage/train.jsonl: not found" if torch.cuda.is_available() else "this machine has no CUDA device"
     assert result.returncode == 2 and reason in result.stderr, result.stderr[-2000:]
     # from cron: each checkpoint scored by the objective
-    result = run("python eval.py --watch runs/pretrain/latest", folder)
+    result = run("python eval.py --watch runs/pretrain/latest --settle 0", folder)  # checkpoints seconds old
     assert result.returncode == 0, result.stderr[-2000:]
     entries = [json.loads(line) for line in open(folder / "runs" / "pretrain" / "latest" / "eval.jsonl")]
     assert len(entries) == 2 and all(e["status"] == "ok" for e in entries)  # two epochs (last.pt, best.pt: copies)

@@ -147,7 +147,7 @@ def test_the_metrics_computed_are_the_names_plots_and_train_monitor_use():
     from typing import get_args
 
     from config import SCHEMA
-    from core.metric_names import CLIP_METRICS, SEGMENT_METRICS, VALIDATION_PREFIX, Monitored
+    from core.metric_names import CLIP_METRICS, MOTION_METRICS, SEGMENT_METRICS, VALIDATION_PREFIX, Monitored
     from engine.metrics.segments import SegmentationScores
 
     meter = ClassificationMeter(6)
@@ -158,4 +158,8 @@ def test_the_metrics_computed_are_the_names_plots_and_train_monitor_use():
     assert {f"seg_{name}" for name in scores.result()} == set(SEGMENT_METRICS)  # as evaluation names them
     monitored = get_args(Monitored)
     assert SCHEMA["train"]["monitor"].choices == monitored
-    assert {name.removeprefix(VALIDATION_PREFIX) for name in monitored} <= {*CLIP_METRICS, *SEGMENT_METRICS}
+    assert {name.removeprefix(VALIDATION_PREFIX) for name in monitored} <= {
+        *CLIP_METRICS,
+        *SEGMENT_METRICS,
+        *MOTION_METRICS,
+    }
