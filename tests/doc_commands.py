@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 
+import yaml
 from conftest import run_in_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,12 +51,22 @@ def demo_recipe() -> list[str]:
     ]
 
 
-def fresh_workspace(tmp_path_factory):
-    """A fresh checkout's view: the project's files linked into an empty folder (runs/ and data/ are its own)."""
-    folder = tmp_path_factory.mktemp("workspace")
-    for name in os.listdir(ROOT):
-        if name not in (".venv", "runs", "data", ".git") and not name.startswith("."):
-            os.symlink(os.path.join(ROOT, name), folder / name)
+def fresh_workspace(tmp_path_factory, name: str = "workspace", configs: dict | None = None):
+    """A fresh checkout's view: the project's files linked into an empty folder (runs/ and data/ are its own). With
+    ``configs`` ({file name: preset}), configs/ is a folder of its own too, which a test may add presets to: each
+    preset the project's own (linked), but those of ``configs``, written as given."""
+    folder = tmp_path_factory.mktemp(name)
+    own = ("configs",) if configs is not None else ()
+    for entry in os.listdir(ROOT):
+        if entry not in (".venv", "runs", "data", ".git", *own) and not entry.startswith("."):
+            os.symlink(os.path.join(ROOT, entry), folder / entry)
+    if configs is not None:
+        (folder / "configs").mkdir()
+        for entry in os.listdir(os.path.join(ROOT, "configs")):
+            if entry in configs:
+                (folder / "configs" / entry).write_text(yaml.safe_dump(configs[entry]))
+            else:
+                os.symlink(os.path.join(ROOT, "configs", entry), folder / "configs" / entry)
     return folder
 
 

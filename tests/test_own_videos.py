@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 import yaml
-from doc_commands import ROOT, bash_blocks, run, section_lines
+from doc_commands import bash_blocks, fresh_workspace, run, section_lines
 
 PAGE = "docs/own-videos.md"
 # what a CPU without network needs instead of the 16 GB recipe; the page's own keys stay as the page has them
@@ -48,13 +48,7 @@ def workspace(tmp_path_factory):
     """A fresh checkout's view whose configs/ takes a new preset, and the stand-in for /data/my-videos."""
     from datasets.synthetic import generate
 
-    folder = tmp_path_factory.mktemp("own")
-    for name in os.listdir(ROOT):
-        if name not in (".venv", "runs", "data", ".git", "configs") and not name.startswith("."):
-            os.symlink(os.path.join(ROOT, name), folder / name)
-    (folder / "configs").mkdir()
-    for name in os.listdir(os.path.join(ROOT, "configs")):
-        os.symlink(os.path.join(ROOT, "configs", name), folder / "configs" / name)
+    folder = fresh_workspace(tmp_path_factory, "own", configs={})
     videos = folder / "stand-in" / "my-videos"
     generate(str(videos), seed=5, size=32, num_train=24, num_val=6, num_test=0, short_frames=24, num_long=0,
              num_multiview=0, quiet=True)  # fmt: skip

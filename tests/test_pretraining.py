@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 from conftest import error_lines, run_in_process
-from doc_commands import ROOT, bash_blocks, run
+from doc_commands import ROOT, bash_blocks, fresh_workspace, run
 
 from artifacts.checkpoint import load_checkpoint
 from core.metric_names import MOTION_METRICS
@@ -141,19 +141,13 @@ def workspace(tmp_path_factory):
     folder of footage whose manifest has no label, and a labelled folder."""
     from datasets.synthetic import generate
 
-    folder = tmp_path_factory.mktemp("pretraining")
-    for name in os.listdir(ROOT):
-        if name not in (".venv", "runs", "data", ".git", "configs") and not name.startswith("."):
-            os.symlink(os.path.join(ROOT, name), folder / name)
-    (folder / "configs").mkdir()
-    for name in os.listdir(os.path.join(ROOT, "configs")):
-        if name in ("pretrain.yaml", "quickstart.yaml"):
-            preset = yaml.safe_load(open(os.path.join(ROOT, "configs", name)))
-            for section, values in CPU_STAND_IN.items():
-                preset.setdefault(section, {}).update(values)
-            (folder / "configs" / name).write_text(yaml.safe_dump(preset))
-        else:
-            os.symlink(os.path.join(ROOT, "configs", name), folder / "configs" / name)
+    stand_ins = {}
+    for name in ("pretrain.yaml", "quickstart.yaml"):
+        preset = yaml.safe_load(open(os.path.join(ROOT, "configs", name)))
+        for section, values in CPU_STAND_IN.items():
+            preset.setdefault(section, {}).update(values)
+        stand_ins[name] = preset
+    folder = fresh_workspace(tmp_path_factory, "pretraining", configs=stand_ins)
     footage, labelled = folder / "stand-in" / "footage", folder / "stand-in" / "labelled"
     generate(str(footage), seed=11, size=32, num_train=30, num_val=0, num_test=0, short_frames=24, num_long=0,
              num_multiview=0, quiet=True)  # fmt: skip
