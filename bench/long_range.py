@@ -85,6 +85,7 @@ FAMILY_SHAPES = {
     "twice": (128, 16),
     "more": (192, 8),
     "match": (160, 16),
+    "match3": (192, 16),
 }
 FAMILY_VIDEOS = 96  # training videos a family unless --num-train says otherwise (datasets.synthetic --family's too)
 VARIANTS = {

@@ -14,8 +14,9 @@ The order of two events (``generate_long_range``, ``python -m datasets.synthetic
   knows which chunk came first can tell.
 
 More families (``generate_task``, ``TASKS``), each at chance for order-blind pooling by the same construction:
-three more about order and three about a relation between far events (``RELATION_EVENTS``):
-whether two events are alike, which half holds more of one kind, whether the end matches the start. Each family
+three more about order and four about a relation between far events (``RELATION_EVENTS``):
+whether two events are alike, which half holds more of one kind, whether the end matches the start (among two kinds
+of event, or three). Each family
 comes in four modalities (``MODALITIES``): its kinds of event told apart by colour, by motion, by texture at one
 brightness, or by a count of pulses.
 """
@@ -135,6 +136,7 @@ def events_video(
 #                (the 1st event's colour equals the 3rd's, so the 2nd's the 4th's)
 #   more         six events, three A and three B: which colour the first three events hold more of
 #   match        four events, A, A, B, B: does the last event's colour match the first's
+#   match3       match with three kinds: six events, A, A, B, B, C, C
 # Each has its own shape (video length, event length, gap), so no single shape is tuned.
 TASKS = {
     "middle": {"classes": ("middle_A", "middle_B", "middle_C"), "frames": 384, "event_frames": 8, "min_gap": 96},
@@ -143,6 +145,7 @@ TASKS = {
     "twice": {"classes": ("same_attempts", "other_attempts"), "frames": 512, "event_frames": 8, "min_gap": 64},
     "more": {"classes": ("more_A_first", "more_B_first"), "frames": 768, "event_frames": 6, "min_gap": 48},
     "match": {"classes": ("ends_match", "ends_differ"), "frames": 640, "event_frames": 10, "min_gap": 80},
+    "match3": {"classes": ("ends_match", "ends_differ"), "frames": 768, "event_frames": 10, "min_gap": 80},
 }
 
 
@@ -174,10 +177,10 @@ def relation_holds(task: str, order: str) -> bool:
         return order[0] == order[2]
     if task == "more":
         return order[:3].count("A") > order[:3].count("B")
-    return order[0] == order[-1]  # match
+    return order[0] == order[-1]  # match, match3
 
 
-RELATION_EVENTS = {"twice": "AABB", "more": "AAABBB", "match": "AABB"}
+RELATION_EVENTS = {"twice": "AABB", "more": "AAABBB", "match": "AABB", "match3": "AABBCC"}
 
 
 def task_events(rng: np.random.Generator, task: str, label: str) -> list[str]:

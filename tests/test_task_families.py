@@ -12,6 +12,7 @@ import pytest
 from datasets.long_range_tasks import (
     MODALITIES,
     PULSE_UNIT,
+    RELATION_EVENTS,
     REPETITION_FRAMES,
     TASKS,
     event_frame,
@@ -22,12 +23,13 @@ from datasets.long_range_tasks import (
 )
 
 
-@pytest.mark.parametrize("task", ["middle", "last", "distractors", "twice", "more", "match"])
+@pytest.mark.parametrize("task", ["middle", "last", "distractors", "twice", "more", "match", "match3"])
 def test_each_task_family_gives_every_label_the_same_events_and_puts_the_label_in_their_order(tmp_path, task):
     """What makes a family long-range by construction: the events' colours form the same multiset under every
     label (an order-blind pooling of chunks sees the same bag), their times do not depend on the label, and the
     label follows from their order alone: for the relation families, from a relation between events, each of
-    whose colours is A or B equally often under every label (a chunk seeing one event learns nothing)."""
+    whose colours is each of the family's kinds equally often under every label (a chunk seeing one event learns
+    nothing)."""
     args = dict(size=8, num_train=24, num_val=6, frames=160, event_frames=4, min_gap=8, quiet=True)
     data = generate_task(str(tmp_path / task), task, **args)
     assert generate_task(str(tmp_path / task), task, **args) == data  # complete with these arguments: kept
@@ -46,18 +48,22 @@ def test_each_task_family_gives_every_label_the_same_events_and_puts_the_label_i
             assert (line["label"] == "same_attempts") == (colours[:2] == colours[2:])
         elif task == "more":
             assert line["label"] == ("more_A_first" if colours[:3].count("A") >= 2 else "more_B_first")
-        elif task == "match":
+        elif task in ("match", "match3"):
             assert (line["label"] == "ends_match") == (colours[0] == colours[-1])
         else:
             assert line["label"] == ("A_first" if colours.index("A") < colours.index("B") else "B_first")
         bag = tuple(sorted(colours)) if task != "distractors" else tuple(sorted(c for c in colours if c != "C"))
         bags.setdefault(line["label"], set()).add(bag)
     assert len({frozenset(b) for b in bags.values()}) == 1  # every label: the same bags of colours
-    if task in ("twice", "more", "match"):  # each event index is A as often as B under each label (by symmetry)
+    if task in RELATION_EVENTS:  # the first event is of each kind as often under each label (by symmetry)
         full = [json.loads(line) for line in open(os.path.join(data, f"{task}_val.jsonl"))] + lines
+        kinds = sorted(set(RELATION_EVENTS[task]))
+        if task == "match3":
+            assert {"".join(sorted(c for c, _ in line["events"])) for line in full} == {"AABBCC"}
         for label in TASKS[task]["classes"]:
             firsts = [line["events"][0][0] for line in full if line["label"] == label]
-            assert 0.25 <= firsts.count("A") / len(firsts) <= 0.75, (label, firsts)
+            for kind in kinds:
+                assert 0.5 / len(kinds) <= firsts.count(kind) / len(firsts) <= 1.5 / len(kinds), (label, firsts)
     frames = decode_frames(os.path.join(data, lines[0]["video"]))
     colour, start = lines[0]["events"][0]
     channel = {"A": 2, "B": 1, "C": 0}[colour]  # BGR
@@ -134,7 +140,7 @@ def test_the_synthetic_command_writes_a_family_in_a_modality(tmp_path):
 def label_of(task: str, kinds: list[str]) -> str:
     """The class of a ``task`` video whose events are ``kinds`` in time order, as the module docstring states it."""
     classes = TASKS[task]["classes"]
-    if task in ("twice", "more", "match"):
+    if task in RELATION_EVENTS:
         return classes[0] if relation_holds(task, "".join(kinds)) else classes[1]
     if task == "middle":
         return f"middle_{kinds[1]}"
