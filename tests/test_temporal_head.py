@@ -734,7 +734,7 @@ def test_the_length_bench_names_an_unknown_family_and_the_scale_bench_measures_a
     )
     assert done.returncode == 2 and done.stderr.splitlines()[-1] == (
         "python -m bench.length: error: --families: unknown odrer; choose from order, middle, last, distractors, twice, "
-        "more, match"
+        "more, match, match3"
     )
     step = subprocess.run(
         [sys.executable, "-m", "bench.scale", "--step-worker", "transformer", "11250", "64"],
