@@ -12,8 +12,9 @@ configs/long-range.yaml and --set train.objective=motion on the case's training 
 ``python -m bench.long_range --part families`` fine-tunes it (model.pretrained) beside the same variant from
 scratch. Printed: the pretraining's best validation direction accuracy (chance 0.125); how far the backbone's chunk
 features keep the event's two kinds apart (``bench.long_range --part separability``'s nearest-centroid and linear
-probe accuracy) at random initialization and after pretraining; then the families' lines, from scratch and
-pretrained.
+probe accuracy) at random initialization and after pretraining, on the clips as the fine-tuning reads them (--set's
+changes to data.num_frames, data.frame_stride or train.chunk_train_size included); then the families' lines, from
+scratch and pretrained.
 
 --part probe: the pretraining and the probes alone, no fine-tuning; --pretrain-set KEY=VALUE changes the
 pretraining's config (its checkpoints kept apart by the changes).
@@ -85,18 +86,29 @@ def pretrained(args, family: str, modality: str):
     return weights
 
 
-def probe(family: str, modality: str, seed: int, weights: str | None) -> dict:
-    """``kinds_apart`` of the long-range preset's backbone initialized at ``seed``, with ``weights`` loaded."""
+def probe_clips(args, family: str, modality: str) -> tuple:
+    """The family's probe clips as its fine-tuning sees them (the shape, with --set's changes to it): (uint8 clips,
+    the event kind of each chunk, the chunk's frames)."""
+    from config import load_config
+
+    data, shape = family_data(family, os.path.join(ROOT, "data"), modality)
+    cfg = load_config(LONG_RANGE_PRESET, shape + args.set)
+    chunk = cfg.train.chunk_train_size
+    clips, kinds = event_chunks(family, data, cfg.data.num_frames, chunk, cfg.data.frame_stride)
+    return clips, kinds, chunk
+
+
+def probe(clips: tuple, seed: int, weights: str | None) -> dict:
+    """``kinds_apart`` of the long-range preset's backbone initialized at ``seed``, with ``weights`` loaded, on
+    ``clips`` (``probe_clips``)."""
     from config import load_config
     from models import build_model
 
-    frames, chunk = FAMILY_SHAPES[family]
-    data, _ = family_data(family, os.path.join(ROOT, "data"), modality)
-    clips, kinds = event_chunks(family, data, frames, chunk)
     cfg = load_config(LONG_RANGE_PRESET, [] if weights is None else [f"model.pretrained={weights}"])
     torch.manual_seed(seed)
     model = build_model(cfg.model, num_classes=2)
-    return kinds_apart(model, clips, kinds, chunk, cfg.data.mean, cfg.data.std)
+    frames, kinds, chunk = clips
+    return kinds_apart(model, frames, kinds, chunk, cfg.data.mean, cfg.data.std)
 
 
 def cases(args) -> None:
@@ -104,8 +116,9 @@ def cases(args) -> None:
     for modality in args.modalities.split(","):
         for family in args.families.split(","):
             weights = pretrained(args, family, modality)
+            clips = probe_clips(args, family, modality)  # decoded once for every seed's two probes
             for seed in seeds:  # every family has events of kinds A and B
-                before, after = probe(family, modality, seed, None), probe(family, modality, seed, weights(seed))
+                before, after = probe(clips, seed, None), probe(clips, seed, weights(seed))
                 print(
                     f"  {family}/{modality} seed {seed}: A/B apart, nearest centroid {before['accuracy']:.3f} -> "
                     f"{after['accuracy']:.3f}, linear probe {before['linear']:.3f} -> {after['linear']:.3f}",
