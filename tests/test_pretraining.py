@@ -109,6 +109,7 @@ def test_pretraining_resumes_exactly_and_its_checkpoint_is_the_objective_s(synth
     [
         (["train.chunk_train_size=2"], "train.chunk_train_size: 2"),
         (["model.input_type=rgb_kpt", "data.load_kpt=true"], "model.input_type: rgb_kpt"),
+        (["model.view_fusion=mean"], "model.view_fusion: mean"),
     ],
 )
 def test_what_cannot_show_motion_is_refused_in_one_line(synthetic_root, tmp_path, changes, key):

@@ -57,6 +57,11 @@ def motion_config(cfg: Config) -> Config:
             f"model.input_type: {cfg.model.input_type}: train.objective: motion trains a backbone on frames alone; "
             f"set model.input_type: rgb (the backbone's weights then go to an rgb_kpt model as well)"
         )
+    if cfg.model.view_fusion != "none":
+        raise ConfigError(
+            f"model.view_fusion: {cfg.model.view_fusion}: train.objective: motion reads one camera's frames; set "
+            f"model.view_fusion: none and list each camera's videos as their own lines of the manifest"
+        )
     for key, value in (
         ("train.chunk_train_size", cfg.train.chunk_train_size),
         ("data.num_frames", cfg.data.num_frames),
