@@ -86,7 +86,7 @@ def pretrained(args, family: str, modality: str):
     return weights
 
 
-def probe_clips(args, family: str, modality: str) -> tuple:
+def probe_clips(args, family: str, modality: str) -> tuple[torch.Tensor, list[str], int]:
     """The family's probe clips as its fine-tuning sees them (the shape, with --set's changes to it): (uint8 clips,
     the event kind of each chunk, the chunk's frames)."""
     from config import load_config
@@ -98,17 +98,16 @@ def probe_clips(args, family: str, modality: str) -> tuple:
     return clips, kinds, chunk
 
 
-def probe(clips: tuple, seed: int, weights: str | None) -> dict:
+def probe(clips: torch.Tensor, kinds: list[str], chunk: int, seed: int, weights: str | None) -> dict:
     """``kinds_apart`` of the long-range preset's backbone initialized at ``seed``, with ``weights`` loaded, on
-    ``clips`` (``probe_clips``)."""
+    ``probe_clips``'s clips."""
     from config import load_config
     from models import build_model
 
     cfg = load_config(LONG_RANGE_PRESET, [] if weights is None else [f"model.pretrained={weights}"])
     torch.manual_seed(seed)
     model = build_model(cfg.model, num_classes=2)
-    frames, kinds, chunk = clips
-    return kinds_apart(model, frames, kinds, chunk, cfg.data.mean, cfg.data.std)
+    return kinds_apart(model, clips, kinds, chunk, cfg.data.mean, cfg.data.std)
 
 
 def cases(args) -> None:
@@ -116,9 +115,10 @@ def cases(args) -> None:
     for modality in args.modalities.split(","):
         for family in args.families.split(","):
             weights = pretrained(args, family, modality)
-            clips = probe_clips(args, family, modality)  # decoded once for every seed's two probes
+            clips, kinds, chunk = probe_clips(args, family, modality)  # decoded once for every seed's two probes
             for seed in seeds:  # every family has events of kinds A and B
-                before, after = probe(clips, seed, None), probe(clips, seed, weights(seed))
+                before = probe(clips, kinds, chunk, seed, None)
+                after = probe(clips, kinds, chunk, seed, weights(seed))
                 print(
                     f"  {family}/{modality} seed {seed}: A/B apart, nearest centroid {before['accuracy']:.3f} -> "
                     f"{after['accuracy']:.3f}, linear probe {before['linear']:.3f} -> {after['linear']:.3f}",

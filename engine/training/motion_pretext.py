@@ -60,7 +60,7 @@ def motion_config(cfg: Config) -> Config:
     if cfg.model.view_fusion != "none":
         raise ConfigError(
             f"model.view_fusion: {cfg.model.view_fusion}: train.objective: motion reads one camera's frames; set "
-            f"model.view_fusion: none and list each camera's videos as their own lines of the manifest"
+            f'model.view_fusion: none and give each camera\'s video a manifest line of its own ({{"video": ...}})'
         )
     for key, value in (
         ("train.chunk_train_size", cfg.train.chunk_train_size),
