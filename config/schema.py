@@ -239,6 +239,11 @@ class TrainConfig:
         "timeline scores need a validation manifest with segments",
     )
 
+    @property
+    def reads_labels(self) -> bool:
+        """Whether the run reads the manifest's labels: train.objective: motion reads the videos alone."""
+        return self.objective == "labels"
+
 
 @dataclass
 class InferConfig:

@@ -36,7 +36,7 @@ class DataShape:
         if cfg.data.features_dir is not None and cfg.data.features_format == "mstcn":  # no manifest: mapping.txt
             return cls(len(read_mapping(cfg.data.features_dir)))
         try:
-            records = read_split(cfg.data, "train", labelled=cfg.train.objective == "labels")
+            records = read_split(cfg.data, "train", labelled=cfg.train.reads_labels)
             kpt = (
                 tuple(read_keypoints(records[0].keypoints, [0]).shape[1:])
                 if cfg.data.load_kpt and records[0].keypoints

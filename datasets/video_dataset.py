@@ -358,7 +358,7 @@ def build_dataset(
     index_cache: VideoIndexCache | None = None,
     records: list[VideoRecord] | None = None,
 ) -> VideoWindowDataset:
-    labelled = cfg.train.objective == "labels"  # train.objective: motion reads the videos alone
+    labelled = cfg.train.reads_labels
     if records is None and manifest:
         records = read_manifest(manifest, labelled)
     elif records is None and split == "val" and cfg.data.val_fraction:  # the videos training split off

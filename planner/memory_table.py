@@ -77,7 +77,7 @@ def probe_memory(
 def _steps_per_epoch(cfg: Config) -> int:
     """Optimizer steps of an epoch if each training manifest line is one sample (more with sample windows)."""
     try:
-        samples = len(read_split(cfg.data, "train", labelled=cfg.train.objective == "labels"))
+        samples = len(read_split(cfg.data, "train", labelled=cfg.train.reads_labels))
     except BAD_INPUT_ERRORS + (OSError,):
         samples = 1
     batch = cfg.data.batch_size if isinstance(cfg.data.batch_size, int) else 1

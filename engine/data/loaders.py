@@ -157,7 +157,7 @@ class TrainingData(NamedTuple):
 def build_data(cfg: Config) -> TrainingData:
     """The training and validation sets of ``cfg``'s manifests, their class names and the data's shape."""
     index_cache = index_cache_for(cfg)
-    train_records, val_records = training_records(cfg.data, labelled=cfg.train.objective == "labels")
+    train_records, val_records = training_records(cfg.data, labelled=cfg.train.reads_labels)
     class_names = resolve_class_names(cfg.data, train_records)
     train_set = build_dataset(cfg, "train", class_names, training=True, index_cache=index_cache, records=train_records)
     val_set = (
