@@ -198,6 +198,8 @@ def families(args, weights=None, variants: dict | None = None, source: str | Non
     """Each --families x --modalities case from each --presets (or each of ``variants``: {name: (config,
     overrides)}), at each seed; ``weights(seed)``: a checkpoint whose backbone each run starts from
     (model.pretrained), or None for a backbone from scratch; ``source``: where the weights came from, in words."""
+    from config import load_config
+
     variants = variants or {name: PRESETS[name] for name in args.presets.split(",")}
     seeds = [int(s) for s in args.seeds.split(",")]
     width = max(18, *(len(name) for name in variants))
@@ -218,10 +220,10 @@ def families(args, weights=None, variants: dict | None = None, source: str | Non
     ]
     for family, modality in cases:
         data, shape = family_data(family, os.path.join(ROOT, "data"), modality, args.num_train)
-        frames, chunk = FAMILY_SHAPES[family]
         label = family if modality == "colour" else f"{family}/{modality}"
         label += "" if args.num_train == FAMILY_VIDEOS else f" x{args.num_train}"
         for name, (config, overrides) in variants.items():
+            chunks = chunk_count(load_config(config, shape + overrides + args.set))
             runs = []
             for seed in seeds:
                 start = [] if weights is None else [f"model.pretrained={weights(seed)}"]
@@ -234,7 +236,14 @@ def families(args, weights=None, variants: dict | None = None, source: str | Non
                         + " ".join(f"{a:.3f}" for a in r["by_epoch"]),
                         flush=True,
                     )
-            print_summary(f"{label:22s} {frames // chunk:6d} {name:{width}s}", runs)
+            print_summary(f"{label:22s} {chunks:6d} {name:{width}s}", runs)
+
+
+def chunk_count(cfg) -> int:
+    """The training chunks of a clip as the run reads it (a --set to data.num_frames or train.chunk_train_size
+    included); 1 where the clip is not chunked."""
+    chunk = cfg.train.chunk_train_size
+    return 1 if chunk <= 0 else -(-cfg.data.num_frames // chunk)
 
 
 def print_summary(case: str, runs: list[dict]) -> None:
