@@ -321,6 +321,8 @@ def test_two_gloo_processes_match_one_process(synthetic_root, tmp_path, chunks):
     common = ["train.max_epochs=1", "train.optimizer=sgd", "train.lr=0.05", *chunks]
     one = run_in_process(["train.py", *overrides(synthetic_root, tmp_path / "one", *common, "data.batch_size=4")])
     assert one.returncode == 0, one.stderr
+    threads = torch.get_num_threads()  # the count a CPU run's figures depend on, named where the run starts
+    assert f"on cpu ({threads} compute thread{'s' if threads > 1 else ''}), precision 32" in one.stderr
     two = subprocess.run(
         [
             sys.executable,

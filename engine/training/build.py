@@ -326,13 +326,20 @@ def _write_first_files(run: TrainingRun, num_samples: int) -> None:
     mirror = run.report.tensorboard.mirror("memory/", "step") if run.report.tensorboard else None
     run.report.memory_log = CsvLog(directory.memory_csv, mirror)
     global_batch = cfg.data.batch_size * cfg.train.accumulate_grad_batches * runtime.world_size
+    # the CPU's figures depend on how many threads add each sum: the log says, so that two runs can be compared
+    threads = torch.get_num_threads()
+    device = (
+        f"cpu ({threads} compute thread{'s' if threads > 1 else ''})"
+        if runtime.device.type == "cpu"
+        else runtime.device
+    )
     log.info(
         "run %s | %s on %s, precision %s | %d training samples, %d classes | global batch %d = %d x %d "
         "accumulated x %d processes",
         directory,
         # a head trained on features has no backbone in this run
         f"a {cfg.model.temporal_head} head on features" if cfg.data.features_dir is not None else cfg.model.backbone,
-        runtime.device,
+        device,
         runtime.precision,
         num_samples,
         len(run.class_names),
