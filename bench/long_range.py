@@ -204,7 +204,9 @@ def families(args, weights=None, variants: dict | None = None, source: str | Non
     seeds = [int(s) for s in args.seeds.split(",")]
     width = max(18, *(len(name) for name in variants))
     print(
-        f"long-range task families, {args.epochs} epochs, seeds {seeds}, on the CPU ({os.cpu_count()} CPUs); each "
+        f"long-range task families, {args.epochs} epochs, seeds {seeds}, on the CPU ({os.cpu_count()} CPUs, "
+        # a run's figures depend on it: the runs inherit this process's OMP_NUM_THREADS
+        f"{torch.get_num_threads()} compute threads a run); each "
         f"family's validation set is balanced (chance: 1 / classes); the backbone "
         + ("from scratch" if weights is None else source or f"from {args.pretrain}'s")
     )
