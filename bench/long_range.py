@@ -203,10 +203,10 @@ def families(args, weights=None, variants: dict | None = None, source: str | Non
     variants = variants or {name: PRESETS[name] for name in args.presets.split(",")}
     seeds = [int(s) for s in args.seeds.split(",")]
     width = max(18, *(len(name) for name in variants))
+    threads = torch.get_num_threads()  # a run's figures depend on it: the runs inherit this process's OMP_NUM_THREADS
     print(
         f"long-range task families, {args.epochs} epochs, seeds {seeds}, on the CPU ({os.cpu_count()} CPUs, "
-        # a run's figures depend on it: the runs inherit this process's OMP_NUM_THREADS
-        f"{torch.get_num_threads()} compute threads a run); each "
+        f"{threads} compute thread{'s' if threads > 1 else ''} a run); each "
         f"family's validation set is balanced (chance: 1 / classes); the backbone "
         + ("from scratch" if weights is None else source or f"from {args.pretrain}'s")
     )
