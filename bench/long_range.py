@@ -64,6 +64,7 @@ import torch
 
 from bench.train_chunked import step_cell
 from core.files import atomic_path
+from core.runtime import compute_threads
 from datasets.long_range_tasks import (
     MODALITIES,
     RELATION_EVENTS,
@@ -72,6 +73,7 @@ from datasets.long_range_tasks import (
     generate_task,
     mirrored_classes,
 )
+from datasets.windows import chunk_windows
 from tests.long_range_probes import event_chunks, kinds_apart
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -203,10 +205,10 @@ def families(args, weights=None, variants: dict | None = None, source: str | Non
     variants = variants or {name: PRESETS[name] for name in args.presets.split(",")}
     seeds = [int(s) for s in args.seeds.split(",")]
     width = max(18, *(len(name) for name in variants))
-    threads = torch.get_num_threads()  # a run's figures depend on it: the runs inherit this process's OMP_NUM_THREADS
     print(
+        # the runs inherit this process's OMP_NUM_THREADS
         f"long-range task families, {args.epochs} epochs, seeds {seeds}, on the CPU ({os.cpu_count()} CPUs, "
-        f"{threads} compute thread{'s' if threads > 1 else ''} a run); each "
+        f"{compute_threads()} a run); each "
         f"family's validation set is balanced (chance: 1 / classes); the backbone "
         + ("from scratch" if weights is None else source or f"from {args.pretrain}'s")
     )
@@ -225,7 +227,8 @@ def families(args, weights=None, variants: dict | None = None, source: str | Non
         label = family if modality == "colour" else f"{family}/{modality}"
         label += "" if args.num_train == FAMILY_VIDEOS else f" x{args.num_train}"
         for name, (config, overrides) in variants.items():
-            chunks = chunk_count(load_config(config, shape + overrides + args.set))
+            cfg = load_config(config, shape + overrides + args.set)  # the clip and its chunks as the run reads them
+            chunks = len(chunk_windows(cfg.data.num_frames, cfg.train.chunk_train_size, cfg.train.chunk_train_overlap))
             runs = []
             for seed in seeds:
                 start = [] if weights is None else [f"model.pretrained={weights(seed)}"]
@@ -239,13 +242,6 @@ def families(args, weights=None, variants: dict | None = None, source: str | Non
                         flush=True,
                     )
             print_summary(f"{label:22s} {chunks:6d} {name:{width}s}", runs)
-
-
-def chunk_count(cfg) -> int:
-    """The training chunks of a clip as the run reads it (a --set to data.num_frames or train.chunk_train_size
-    included); 1 where the clip is not chunked."""
-    chunk = cfg.train.chunk_train_size
-    return 1 if chunk <= 0 else -(-cfg.data.num_frames // chunk)
 
 
 def print_summary(case: str, runs: list[dict]) -> None:

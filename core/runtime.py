@@ -189,3 +189,10 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
 
 def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def compute_threads() -> str:
+    """The words "N compute threads": the threads torch adds each CPU sum with (OMP_NUM_THREADS, the cores by
+    default). A CPU run's figures depend on the count, so the lines that start runs name it."""
+    threads = torch.get_num_threads()
+    return f"{threads} compute thread{'s' if threads > 1 else ''}"

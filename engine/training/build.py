@@ -21,7 +21,7 @@ from core import watchdog
 from core.errors import ConfigError
 from core.files import atomic_write_bytes, remove_stale_temp_files
 from core.logs import attach_log_file, detach_log_file
-from core.runtime import Runtime, unwrap_model
+from core.runtime import Runtime, compute_threads, unwrap_model
 from datasets.bad_input import BadInputReport
 from datasets.device_input import DeviceInputs
 from datasets.records import DATA_LAYOUTS
@@ -326,13 +326,7 @@ def _write_first_files(run: TrainingRun, num_samples: int) -> None:
     mirror = run.report.tensorboard.mirror("memory/", "step") if run.report.tensorboard else None
     run.report.memory_log = CsvLog(directory.memory_csv, mirror)
     global_batch = cfg.data.batch_size * cfg.train.accumulate_grad_batches * runtime.world_size
-    # the CPU's figures depend on how many threads add each sum: the log says, so that two runs can be compared
-    threads = torch.get_num_threads()
-    device = (
-        f"cpu ({threads} compute thread{'s' if threads > 1 else ''})"
-        if runtime.device.type == "cpu"
-        else runtime.device
-    )
+    device = f"cpu ({compute_threads()})" if runtime.device.type == "cpu" else runtime.device
     log.info(
         "run %s | %s on %s, precision %s | %d training samples, %d classes | global batch %d = %d x %d "
         "accumulated x %d processes",
