@@ -98,27 +98,28 @@ def probe_clips(args, family: str, modality: str) -> tuple[torch.Tensor, list[st
     return clips, kinds, chunk
 
 
-def probe(clips: torch.Tensor, kinds: list[str], chunk: int, seed: int, weights: str | None) -> dict:
-    """``kinds_apart`` of the long-range preset's backbone initialized at ``seed``, with ``weights`` loaded, on
-    ``probe_clips``'s clips."""
-    from config import load_config
+def probe(clips: torch.Tensor, kinds: list[str], chunk: int, seed: int, weights: str | None, preset) -> dict:
+    """``kinds_apart`` of the backbone of ``preset`` (the long-range preset's config) initialized at ``seed``, with
+    ``weights`` loaded, on ``probe_clips``'s clips."""
     from models import build_model
 
-    cfg = load_config(LONG_RANGE_PRESET, [] if weights is None else [f"model.pretrained={weights}"])
     torch.manual_seed(seed)
-    model = build_model(cfg.model, num_classes=2)
-    return kinds_apart(model, clips, kinds, chunk, cfg.data.mean, cfg.data.std)
+    model = build_model(dataclasses.replace(preset.model, pretrained=weights), num_classes=2)
+    return kinds_apart(model, clips, kinds, chunk, preset.data.mean, preset.data.std)
 
 
 def cases(args) -> None:
+    from config import load_config
+
     seeds = [int(s) for s in args.seeds.split(",")]
+    preset = load_config(LONG_RANGE_PRESET, [])
     for modality in args.modalities.split(","):
         for family in args.families.split(","):
             weights = pretrained(args, family, modality)
             clips, kinds, chunk = probe_clips(args, family, modality)  # decoded once for every seed's two probes
             for seed in seeds:  # every family has events of kinds A and B
-                before = probe(clips, kinds, chunk, seed, None)
-                after = probe(clips, kinds, chunk, seed, weights(seed))
+                before = probe(clips, kinds, chunk, seed, None, preset)
+                after = probe(clips, kinds, chunk, seed, weights(seed), preset)
                 print(
                     f"  {family}/{modality} seed {seed}: A/B apart, nearest centroid {before['accuracy']:.3f} -> "
                     f"{after['accuracy']:.3f}, linear probe {before['linear']:.3f} -> {after['linear']:.3f}",

@@ -60,7 +60,7 @@ def measure(args) -> dict:
     from core.runtime import Runtime
     from datasets.device_input import DeviceInputs
     from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec
-    from engine.training.motion_pretext import MotionPretextForward, motion_config, motion_losses
+    from engine.training.motion_pretext import motion_config, motion_losses, objective_forward
     from engine.training.optim import build_optimizer
     from engine.training.step import training_losses
     from models import build_model
@@ -87,9 +87,7 @@ def measure(args) -> dict:
         from engine.training.feature_bank import FeatureBank
 
         bank, samples = FeatureBank(1, chunk_windows(args.length, args.chunk, args.overlap), "host"), torch.tensor([0])
-    forward = ChunkedTrainingForward(model, device_inputs.normalize, bank=bank)
-    if cfg.train.objective == "motion":
-        forward = MotionPretextForward(forward)
+    forward = objective_forward(ChunkedTrainingForward(model, device_inputs.normalize, bank=bank), cfg.train.objective)
     optimizer = build_optimizer(model, cfg.train)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     runtime = Runtime(device, "32")

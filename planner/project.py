@@ -20,7 +20,7 @@ from core.runtime import Runtime
 from datasets.device_input import DeviceInputs
 from datasets.windows import chunk_windows
 from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec, grad_chunks_of
-from engine.training.motion_pretext import MotionPretextForward, motion_losses
+from engine.training.motion_pretext import motion_losses, objective_forward
 from engine.training.oom import GRADIENT_BUCKET_BYTES
 from engine.training.optim import build_optimizer, max_grad_norm
 from engine.training.step import training_losses
@@ -88,9 +88,10 @@ class ProjectStep:
         """train.py's forward and backward of one micro-batch; frames normalized on ``device`` per chunk."""
         data = self.cfg.data
         normalize = DeviceInputs(device, data.mean, data.std, self.channels_last).normalize
-        forward = ChunkedTrainingForward(classifier, normalize, data.frame_stride)
-        if self.cfg.train.objective == "motion":  # the clip's copy with the patches pasted is in the estimate too
-            forward = MotionPretextForward(forward)
+        # with train.objective: motion, the clip's copy with the patches pasted is in the estimate too
+        forward = objective_forward(
+            ChunkedTrainingForward(classifier, normalize, data.frame_stride), self.cfg.train.objective
+        )
         model_inputs = {k: v for k, v in inputs.items() if k in ("video", "kpt")}
         self.step.forward_backward(forward, model_inputs, inputs, self.spec, self.losses, runtime, scaler, weight)
 

@@ -31,7 +31,7 @@ from engine.data.feature_files import build_feature_data, feature_loader
 from engine.data.loaders import build_data, cap_workers, make_loader
 from engine.training.chunked_forward import ChunkedTrainingForward, FeatureHeadForward
 from engine.training.feature_bank import FeatureBank
-from engine.training.motion_pretext import MotionPretextForward
+from engine.training.motion_pretext import objective_forward
 from engine.training.oom import start_memory_history
 from engine.training.optim import build_optimizer, build_scheduler, max_grad_norm, warmup_epochs
 from engine.training.run import RunReport, TrainingRun
@@ -213,11 +213,9 @@ def wrap_for_training(
     if cfg.data.features_dir is not None:
         wrapped = FeatureHeadForward(model)
     else:
-        wrapped = ChunkedTrainingForward(
-            torch.compile(model) if cfg.trainer.compile else model, device_inputs.normalize, cfg.data.frame_stride
-        )
-        if cfg.train.objective == "motion":
-            wrapped = MotionPretextForward(wrapped)
+        compiled = torch.compile(model) if cfg.trainer.compile else model
+        chunked = ChunkedTrainingForward(compiled, device_inputs.normalize, cfg.data.frame_stride)
+        wrapped = objective_forward(chunked, cfg.train.objective)
     if runtime.distributed:
         log.info(
             "%d processes, train.ddp_sync: %s: %s",

@@ -134,6 +134,12 @@ class MotionPretextForward(nn.Module):
         return MotionOutput(outputs.chunks, directions)
 
 
+def objective_forward(forward: nn.Module, objective: str) -> nn.Module:
+    """The training forward of ``objective`` (train.objective) around ``forward``, the classifier's
+    ChunkedTrainingForward: that forward itself for labels, a MotionPretextForward around it for motion."""
+    return MotionPretextForward(forward) if objective == "motion" else forward
+
+
 def motion_losses(outputs: MotionOutput, piece: dict, spec: ChunkSpec) -> tuple[torch.Tensor, None]:
     """(one minus the cosine of each chunk's read and pasted directions, averaged; no auxiliary loss)."""
     return (1 - cosines(outputs)).mean(), None
