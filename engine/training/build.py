@@ -213,8 +213,9 @@ def wrap_for_training(
     if cfg.data.features_dir is not None:
         wrapped = FeatureHeadForward(model)
     else:
-        compiled = torch.compile(model) if cfg.trainer.compile else model
-        chunked = ChunkedTrainingForward(compiled, device_inputs.normalize, cfg.data.frame_stride)
+        chunked = ChunkedTrainingForward(
+            torch.compile(model) if cfg.trainer.compile else model, device_inputs.normalize, cfg.data.frame_stride
+        )
         wrapped = objective_forward(chunked, cfg.train.objective)
     if runtime.distributed:
         log.info(
