@@ -51,8 +51,6 @@ MB = 2**20
 
 
 def measure(args) -> dict:
-    from functools import partial
-
     import torch
 
     import train
@@ -60,9 +58,8 @@ def measure(args) -> dict:
     from core.runtime import Runtime
     from datasets.device_input import DeviceInputs
     from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec
-    from engine.training.motion_pretext import motion_config, motion_losses, objective_forward
+    from engine.training.motion_pretext import motion_config, objective_forward, objective_losses
     from engine.training.optim import build_optimizer
-    from engine.training.step import training_losses
     from models import build_model
 
     torch.manual_seed(0)
@@ -92,9 +89,7 @@ def measure(args) -> dict:
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     runtime = Runtime(device, "32")
     scaler = runtime.grad_scaler()
-    losses = partial(training_losses, train_cfg=cfg.train, criterion=torch.nn.CrossEntropyLoss())
-    if cfg.train.objective == "motion":
-        losses = motion_losses
+    losses = objective_losses(cfg.train, torch.nn.CrossEntropyLoss())
     clip = {"video": torch.randint(0, 255, (1, 3, args.length, args.size, args.size), dtype=torch.uint8)}
     inputs = device_inputs.transfer(clip)
     piece = {"label": torch.tensor([3], device=device), "sample": samples}

@@ -9,7 +9,6 @@ import dataclasses
 import logging
 import math
 import time
-from functools import partial
 from typing import Callable, NamedTuple
 
 import torch
@@ -20,10 +19,9 @@ from core.runtime import Runtime
 from datasets.device_input import DeviceInputs
 from datasets.windows import chunk_windows
 from engine.training.chunked_forward import ChunkedTrainingForward, ChunkSpec, grad_chunks_of
-from engine.training.motion_pretext import motion_losses, objective_forward
+from engine.training.motion_pretext import objective_forward, objective_losses
 from engine.training.oom import GRADIENT_BUCKET_BYTES
 from engine.training.optim import build_optimizer, max_grad_norm
-from engine.training.step import training_losses
 from models import build_model, temporal_head_of
 from planner.estimate import StepEstimate, estimate_inference, estimate_training_step
 
@@ -68,9 +66,7 @@ class ProjectStep:
             grad_chunks=grad_chunks_of(train_cfg.grad_chunks),
         )
         clip_loss = dataclasses.replace(train_cfg, chunk_loss="clip")
-        self.losses = partial(training_losses, train_cfg=clip_loss, criterion=nn.CrossEntropyLoss())
-        if train_cfg.objective == "motion":
-            self.losses = motion_losses
+        self.losses = objective_losses(clip_loss, nn.CrossEntropyLoss())
 
     def classifier(self) -> nn.Module:
         model = build_model(

@@ -12,16 +12,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from typing import NamedTuple
+from functools import partial
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
 
-from config import Config, derive
+from config import Config, TrainConfig, derive
 from core.errors import ConfigError
 from engine.data.loaders import GuardedBatches
 from engine.inference.chunks import chunk_windows, clip_length
 from engine.training.chunked_forward import ChunkSpec, seed_of
+from engine.training.step import training_losses
 
 DIRECTIONS = ("direction_x", "direction_y")  # the model's two outputs: the unit vector of the patch's motion
 WITHIN = math.cos(math.pi / 8)  # a direction read within 22.5 degrees: the right one of 8 compass points
@@ -138,6 +140,14 @@ def objective_forward(forward: nn.Module, objective: str) -> nn.Module:
     """The training forward of ``objective`` (train.objective) around ``forward``, the classifier's
     ChunkedTrainingForward: that forward itself for labels, a MotionPretextForward around it for motion."""
     return MotionPretextForward(forward) if objective == "motion" else forward
+
+
+def objective_losses(train_cfg: TrainConfig, criterion: nn.Module) -> Callable:
+    """The losses of train.objective, ``(outputs, piece, spec) -> (loss, auxiliary loss or None)``: the label's
+    (``criterion`` as train.chunk_loss says, with the forward's auxiliary loss) or, for motion, the direction's."""
+    if train_cfg.objective == "motion":
+        return motion_losses
+    return partial(training_losses, train_cfg=train_cfg, criterion=criterion)
 
 
 def motion_losses(outputs: MotionOutput, piece: dict, spec: ChunkSpec) -> tuple[torch.Tensor, None]:

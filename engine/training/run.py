@@ -21,9 +21,8 @@ from datasets.device_input import DeviceInputs
 from datasets.shape import DataShape
 from engine.training.chunked_forward import ChunkSpec, grad_chunks_of, seed_of
 from engine.training.feature_bank import FeatureBank
-from engine.training.motion_pretext import motion_losses
+from engine.training.motion_pretext import objective_losses
 from engine.training.optim import max_grad_norm
-from engine.training.step import training_losses
 from models import temporal_head_of
 
 log = logging.getLogger("longvideo")
@@ -116,9 +115,7 @@ class TrainingRun:
     def losses(self, outputs, piece: dict, spec: ChunkSpec):
         """The training forward's outputs -> (the label's loss, the auxiliary loss or None); train.objective:
         motion's loss without labels."""
-        if self.cfg.train.objective == "motion":
-            return motion_losses(outputs, piece, spec)
-        return training_losses(outputs, piece, spec, self.cfg.train, self.criterion)
+        return objective_losses(self.cfg.train, self.criterion)(outputs, piece, spec)
 
     def sync_context(self, syncs: bool):
         """DDP's all-reduce in this backward where it is the accumulation group's last (``syncs``, with
