@@ -7,6 +7,8 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable
 
 import torch
 
@@ -112,10 +114,11 @@ class TrainingRun:
     def max_grad_norm(self) -> float | None:
         return max_grad_norm(self.cfg.train, self.has_temporal_head)
 
-    def losses(self, outputs, piece: dict, spec: ChunkSpec):
-        """The training forward's outputs -> (the label's loss, the auxiliary loss or None); train.objective:
-        motion's loss without labels."""
-        return objective_losses(self.cfg.train, self.criterion)(outputs, piece, spec)
+    @cached_property
+    def losses(self) -> Callable:
+        """``(the training forward's outputs, piece, spec) -> (the label's loss, the auxiliary loss or None)``;
+        train.objective: motion's loss without labels. Chosen once: the config and the criterion do not change."""
+        return objective_losses(self.cfg.train, self.criterion)
 
     def sync_context(self, syncs: bool):
         """DDP's all-reduce in this backward where it is the accumulation group's last (``syncs``, with
