@@ -276,7 +276,9 @@ def test_loaders_leave_no_stall_folder_behind(synthetic_root, tmp_path, monkeypa
 
     stale = os.path.join(tempfile.gettempdir(), "longvideo-stalls-999999999-abcdefgh")  # a pid no process has
     os.makedirs(stale, exist_ok=True)
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "longvideo-stalls-*"))) - {stale}
+    # this process's folders only: other test processes running at the same time make their own
+    mine = os.path.join(tempfile.gettempdir(), f"longvideo-stalls-{os.getpid()}-*")
+    before = set(glob.glob(mine))
     import engine.data.loaders
 
     made = []
@@ -287,7 +289,7 @@ def test_loaders_leave_no_stall_folder_behind(synthetic_root, tmp_path, monkeypa
     assert train.main(args + ["--stop-after-steps", "1"]) == 0
     assert len(made) == 2 and not os.path.exists(stale)  # the training and the validation loader's
     gc.collect()
-    after = set(glob.glob(os.path.join(tempfile.gettempdir(), "longvideo-stalls-*")))
+    after = set(glob.glob(mine))
     assert not any(os.path.exists(path) for path in made) and after <= before
 
 
