@@ -1,5 +1,5 @@
-"""train.objective: motion: the pasted patches, the objective learnt, the stage in train.py (resume, the planner,
-eval.py) and docs/pretraining.md's commands as written."""
+"""train.objective: motion: the pasted patches, the objective learnt, the stage in train.py (resume, the
+out-of-memory back-off, the planner, eval.py) and docs/pretraining.md's commands as written."""
 
 import json
 import math
@@ -102,6 +102,31 @@ def test_pretraining_resumes_exactly_and_its_checkpoint_is_the_objective_s(synth
     saved = yaml.safe_load(open(straight / "pretrain" / "latest" / "config.yaml"))
     assert saved["model"]["temporal_head"] == "none" and saved["train"]["monitor"] == "val_direction_acc"
     assert not any(key.startswith("temporal.") for key in reference.model)
+
+
+def test_an_out_of_memory_pretraining_step_is_retried_at_half_the_clips_per_forward(
+    synthetic_root, tmp_path, monkeypatch
+):
+    import train
+    from engine.training.motion_pretext import MotionPretextForward
+    from engine.training.oom import OutOfMemoryError
+
+    forward, batches = MotionPretextForward.forward, []
+
+    def out_of_memory_above_2_clips(self, inputs, spec, samples=None):
+        batches.append(inputs["video"].shape[0])
+        if batches[-1] > 2:
+            raise OutOfMemoryError("CUDA out of memory (simulated)")
+        return forward(self, inputs, spec, samples)
+
+    monkeypatch.setattr(MotionPretextForward, "forward", out_of_memory_above_2_clips)
+    assert train.main(pretraining_args(synthetic_root, tmp_path)) == 0
+    # backed off once, then kept: 4 steps of 2 forwards in each of 2 epochs; validation's forwards hold 1 clip
+    assert batches[0] == 4 and batches.count(2) == 16 and set(batches[1:]) == {1, 2}
+    saved = load_checkpoint(str(tmp_path / "pretrain" / "latest" / "checkpoints" / "last.pt"))
+    assert saved.state.micro_splits == 2
+    assert len(saved.state.history) == 2  # both epochs trained, none lost to the back-off
+    assert all(0 <= row["val_direction_acc"] <= 1 for row in saved.state.history)
 
 
 @pytest.mark.parametrize(
